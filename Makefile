@@ -1,0 +1,38 @@
+# Everything is installed from this project's own files into ./.venv.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: dev run test lint typecheck bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+dev: $(STAMP)
+
+## Run a local 3-node cluster (replication factor 3) on 127.0.0.1 with embedded defaults.
+run: $(STAMP)
+	$(BIN)/kayos up
+
+## The test command: lint, types, then the whole test suite.
+test: $(STAMP)
+	$(BIN)/ruff check kayos kestrel_compat tests chaos
+	$(BIN)/mypy
+	$(BIN)/pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check kayos kestrel_compat tests chaos
+	$(BIN)/ruff format --check kayos kestrel_compat tests chaos
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/kayos bench storage --json
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,113 @@
+"""The one exception tree of Kayos.
+
+Every error Kayos raises on purpose is a ``KayosError``. Third-party exceptions (OSError from the
+disk, msgpack's, aiohttp's, lmdb's) are converted into one of these at the boundary where they
+happen, so callers catch Kayos errors only. Each class carries ``code``: the stable, short name used
+in wire error replies and in the HTTP API (``{"error": code, "message": ...}``).
+"""
+
+from __future__ import annotations
+
+
+class KayosError(Exception):
+    """Base of every error Kayos raises on purpose."""
+
+    code = "kayos_error"
+
+
+# --- input -------------------------------------------------------------------------------------
+
+
+class InvalidRequest(KayosError):
+    """The request is malformed or breaks a documented rule; nothing was changed."""
+
+    code = "invalid_request"
+
+
+class LimitExceeded(InvalidRequest):
+    """An item, batch, key or name is larger than a bound in ``kayos.limits``."""
+
+    code = "limit_exceeded"
+
+
+class ProtocolError(KayosError):
+    """Bytes from a peer do not follow the wire protocol. The connection is dead afterwards."""
+
+    code = "protocol_error"
+
+
+# --- storage -----------------------------------------------------------------------------------
+
+
+class StorageError(KayosError):
+    """The shard store could not do what was asked."""
+
+    code = "storage_error"
+
+
+class CorruptionError(StorageError):
+    """Bytes on disk fail a check (CRC, magic, structure). ``offset`` names the first bad byte."""
+
+    code = "corruption"
+
+    def __init__(self, message: str, *, path: str = "", offset: int = -1) -> None:
+        where = f" at offset {offset}" if offset >= 0 else ""
+        super().__init__(f"{path}{where}: {message}" if path else f"{message}{where}")
+        self.path = path
+        self.offset = offset
+
+
+class DiskFullError(StorageError):
+    """The disk is full (ENOSPC). The commit failed cleanly; the store stays usable."""
+
+    code = "disk_full"
+
+
+class StoreClosedError(StorageError):
+    """The store was closed, or poisoned by an earlier failed fsync, and must be reopened."""
+
+    code = "store_closed"
+
+
+class RollbackTooFarError(StorageError):
+    """A rollback target lies below what compaction kept; the replica needs a full resync."""
+
+    code = "rollback_too_far"
+
+
+class SnapshotInvalidatedError(StorageError):
+    """A pinned snapshot saw a rollback below its boundary; reopen a new snapshot."""
+
+    code = "snapshot_invalidated"
+
+
+# --- cluster -----------------------------------------------------------------------------------
+
+
+class ReplicationError(KayosError):
+    """Replication between chain members failed."""
+
+    code = "replication_error"
+
+
+class WrongRoleError(KayosError):
+    """The node does not hold the role the request needs; ``redirect`` names the node that does."""
+
+    code = "wrong_role"
+
+    def __init__(self, message: str, *, redirect: str | None, epoch: int) -> None:
+        super().__init__(message)
+        self.redirect = redirect
+        self.epoch = epoch
+
+
+class TimeoutError_(KayosError):  # noqa: N801 - the builtin name is taken
+    """An operation did not finish within its bound."""
+
+    code = "timeout"
+
+
+class UnavailableError(KayosError):
+    """No node that can serve the request is reachable right now; retry later."""
+
+    code = "unavailable"

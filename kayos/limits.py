@@ -1,0 +1,92 @@
+"""Every bound Kayos keeps, in one place, with its unit last in its name and the reason for it.
+
+Relationships between bounds are asserted at import, so an edit that breaks one fails loudly.
+Configuration may lower (never raise) the per-item bounds; the storage-level ones are part of the
+on-disk format and fixed.
+"""
+
+from __future__ import annotations
+
+# --- storage format (see docs/storage-format.md) ------------------------------------------------
+
+# The file is split into 4 KiB blocks, the page size of every disk and OS we run on; a header always
+# starts a block so recovery can step back block by block to find it.
+block_bytes = 4096
+
+# A chunk's length field is 32 bits with the top bit reserved; no chunk may come near that, and a
+# length above this bound is taken as corruption rather than trusted.
+chunk_bytes_max = 64 * 1024 * 1024
+
+# Headers are small (roots, counters, metadata pointer); a larger one is corrupt.
+header_bytes_max = 64 * 1024
+
+# Leaves are cut by bytes, not count: Python pays ~10-15 us per node (encode + CRC) regardless of
+# size, so nodes are larger than couchstore's 1279 B. 64 entries of 100-B values is ~8 KiB, the best
+# of 32/64/128 measured in reference/storage-engine.md.
+leaf_bytes_target = 8 * 1024
+# Interior nodes hold (first_seq, pointer, count) triples; 128 children keeps trees 3 levels deep up
+# to ~100M entries.
+interior_children_max = 128
+
+# Values larger than this are written as their own chunk outside the leaf, so leaves stay small and
+# scans of small messages stay one pread per ~64 entries.
+value_inline_bytes_max = 2048
+
+# --- items ---------------------------------------------------------------------------------------
+
+# Keys index the de-dup table (lmdb keys are limited to 511 bytes by default); 250 is memcache's bound.
+key_bytes_max = 250
+# One item: Kestrel's practical ceiling and well under chunk_bytes_max.
+value_bytes_max = 16 * 1024 * 1024
+# Headers are small metadata, not a second payload.
+headers_bytes_max = 64 * 1024
+# One commit batch, in entries and bytes: bounds the memory a single producer can pin and the
+# latency a single batch adds to everyone in the same group commit.
+batch_entries_max = 100_000
+batch_bytes_max = 64 * 1024 * 1024
+
+# --- group commit --------------------------------------------------------------------------------
+
+# Batches queued for the committer beyond this make producers wait (back-pressure), bounding memory.
+commit_queue_batches_max = 1024
+# One group commit takes at most this many bytes of queued batches, so one fsync never covers an
+# unbounded amount of work.
+group_commit_bytes_max = 32 * 1024 * 1024
+
+# --- caches and derived state -------------------------------------------------------------------
+
+# Decoded interior nodes kept in memory (the write path and every lookup walk them).
+node_cache_entries_max = 4096
+# lmdb map size: virtual address space only, grown lazily by the OS.
+index_map_bytes = 1 << 40
+# The derived index is flushed (lmdb sync + successor map flush) at least every this many commits,
+# bounding the replay on reopen after a crash.
+index_checkpoint_commits = 256
+
+# --- compaction and rollback --------------------------------------------------------------------
+
+# Compaction starts when this fraction of the file is garbage (couchstore and ForestDB use 30%).
+compaction_garbage_ratio = 0.30
+# ... and the file is at least this large (ns_server skips files under 128 KiB).
+compaction_file_bytes_min = 1024 * 1024
+# Catch-up rounds run without blocking commits; after this many the final round takes the lock.
+compaction_catchup_rounds_max = 10
+# Versions superseded within this many seqs of the compaction point survive compaction, so a replica
+# can roll back that far without a full resync.
+rollback_window_seqs = 100_000
+# The compactor fsyncs the new file every this many bytes, so one large fsync at the end does not
+# stall readers (couchstore MB-25509).
+compaction_sync_bytes = 64 * 1024 * 1024
+
+# --- reads ---------------------------------------------------------------------------------------
+
+# One page of a snapshot scan; bounds reply size and the memory one consumer pins.
+scan_page_entries_max = 10_000
+
+assert block_bytes & (block_bytes - 1) == 0, "blocks are a power of two"
+assert header_bytes_max < chunk_bytes_max
+assert value_inline_bytes_max < leaf_bytes_target, "an inline value always fits a leaf"
+assert key_bytes_max <= 511, "lmdb's default key size limit"
+assert value_bytes_max + headers_bytes_max + key_bytes_max < chunk_bytes_max
+assert batch_bytes_max <= group_commit_bytes_max * 2
+assert 0.0 < compaction_garbage_ratio < 1.0
