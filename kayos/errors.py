@@ -101,7 +101,7 @@ class WrongRoleError(KayosError):
         self.epoch = epoch
 
 
-class TimeoutError_(KayosError):  # noqa: N801 - the builtin name is taken
+class OperationTimeoutError(KayosError):
     """An operation did not finish within its bound."""
 
     code = "timeout"

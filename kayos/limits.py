@@ -17,8 +17,9 @@ block_bytes = 4096
 # length above this bound is taken as corruption rather than trusted.
 chunk_bytes_max = 64 * 1024 * 1024
 
-# Headers are small (roots, counters, metadata pointer); a larger one is corrupt.
-header_bytes_max = 64 * 1024
+# A header chunk (length + CRC + body) fits in the rest of its block after the type byte, so it is
+# read with one pread and never split; its fields are a few counters and pointers.
+header_bytes_max = block_bytes - 1
 
 # Leaves are cut by bytes, not count: Python pays ~10-15 us per node (encode + CRC) regardless of
 # size, so nodes are larger than couchstore's 1279 B. 64 entries of 100-B values is ~8 KiB, the best
@@ -34,7 +35,8 @@ value_inline_bytes_max = 2048
 
 # --- items ---------------------------------------------------------------------------------------
 
-# Keys index the de-dup table (lmdb keys are limited to 511 bytes by default); 250 is memcache's bound.
+# Keys index the de-dup table (lmdb keys are limited to 511 bytes by default); 250 is memcache's
+# bound.
 key_bytes_max = 250
 # One item: Kestrel's practical ceiling and well under chunk_bytes_max.
 value_bytes_max = 16 * 1024 * 1024
@@ -84,7 +86,7 @@ compaction_sync_bytes = 64 * 1024 * 1024
 scan_page_entries_max = 10_000
 
 assert block_bytes & (block_bytes - 1) == 0, "blocks are a power of two"
-assert header_bytes_max < chunk_bytes_max
+assert header_bytes_max < block_bytes < chunk_bytes_max
 assert value_inline_bytes_max < leaf_bytes_target, "an inline value always fits a leaf"
 assert key_bytes_max <= 511, "lmdb's default key size limit"
 assert value_bytes_max + headers_bytes_max + key_bytes_max < chunk_bytes_max

@@ -1,0 +1,317 @@
+"""The copy-on-write sequence tree: reading nodes, and the right edge that commits rewrite.
+
+Seqs only grow, so every commit appends to the rightmost leaf. ``Edge`` holds that leaf's entries
+and, per level, the finalized children of the rightmost interior node. Nodes left of the edge are
+final and never rewritten; each commit writes the full nodes it finished plus a fresh copy of the
+edge (docs/storage-format.md, "The sequence tree").
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from kayos import limits
+from kayos.errors import CorruptionError
+from kayos.storage import format as fmt
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from kayos.storage.fileops import FileHandle
+
+# Bytes msgpack spends per leaf entry beyond its payload (seq, prev, flags, size, bin headers).
+_ENTRY_OVERHEAD_BYTES = 24
+_READ_AHEAD_BYTES = 16 * 1024
+
+
+class Appender:
+    """Collects the physical bytes of one commit, starting at the file's current end."""
+
+    def __init__(self, pos: int) -> None:
+        self.start = pos
+        self.pos = pos
+        self._pieces: list[bytes] = []
+
+    def add_chunk(self, chunk: bytes) -> int:
+        # A chunk that starts on a block boundary is addressed by the boundary itself; readers skip
+        # the block's type byte.
+        at = self.pos
+        pieces, self.pos = fmt.lay_out(self.pos, chunk)
+        self._pieces.extend(pieces)
+        return at
+
+    def add_raw(self, data: bytes, new_pos: int) -> None:
+        self._pieces.append(data)
+        self.pos = new_pos
+
+    def take(self) -> bytes:
+        data = b"".join(self._pieces)
+        self._pieces = []
+        self.start = self.pos
+        return data
+
+    def pending_bytes(self) -> int:
+        return self.pos - self.start
+
+
+class NodeReader:
+    """Reads and verifies chunks of one file; caches decoded interior nodes (bounded LRU)."""
+
+    def __init__(self, handle: FileHandle) -> None:
+        self.handle = handle
+        self.path = handle.path
+        self._cache: OrderedDict[int, fmt.Interior] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def read_chunk(self, pos: int, expect: int | None = None) -> tuple[int, bytes]:
+        raw = self.handle.pread(_READ_AHEAD_BYTES, pos)
+        prefix_span = fmt.physical_span(pos, fmt.PREFIX_BYTES)
+        if len(raw) < prefix_span:
+            raise CorruptionError("chunk runs past the end of the file", path=self.path, offset=pos)
+        prefix = fmt.strip_block_bytes(pos, raw[:prefix_span])
+        length, crc = fmt.parse_chunk_prefix(prefix, path=self.path, offset=pos)
+        total_span = fmt.physical_span(pos, fmt.PREFIX_BYTES + length)
+        if total_span > len(raw):
+            raw = self.handle.pread(total_span, pos)
+            if len(raw) < total_span:
+                raise CorruptionError(
+                    "chunk runs past the end of the file", path=self.path, offset=pos
+                )
+        logical = fmt.strip_block_bytes(pos, raw[:total_span])
+        body = logical[fmt.PREFIX_BYTES :]
+        return fmt.check_chunk_body(body, crc, path=self.path, offset=pos, expect=expect)
+
+    def read_node(self, pos: int) -> fmt.Leaf | fmt.Interior:
+        cached = self._cache.get(pos)
+        if cached is not None:
+            return cached
+        chunk_type, payload = self.read_chunk(pos)
+        node = fmt.decode_node(chunk_type, payload, path=self.path, offset=pos)
+        if isinstance(node, fmt.Interior):
+            with self._lock:
+                self._cache[pos] = node
+                if len(self._cache) > limits.node_cache_entries_max:
+                    self._cache.popitem(last=False)
+        return node
+
+    def read_value(self, pos: int) -> bytes:
+        _, payload = self.read_chunk(pos, expect=fmt.CHUNK_VALUE)
+        return payload
+
+    def read_meta(self, pos: int) -> dict[str, object]:
+        _, payload = self.read_chunk(pos, expect=fmt.CHUNK_META)
+        return fmt.decode_meta(payload, path=self.path, offset=pos)
+
+
+def _leaf_bytes(leaf: fmt.Leaf, start: int, end: int) -> int:
+    return sum(leaf.sizes[start:end]) + _ENTRY_OVERHEAD_BYTES * (end - start)
+
+
+def slice_leaf(leaf: fmt.Leaf, start: int, end: int) -> fmt.Leaf:
+    return fmt.Leaf(
+        leaf.seqs[start:end],
+        leaf.keys[start:end],
+        leaf.vals[start:end],
+        leaf.prevs[start:end],
+        leaf.flags[start:end],
+        leaf.sizes[start:end],
+        None if leaf.expiries is None else leaf.expiries[start:end],
+        None if leaf.headers is None else leaf.headers[start:end],
+    )
+
+
+def concat_leaves(left: fmt.Leaf, right: fmt.Leaf) -> fmt.Leaf:
+    if not left.seqs:
+        return right
+    count_left, count_right = len(left.seqs), len(right.seqs)
+    expiries: list[int] | None = None
+    if left.expiries is not None or right.expiries is not None:
+        expiries = (left.expiries or [0] * count_left) + (right.expiries or [0] * count_right)
+    headers: list[dict[str, bytes] | None] | None = None
+    if left.headers is not None or right.headers is not None:
+        headers = (left.headers or [None] * count_left) + (right.headers or [None] * count_right)
+    return fmt.Leaf(
+        left.seqs + right.seqs,
+        left.keys + right.keys,
+        left.vals + right.vals,
+        left.prevs + right.prevs,
+        left.flags + right.flags,
+        left.sizes + right.sizes,
+        expiries,
+        headers,
+    )
+
+
+def _ptr_for_leaf(leaf: fmt.Leaf, pos: int) -> fmt.Ptr:
+    return fmt.Ptr(leaf.seqs[0], pos, len(leaf.seqs), sum(leaf.sizes))
+
+
+def _ptr_for_children(children: list[fmt.Ptr], pos: int) -> fmt.Ptr:
+    return fmt.Ptr(
+        children[0].first_seq,
+        pos,
+        sum(c.count for c in children),
+        sum(c.payload_bytes for c in children),
+    )
+
+
+@dataclass(slots=True)
+class Edge:
+    """The right edge of the tree. ``levels[i]`` holds the finalized children (of height i + 1)
+    of the rightmost node of height i + 2. Treat as immutable: ``append`` returns a new Edge."""
+
+    leaf: fmt.Leaf = field(default_factory=fmt.empty_leaf)
+    levels: list[list[fmt.Ptr]] = field(default_factory=list)
+
+    def copy(self) -> Edge:
+        return Edge(self.leaf, [list(level) for level in self.levels])
+
+    def append(self, out: Appender, entries: fmt.Leaf) -> Edge:
+        """Adds entries (seqs above every seq already in the tree), writing each leaf that fills."""
+        edge = self.copy()
+        leaf = concat_leaves(edge.leaf, entries)
+        start = 0
+        total = len(leaf.seqs)
+        target = limits.leaf_bytes_target
+        running = 0
+        sizes = leaf.sizes
+        for index in range(total):
+            running += sizes[index] + _ENTRY_OVERHEAD_BYTES
+            if running >= target and index + 1 < total:
+                full = slice_leaf(leaf, start, index + 1)
+                pos = out.add_chunk(fmt.encode_leaf(full))
+                edge._push(out, 0, _ptr_for_leaf(full, pos))
+                start = index + 1
+                running = 0
+        edge.leaf = slice_leaf(leaf, start, total) if start else leaf
+        return edge
+
+    def _push(self, out: Appender, level: int, ptr: fmt.Ptr) -> None:
+        while len(self.levels) <= level:
+            self.levels.append([])
+        children = self.levels[level]
+        children.append(ptr)
+        if len(children) > limits.interior_children_max:
+            full = children[: limits.interior_children_max]
+            self.levels[level] = children[limits.interior_children_max :]
+            pos = out.add_chunk(fmt.encode_interior(full))
+            self._push(out, level + 1, _ptr_for_children(full, pos))
+
+    def write_root(self, out: Appender) -> fmt.Root | None:
+        """Writes the edge (open leaf, then each rightmost interior node) and returns the root."""
+        current: fmt.Ptr | None = None
+        height = 0
+        if self.leaf.seqs:
+            current = _ptr_for_leaf(self.leaf, out.add_chunk(fmt.encode_leaf(self.leaf)))
+            height = 1
+        for level_index, level in enumerate(self.levels):
+            children = level + ([current] if current is not None else [])
+            higher_empty = not any(self.levels[level_index + 1 :])
+            if not children:
+                continue
+            if len(children) == 1 and higher_empty:
+                current = children[0]
+                height = level_index + 1
+                break
+            current = _ptr_for_children(children, out.add_chunk(fmt.encode_interior(children)))
+            height = level_index + 2
+        if current is None:
+            return None
+        return fmt.Root(
+            current.pos, current.count, current.payload_bytes, current.first_seq, height
+        )
+
+    @staticmethod
+    def from_root(reader: NodeReader, root: fmt.Root | None, upto_seq: int | None = None) -> Edge:
+        """Rebuilds the edge of a tree, cut after ``upto_seq`` if given (rollback)."""
+        edge = Edge()
+        if root is None:
+            return edge
+        height = root.height
+        edge.levels = [[] for _ in range(height - 1)]
+        pos = root.pos
+        for level in range(height - 1, 0, -1):
+            node = reader.read_node(pos)
+            if not isinstance(node, fmt.Interior):
+                raise CorruptionError("expected an interior node", path=reader.path, offset=pos)
+            children = node.children
+            if upto_seq is None:
+                index = len(children) - 1
+            else:
+                firsts = [c.first_seq for c in children]
+                index = bisect.bisect_right(firsts, upto_seq) - 1
+                if index < 0:
+                    edge.levels[level - 1] = []
+                    return _trim_empty(edge)
+            edge.levels[level - 1] = list(children[:index])
+            pos = children[index].pos
+        node = reader.read_node(pos)
+        if not isinstance(node, fmt.Leaf):
+            raise CorruptionError("expected a leaf", path=reader.path, offset=pos)
+        if upto_seq is not None:
+            keep = bisect.bisect_right(node.seqs, upto_seq)
+            node = slice_leaf(node, 0, keep)
+        edge.leaf = node
+        return _trim_empty(edge)
+
+
+def _trim_empty(edge: Edge) -> Edge:
+    while edge.levels and not edge.levels[-1]:
+        edge.levels.pop()
+    return edge
+
+
+def iter_leaves(
+    reader: NodeReader, root: fmt.Root | None, after_seq: int, upto_seq: int
+) -> Iterator[fmt.Leaf]:
+    """Leaves holding seqs in ``(after_seq, upto_seq]``, in seq order."""
+    if root is None or upto_seq <= after_seq:
+        return
+    yield from _iter_node(reader, root.pos, root.height, after_seq, upto_seq)
+
+
+def _iter_node(
+    reader: NodeReader, pos: int, height: int, after_seq: int, upto_seq: int
+) -> Iterator[fmt.Leaf]:
+    node = reader.read_node(pos)
+    if height == 1:
+        if not isinstance(node, fmt.Leaf):
+            raise CorruptionError("expected a leaf", path=reader.path, offset=pos)
+        yield node
+        return
+    if not isinstance(node, fmt.Interior):
+        raise CorruptionError("expected an interior node", path=reader.path, offset=pos)
+    children = node.children
+    firsts = [c.first_seq for c in children]
+    index = max(0, bisect.bisect_right(firsts, after_seq + 1) - 1)
+    while index < len(children) and children[index].first_seq <= upto_seq:
+        yield from _iter_node(reader, children[index].pos, height - 1, after_seq, upto_seq)
+        index += 1
+
+
+def find_entry(reader: NodeReader, root: fmt.Root | None, seq: int) -> tuple[fmt.Leaf, int] | None:
+    """The leaf holding ``seq`` and its index there, or None."""
+    if root is None:
+        return None
+    pos, height = root.pos, root.height
+    while height > 1:
+        node = reader.read_node(pos)
+        if not isinstance(node, fmt.Interior):
+            raise CorruptionError("expected an interior node", path=reader.path, offset=pos)
+        firsts = [c.first_seq for c in node.children]
+        index = bisect.bisect_right(firsts, seq) - 1
+        if index < 0:
+            return None
+        pos = node.children[index].pos
+        height -= 1
+    leaf = reader.read_node(pos)
+    if not isinstance(leaf, fmt.Leaf):
+        raise CorruptionError("expected a leaf", path=reader.path, offset=pos)
+    index = bisect.bisect_left(leaf.seqs, seq)
+    if index < len(leaf.seqs) and leaf.seqs[index] == seq:
+        return leaf, index
+    return None

@@ -1,0 +1,247 @@
+"""Derived state of a shard store: the key -> latest version index and the successor map.
+
+Both are rebuildable from the file at any time (docs/storage-format.md, "Derived state"). They
+live on disk so that memory stays bounded by configuration, not by key or message count:
+
+- ``latest`` (lmdb): key -> (seq, size) of the newest version of each key. Looked up in sorted
+  batches (``getmulti``) once per group commit, written with ``putmulti``.
+- the successor map (an mmap'd array of u64 indexed by seq): ``succ[s]`` is the seq of the version
+  that superseded entry ``s``, 0 if none. Snapshot readers test it per entry, so it must be a
+  plain array lookup, not a database call.
+
+The store updates both only after its file fsync, so they are never ahead of the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import shutil
+import struct
+from typing import TYPE_CHECKING, Any
+
+import lmdb
+import msgpack
+
+from kayos import limits
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+_LATEST = struct.Struct(">QI")
+_SEGMENT_SHIFT = 20  # 1 Mi entries (8 MiB) per mapped segment
+SEGMENT_ENTRIES = 1 << _SEGMENT_SHIFT
+SEGMENT_MASK = SEGMENT_ENTRIES - 1
+_SEGMENT_BYTES = SEGMENT_ENTRIES * 8
+
+
+def boot_id() -> str:
+    """Identifies this boot of the machine: derived state written under another boot id by a store
+    that was not closed cleanly may have lost unsynced pages, so it is rebuilt."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+class SuccessorMap:
+    """A growable array of u64 in fixed 8 MiB mmap segments that are never remapped, so readers
+    can hold a segment while the writer grows the map."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._maps: list[mmap.mmap] = []
+        self.segments: list[memoryview] = []
+        size = os.fstat(self._fd).st_size
+        for _ in range(size // _SEGMENT_BYTES):
+            self._map_segment()
+
+    def _map_segment(self) -> None:
+        index = len(self._maps)
+        needed = (index + 1) * _SEGMENT_BYTES
+        if os.fstat(self._fd).st_size < needed:
+            os.ftruncate(self._fd, needed)
+        segment = mmap.mmap(self._fd, _SEGMENT_BYTES, offset=index * _SEGMENT_BYTES)
+        self._maps.append(segment)
+        self.segments.append(memoryview(segment).cast("Q"))
+
+    def ensure(self, seq: int) -> None:
+        """Makes ``seq`` addressable."""
+        while (seq >> _SEGMENT_SHIFT) >= len(self.segments):
+            self._map_segment()
+
+    def get(self, seq: int) -> int:
+        segment = seq >> _SEGMENT_SHIFT
+        if segment >= len(self.segments):
+            return 0
+        return int(self.segments[segment][seq & SEGMENT_MASK])
+
+    def set(self, seq: int, value: int) -> None:
+        self.ensure(seq)
+        self.segments[seq >> _SEGMENT_SHIFT][seq & SEGMENT_MASK] = value
+
+    def clear_from(self, seq: int) -> None:
+        """Zeroes every entry at or above ``seq`` (after a rollback those seqs will be reused)."""
+        for segment_index in range(seq >> _SEGMENT_SHIFT, len(self.segments)):
+            segment = self.segments[segment_index]
+            start = seq & SEGMENT_MASK if segment_index == seq >> _SEGMENT_SHIFT else 0
+            segment_map = self._maps[segment_index]
+            segment_map[start * 8 : _SEGMENT_BYTES] = bytes(_SEGMENT_BYTES - start * 8)
+            del segment
+
+    def flush(self) -> None:
+        for segment_map in self._maps:
+            segment_map.flush()
+
+    def close(self) -> None:
+        for view in self.segments:
+            view.release()
+        self.segments = []
+        for segment_map in self._maps:
+            with contextlib.suppress(BufferError):
+                segment_map.close()
+        self._maps = []
+        os.close(self._fd)
+
+
+class DerivedIndex:
+    """The ``derived/`` directory of a store."""
+
+    def __init__(self, directory: str, store_uuid: bytes) -> None:
+        self.directory = directory
+        self.store_uuid = store_uuid
+        os.makedirs(directory, exist_ok=True)
+        state = self._read_state()
+        stale = (
+            state.get("store_uuid") != store_uuid
+            or (not state.get("clean") and state.get("boot_id") != boot_id())
+            or state.get("version") != 1
+        )
+        if stale:
+            self._wipe()
+        self._write_state(clean=False)
+        self._env = lmdb.open(
+            os.path.join(directory, "index.lmdb"),
+            map_size=limits.index_map_bytes,
+            max_dbs=4,
+            sync=False,
+            metasync=False,
+            writemap=True,
+            readahead=False,
+            lock=True,
+        )
+        self._latest = self._env.open_db(b"latest")
+        self._meta = self._env.open_db(b"state")
+        self.succ = SuccessorMap(os.path.join(directory, "succ.u64"))
+        with self._env.begin(db=self._meta) as txn:
+            raw = txn.get(b"applied_seq")
+        self.applied_seq = int(raw) if raw is not None else 0
+
+    # state file --------------------------------------------------------------------------------
+
+    def _state_path(self) -> str:
+        return os.path.join(self.directory, "state")
+
+    def _read_state(self) -> dict[str, Any]:
+        try:
+            with open(self._state_path(), "rb") as handle:
+                loaded = msgpack.unpackb(handle.read(), raw=False)
+        except (OSError, ValueError, msgpack.UnpackException):
+            return {}
+        return loaded if isinstance(loaded, dict) else {}
+
+    def _write_state(self, *, clean: bool) -> None:
+        temp = self._state_path() + ".tmp"
+        state = {"version": 1, "store_uuid": self.store_uuid, "boot_id": boot_id(), "clean": clean}
+        with open(temp, "wb") as handle:
+            handle.write(msgpack.packb(state, use_bin_type=True))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, self._state_path())
+
+    def _wipe(self) -> None:
+        for name in ("index.lmdb", "succ.u64", "state"):
+            path = os.path.join(self.directory, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            elif os.path.exists(path):
+                os.unlink(path)
+
+    def reset(self) -> None:
+        """Empties the index (before a full rebuild)."""
+        with self._env.begin(write=True) as txn:
+            txn.drop(self._latest, delete=False)
+            txn.put(b"applied_seq", b"0", db=self._meta)
+        self.succ.clear_from(0)
+        self.applied_seq = 0
+
+    # reads ------------------------------------------------------------------------------------
+
+    def lookup_one(self, key: bytes) -> tuple[int, int] | None:
+        with self._env.begin(db=self._latest) as txn:
+            raw = txn.get(key)
+        if raw is None:
+            return None
+        seq, size = _LATEST.unpack(raw)
+        return int(seq), int(size)
+
+    def begin_write(self) -> lmdb.Transaction:
+        return self._env.begin(write=True, db=self._latest)
+
+    def lookup_many(self, txn: lmdb.Transaction, keys: list[bytes]) -> dict[bytes, tuple[int, int]]:
+        """(seq, size) of the newest version of each of ``keys`` that exists. Sorted lookups keep
+        lmdb's cursor moving forward."""
+        found: dict[bytes, tuple[int, int]] = {}
+        if not keys:
+            return found
+        unpack = _LATEST.unpack
+        for key, raw in txn.cursor().getmulti(sorted(keys)):
+            found[bytes(key)] = unpack(raw)
+        return found
+
+    # writes -----------------------------------------------------------------------------------
+
+    def write_latest(
+        self,
+        txn: lmdb.Transaction,
+        items: Iterable[tuple[bytes, int, int]],
+        removed: Iterable[bytes],
+        applied_seq: int,
+    ) -> None:
+        pack = _LATEST.pack
+        rows = sorted((key, pack(seq, size)) for key, seq, size in items)
+        if rows:
+            txn.cursor().putmulti(rows)
+        for key in removed:
+            txn.delete(key)
+        txn.put(b"applied_seq", str(applied_seq).encode(), db=self._meta)
+
+    def commit(self, txn: lmdb.Transaction, applied_seq: int) -> None:
+        txn.commit()
+        self.applied_seq = applied_seq
+
+    def checkpoint(self) -> None:
+        """Forces derived state to disk; bounds what an OS crash could tear."""
+        self.succ.flush()
+        self._env.sync(True)
+
+    def iter_latest(self) -> Iterable[tuple[bytes, int, int]]:
+        with self._env.begin(db=self._latest) as txn:
+            for key, raw in txn.cursor():
+                seq, size = _LATEST.unpack(raw)
+                yield bytes(key), int(seq), int(size)
+
+    def key_count(self) -> int:
+        with self._env.begin(db=self._latest) as txn:
+            return int(txn.stat(self._latest)["entries"])
+
+    def close(self, *, clean: bool) -> None:
+        if clean:
+            self.checkpoint()
+        self.succ.close()
+        self._env.close()
+        if clean:
+            self._write_state(clean=True)
