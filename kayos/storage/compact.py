@@ -1,0 +1,277 @@
+"""Pauseless compaction: copy live data from a snapshot into a new file, catch up, swap.
+
+Commits go on while the bulk copy and the first catch-up rounds run; only the last round, which
+copies what arrived since the previous round and writes the header, holds the commit lock
+(docs/storage-format.md, "Compaction").
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kayos import limits
+from kayos.errors import StorageError
+from kayos.storage import btree
+from kayos.storage import format as fmt
+from kayos.storage.engine import (
+    DataFile,
+    ShardStore,
+    data_file_name,
+    header_with,
+)
+from kayos.storage.index import SEGMENT_MASK
+
+if TYPE_CHECKING:
+    from kayos.storage.fileops import FileHandle
+
+_FLUSH_BYTES = 4 * 1024 * 1024
+_SEGMENT_SHIFT = 20
+_compaction_locks: dict[int, threading.Lock] = {}
+_compaction_locks_guard = threading.Lock()
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionResult:
+    generation: int
+    bytes_before: int
+    bytes_after: int
+    entries_copied: int
+    entries_dropped: int
+    catchup_rounds: int
+    min_rollback_seq: int
+
+
+class _Copier:
+    """Streams leaves from the old file into the new one through a right edge."""
+
+    def __init__(self, source: DataFile, target: FileHandle) -> None:
+        self.source = source
+        self.target = target
+        self.edge = btree.Edge()
+        self.out = btree.Appender(0)
+        self.copied = 0
+        self.unsynced_bytes = 0
+
+    def add(self, leaf: fmt.Leaf, keep: list[int] | None) -> None:
+        if keep is not None:
+            if not keep:
+                return
+            if len(keep) != len(leaf.seqs):
+                leaf = _pick(leaf, keep)
+        leaf = self._relocate_values(leaf)
+        self.edge = self.edge.append(self.out, leaf)
+        self.copied += len(leaf.seqs)
+        if self.out.pending_bytes() >= _FLUSH_BYTES:
+            self.flush()
+
+    def _relocate_values(self, leaf: fmt.Leaf) -> fmt.Leaf:
+        if not any(flag & fmt.FLAG_VALUE_OUT_OF_LINE for flag in leaf.flags):
+            return leaf
+        vals = list(leaf.vals)
+        for index, flag in enumerate(leaf.flags):
+            if flag & fmt.FLAG_VALUE_OUT_OF_LINE:
+                value = self.source.reader.read_value(vals[index])
+                vals[index] = self.out.add_chunk(fmt.frame_chunk(fmt.CHUNK_VALUE, value))
+        return fmt.Leaf(
+            leaf.seqs,
+            leaf.keys,
+            vals,
+            leaf.prevs,
+            leaf.flags,
+            leaf.sizes,
+            leaf.expiries,
+            leaf.headers,
+        )
+
+    def flush(self) -> None:
+        data = self.out.take()
+        if data:
+            self.target.append(data)
+            self.unsynced_bytes += len(data)
+        if self.unsynced_bytes >= limits.compaction_sync_bytes:
+            self.target.sync()
+            self.unsynced_bytes = 0
+
+    def copy_range(self, header: fmt.Header, after_seq: int, upto_seq: int) -> None:
+        """Copies every entry (all versions) in ``(after_seq, upto_seq]``."""
+        for leaf in btree.iter_leaves(self.source.reader, header.root, after_seq, upto_seq):
+            lo = bisect.bisect_right(leaf.seqs, after_seq)
+            hi = bisect.bisect_right(leaf.seqs, upto_seq)
+            if lo == 0 and hi == len(leaf.seqs):
+                self.add(leaf, None)
+            else:
+                self.add(btree.slice_leaf(leaf, lo, hi), None)
+
+
+def _pick(leaf: fmt.Leaf, keep: list[int]) -> fmt.Leaf:
+    return fmt.Leaf(
+        [leaf.seqs[i] for i in keep],
+        [leaf.keys[i] for i in keep],
+        [leaf.vals[i] for i in keep],
+        [leaf.prevs[i] for i in keep],
+        [leaf.flags[i] for i in keep],
+        [leaf.sizes[i] for i in keep],
+        None if leaf.expiries is None else [leaf.expiries[i] for i in keep],
+        None if leaf.headers is None else [leaf.headers[i] for i in keep],
+    )
+
+
+def _lock_for(store: ShardStore) -> threading.Lock:
+    with _compaction_locks_guard:
+        return _compaction_locks.setdefault(id(store), threading.Lock())
+
+
+def compact(store: ShardStore) -> CompactionResult:
+    """Compacts ``store`` into a new file generation; commits keep flowing meanwhile."""
+    lock = _lock_for(store)
+    if not lock.acquire(blocking=False):
+        raise StorageError("a compaction of this store is already running")
+    try:
+        return _compact(store)
+    finally:
+        lock.release()
+
+
+def _compact(store: ShardStore) -> CompactionResult:
+    ops = store.fileops
+    epoch = store.rollback_epoch
+    snapshot = store.snapshot()
+    try:
+        source = store.current_file()
+        header = snapshot.header
+        bytes_before = source.handle.size()
+        generation = header.generation + 1
+        final_path = os.path.join(store.directory, data_file_name(generation))
+        temp_path = final_path + ".compact"
+        target = ops.open(temp_path, create=True)
+        target.truncate(0)
+        try:
+            copier = _Copier(source, target)
+            floor = max(
+                header.min_rollback_seq, header.last_seq - store.options.rollback_window_seqs
+            )
+            dropped, dropped_bytes, dropped_superseded, dropped_superseded_bytes = _bulk_copy(
+                store, copier, header, floor
+            )
+        except BaseException:
+            target.close()
+            ops.unlink(temp_path)
+            raise
+    finally:
+        snapshot.release()
+    copied_upto = header.last_seq
+    rounds = 0
+    try:
+        while rounds < limits.compaction_catchup_rounds_max:
+            current = store.header
+            if current.last_seq - copied_upto <= 0 or store.current_file() is not source:
+                break
+            copier.copy_range(current, copied_upto, current.last_seq)
+            copied_upto = current.last_seq
+            rounds += 1
+        with store.write_lock:
+            if store.rollback_epoch != epoch or store.current_file() is not source:
+                raise StorageError("compaction abandoned: the store was rolled back meanwhile")
+            current = store.header
+            copier.copy_range(current, copied_upto, current.last_seq)
+            new_header, header_block = _finish(
+                store,
+                copier,
+                current,
+                generation=generation,
+                floor=floor,
+                dropped=(dropped, dropped_bytes, dropped_superseded, dropped_superseded_bytes),
+            )
+            target.close()
+            ops.rename(temp_path, final_path)
+            ops.sync_dir(store.directory)
+            handle = ops.open(final_path)
+            store.install_compacted(handle, generation, new_header, header_block, copier.edge)
+            ops.unlink(source.handle.path)
+    except BaseException:
+        target.close()
+        if ops.exists(temp_path):
+            ops.unlink(temp_path)
+        raise
+    return CompactionResult(
+        generation=generation,
+        bytes_before=bytes_before,
+        bytes_after=store.file_bytes(),
+        entries_copied=copier.copied,
+        entries_dropped=dropped,
+        catchup_rounds=rounds,
+        min_rollback_seq=floor,
+    )
+
+
+def _bulk_copy(
+    store: ShardStore, copier: _Copier, header: fmt.Header, floor: int
+) -> tuple[int, int, int, int]:
+    """Copies the snapshot's entries, dropping versions superseded at or below ``floor``."""
+    segments = store.succ_segments
+    dropped = dropped_bytes = 0
+    for leaf in btree.iter_leaves(copier.source.reader, header.root, 0, header.last_seq):
+        keep: list[int] = []
+        segment_count = len(segments)
+        for index, seq in enumerate(leaf.seqs):
+            segment = seq >> _SEGMENT_SHIFT
+            successor = segments[segment][seq & SEGMENT_MASK] if segment < segment_count else 0
+            if successor and successor <= floor:
+                dropped += 1
+                dropped_bytes += leaf.sizes[index]
+            else:
+                keep.append(index)
+        copier.add(leaf, keep)
+    # Every dropped entry was superseded, so superseded counters drop by the same amounts.
+    return dropped, dropped_bytes, dropped, dropped_bytes
+
+
+def _finish(
+    store: ShardStore,
+    copier: _Copier,
+    current: fmt.Header,
+    *,
+    generation: int,
+    floor: int,
+    dropped: tuple[int, int, int, int],
+) -> tuple[fmt.Header, int]:
+    dropped_count, dropped_bytes, dropped_superseded, dropped_superseded_bytes = dropped
+    out = copier.out
+    root = copier.edge.write_root(out)
+    meta = store.meta
+    meta_pos = out.add_chunk(fmt.encode_meta(meta)) if meta else -1
+    copier.flush()
+    copier.target.sync()
+    region_start = out.pos
+    pad = -region_start % fmt.BLOCK
+    live_payload = (current.payload_bytes - dropped_bytes) - (
+        current.superseded_bytes - dropped_superseded_bytes
+    )
+    new_header = header_with(
+        current,
+        generation=generation,
+        commit_no=current.commit_no + 1,
+        root=root,
+        prev_header=-1,
+        region_start=region_start,
+        region_crc=fmt.crc32c(bytes(pad)),
+        entry_count=current.entry_count - dropped_count,
+        payload_bytes=current.payload_bytes - dropped_bytes,
+        superseded_count=current.superseded_count - dropped_superseded,
+        superseded_bytes=current.superseded_bytes - dropped_superseded_bytes,
+        meta=meta_pos,
+        min_rollback_seq=floor,
+        timestamp_ms=int(store.clock.now_s() * 1000),
+    )
+    assert (root.count if root else 0) == new_header.entry_count, "compaction counts agree"
+    size_estimate = region_start + pad + fmt.BLOCK
+    overhead = size_estimate / live_payload if live_payload > 0 else 1.25
+    new_header = header_with(new_header, file_overhead=min(4.0, max(1.0, overhead)))
+    data, block_pos, _ = fmt.header_block(region_start, fmt.encode_header(new_header))
+    copier.target.append(data)
+    copier.target.sync()
+    return new_header, block_pos
