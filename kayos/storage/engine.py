@@ -17,6 +17,7 @@ import threading
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgpack
@@ -955,6 +956,26 @@ def header_with(header: fmt.Header, **changes: Any) -> fmt.Header:
     return fmt.Header(**fields)
 
 
+_new_entry = tuple.__new__
+
+
+def _successors(segments: list[memoryview], seqs: list[int], lo: int, hi: int) -> list[int]:
+    """succ[] for seqs[lo:hi]: one slice of the mapped array when the seqs are consecutive in one
+    segment (every leaf the write path makes), else one lookup each."""
+    first, last = seqs[lo], seqs[hi - 1]
+    segment = first >> _SEGMENT_SHIFT
+    if segment >= len(segments):
+        return [0] * (hi - lo)
+    if last - first == hi - lo - 1 and last >> _SEGMENT_SHIFT == segment:
+        start = first & SEGMENT_MASK
+        return segments[segment][start : start + (hi - lo)].tolist()
+    count = len(segments)
+    return [
+        segments[seq >> _SEGMENT_SHIFT][seq & SEGMENT_MASK] if seq >> _SEGMENT_SHIFT < count else 0
+        for seq in seqs[lo:hi]
+    ]
+
+
 def _entry_at(reader: btree.NodeReader, leaf: fmt.Leaf, index: int) -> Entry:
     flags = leaf.flags[index]
     value = leaf.vals[index]
@@ -1030,45 +1051,38 @@ class Snapshot:
         skip_expired = not include_expired
         segments = self._store.succ_segments
         page: list[Entry] = []
-        append = page.append
-        make = Entry._make
         for leaf in btree.iter_leaves(reader, self.header.root, after_seq, upto):
             seqs = leaf.seqs
             lo = bisect.bisect_right(seqs, after_seq)
             hi = bisect.bisect_right(seqs, upto)
-            keys, vals, flags, prevs = leaf.keys, leaf.vals, leaf.flags, leaf.prevs
-            expiries, headers = leaf.expiries, leaf.headers
-            segment_count = len(segments)
-            for index in range(lo, hi):
-                seq = seqs[index]
-                segment = seq >> _SEGMENT_SHIFT
-                successor = segments[segment][seq & SEGMENT_MASK] if segment < segment_count else 0
+            if lo >= hi:
+                continue
+            successors = _successors(segments, seqs, lo, hi)
+            count = hi - lo
+            expiries = leaf.expiries[lo:hi] if leaf.expiries is not None else repeat(0, count)
+            headers = leaf.headers[lo:hi] if leaf.headers is not None else repeat(None, count)
+            for seq, key, value, prev, flag, successor, expiry, header_map in zip(
+                seqs[lo:hi],
+                leaf.keys[lo:hi],
+                leaf.vals[lo:hi],
+                leaf.prevs[lo:hi],
+                leaf.flags[lo:hi],
+                successors,
+                expiries,
+                headers,
+                strict=False,
+            ):
                 if successor and successor <= boundary:
                     continue
-                expiry = expiries[index] if expiries is not None else 0
                 if expiry and skip_expired and expiry <= now_ms:
                     continue
-                flag = flags[index]
-                value = vals[index]
                 if flag & fmt.FLAG_VALUE_OUT_OF_LINE:
                     value = reader.read_value(value)
-                append(
-                    make(
-                        (
-                            seq,
-                            keys[index],
-                            value,
-                            expiry,
-                            headers[index] if headers is not None else None,
-                            prevs[index],
-                            flag,
-                        )
-                    )
-                )
-                if len(page) >= page_entries:
-                    yield page
-                    self._check()
-                    page = []
-                    append = page.append
+                page.append(_new_entry(Entry, (seq, key, value, expiry, header_map, prev, flag)))
+            if len(page) >= page_entries:
+                while len(page) >= page_entries:
+                    yield page[:page_entries]
+                    page = page[page_entries:]
+                self._check()
         if page:
             yield page
