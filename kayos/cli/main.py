@@ -92,6 +92,54 @@ def bench_storage_command(
             click.echo(f"{name:>26}: {value}")
 
 
+@cli.command()
+@click.option("--data", "data_dir", default="./kayos-data/node-1", show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=7070, show_default=True, type=int)
+def node(data_dir: str, host: str, port: int) -> None:
+    """Run one node in the foreground until Ctrl-C."""
+    import asyncio
+
+    from kayos.node.server import serve
+
+    asyncio.run(serve(data_dir, host, port))
+
+
+@cli.command()
+@click.option("--data", "data_dir", default="./kayos-data", show_default=True)
+@click.option("--port", default=7070, show_default=True, type=int)
+def up(data_dir: str, port: int) -> None:
+    """Start a local Kayos on 127.0.0.1 with embedded defaults; Ctrl-C stops it cleanly.
+
+    Today this is one node (replication factor 1); the 3-node chain arrives with chain
+    replication."""
+    import asyncio
+
+    from kayos.node.server import serve
+
+    base = f"http://127.0.0.1:{port}"
+
+    async def run() -> None:
+        ready = asyncio.Event()
+        task = asyncio.create_task(serve(f"{data_dir}/node-1", "127.0.0.1", port, ready))
+        await ready.wait()
+        click.echo(f"kayos up: node-1 (single node, replication factor 1) at {base}")
+        click.echo(
+            f"  data: {data_dir}/node-1   status: {base}/v1/status   metrics: {base}/metrics"
+        )
+        click.echo("  try:")
+        click.echo(
+            f"    curl -s -XPOST {base}/v1/queues/jobs/messages "
+            """-d '{"messages":[{"key":"k1","value":"hello"}]}' && """
+            f"curl -s '{base}/v1/queues/jobs/consume?group=g1'"
+        )
+        click.echo("  Ctrl-C to stop.")
+        await task
+
+    asyncio.run(run())
+    click.echo("kayos up: stopped cleanly")
+
+
 def main() -> None:
     cli()
 
