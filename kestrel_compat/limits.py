@@ -1,0 +1,47 @@
+"""Bounds of the Kestrel memcache front, with the unit last in each name and the reason for each.
+
+Kestrel 2.x bounds neither the request line nor the item size at the protocol level (spec §1.1): its
+framing buffers until it sees LF and reads whatever byte count a storage line announces. Kayos
+cannot afford unbounded buffers per connection, so the front sets the bounds below. Both are chosen
+so that no request a real Kestrel client sends comes near them; how each overflow is answered is
+part of the protocol and lives in ``kestrel_compat/protocol.py`` and ``docs/kestrel-compat.md``.
+
+Kayos-wide bounds live in ``kayos/limits.py``; this module only narrows them. A connection may be
+built with lower bounds (tests do), never higher ones.
+"""
+
+from __future__ import annotations
+
+from kayos import limits as kayos_limits
+
+# --- numbers on the wire -------------------------------------------------------------------------
+
+# Kestrel parses every number (flags, exptime, byte count, t=, counts, seconds) with Java's
+# Integer.parseInt, so the accepted range is exactly the 32-bit signed range; anything outside it is
+# a parse failure with the same consequence as a non-number (spec §1.3).
+java_int_min = -(2**31)
+java_int_max = 2**31 - 1
+
+# --- framing -------------------------------------------------------------------------------------
+
+# Longest request line, in bytes before the LF (a CR, if any, counts). The longest legitimate lines
+# are `dump_stats` with many queue names and `set` with a long name and four numbers; 16 KiB holds
+# sixty names of 255 bytes (a journal file name cannot be longer) and is the same bound h11 picked
+# for HTTP heads after surveying node, tomcat, IIS and Apache. Kestrel itself has no bound.
+line_bytes_max = 16 * 1024
+
+# Largest item a `set` may carry, in bytes. Kayos stores nothing larger, so a larger payload is read
+# and thrown away without being buffered, and answered the way Kestrel answers an item above a
+# queue's maxItemSize: `NOT_STORED`, connection kept (spec §2, §4).
+value_bytes_max = kayos_limits.value_bytes_max
+
+# The two bytes after a storage payload (normally CRLF). Kestrel skips them without looking.
+payload_terminator_bytes = 2
+
+assert java_int_max == 2_147_483_647, "Java's Integer.MAX_VALUE"
+assert 1024 <= line_bytes_max <= 64 * 1024, "a request line is a command, a key and a few numbers"
+assert line_bytes_max < value_bytes_max, "a request line is never allowed to outgrow an item"
+assert value_bytes_max <= kayos_limits.value_bytes_max, (
+    "the front never accepts what Kayos can't store"
+)
+assert value_bytes_max + payload_terminator_bytes <= java_int_max, "a byte count is a Java int"
