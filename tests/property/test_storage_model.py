@@ -1,0 +1,370 @@
+"""The shard store agrees with an in-memory model under random operations.
+
+Goal: every read the store offers (get, scans as of now, scans of snapshots pinned earlier, pages,
+export, meta, stats) returns exactly what a model built from the committed batches predicts, across
+group commits, explicit seqs, reopen (with and without derived state), compaction and rollback.
+
+The model is a list of the versions in the tree, in seq order. The state as of seq B is, for each
+key, its newest version with seq <= B. A scan of (after, upto] as of boundary B returns the versions
+with after < seq <= min(upto, B) that are the newest of their key as of B, in seq order, deletes
+included as tombstones (docs/storage-format.md, "Derived state": succ[s] == 0 or succ[s] > B).
+
+Compaction drops versions superseded at or below its floor F = max(min_rollback_seq, C - window)
+and records F; a rollback below F raises RollbackTooFarError ("Rollback", "Compaction").
+
+The machine shrinks nodes (``leaf_bytes_target``, ``interior_children_max``) so that a few dozen
+entries already make trees several levels deep; the format does not depend on these bounds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    consumes,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from kayos import limits
+from kayos.clock import ManualClock
+from kayos.errors import InvalidRequest, RollbackTooFarError, SnapshotInvalidatedError
+from kayos.storage import format as fmt
+from kayos.storage.compact import compact
+from kayos.storage.engine import Delete, Entry, Put, ShardStore, Snapshot, StoreOptions
+
+ROLLBACK_WINDOW_SEQS = 6
+KEYS = [f"k{index}".encode() for index in range(6)]
+SNAPSHOTS_MAX = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    seq: int
+    key: bytes
+    value: bytes | None  # None for a delete
+    headers: dict[str, bytes] | None
+    prev_seq: int
+    batch_end: bool
+
+    @property
+    def size(self) -> int:
+        headers = len(msgpack.packb(self.headers, use_bin_type=True)) if self.headers else 0
+        return len(self.key) + (len(self.value) if self.value is not None else 0) + headers
+
+
+def newest_as_of(versions: list[Version], boundary: int) -> dict[bytes, Version]:
+    newest: dict[bytes, Version] = {}
+    for version in versions:
+        if version.seq <= boundary:
+            newest[version.key] = version
+    return newest
+
+
+def model_scan(
+    versions: list[Version], boundary: int, after: int, upto: int | None
+) -> list[Version]:
+    top = boundary if upto is None else min(upto, boundary)
+    newest = newest_as_of(versions, boundary)
+    return [v for v in versions if after < v.seq <= top and newest[v.key] is v]
+
+
+def assert_entries_match(entries: list[Entry], expected: list[Version]) -> None:
+    assert [e.seq for e in entries] == [v.seq for v in expected]
+    for entry, version in zip(entries, expected, strict=True):
+        assert entry.key == version.key
+        assert entry.deleted == (version.value is None)
+        assert entry.value == version.value
+        assert entry.headers == version.headers
+        assert entry.prev_seq == version.prev_seq
+        assert bool(entry.flags & fmt.FLAG_BATCH_END) == version.batch_end
+        out_of_line = (
+            version.value is not None and len(version.value) > limits.value_inline_bytes_max
+        )
+        assert bool(entry.flags & fmt.FLAG_VALUE_OUT_OF_LINE) == out_of_line
+
+
+@dataclass(slots=True)
+class PinnedSnapshot:
+    snapshot: Snapshot
+    boundary: int
+    versions: list[Version]
+    invalidated: bool = False
+
+
+values = st.one_of(
+    st.binary(max_size=12),
+    # Sometimes large enough to be stored out of line as a value chunk.
+    st.integers(min_value=0, max_value=255).map(
+        lambda byte: bytes([byte]) * (limits.value_inline_bytes_max + 1 + byte)
+    ),
+)
+headers_maps = st.one_of(st.none(), st.just({"h": b"v"}))
+raw_ops = st.tuples(st.sampled_from(KEYS), st.booleans(), values, headers_maps)
+operations = st.lists(raw_ops, min_size=0, max_size=6)
+operations_nonempty = st.lists(raw_ops, min_size=1, max_size=6)
+meta_updates = st.one_of(
+    st.none(),
+    st.dictionaries(
+        st.sampled_from(["hwm", "owner", "epoch"]),
+        st.one_of(st.none(), st.integers(min_value=0, max_value=99), st.binary(max_size=4)),
+        max_size=2,
+    ),
+)
+
+
+class StoreMachine(RuleBasedStateMachine):
+    pinned = Bundle("pinned")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._saved_limits = (limits.leaf_bytes_target, limits.interior_children_max)
+        limits.leaf_bytes_target = 160
+        limits.interior_children_max = 3
+        self.directory = tempfile.mkdtemp(prefix="kayos-model-")
+        self.clock = ManualClock()
+        self.options = StoreOptions(rollback_window_seqs=ROLLBACK_WINDOW_SEQS)
+        self.store = ShardStore.open(self.directory, clock=self.clock, options=self.options)
+        self.versions: list[Version] = []
+        self.boundaries: list[int] = [0]
+        self.last_seq = 0
+        self.min_rollback_seq = 0
+        self.meta: dict[str, Any] = {}
+        self.snapshots: list[PinnedSnapshot] = []
+
+    def teardown(self) -> None:
+        try:
+            for pinned in self.snapshots:
+                pinned.snapshot.release()
+            self.store.close()
+        finally:
+            limits.leaf_bytes_target, limits.interior_children_max = self._saved_limits
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    # --- model helpers ----------------------------------------------------------------------
+
+    def _apply_batch(
+        self, ops: list[Put | Delete], seqs: list[int], meta: dict[str, Any] | None
+    ) -> None:
+        newest = newest_as_of(self.versions, self.last_seq)
+        for position, (op, seq) in enumerate(zip(ops, seqs, strict=True)):
+            previous = newest.get(op.key)
+            version = Version(
+                seq=seq,
+                key=op.key,
+                value=op.value if isinstance(op, Put) else None,
+                headers=(op.headers or None) if isinstance(op, Put) else None,
+                prev_seq=previous.seq if previous is not None else 0,
+                batch_end=position == len(ops) - 1,
+            )
+            self.versions.append(version)
+            newest[op.key] = version
+        if seqs:
+            self.last_seq = seqs[-1]
+            self.boundaries.append(seqs[-1])
+        for name, value in (meta or {}).items():
+            if value is None:
+                self.meta.pop(name, None)
+            else:
+                self.meta[name] = value
+
+    @staticmethod
+    def _ops(raw: list[tuple[bytes, bool, bytes, dict[str, bytes] | None]]) -> list[Put | Delete]:
+        return [
+            Put(key, value, headers=headers) if is_put else Delete(key)
+            for key, is_put, value, headers in raw
+        ]
+
+    # --- rules --------------------------------------------------------------------------------
+
+    @initialize(raw=operations_nonempty)
+    def first_commit(self, raw: list[tuple[bytes, bool, bytes, dict[str, bytes] | None]]) -> None:
+        self.commit(raw, None, None)
+
+    @rule(batches=st.lists(operations_nonempty, min_size=1, max_size=4))
+    def commit_several(
+        self, batches: list[list[tuple[bytes, bool, bytes, dict[str, bytes] | None]]]
+    ) -> None:
+        for raw in batches:
+            self.commit(raw, None, None)
+
+    @rule(
+        raw=operations,
+        meta=meta_updates,
+        gaps=st.one_of(
+            st.none(), st.lists(st.integers(min_value=1, max_value=4), min_size=6, max_size=6)
+        ),
+    )
+    def commit(
+        self,
+        raw: list[tuple[bytes, bool, bytes, dict[str, bytes] | None]],
+        meta: dict[str, Any] | None,
+        gaps: list[int] | None,
+    ) -> None:
+        """One batch; with ``gaps``, explicit seqs as a replica applying its upstream's batch
+        uses: they may skip numbers but only grow. An empty batch updates metadata only."""
+        ops = self._ops(raw)
+        if gaps is None:
+            seqs = list(range(self.last_seq + 1, self.last_seq + 1 + len(ops)))
+            result = self.store.commit(ops, meta=meta)
+        else:
+            seqs = list(itertools.accumulate(gaps[: len(ops)], initial=self.last_seq))[1:]
+            result = self.store.commit(ops, meta=meta, seqs=seqs)
+        if seqs:
+            assert (result.first_seq, result.last_seq) == (seqs[0], seqs[-1])
+        else:
+            assert (result.first_seq, result.last_seq) == (self.last_seq + 1, self.last_seq)
+        self._apply_batch(ops, seqs, meta)
+
+    @precondition(lambda self: self.last_seq > 0)
+    @rule(raw=operations_nonempty, back=st.integers(min_value=0, max_value=3))
+    def commit_stale_explicit_seqs(
+        self, raw: list[tuple[bytes, bool, bytes, dict[str, bytes] | None]], back: int
+    ) -> None:
+        """Explicit seqs at or below last_seq are refused and change nothing."""
+        ops = self._ops(raw)
+        start = max(0, self.last_seq - back)
+        before = self.store.stats()
+        with pytest.raises(InvalidRequest):
+            self.store.commit(ops, seqs=list(range(start, start + len(ops))))
+        assert self.store.stats() == before
+
+    @precondition(lambda self: len(self.snapshots) < SNAPSHOTS_MAX)
+    @rule(target=pinned)
+    def pin_snapshot(self) -> PinnedSnapshot:
+        snapshot = self.store.snapshot()
+        assert snapshot.boundary == self.last_seq
+        pinned = PinnedSnapshot(snapshot, self.last_seq, list(self.versions))
+        self.snapshots.append(pinned)
+        return pinned
+
+    @rule(
+        pinned=pinned,
+        after=st.integers(min_value=0, max_value=60),
+        span=st.one_of(st.none(), st.integers(min_value=0, max_value=60)),
+    )
+    def scan_snapshot(self, pinned: PinnedSnapshot, after: int, span: int | None) -> None:
+        if pinned not in self.snapshots:
+            return  # released by a reopen
+        upto = None if span is None else after + span
+        if pinned.invalidated:
+            with pytest.raises(SnapshotInvalidatedError):
+                list(pinned.snapshot.scan(after, upto))
+            return
+        entries = list(pinned.snapshot.scan(after, upto))
+        assert_entries_match(entries, model_scan(pinned.versions, pinned.boundary, after, upto))
+
+    @rule(pinned=consumes(pinned))
+    def release_snapshot(self, pinned: PinnedSnapshot) -> None:
+        if pinned in self.snapshots:
+            self.snapshots.remove(pinned)
+            pinned.snapshot.release()
+
+    @rule(
+        after=st.integers(min_value=0, max_value=60),
+        span=st.one_of(st.none(), st.integers(min_value=0, max_value=60)),
+        page_entries=st.integers(min_value=1, max_value=4),
+        key=st.sampled_from([*KEYS, b"never-written"]),
+    )
+    def read_now(self, after: int, span: int | None, page_entries: int, key: bytes) -> None:
+        """get, scan, snapshot pages and export as of the last commit."""
+        newest = newest_as_of(self.versions, self.last_seq).get(key)
+        entry = self.store.get(key)
+        if newest is None or newest.value is None:
+            assert entry is None
+        else:
+            assert entry is not None
+            assert_entries_match([entry], [newest])
+        upto = None if span is None else after + span
+        expected = model_scan(self.versions, self.last_seq, after, upto)
+        assert_entries_match(self.store.scan(after, upto), expected)
+        with self.store.snapshot() as snapshot:
+            pages = list(snapshot.pages(after, upto, page_entries=page_entries))
+        assert all(0 < len(page) <= page_entries for page in pages)
+        assert_entries_match([entry for page in pages for entry in page], expected)
+        exported = [entry for page in self.store.export(after) for entry in page]
+        assert_entries_match(exported, model_scan(self.versions, self.last_seq, after, None))
+
+    @rule(wipe_derived=st.booleans())
+    def reopen(self, wipe_derived: bool) -> None:
+        for pinned in self.snapshots:
+            pinned.snapshot.release()
+        self.snapshots.clear()
+        self.store.close()
+        if wipe_derived:
+            shutil.rmtree(f"{self.directory}/derived")
+        self.store = ShardStore.open(self.directory, clock=self.clock, options=self.options)
+        assert self.store.recovery.dropped_bytes == 0, "a clean close leaves no torn tail"
+        assert self.store.recovery.rebuilt_index == (wipe_derived and self.last_seq > 0)
+
+    @rule()
+    def compact(self) -> None:
+        floor = max(self.min_rollback_seq, self.last_seq - ROLLBACK_WINDOW_SEQS)
+        successor: dict[int, int] = {}
+        newest: dict[bytes, Version] = {}
+        for version in self.versions:
+            if version.key in newest:
+                successor[newest[version.key].seq] = version.seq
+            newest[version.key] = version
+        kept = [v for v in self.versions if not (0 < successor.get(v.seq, 0) <= floor)]
+        result = compact(self.store)
+        assert result.min_rollback_seq == floor
+        assert result.entries_dropped == len(self.versions) - len(kept)
+        self.versions = kept
+        self.min_rollback_seq = floor
+
+    @rule(data=st.data())
+    def rollback(self, data: st.DataObject) -> None:
+        target = data.draw(st.sampled_from(self.boundaries), label="target")
+        if target < self.min_rollback_seq and target < self.last_seq:
+            before = self.store.stats()
+            with pytest.raises(RollbackTooFarError):
+                self.store.rollback_to(target)
+            assert self.store.stats() == before
+            return
+        self.store.rollback_to(target)
+        if target >= self.last_seq:
+            return
+        self.versions = [v for v in self.versions if v.seq <= target]
+        self.boundaries = [b for b in self.boundaries if b <= target]
+        self.last_seq = target
+        for pinned in self.snapshots:
+            if pinned.boundary > target:
+                pinned.invalidated = True
+
+    # --- invariants ---------------------------------------------------------------------------
+
+    @invariant()
+    def header_agrees(self) -> None:
+        stats = self.store.stats()
+        newest = newest_as_of(self.versions, self.last_seq)
+        superseded = [v for v in self.versions if newest[v.key] is not v]
+        assert stats["last_seq"] == self.last_seq
+        assert stats["min_rollback_seq"] == self.min_rollback_seq
+        assert stats["entry_count"] == len(self.versions)
+        assert stats["payload_bytes"] == sum(v.size for v in self.versions)
+        assert stats["superseded_count"] == len(superseded)
+        assert stats["superseded_bytes"] == sum(v.size for v in superseded)
+        assert stats["keys"] == len(newest)
+        assert self.store.meta == self.meta
+
+
+StoreMachine.TestCase.settings = settings(
+    max_examples=60,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestStoreModel = StoreMachine.TestCase
