@@ -92,3 +92,31 @@ assert key_bytes_max <= 511, "lmdb's default key size limit"
 assert value_bytes_max + headers_bytes_max + key_bytes_max < chunk_bytes_max
 assert batch_bytes_max <= group_commit_bytes_max * 2
 assert 0.0 < compaction_garbage_ratio < 1.0
+
+# --- replication wire protocol (see docs/replication-protocol.md) --------------------------------
+
+# One frame (kind byte + msgpack body) carries at most one full batch: batch_bytes_max of item
+# bytes, msgpack's framing per entry (at most 32 B: a u64 seq, a u64 expiry, three length prefixes)
+# and a few MiB of metadata. The receiver refuses a larger length before buffering its body.
+frame_bytes_max = batch_bytes_max + 8 * 1024 * 1024
+# A takeover table gains one entry per change of head; Couchbase keeps 25 in its failover log, and a
+# downstream whose common entry was dropped merely does a full reset.
+takeover_table_entries_max = 64
+# Metadata updates (consumer high-water marks) carried by one BATCH; more wait for the next batch,
+# so a burst of consumer commits cannot crowd out log entries.
+frame_meta_entries_max = 10_000
+# Unacknowledged BATCH frames per replication link: bounds what a slow downstream pins upstream and
+# the work redone after a link reset, yet lets the upstream keep streaming while the downstream
+# fsyncs (it acknowledges only after each commit).
+link_in_flight_batches_max = 16
+# ... and their bytes; one maximal batch must always fit, or a link could never send it.
+link_in_flight_bytes_max = 2 * frame_bytes_max
+# Requests a client connection may have awaiting a reply before the node stops reading its socket.
+connection_in_flight_requests_max = 1024
+# A parked WAIT_COMMITTED is answered after at most this long, so it never pins memory for ever.
+wait_committed_timeout_ms_max = 60_000
+
+assert batch_bytes_max + 32 * batch_entries_max + 1024 * 1024 <= frame_bytes_max
+assert frame_bytes_max < 2**31, "the u32 length prefix, with room to spare"
+assert link_in_flight_bytes_max >= frame_bytes_max, "one maximal batch always fits in flight"
+assert wait_committed_timeout_ms_max < 2**32, "WAIT_COMMITTED's timeout field is a u32"
