@@ -195,7 +195,9 @@ class Edge:
             self.levels.append([])
         children = self.levels[level]
         children.append(ptr)
-        if len(children) > limits.interior_children_max:
+        # Finalize at the bound, not past it: write_root adds the open child to these, and a
+        # node may hold at most interior_children_max children.
+        if len(children) >= limits.interior_children_max:
             full = children[: limits.interior_children_max]
             self.levels[level] = children[limits.interior_children_max :]
             pos = out.add_chunk(fmt.encode_interior(full))

@@ -1019,6 +1019,8 @@ class Snapshot:
     def _check(self) -> DataFile:
         if self._file is None:
             raise StoreClosedError("snapshot released")
+        # The successor map belongs to the store; without it every version looks current.
+        self._store._check_open()
         if self._store._snapshot_invalidated(self._epoch, self.boundary):
             raise SnapshotInvalidatedError(
                 f"a rollback went below this snapshot's boundary {self.boundary}"
