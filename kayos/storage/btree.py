@@ -81,7 +81,17 @@ class NodeReader:
                 raise CorruptionError(
                     "chunk runs past the end of the file", path=self.path, offset=pos
                 )
-        logical = fmt.strip_block_bytes(pos, raw[:total_span])
+        raw = raw[:total_span]
+        # The chunk CRC does not cover the type bytes of the blocks the chunk crosses; each must
+        # say "data", or the block was damaged (or is not part of this chunk at all).
+        for boundary in range(-pos % fmt.BLOCK, total_span, fmt.BLOCK):
+            if raw[boundary] != fmt.BLOCK_DATA:
+                raise CorruptionError(
+                    f"block type byte {raw[boundary]:#x} at {pos + boundary} inside a chunk",
+                    path=self.path,
+                    offset=pos,
+                )
+        logical = fmt.strip_block_bytes(pos, raw)
         body = logical[fmt.PREFIX_BYTES :]
         return fmt.check_chunk_body(body, crc, path=self.path, offset=pos, expect=expect)
 

@@ -773,8 +773,8 @@ class ShardStore:
         return Snapshot(self, current.file.acquire(), current.header, current.meta)
 
     def _check_open(self) -> None:
-        if self._closed:
-            raise StoreClosedError(f"store {self.directory} is closed")
+        # A failed fsync poisons reads too: the page cache may hold bytes the disk never got.
+        self._check_usable()
 
     def get(self, key: bytes, *, now_ms: int | None = None) -> Entry | None:
         """The newest version of ``key``; None if it never existed, was deleted or expired."""
