@@ -8,13 +8,14 @@ copies what arrived since the previous round and writes the header, holds the co
 from __future__ import annotations
 
 import bisect
+import errno
 import os
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kayos import limits
-from kayos.errors import StorageError
+from kayos.errors import DiskFullError, StorageError
 from kayos.storage import btree
 from kayos.storage import format as fmt
 from kayos.storage.engine import (
@@ -132,6 +133,11 @@ def compact(store: ShardStore) -> CompactionResult:
         raise StorageError("a compaction of this store is already running")
     try:
         return _compact(store)
+    except OSError as exc:
+        # _compact removed its unfinished file; callers see kayos errors only.
+        if exc.errno == errno.ENOSPC:
+            raise DiskFullError(f"compaction of {store.directory}: disk full") from exc
+        raise StorageError(f"compaction of {store.directory} failed: {exc}") from exc
     finally:
         lock.release()
 
@@ -191,6 +197,8 @@ def _compact(store: ShardStore) -> CompactionResult:
             ops.sync_dir(store.directory)
             handle = ops.open(final_path)
             store.install_compacted(handle, generation, new_header, header_block, copier.edge)
+            # Measured before the lock goes: later commits are not compaction output.
+            bytes_after = handle.size()
             ops.unlink(source.handle.path)
     except BaseException:
         target.close()
@@ -200,7 +208,7 @@ def _compact(store: ShardStore) -> CompactionResult:
     return CompactionResult(
         generation=generation,
         bytes_before=bytes_before,
-        bytes_after=store.file_bytes(),
+        bytes_after=bytes_after,
         entries_copied=copier.copied,
         entries_dropped=dropped,
         catchup_rounds=rounds,

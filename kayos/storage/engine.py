@@ -47,6 +47,8 @@ log = logging.getLogger("kayos.storage")
 DATA_PREFIX = "data."
 DATA_SUFFIX = ".kys"
 _REGION_READ_BYTES = 1 << 20
+# Each retry needs another compaction to swap files under the reader; one or two is the most seen.
+_PIN_ATTEMPTS_MAX = 100
 _SEGMENT_SHIFT = 20
 
 
@@ -769,12 +771,27 @@ class ShardStore:
     def snapshot(self) -> Snapshot:
         """Pins the current committed state. Release it (or use ``with``) when done."""
         self._check_open()
-        current = self._current
-        return Snapshot(self, current.file.acquire(), current.header, current.meta)
+        current = self._pin_current()
+        return Snapshot(self, current.file, current.header, current.meta)
 
     def _check_open(self) -> None:
         # A failed fsync poisons reads too: the page cache may hold bytes the disk never got.
         self._check_usable()
+
+    def _pin_current(self) -> _Current:
+        """The current state with its file acquired. Readers take no lock, so a compaction may
+        swap files between reading ``_current`` and acquiring its file, and close the old one;
+        then the new current state is pinned instead."""
+        for _ in range(_PIN_ATTEMPTS_MAX):
+            current = self._current
+            try:
+                current.file.acquire()
+            except StoreClosedError:
+                if self._current is current:
+                    raise  # the store itself was closed
+                continue
+            return current
+        raise StoreClosedError(f"store {self.directory}: files kept changing while pinning one")
 
     def get(self, key: bytes, *, now_ms: int | None = None) -> Entry | None:
         """The newest version of ``key``; None if it never existed, was deleted or expired."""
@@ -782,8 +799,8 @@ class ShardStore:
         found = self._index.lookup_one(key)
         if found is None:
             return None
-        current = self._current
-        data_file = current.file.acquire()
+        current = self._pin_current()
+        data_file = current.file
         try:
             located = btree.find_entry(data_file.reader, current.header.root, found[0])
             if located is None:
