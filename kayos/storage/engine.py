@@ -1099,9 +1099,13 @@ class Snapshot:
                     value = reader.read_value(value)
                 page.append(_new_entry(Entry, (seq, key, value, expiry, header_map, prev, flag)))
             if len(page) >= page_entries:
+                # Checked after the page is built and before it is handed out: a rollback marks
+                # snapshots invalid before it touches the successor map, so a page that passes
+                # was built from a consistent map.
+                self._check()
                 while len(page) >= page_entries:
                     yield page[:page_entries]
                     page = page[page_entries:]
-                self._check()
         if page:
+            self._check()
             yield page

@@ -19,6 +19,7 @@ from kayos.errors import (
     SnapshotInvalidatedError,
     StoreClosedError,
 )
+from kayos.storage import btree
 from kayos.storage import format as fmt
 from kayos.storage.engine import (
     CommitResult,
@@ -401,6 +402,35 @@ def test_snapshot_at_or_below_the_rollback_point_stays_valid(tmp_store: ShardSto
         tmp_store.commit([Put(b"a", b"4")])
         assert view(list(snapshot.scan())) == [(2, b"a", b"2")]
     assert view(tmp_store.scan()) == [(3, b"a", b"4")]
+
+
+def test_a_rollback_racing_a_snapshot_scan_invalidates_it(
+    tmp_store: ShardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: a rollback below a snapshot's boundary that ran while the snapshot's scan was
+    between reading a leaf and reading the successor map went unnoticed for the last page, and
+    the scan returned a superseded version next to its successor."""
+    tmp_store.commit([Put(b"a", b"1")])
+    tmp_store.commit([Put(b"a", b"2")])
+    snapshot = tmp_store.snapshot()
+    original_read_node = btree.NodeReader.read_node
+    armed = [True]
+
+    def read_then_roll_back(self: btree.NodeReader, pos: int) -> fmt.Leaf | fmt.Interior:
+        node = original_read_node(self, pos)
+        if armed[0]:
+            armed[0] = False
+            tmp_store.rollback_to(1)  # another thread's rollback, landing mid-scan
+        return node
+
+    monkeypatch.setattr(btree.NodeReader, "read_node", read_then_roll_back)
+    try:
+        with pytest.raises(SnapshotInvalidatedError):
+            list(snapshot.scan())
+    finally:
+        snapshot.release()
+    assert not armed[0]
+    assert view(tmp_store.scan()) == [(1, b"a", b"1")]
 
 
 def test_rollback_to_zero_empties_the_store(tmp_store: ShardStore) -> None:
