@@ -351,10 +351,13 @@ class ShardStore:
                 ops.unlink(os.path.join(self.directory, data_file_name(old)))
         handle = ops.open(os.path.join(self.directory, data_file_name(generation)))
         try:
-            block_pos, header = find_last_header(handle)
+            self._load(handle, generation)
         except BaseException:
-            handle.close()
+            handle.close()  # a failed open keeps nothing open
             raise
+
+    def _load(self, handle: FileHandle, generation: int) -> None:
+        block_pos, header = find_last_header(handle)
         end = header_end(handle, block_pos)
         if handle.size() > end:
             self._cut_tail(handle, end)
@@ -364,7 +367,11 @@ class ShardStore:
         self._current = _Current(data_file, header, meta)
         self._edge = btree.Edge.from_root(data_file.reader, header.root)
         self._index = DerivedIndex(os.path.join(self.directory, "derived"), header.store_uuid)
-        self._catch_up_index()
+        try:
+            self._catch_up_index()
+        except BaseException:
+            self._index.close(clean=False)
+            raise
 
     def _create(self, generation: int) -> None:
         store_uuid = self.options.store_uuid or uuid.uuid4().bytes

@@ -466,6 +466,33 @@ def test_a_flipped_bit_in_a_value_chunk_is_reported_at_its_offset(shard_dir: str
     assert_reads_fail_at(shard_dir, value_pos, b"large", value_pos + 4000)
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open descriptors")
+def test_an_open_that_meets_corruption_keeps_nothing_open(shard_dir: str) -> None:
+    """Regression: an open that failed while rebuilding derived state (a damaged leaf) left the
+    data file, the successor map and the lmdb environment open; retries leaked them again."""
+    store = open_store(shard_dir)
+    store.commit([Put(b"k%d" % n, bytes([n]) * 1500) for n in range(12)])
+    store.commit([Put(b"last", b"commit")])
+    leaf = next(pos for pos, height in old_nodes(store) if height == 1)
+    path = store.path
+    store.close()
+    flip_bit(path, leaf + 20)
+    shutil.rmtree(os.path.join(shard_dir, "derived"))  # open has to read every leaf
+    descriptors = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        with pytest.raises(CorruptionError) as caught:
+            open_store(shard_dir)
+        assert caught.value.offset == leaf
+    assert len(os.listdir("/proc/self/fd")) == descriptors
+    flip_bit(path, leaf + 20)  # repaired
+    store = open_store(shard_dir)
+    try:
+        assert store.recovery.rebuilt_index
+        assert len(store.scan()) == 13
+    finally:
+        store.close()
+
+
 def test_a_flipped_bit_in_the_last_header_falls_back_to_the_previous_commit(
     shard_dir: str,
 ) -> None:
