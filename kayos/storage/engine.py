@@ -248,6 +248,21 @@ def _packed_headers_size(headers: dict[str, bytes] | None) -> int:
     return len(msgpack.packb(headers, use_bin_type=True))
 
 
+def validate_meta(meta: dict[str, Any] | None) -> None:
+    """Refuses metadata the meta chunk cannot hold before it is queued: in a group commit it
+    would otherwise fail every batch of the group."""
+    if meta is None:
+        return
+    if not isinstance(meta, dict):
+        raise InvalidRequest("metadata must be a dict")
+    try:
+        packed = msgpack.packb(meta, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidRequest(f"metadata cannot be encoded: {exc}") from exc
+    if len(packed) >= limits.chunk_bytes_max:
+        raise LimitExceeded(f"metadata of {len(packed)} bytes exceeds {limits.chunk_bytes_max}")
+
+
 def validate_ops(ops: Sequence[Op]) -> int:
     """Checks every bound; returns the batch's payload bytes. Raises before anything is queued."""
     if len(ops) > limits.batch_entries_max:
@@ -547,6 +562,7 @@ class ShardStore:
         ``seqs`` gives explicit, strictly increasing seqs above ``last_seq`` (replicas applying
         their upstream's batches); otherwise seqs are assigned consecutively."""
         payload = validate_ops(ops)
+        validate_meta(meta)
         if seqs is not None:
             if len(seqs) != len(ops):
                 raise InvalidRequest("seqs and ops differ in length")

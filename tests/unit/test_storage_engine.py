@@ -179,6 +179,24 @@ def test_invalid_input_is_refused(tmp_store: ShardStore, op: Put | Delete) -> No
     assert tmp_store.stats()["commit_no"] == 0
 
 
+@pytest.mark.parametrize(
+    "meta",
+    [{"hwm": object()}, {"hwm": 2**70}, ["not", "a", "dict"]],
+    ids=["unencodable", "integer-too-large", "not-a-dict"],
+)
+def test_bad_metadata_is_refused_before_it_is_queued(tmp_store: ShardStore, meta: Any) -> None:
+    """Regression: metadata msgpack cannot encode raised a raw TypeError from inside the group
+    commit (failing every batch that shared the group) instead of InvalidRequest up front."""
+    tmp_store.commit([Put(b"a", b"1")], meta={"hwm": 1})
+    size, stats = tmp_store.file_bytes(), tmp_store.stats()
+    with pytest.raises(InvalidRequest):
+        tmp_store.commit([Put(b"b", b"2")], meta=meta)
+    assert (tmp_store.file_bytes(), tmp_store.stats()) == (size, stats)
+    assert tmp_store.meta == {"hwm": 1}
+    tmp_store.commit([Put(b"b", b"2")], meta={"hwm": 2})
+    assert tmp_store.meta == {"hwm": 2}
+
+
 # --- explicit seqs (replica apply) ----------------------------------------------------------------
 
 
