@@ -320,6 +320,104 @@ def test_concurrent_commits_get_distinct_consecutive_ranges(tmp_path: Path) -> N
         store.close()
 
 
+class WaitWatchingCondition(threading.Condition):
+    """The store's commit queue condition, reporting which threads wait on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiters: set[int] = set()
+        self.watch = threading.Condition()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with self.watch:
+            self.waiters.add(threading.get_ident())
+            self.watch.notify_all()
+        return super().wait(timeout)
+
+    def wait_for_waiters(self, count: int) -> None:
+        with self.watch:
+            reached = self.watch.wait_for(lambda: len(self.waiters) >= count, JOIN_TIMEOUT_S)
+        assert reached, f"only {len(self.waiters)} of {count} committers queued"
+
+
+class HeldFileOps(CountingFileOps):
+    """Holds the next append to the data file until released."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held = threading.Event()
+        self.release = threading.Event()
+        self.hold_next = False
+
+    def open(self, path: str, *, create: bool = False) -> FileHandle:
+        handle = super().open(path, create=create)
+        inner_append = handle.append
+
+        def append(data: bytes) -> None:
+            if self.hold_next:
+                self.hold_next = False
+                self.held.set()
+                assert self.release.wait(JOIN_TIMEOUT_S), "never released"
+            inner_append(data)
+
+        handle.append = append  # type: ignore[method-assign]
+        return handle
+
+
+def test_batches_queued_behind_a_commit_share_one_group_and_one_fsync(tmp_path: Path) -> None:
+    """While one commit is being written, four more queue up; they are written together: one
+    header, one fdatasync, one commit_no, consecutive seqs in queue order. A batch among them
+    whose explicit seqs are no longer above last_seq fails alone; the others are unaffected.
+    (White box: the store's queue condition is replaced by one that reports its waiters.)"""
+    ops = HeldFileOps()
+    store = ShardStore.open(str(tmp_path / "shard"), fileops=ops, clock=ManualClock())
+    watched = WaitWatchingCondition()
+    store._cv = watched
+    outcomes: dict[str, CommitResult | BaseException] = {}
+
+    def run(name: str, ops_list: list[Put | Delete], **kwargs: Any) -> None:
+        try:
+            outcomes[name] = store.commit(ops_list, **kwargs)
+        except BaseException as exc:
+            outcomes[name] = exc
+
+    ops.hold_next = True
+    leader = threading.Thread(target=run, args=("leader", [Put(b"first", b"1")]))
+    leader.start()
+    followers = [
+        threading.Thread(target=run, args=("plain", [Put(b"a", b"1"), Put(b"b", b"2")])),
+        threading.Thread(target=run, args=("stale", [Put(b"c", b"3")]), kwargs={"seqs": [1]}),
+        threading.Thread(target=run, args=("meta-only", []), kwargs={"meta": {"m": 1}}),
+        threading.Thread(target=run, args=("with-meta", [Delete(b"a")]), kwargs={"meta": {"n": 2}}),
+    ]
+    try:
+        assert ops.held.wait(JOIN_TIMEOUT_S)
+        for thread in followers:
+            thread.start()
+        watched.wait_for_waiters(len(followers))
+    finally:
+        ops.release.set()
+        for thread in [leader, *followers]:
+            thread.join(JOIN_TIMEOUT_S)
+    try:
+        assert not any(thread.is_alive() for thread in [leader, *followers])
+        assert outcomes["leader"] == CommitResult(1, 1, 1)
+        assert isinstance(outcomes["stale"], InvalidRequest)
+        grouped = [outcomes[name] for name in ("plain", "meta-only", "with-meta")]
+        assert all(isinstance(result, CommitResult) for result in grouped), outcomes
+        results = [r for r in grouped if isinstance(r, CommitResult)]
+        assert {r.commit_no for r in results} == {2}
+        ranges = sorted((r.first_seq, r.last_seq) for r in results if r.last_seq >= r.first_seq)
+        assert ranges in ([(2, 3), (4, 4)], [(2, 2), (3, 4)])
+        assert ops.syncs[store.path] == 2
+        assert store.stats()["commit_no"] == 2
+        assert store.meta == {"m": 1, "n": 2}
+        assert store.get(b"a") is None
+        assert store.get(b"c") is None
+    finally:
+        store.close()
+
+
 # --- expiry ---------------------------------------------------------------------------------------
 
 
