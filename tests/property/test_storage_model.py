@@ -2,15 +2,20 @@
 
 Goal: every read the store offers (get, scans as of now, scans of snapshots pinned earlier, pages,
 export, meta, stats) returns exactly what a model built from the committed batches predicts, across
-group commits, explicit seqs, reopen (with and without derived state), compaction and rollback.
+explicit seqs, expiry, reopen (with and without derived state), power cuts during a commit,
+compaction and rollback.
 
 The model is a list of the versions in the tree, in seq order. The state as of seq B is, for each
 key, its newest version with seq <= B. A scan of (after, upto] as of boundary B returns the versions
 with after < seq <= min(upto, B) that are the newest of their key as of B, in seq order, deletes
 included as tombstones (docs/storage-format.md, "Derived state": succ[s] == 0 or succ[s] > B).
+Expired versions still supersede older ones but are not returned (export returns them).
 
 Compaction drops versions superseded at or below its floor F = max(min_rollback_seq, C - window)
 and records F; a rollback below F raises RollbackTooFarError ("Rollback", "Compaction").
+
+A power cut during a commit (a torn write, then lost or kept unsynced pages) leaves the store in
+exactly the old state or, when every page survived, exactly the new one.
 
 The machine shrinks nodes (``leaf_bytes_target``, ``interior_children_max``) so that a few dozen
 entries already make trees several levels deep; the format does not depend on these bounds.
@@ -19,6 +24,7 @@ entries already make trees several levels deep; the format does not depend on th
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -44,10 +50,13 @@ from kayos.errors import InvalidRequest, RollbackTooFarError, SnapshotInvalidate
 from kayos.storage import format as fmt
 from kayos.storage.compact import compact
 from kayos.storage.engine import Delete, Entry, Put, ShardStore, Snapshot, StoreOptions
+from kayos.storage.fileops import FaultyFileOps, SimulatedCrash
 
 ROLLBACK_WINDOW_SEQS = 6
 KEYS = [f"k{index}".encode() for index in range(6)]
 SNAPSHOTS_MAX = 3
+# FaultyFileOps simulates durability, so a RAM-backed directory loses nothing but fsync time.
+RAM_DIRECTORY = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +67,10 @@ class Version:
     headers: dict[str, bytes] | None
     prev_seq: int
     batch_end: bool
+    expiry_ms: int
+
+    def expired(self, now_ms: int) -> bool:
+        return 0 < self.expiry_ms <= now_ms
 
     @property
     def size(self) -> int:
@@ -74,11 +87,19 @@ def newest_as_of(versions: list[Version], boundary: int) -> dict[bytes, Version]
 
 
 def model_scan(
-    versions: list[Version], boundary: int, after: int, upto: int | None
+    versions: list[Version],
+    boundary: int,
+    after: int,
+    upto: int | None,
+    now_ms: int | None,  # None: expired versions too
 ) -> list[Version]:
     top = boundary if upto is None else min(upto, boundary)
     newest = newest_as_of(versions, boundary)
-    return [v for v in versions if after < v.seq <= top and newest[v.key] is v]
+    return [
+        v
+        for v in versions
+        if after < v.seq <= top and newest[v.key] is v and (now_ms is None or not v.expired(now_ms))
+    ]
 
 
 def assert_entries_match(entries: list[Entry], expected: list[Version]) -> None:
@@ -88,6 +109,7 @@ def assert_entries_match(entries: list[Entry], expected: list[Version]) -> None:
         assert entry.deleted == (version.value is None)
         assert entry.value == version.value
         assert entry.headers == version.headers
+        assert entry.expiry_ms == version.expiry_ms
         assert entry.prev_seq == version.prev_seq
         assert bool(entry.flags & fmt.FLAG_BATCH_END) == version.batch_end
         out_of_line = (
@@ -112,7 +134,10 @@ values = st.one_of(
     ),
 )
 headers_maps = st.one_of(st.none(), st.just({"h": b"v"}))
-raw_ops = st.tuples(st.sampled_from(KEYS), st.booleans(), values, headers_maps)
+# Seconds from now until the version expires; 0 for never.
+expiry_delays = st.sampled_from([0, 0, 0, 1, 2, 3])
+raw_ops = st.tuples(st.sampled_from(KEYS), st.booleans(), values, headers_maps, expiry_delays)
+RawOp = tuple[bytes, bool, bytes, dict[str, bytes] | None, int]
 operations = st.lists(raw_ops, min_size=0, max_size=6)
 operations_nonempty = st.lists(raw_ops, min_size=1, max_size=6)
 meta_updates = st.one_of(
@@ -133,10 +158,11 @@ class StoreMachine(RuleBasedStateMachine):
         self._saved_limits = (limits.leaf_bytes_target, limits.interior_children_max)
         limits.leaf_bytes_target = 160
         limits.interior_children_max = 3
-        self.directory = tempfile.mkdtemp(prefix="kayos-model-")
+        self.directory = tempfile.mkdtemp(prefix="kayos-model-", dir=RAM_DIRECTORY)
         self.clock = ManualClock()
         self.options = StoreOptions(rollback_window_seqs=ROLLBACK_WINDOW_SEQS)
-        self.store = ShardStore.open(self.directory, clock=self.clock, options=self.options)
+        self.fileops = FaultyFileOps()
+        self.store = self._open()
         self.versions: list[Version] = []
         self.boundaries: list[int] = [0]
         self.last_seq = 0
@@ -153,6 +179,20 @@ class StoreMachine(RuleBasedStateMachine):
             limits.leaf_bytes_target, limits.interior_children_max = self._saved_limits
             shutil.rmtree(self.directory, ignore_errors=True)
 
+    def _open(self) -> ShardStore:
+        return ShardStore.open(
+            self.directory, fileops=self.fileops, clock=self.clock, options=self.options
+        )
+
+    def _close(self) -> None:
+        for pinned in self.snapshots:
+            pinned.snapshot.release()
+        self.snapshots.clear()
+        self.store.close()
+
+    def _now_ms(self) -> int:
+        return int(self.clock.now_s() * 1000)
+
     # --- model helpers ----------------------------------------------------------------------
 
     def _apply_batch(
@@ -168,6 +208,7 @@ class StoreMachine(RuleBasedStateMachine):
                 headers=(op.headers or None) if isinstance(op, Put) else None,
                 prev_seq=previous.seq if previous is not None else 0,
                 batch_end=position == len(ops) - 1,
+                expiry_ms=op.expiry_ms if isinstance(op, Put) else 0,
             )
             self.versions.append(version)
             newest[op.key] = version
@@ -180,23 +221,23 @@ class StoreMachine(RuleBasedStateMachine):
             else:
                 self.meta[name] = value
 
-    @staticmethod
-    def _ops(raw: list[tuple[bytes, bool, bytes, dict[str, bytes] | None]]) -> list[Put | Delete]:
+    def _ops(self, raw: list[RawOp]) -> list[Put | Delete]:
+        now_ms = self._now_ms()
         return [
-            Put(key, value, headers=headers) if is_put else Delete(key)
-            for key, is_put, value, headers in raw
+            Put(key, value, now_ms + delay * 1000 if delay else 0, headers)
+            if is_put
+            else Delete(key)
+            for key, is_put, value, headers, delay in raw
         ]
 
     # --- rules --------------------------------------------------------------------------------
 
     @initialize(raw=operations_nonempty)
-    def first_commit(self, raw: list[tuple[bytes, bool, bytes, dict[str, bytes] | None]]) -> None:
+    def first_commit(self, raw: list[RawOp]) -> None:
         self.commit(raw, None, None)
 
     @rule(batches=st.lists(operations_nonempty, min_size=1, max_size=4))
-    def commit_several(
-        self, batches: list[list[tuple[bytes, bool, bytes, dict[str, bytes] | None]]]
-    ) -> None:
+    def commit_several(self, batches: list[list[RawOp]]) -> None:
         for raw in batches:
             self.commit(raw, None, None)
 
@@ -209,7 +250,7 @@ class StoreMachine(RuleBasedStateMachine):
     )
     def commit(
         self,
-        raw: list[tuple[bytes, bool, bytes, dict[str, bytes] | None]],
+        raw: list[RawOp],
         meta: dict[str, Any] | None,
         gaps: list[int] | None,
     ) -> None:
@@ -230,9 +271,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.last_seq > 0)
     @rule(raw=operations_nonempty, back=st.integers(min_value=0, max_value=3))
-    def commit_stale_explicit_seqs(
-        self, raw: list[tuple[bytes, bool, bytes, dict[str, bytes] | None]], back: int
-    ) -> None:
+    def commit_stale_explicit_seqs(self, raw: list[RawOp], back: int) -> None:
         """Explicit seqs at or below last_seq are refused and change nothing."""
         ops = self._ops(raw)
         start = max(0, self.last_seq - back)
@@ -264,7 +303,8 @@ class StoreMachine(RuleBasedStateMachine):
                 list(pinned.snapshot.scan(after, upto))
             return
         entries = list(pinned.snapshot.scan(after, upto))
-        assert_entries_match(entries, model_scan(pinned.versions, pinned.boundary, after, upto))
+        expected = model_scan(pinned.versions, pinned.boundary, after, upto, self._now_ms())
+        assert_entries_match(entries, expected)
 
     @rule(pinned=consumes(pinned))
     def release_snapshot(self, pinned: PinnedSnapshot) -> None:
@@ -280,34 +320,59 @@ class StoreMachine(RuleBasedStateMachine):
     )
     def read_now(self, after: int, span: int | None, page_entries: int, key: bytes) -> None:
         """get, scan, snapshot pages and export as of the last commit."""
+        now_ms = self._now_ms()
         newest = newest_as_of(self.versions, self.last_seq).get(key)
         entry = self.store.get(key)
-        if newest is None or newest.value is None:
+        if newest is None or newest.value is None or newest.expired(now_ms):
             assert entry is None
         else:
             assert entry is not None
             assert_entries_match([entry], [newest])
         upto = None if span is None else after + span
-        expected = model_scan(self.versions, self.last_seq, after, upto)
+        expected = model_scan(self.versions, self.last_seq, after, upto, now_ms)
         assert_entries_match(self.store.scan(after, upto), expected)
         with self.store.snapshot() as snapshot:
             pages = list(snapshot.pages(after, upto, page_entries=page_entries))
         assert all(0 < len(page) <= page_entries for page in pages)
         assert_entries_match([entry for page in pages for entry in page], expected)
         exported = [entry for page in self.store.export(after) for entry in page]
-        assert_entries_match(exported, model_scan(self.versions, self.last_seq, after, None))
+        assert_entries_match(exported, model_scan(self.versions, self.last_seq, after, None, None))
 
     @rule(wipe_derived=st.booleans())
     def reopen(self, wipe_derived: bool) -> None:
-        for pinned in self.snapshots:
-            pinned.snapshot.release()
-        self.snapshots.clear()
-        self.store.close()
+        self._close()
         if wipe_derived:
             shutil.rmtree(f"{self.directory}/derived")
-        self.store = ShardStore.open(self.directory, clock=self.clock, options=self.options)
+        self.store = self._open()
         assert self.store.recovery.dropped_bytes == 0, "a clean close leaves no torn tail"
         assert self.store.recovery.rebuilt_index == (wipe_derived and self.last_seq > 0)
+
+    @rule(seconds=st.sampled_from([0.5, 1.0, 2.0]))
+    def advance_clock(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+    @rule(
+        raw=operations_nonempty,
+        torn_at=st.integers(min_value=0, max_value=3 * 4096),
+        keep_page_probability=st.sampled_from([0.0, 0.5, 1.0]),
+        seed=st.integers(min_value=0, max_value=2**16),
+    )
+    def power_cut_during_commit(
+        self, raw: list[RawOp], torn_at: int, keep_page_probability: float, seed: int
+    ) -> None:
+        """The commit's write stops after ``torn_at`` bytes (or completes) and the power goes
+        before its fsync; each unsynced page survives with ``keep_page_probability``."""
+        ops = self._ops(raw)
+        self.fileops.tear_next_append_at = torn_at
+        with pytest.raises(SimulatedCrash):
+            self.store.commit(ops)
+        self._close()
+        self.fileops.crash(keep_page_probability=keep_page_probability, seed=seed)
+        self.store = self._open()
+        if self.store.last_seq != self.last_seq:  # every page of the commit reached the disk
+            seqs = list(range(self.last_seq + 1, self.last_seq + 1 + len(ops)))
+            assert self.store.last_seq == seqs[-1]
+            self._apply_batch(ops, seqs, None)
 
     @rule()
     def compact(self) -> None:
