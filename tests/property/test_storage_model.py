@@ -152,12 +152,13 @@ meta_updates = st.one_of(
 
 class StoreMachine(RuleBasedStateMachine):
     pinned = Bundle("pinned")
+    # (leaf_bytes_target, interior_children_max) while the machine runs.
+    NODE_LIMITS = (160, 3)
 
     def __init__(self) -> None:
         super().__init__()
         self._saved_limits = (limits.leaf_bytes_target, limits.interior_children_max)
-        limits.leaf_bytes_target = 160
-        limits.interior_children_max = 3
+        limits.leaf_bytes_target, limits.interior_children_max = self.NODE_LIMITS
         self.directory = tempfile.mkdtemp(prefix="kayos-model-", dir=RAM_DIRECTORY)
         self.clock = ManualClock()
         self.options = StoreOptions(rollback_window_seqs=ROLLBACK_WINDOW_SEQS)
@@ -426,10 +427,20 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.store.meta == self.meta
 
 
-StoreMachine.TestCase.settings = settings(
-    max_examples=60,
-    stateful_step_count=40,
+class RealNodeSizesMachine(StoreMachine):
+    """The same model with the production node bounds: fewer, fuller nodes, more entries per
+    leaf, large values crossing block boundaries inside leaves."""
+
+    NODE_LIMITS = (limits.leaf_bytes_target, limits.interior_children_max)
+
+
+PROPERTY_SETTINGS = settings(
+    max_examples=200,
+    stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
+StoreMachine.TestCase.settings = PROPERTY_SETTINGS
+RealNodeSizesMachine.TestCase.settings = settings(PROPERTY_SETTINGS, max_examples=50)
 TestStoreModel = StoreMachine.TestCase
+TestStoreModelRealNodeSizes = RealNodeSizesMachine.TestCase
