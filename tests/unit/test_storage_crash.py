@@ -110,7 +110,7 @@ def committed_store(directory: str, fileops: FileOps = OS_FILEOPS) -> tuple[Shar
     return store, observe(store)
 
 
-NEXT_BATCH = [Put(b"alpha", b"5" * 40), Put(b"delta", b"6"), Delete(b"gamma")]
+NEXT_BATCH: list[Put | Delete] = [Put(b"alpha", b"5" * 40), Put(b"delta", b"6"), Delete(b"gamma")]
 NEXT_META = {"hwm": 2}
 
 
@@ -186,7 +186,11 @@ def test_a_write_torn_at_every_byte_leaves_exactly_the_previous_state(shard_dir:
 
 # --- lost unsynced pages --------------------------------------------------------------------------
 
-LARGE_BATCH = [Put(b"alpha", b"a" * 3000), Put(b"delta", b"d" * 3000), Put(b"omega", b"o" * 3000)]
+LARGE_BATCH: list[Put | Delete] = [
+    Put(b"alpha", b"a" * 3000),
+    Put(b"delta", b"d" * 3000),
+    Put(b"omega", b"o" * 3000),
+]
 
 
 @pytest.mark.parametrize("keep_page_probability", [0.0, 0.5, 1.0])
