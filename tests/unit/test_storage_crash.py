@@ -497,21 +497,33 @@ def test_an_open_that_meets_corruption_keeps_nothing_open(shard_dir: str) -> Non
         store.close()
 
 
-def test_a_flipped_bit_in_the_last_header_falls_back_to_the_previous_commit(
-    shard_dir: str,
+@pytest.mark.parametrize(
+    "where",
+    ["header type byte", "header chunk", "commit body", "commit padding"],
+)
+def test_a_flipped_bit_in_the_last_commit_falls_back_to_the_previous_one(
+    shard_dir: str, where: str
 ) -> None:
-    """Documented behaviour: a header is only trusted if its chunk CRC (and its region's CRC)
-    check out, so a damaged last header cannot be told from a torn commit. Open steps back to
-    the previous valid header, moves the bytes after it to ``.tail`` and reports that in
-    ``store.recovery``; the last commit is lost (it is the only commit a single flip can lose),
-    everything before it is intact and the store commits on."""
+    """Documented behaviour: a header is only trusted if its chunk CRC and its region's CRC
+    check out, so damage anywhere in the last commit (its header, or the bytes its region_crc
+    covers) cannot be told from a torn commit. Open steps back to the previous valid header,
+    moves the bytes after it to ``.tail`` and reports that in ``store.recovery``: the last
+    commit is lost (the only one a single flip can lose), everything before it is intact, and
+    the store commits on. Damage to older commits is found when they are read (see above)."""
     store, before = committed_store(shard_dir)
     size_before = store.file_bytes()
     store.commit(NEXT_BATCH, meta=NEXT_META)
     last_header_block = (store.file_bytes() - 1) // fmt.BLOCK * fmt.BLOCK
+    assert store.header.region_start == size_before
     path = store.path
     store.close()
-    flip_bit(path, last_header_block + 30, 6)
+    offset = {
+        "header type byte": last_header_block,
+        "header chunk": last_header_block + 30,
+        "commit body": size_before + 10,
+        "commit padding": last_header_block - 1,
+    }[where]
+    flip_bit(path, offset, 6)
     store = open_store(shard_dir)
     try:
         assert observe(store) == before
@@ -523,6 +535,20 @@ def test_a_flipped_bit_in_the_last_header_falls_back_to_the_previous_commit(
         assert store.get(b"omega") is not None
     finally:
         store.close()
+
+
+def test_a_flipped_bit_in_the_metadata_chunk_fails_open_at_its_offset(shard_dir: str) -> None:
+    """The current metadata chunk is read at open; if it is damaged (and not part of the last
+    commit, which recovery would drop) open fails naming its offset."""
+    store, _ = committed_store(shard_dir)  # the first commit wrote the metadata
+    meta_pos = store.header.meta
+    assert 0 <= meta_pos < store.header.region_start
+    path = store.path
+    store.close()
+    flip_bit(path, meta_pos + 9, 1)
+    with pytest.raises(CorruptionError) as caught:
+        open_store(shard_dir)
+    assert caught.value.offset == meta_pos
 
 
 def test_a_file_without_any_valid_header_does_not_open(shard_dir: str) -> None:
