@@ -818,6 +818,10 @@ class ShardStore:
 
     def get(self, key: bytes, *, now_ms: int | None = None) -> Entry | None:
         """The newest version of ``key``; None if it never existed, was deleted or expired."""
+        if not isinstance(key, bytes) or not key:
+            raise InvalidRequest("a key must be non-empty bytes")  # lmdb refuses empty keys
+        if len(key) > limits.key_bytes_max:
+            raise LimitExceeded(f"key of {len(key)} bytes exceeds {limits.key_bytes_max}")
         self._check_open()
         found = self._index.lookup_one(key)
         if found is None:
@@ -864,6 +868,8 @@ class ShardStore:
 
     def rollback_to(self, seq: int) -> None:
         """Drops every entry after ``seq`` and restores the state as of ``seq``."""
+        if seq < 0:
+            raise InvalidRequest(f"cannot roll back to seq {seq}")
         with self._write_lock:
             self._check_usable()
             current = self._current

@@ -197,6 +197,21 @@ def test_bad_metadata_is_refused_before_it_is_queued(tmp_store: ShardStore, meta
     assert tmp_store.meta == {"hwm": 2}
 
 
+def test_reads_and_rollbacks_refuse_impossible_arguments(tmp_store: ShardStore) -> None:
+    """Regression: get(b"") leaked lmdb's BadValsizeError and rollback_to(-1) claimed that
+    compaction had dropped what it needed."""
+    tmp_store.commit([Put(b"a", b"1")])
+    with pytest.raises(InvalidRequest):
+        tmp_store.get(b"")
+    with pytest.raises(InvalidRequest):
+        tmp_store.get("a")  # type: ignore[arg-type]
+    with pytest.raises(LimitExceeded):
+        tmp_store.get(b"k" * (limits.key_bytes_max + 1))
+    with pytest.raises(InvalidRequest):
+        tmp_store.rollback_to(-1)
+    assert tmp_store.last_seq == 1
+
+
 # --- explicit seqs (replica apply) ----------------------------------------------------------------
 
 
