@@ -442,9 +442,7 @@ PROPERTY_SETTINGS = settings(
 )
 StoreMachine.TestCase.settings = PROPERTY_SETTINGS
 RealNodeSizesMachine.TestCase.settings = settings(PROPERTY_SETTINGS, max_examples=50)
-TestStoreModel = StoreMachine.TestCase
-TestStoreModelRealNodeSizes = RealNodeSizesMachine.TestCase
 # A failure can take Hypothesis up to five minutes to shrink; the suite's 300 s timeout would cut
 # that short and lose the falsifying steps. A passing run takes seconds.
-TestStoreModel.pytestmark = [pytest.mark.timeout(900)]
-TestStoreModelRealNodeSizes.pytestmark = [pytest.mark.timeout(900)]
+TestStoreModel = pytest.mark.timeout(900)(StoreMachine.TestCase)
+TestStoreModelRealNodeSizes = pytest.mark.timeout(900)(RealNodeSizesMachine.TestCase)
