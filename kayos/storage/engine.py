@@ -47,7 +47,8 @@ log = logging.getLogger("kayos.storage")
 DATA_PREFIX = "data."
 DATA_SUFFIX = ".kys"
 _REGION_READ_BYTES = 1 << 20
-# Each retry needs another compaction to swap files under the reader; one or two is the most seen.
+# Each retry needs a whole compaction to swap files between two reads of _current; the bound
+# only turns a livelock bug into an error.
 _PIN_ATTEMPTS_MAX = 100
 _SEGMENT_SHIFT = 20
 
