@@ -260,7 +260,7 @@ def test_compaction_under_continuous_commits_loses_nothing(tmp_path: Path) -> No
         pinned.release()
         model = newest(acknowledged)
         assert_store_matches(store, model)
-        assert store.last_seq == max(result.last_seq for result, _ in acknowledged)
+        assert store.last_seq == max(ack.last_seq for ack, _ in acknowledged)
         assert sorted(os.listdir(store.directory)) == ["data.2.kys", "derived"]
     finally:
         store.close()
