@@ -8,7 +8,6 @@ the first problem and reports its file offset.
 from __future__ import annotations
 
 import os
-import struct
 from dataclasses import dataclass, field
 
 import lmdb
@@ -18,9 +17,9 @@ from kayos.storage import btree
 from kayos.storage import format as fmt
 from kayos.storage.engine import find_last_header, parse_generation, read_header_at
 from kayos.storage.fileops import OS_FILEOPS, FileHandle
+from kayos.storage.index import LATEST_ROW
 
 _SCAN_BYTES = 1 << 20
-_LATEST = struct.Struct(">QI")
 _HEADER_CHAIN_MAX = 1_000_000
 
 
@@ -206,7 +205,7 @@ def _check_index(
             indexed = 0
             for key, raw in txn.cursor(db=latest_db):
                 indexed += 1
-                seq, size = _LATEST.unpack(raw)
+                seq, size = LATEST_ROW.unpack(raw)
                 expected = latest.get(bytes(key))
                 if expected is None:
                     raise CorruptionError(f"index has key {bytes(key)!r}, the tree does not")

@@ -24,13 +24,12 @@ from kayos.storage.engine import (
     data_file_name,
     header_with,
 )
-from kayos.storage.index import SEGMENT_MASK
+from kayos.storage.index import SEGMENT_MASK, SEGMENT_SHIFT
 
 if TYPE_CHECKING:
     from kayos.storage.fileops import FileHandle
 
 _FLUSH_BYTES = 4 * 1024 * 1024
-_SEGMENT_SHIFT = 20
 _compaction_locks: dict[int, threading.Lock] = {}
 _compaction_locks_guard = threading.Lock()
 
@@ -226,7 +225,7 @@ def _bulk_copy(
         keep: list[int] = []
         segment_count = len(segments)
         for index, seq in enumerate(leaf.seqs):
-            segment = seq >> _SEGMENT_SHIFT
+            segment = seq >> SEGMENT_SHIFT
             successor = segments[segment][seq & SEGMENT_MASK] if segment < segment_count else 0
             if successor and successor <= floor:
                 dropped += 1

@@ -37,7 +37,7 @@ from kayos.errors import (
 from kayos.storage import btree
 from kayos.storage import format as fmt
 from kayos.storage.fileops import OS_FILEOPS, FileHandle, FileOps
-from kayos.storage.index import SEGMENT_MASK, DerivedIndex
+from kayos.storage.index import SEGMENT_MASK, SEGMENT_SHIFT, DerivedIndex
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -50,7 +50,6 @@ _REGION_READ_BYTES = 1 << 20
 # Each retry needs a whole compaction to swap files between two reads of _current; the bound
 # only turns a livelock bug into an error.
 _PIN_ATTEMPTS_MAX = 100
-_SEGMENT_SHIFT = 20
 
 
 # --- public value types -------------------------------------------------------------------------
@@ -1010,15 +1009,15 @@ def _successors(segments: list[memoryview], seqs: list[int], lo: int, hi: int) -
     """succ[] for seqs[lo:hi]: one slice of the mapped array when the seqs are consecutive in one
     segment (every leaf the write path makes), else one lookup each."""
     first, last = seqs[lo], seqs[hi - 1]
-    segment = first >> _SEGMENT_SHIFT
+    segment = first >> SEGMENT_SHIFT
     if segment >= len(segments):
         return [0] * (hi - lo)
-    if last - first == hi - lo - 1 and last >> _SEGMENT_SHIFT == segment:
+    if last - first == hi - lo - 1 and last >> SEGMENT_SHIFT == segment:
         start = first & SEGMENT_MASK
         return segments[segment][start : start + (hi - lo)].tolist()
     count = len(segments)
     return [
-        segments[seq >> _SEGMENT_SHIFT][seq & SEGMENT_MASK] if seq >> _SEGMENT_SHIFT < count else 0
+        segments[seq >> SEGMENT_SHIFT][seq & SEGMENT_MASK] if seq >> SEGMENT_SHIFT < count else 0
         for seq in seqs[lo:hi]
     ]
 

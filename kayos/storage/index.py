@@ -29,9 +29,9 @@ from kayos import limits
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-_LATEST = struct.Struct(">QI")
-_SEGMENT_SHIFT = 20  # 1 Mi entries (8 MiB) per mapped segment
-SEGMENT_ENTRIES = 1 << _SEGMENT_SHIFT
+LATEST_ROW = struct.Struct(">QI")  # key -> (seq, size) rows of the latest database
+SEGMENT_SHIFT = 20  # 1 Mi entries (8 MiB) per mapped segment
+SEGMENT_ENTRIES = 1 << SEGMENT_SHIFT
 SEGMENT_MASK = SEGMENT_ENTRIES - 1
 _SEGMENT_BYTES = SEGMENT_ENTRIES * 8
 
@@ -70,24 +70,24 @@ class SuccessorMap:
 
     def ensure(self, seq: int) -> None:
         """Makes ``seq`` addressable."""
-        while (seq >> _SEGMENT_SHIFT) >= len(self.segments):
+        while (seq >> SEGMENT_SHIFT) >= len(self.segments):
             self._map_segment()
 
     def get(self, seq: int) -> int:
-        segment = seq >> _SEGMENT_SHIFT
+        segment = seq >> SEGMENT_SHIFT
         if segment >= len(self.segments):
             return 0
         return int(self.segments[segment][seq & SEGMENT_MASK])
 
     def set(self, seq: int, value: int) -> None:
         self.ensure(seq)
-        self.segments[seq >> _SEGMENT_SHIFT][seq & SEGMENT_MASK] = value
+        self.segments[seq >> SEGMENT_SHIFT][seq & SEGMENT_MASK] = value
 
     def clear_from(self, seq: int) -> None:
         """Zeroes every entry at or above ``seq`` (after a rollback those seqs will be reused)."""
-        for segment_index in range(seq >> _SEGMENT_SHIFT, len(self.segments)):
+        for segment_index in range(seq >> SEGMENT_SHIFT, len(self.segments)):
             segment = self.segments[segment_index]
-            start = seq & SEGMENT_MASK if segment_index == seq >> _SEGMENT_SHIFT else 0
+            start = seq & SEGMENT_MASK if segment_index == seq >> SEGMENT_SHIFT else 0
             segment_map = self._maps[segment_index]
             segment_map[start * 8 : _SEGMENT_BYTES] = bytes(_SEGMENT_BYTES - start * 8)
             del segment
@@ -185,7 +185,7 @@ class DerivedIndex:
             raw = txn.get(key)
         if raw is None:
             return None
-        seq, size = _LATEST.unpack(raw)
+        seq, size = LATEST_ROW.unpack(raw)
         return int(seq), int(size)
 
     def begin_write(self) -> lmdb.Transaction:
@@ -197,7 +197,7 @@ class DerivedIndex:
         found: dict[bytes, tuple[int, int]] = {}
         if not keys:
             return found
-        unpack = _LATEST.unpack
+        unpack = LATEST_ROW.unpack
         for key, raw in txn.cursor().getmulti(sorted(keys)):
             found[bytes(key)] = unpack(raw)
         return found
@@ -211,7 +211,7 @@ class DerivedIndex:
         removed: Iterable[bytes],
         applied_seq: int,
     ) -> None:
-        pack = _LATEST.pack
+        pack = LATEST_ROW.pack
         rows = sorted((key, pack(seq, size)) for key, seq, size in items)
         if rows:
             txn.cursor().putmulti(rows)
@@ -231,7 +231,7 @@ class DerivedIndex:
     def iter_latest(self) -> Iterable[tuple[bytes, int, int]]:
         with self._env.begin(db=self._latest) as txn:
             for key, raw in txn.cursor():
-                seq, size = _LATEST.unpack(raw)
+                seq, size = LATEST_ROW.unpack(raw)
                 yield bytes(key), int(seq), int(size)
 
     def key_count(self) -> int:
