@@ -35,9 +35,13 @@ value_inline_bytes_max = 2048
 
 # --- items ---------------------------------------------------------------------------------------
 
-# Keys index the de-dup table (lmdb keys are limited to 511 bytes by default); 250 is memcache's
-# bound.
-key_bytes_max = 250
+# An item key as a producer gives it: memcache's bound, so every Kestrel key fits.
+item_key_bytes_max = 250
+# Queue names are part of every stored key (a shard holds many queues), so they stay short.
+queue_name_bytes_max = 128
+# A stored key is the queue name, one 0 byte and the item key. Keys index the de-dup table, and
+# lmdb keys are limited to 511 bytes by default.
+key_bytes_max = 384
 # One item: Kestrel's practical ceiling and well under chunk_bytes_max.
 value_bytes_max = 16 * 1024 * 1024
 # Headers are small metadata, not a second payload.
@@ -89,6 +93,7 @@ assert block_bytes & (block_bytes - 1) == 0, "blocks are a power of two"
 assert header_bytes_max < block_bytes < chunk_bytes_max
 assert value_inline_bytes_max < leaf_bytes_target, "an inline value always fits a leaf"
 assert key_bytes_max <= 511, "lmdb's default key size limit"
+assert queue_name_bytes_max + 1 + item_key_bytes_max <= key_bytes_max
 assert value_bytes_max + headers_bytes_max + key_bytes_max < chunk_bytes_max
 assert batch_bytes_max <= group_commit_bytes_max * 2
 assert 0.0 < compaction_garbage_ratio < 1.0

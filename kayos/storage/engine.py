@@ -221,6 +221,8 @@ class _Pending:
     ops: Sequence[Op]
     meta: dict[str, Any] | None
     seqs: Sequence[int] | None
+    last_seq: int | None = None
+    claim_seq: bool = False
     result: CommitResult | None = None
     error: BaseException | None = None
     done: bool = False
@@ -555,12 +557,19 @@ class ShardStore:
         *,
         meta: dict[str, Any] | None = None,
         seqs: Sequence[int] | None = None,
+        last_seq: int | None = None,
+        claim_seq: bool = False,
     ) -> CommitResult:
         """Commits ``ops`` as one all-or-nothing batch, durable when this returns.
 
         ``meta`` updates shard metadata in the same commit (a value of None removes a key).
         ``seqs`` gives explicit, strictly increasing seqs above ``last_seq`` (replicas applying
-        their upstream's batches); otherwise seqs are assigned consecutively."""
+        their upstream's batches); otherwise seqs are assigned consecutively.
+        ``last_seq`` makes the commit cover the log range up to that seq even where no entry
+        holds it (a replica applying a ``BATCH`` whose range ends past its last entry); it must
+        lie above the store's last seq and at or above every explicit seq.
+        ``claim_seq`` makes a commit without ops take one seq of its own, so a metadata-only
+        change (a consumer high-water mark) is a log range a replication link can carry."""
         payload = validate_ops(ops)
         validate_meta(meta)
         if seqs is not None:
@@ -568,8 +577,12 @@ class ShardStore:
                 raise InvalidRequest("seqs and ops differ in length")
             if any(b <= a for a, b in itertools.pairwise(seqs)):
                 raise InvalidRequest("seqs must be strictly increasing")
+        if last_seq is not None and seqs and last_seq < seqs[-1]:
+            raise InvalidRequest(f"last_seq {last_seq} is below the explicit seq {seqs[-1]}")
+        if claim_seq and (ops or last_seq is not None):
+            raise InvalidRequest("claim_seq is for a commit without ops or last_seq")
         self._check_usable()
-        pending = _Pending(ops, meta, seqs, payload_bytes=payload)
+        pending = _Pending(ops, meta, seqs, last_seq, claim_seq, payload_bytes=payload)
         with self._cv:
             while len(self._queue) >= limits.commit_queue_batches_max:
                 self._cv.wait()
@@ -636,6 +649,12 @@ class ShardStore:
                 )
                 pending.done = True
                 continue
+            if pending.last_seq is not None and pending.last_seq < next_seq:
+                pending.error = InvalidRequest(
+                    f"last_seq {pending.last_seq} is not above last seq {next_seq - 1}"
+                )
+                pending.done = True
+                continue
             first = next_seq if pending.seqs is None or not pending.seqs else pending.seqs[0]
             for position, op in enumerate(pending.ops):
                 seq = next_seq if pending.seqs is None else pending.seqs[position]
@@ -677,6 +696,10 @@ class ShardStore:
                 latest[key] = (seq, size)
             if pending.ops:
                 cols.flags[-1] |= fmt.FLAG_BATCH_END
+            if pending.last_seq is not None:
+                next_seq = pending.last_seq + 1
+            elif pending.claim_seq:
+                next_seq += 1
             pending.result = CommitResult(first, next_seq - 1, current.header.commit_no + 1)
             if pending.meta:
                 meta = dict(current.meta) if meta is None else meta
