@@ -125,3 +125,24 @@ assert batch_bytes_max + 32 * batch_entries_max + 1024 * 1024 <= frame_bytes_max
 assert frame_bytes_max < 2**31, "the u32 length prefix, with room to spare"
 assert link_in_flight_bytes_max >= frame_bytes_max, "one maximal batch always fits in flight"
 assert wait_committed_timeout_ms_max < 2**32, "WAIT_COMMITTED's timeout field is a u32"
+
+# --- node API (see docs/node-api.md) -------------------------------------------------------------
+
+# A consume long-poll parks one request; bounded like WAIT_COMMITTED so it never pins memory.
+consume_wait_ms_max = 60_000
+# Messages in one consume page: a page is built in memory and sent as one reply.
+consume_page_entries_max = 10_000
+# An acks=all produce is failed with `timeout` after this long without the chain committing it; the
+# write may still commit (the outcome is unknown to the producer).
+produce_commit_timeout_ms = 30_000
+# The opaque consumer-group blob committed with a high-water mark: small cursor state, not data.
+group_state_bytes_max = 64 * 1024
+# An HTTP request body: one full batch in JSON (which can double binary-safe sizes) plus slack.
+http_body_bytes_max = 2 * batch_bytes_max
+# Delay before a replica retries its upstream link, doubling up to the max: a restarting upstream
+# comes back within seconds, and a retry storm must not eat the CPU the live chain needs.
+link_retry_delay_ms_min = 50
+link_retry_delay_ms_max = 1_000
+
+assert consume_page_entries_max <= scan_page_entries_max
+assert link_retry_delay_ms_min <= link_retry_delay_ms_max

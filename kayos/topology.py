@@ -1,0 +1,200 @@
+"""The cluster topology: which nodes exist, and each shard's chain (docs/node-api.md).
+
+Pure data and pure functions. A static file gives the topology today; the cluster manager will
+publish the same structure with a higher epoch when it changes a chain.
+
+A shard's chain is ``chain`` (head first) optionally followed by ``fanout``: when ``fanout`` is
+given, the last node of ``chain`` feeds every node of it and those are the shard's tails;
+otherwise the last node of ``chain`` is the single tail. With one node and no fanout the head is
+also the tail (replication factor 1).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from kayos import limits
+from kayos.errors import InvalidRequest
+
+Role = Literal["head", "middle", "tail"]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeAddr:
+    id: str
+    host: str
+    http_port: int
+    bin_port: int
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+
+@dataclass(frozen=True, slots=True)
+class ShardChain:
+    id: int
+    chain: tuple[str, ...]
+    fanout: tuple[str, ...] = ()
+
+    @property
+    def head(self) -> str:
+        return self.chain[0]
+
+    @property
+    def tails(self) -> tuple[str, ...]:
+        return self.fanout if self.fanout else (self.chain[-1],)
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        return self.chain + self.fanout
+
+    def role_of(self, node: str) -> Role | None:
+        """The node's role; a single-member chain's node is ``head`` (it is also the tail)."""
+        if node == self.head:
+            return "head"
+        if node in self.tails:
+            return "tail"
+        if node in self.chain:
+            return "middle"
+        return None
+
+    def upstream_of(self, node: str) -> str | None:
+        if node in self.fanout:
+            return self.chain[-1]
+        position = self.chain.index(node) if node in self.chain else -1
+        return self.chain[position - 1] if position > 0 else None
+
+    def downstreams_of(self, node: str) -> tuple[str, ...]:
+        if node not in self.chain:
+            return ()
+        position = self.chain.index(node)
+        if position + 1 < len(self.chain):
+            return (self.chain[position + 1],)
+        return self.fanout
+
+    def is_tail(self, node: str) -> bool:
+        return node in self.tails
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    epoch: int
+    nodes: dict[str, NodeAddr]
+    shards: dict[int, ShardChain] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.epoch < 1:
+            raise InvalidRequest("topology epoch must be >= 1")
+        if not self.shards:
+            raise InvalidRequest("topology has no shards")
+        if sorted(self.shards) != list(range(len(self.shards))):
+            raise InvalidRequest("shard ids must be 0 .. n-1")
+        for shard in self.shards.values():
+            members = shard.members
+            if not shard.chain or len(set(members)) != len(members):
+                raise InvalidRequest(f"shard {shard.id}: a chain needs distinct members")
+            for node in members:
+                if node not in self.nodes:
+                    raise InvalidRequest(f"shard {shard.id}: unknown node {node!r}")
+
+    def shard_for(self, queue: str) -> int:
+        """The shard a queue lives in: a stable hash of its name."""
+        return zlib.crc32(queue.encode()) % len(self.shards)
+
+    def chain_for(self, queue: str) -> ShardChain:
+        return self.shards[self.shard_for(queue)]
+
+    def shards_of(self, node: str) -> list[ShardChain]:
+        return [shard for shard in self.shards.values() if node in shard.members]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "nodes": {
+                node.id: {"host": node.host, "http_port": node.http_port, "bin_port": node.bin_port}
+                for node in self.nodes.values()
+            },
+            "shards": [
+                {"id": shard.id, "chain": list(shard.chain), "fanout": list(shard.fanout)}
+                for shard in self.shards.values()
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Topology:
+        """Builds a topology from the JSON/TOML shape; any mistake is an ``InvalidRequest``."""
+        try:
+            nodes = {
+                str(name): NodeAddr(
+                    str(name), str(node["host"]), int(node["http_port"]), int(node["bin_port"])
+                )
+                for name, node in data["nodes"].items()
+            }
+            shards = {
+                int(shard["id"]): ShardChain(
+                    int(shard["id"]),
+                    tuple(str(n) for n in shard["chain"]),
+                    tuple(str(n) for n in shard.get("fanout", ())),
+                )
+                for shard in data["shards"]
+            }
+            return cls(int(data["epoch"]), nodes, shards)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InvalidRequest(f"bad topology: {exc!r}") from exc
+
+    @classmethod
+    def load(cls, path: str) -> Topology:
+        with open(path, "rb") as f:
+            raw = f.read()
+        try:
+            data = json.loads(raw) if path.endswith(".json") else tomllib.loads(raw.decode())
+        except (ValueError, tomllib.TOMLDecodeError) as exc:
+            raise InvalidRequest(f"cannot parse topology file {path}: {exc}") from exc
+        return cls.from_json(data)
+
+    def dumps_toml(self) -> str:
+        lines = [f"epoch = {self.epoch}", ""]
+        for node in self.nodes.values():
+            lines += [
+                f'[nodes."{node.id}"]',
+                f'host = "{node.host}"',
+                f"http_port = {node.http_port}",
+                f"bin_port = {node.bin_port}",
+                "",
+            ]
+        for shard in self.shards.values():
+            chain = ", ".join(f'"{n}"' for n in shard.chain)
+            fanout = ", ".join(f'"{n}"' for n in shard.fanout)
+            lines += ["[[shards]]", f"id = {shard.id}", f"chain = [{chain}]"]
+            lines += [f"fanout = [{fanout}]", ""]
+        return "\n".join(lines)
+
+
+def rotated(
+    nodes: list[NodeAddr], *, replicas: int, shard_count: int | None = None, epoch: int = 1
+) -> Topology:
+    """Virtual shards with rotated roles: shard i's chain starts at node i (S0: A->B->C,
+    S1: B->C->A, ...), so every node is head of some shards and tail of others."""
+    if not 1 <= replicas <= len(nodes):
+        raise InvalidRequest(f"replicas must be 1 .. {len(nodes)}")
+    count = len(nodes) if shard_count is None else shard_count
+    ids = [node.id for node in nodes]
+    shards = {
+        i: ShardChain(i, tuple(ids[(i + k) % len(ids)] for k in range(replicas)))
+        for i in range(count)
+    }
+    return Topology(epoch, {node.id: node for node in nodes}, shards)
+
+
+def check_queue_name(queue: str) -> str:
+    """Queue names: 1-128 of ``A-Z a-z 0-9 _ - .``; '+' is kept for Kestrel fanout names."""
+    if not queue or len(queue.encode()) > limits.queue_name_bytes_max:
+        raise InvalidRequest(f"bad queue name {queue!r}: 1 to {limits.queue_name_bytes_max} bytes")
+    if not all(c.isascii() and (c.isalnum() or c in "_-.+") for c in queue):
+        raise InvalidRequest(f"bad queue name {queue!r}: use A-Z a-z 0-9 _ - . +")
+    return queue
