@@ -1110,12 +1110,18 @@ class Snapshot:
         page_entries: int = limits.scan_page_entries_max,
         now_ms: int | None = None,
         include_expired: bool = False,
+        as_of: int | None = None,
     ) -> Iterator[list[Entry]]:
         """Pages of the live entries with ``after_seq < seq <= upto_seq`` as of this snapshot,
-        in seq order. Deletes are included (consumers apply them); expired entries are not."""
+        in seq order. Deletes are included (consumers apply them); expired entries are not.
+
+        ``as_of`` (at most the boundary) reads the versions that were current at that earlier
+        seq instead: a consumer paging through ``(hwm, B]`` over several requests passes
+        ``as_of=B`` and gets one consistent view even from newer snapshots, as long as the
+        versions superseded since B are still in the file (the rollback window keeps them)."""
         data_file = self._check()
         reader = data_file.reader
-        boundary = self.boundary
+        boundary = self.boundary if as_of is None else min(as_of, self.boundary)
         upto = boundary if upto_seq is None else min(upto_seq, boundary)
         if now_ms is None:
             now_ms = int(self._store.clock.now_s() * 1000)

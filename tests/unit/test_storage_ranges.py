@@ -48,3 +48,13 @@ def test_bad_ranges_are_refused_and_change_nothing(
         tmp_store.commit(ops, **kwargs)  # type: ignore[arg-type]
     assert tmp_store.last_seq == 2
     assert [e.key for e in tmp_store.scan()] == [b"a", b"b"]
+
+
+def test_pages_as_of_an_earlier_seq_show_the_versions_current_then(tmp_store: ShardStore) -> None:
+    tmp_store.commit([Put(b"a", b"1"), Put(b"b", b"1")])  # 1, 2
+    tmp_store.commit([Put(b"a", b"2")])  # 3 supersedes 1
+    with tmp_store.snapshot() as snap:
+        as_of_2 = [(e.seq, e.value) for page in snap.pages(0, 2, as_of=2) for e in page]
+        latest = [(e.seq, e.value) for page in snap.pages(0, 3) for e in page]
+    assert as_of_2 == [(1, b"1"), (2, b"1")]
+    assert latest == [(2, b"1"), (3, b"2")]
