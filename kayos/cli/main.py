@@ -93,16 +93,31 @@ def bench_storage_command(
 
 
 @cli.command()
-@click.option("--data", "data_dir", default="./kayos-data/node-1", show_default=True)
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=7070, show_default=True, type=int)
-def node(data_dir: str, host: str, port: int) -> None:
-    """Run one node in the foreground until Ctrl-C."""
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Topology file (TOML, or JSON by extension); see docs/node-api.md.",
+)
+@click.option("--id", "node_id", required=True, help="This node's id in the topology.")
+@click.option("--data", "data_dir", required=True, help="This node's data directory.")
+@click.option("--log-level", default="INFO", show_default=True)
+def node(config_path: str, node_id: str, data_dir: str, log_level: str) -> None:
+    """Run one node of a cluster in the foreground until SIGINT/SIGTERM."""
     import asyncio
+    import logging
 
+    from kayos.errors import KayosError
     from kayos.node.server import serve
+    from kayos.topology import Topology
 
-    asyncio.run(serve(data_dir, host, port))
+    logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        topology = Topology.load(config_path)
+    except KayosError as exc:
+        raise click.ClickException(str(exc)) from exc
+    asyncio.run(serve(topology, node_id, data_dir))
 
 
 @cli.command()
@@ -116,12 +131,14 @@ def up(data_dir: str, port: int) -> None:
     import asyncio
 
     from kayos.node.server import serve
+    from kayos.topology import NodeAddr, rotated
 
     base = f"http://127.0.0.1:{port}"
 
     async def run() -> None:
         ready = asyncio.Event()
-        task = asyncio.create_task(serve(f"{data_dir}/node-1", "127.0.0.1", port, ready))
+        topology = rotated([NodeAddr("node-1", "127.0.0.1", port, port + 100)], replicas=1)
+        task = asyncio.create_task(serve(topology, "node-1", f"{data_dir}/node-1", ready))
         await ready.wait()
         click.echo(f"kayos up: node-1 (single node, replication factor 1) at {base}")
         click.echo(

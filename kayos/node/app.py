@@ -1,201 +1,280 @@
-"""A node's HTTP face (aiohttp): produce, consume snapshots, commit high-water marks, metrics.
+"""A node's HTTP face (aiohttp), per docs/node-api.md.
 
-This is the single-node stage: every queue is one shard store on this node (replication factor 1).
-Chain replication adds roles and redirects on top of the same routes. Handlers hold no logic: they
-parse, call the store in a worker thread, and map ``KayosError`` to a JSON error reply.
-
-Routes (JSON bodies; keys and values are UTF-8 strings):
-- ``POST /v1/queues/{queue}/messages`` with
-  ``{"messages": [{"key", "value", "expiry_ms"?}], "delete"?: [keys]}``
-  -> ``{"first_seq", "last_seq"}``; the batch is all-or-nothing and durable on return.
-- ``GET /v1/queues/{queue}/consume?group=G&limit=N[&after=S&upto=B]`` -> the next page of the
-  group's snapshot
-  ``(hwm, boundary]``: ``{"messages": [...], "hwm", "boundary", "next_hwm", "end"}``; ``end`` true
-  is the boundary marker.
-- ``POST /v1/queues/{queue}/groups/{group}/commit`` ``{"hwm": N}`` -> ``{"hwm": N}``.
-- ``GET /v1/queues/{queue}/groups/{group}`` -> ``{"hwm", "last_seq", "lag"}``.
-- ``GET /v1/status``, ``GET /metrics`` (Prometheus text).
+Handlers hold no logic: they parse the request (JSON, or msgpack for the client), call ``Node``,
+and map ``KayosError`` to the documented error reply. Replies are msgpack when the request's
+``Accept`` asks for it, JSON otherwise (keys and values as UTF-8 text).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import re
-import threading
 from typing import Any
 
+import aiohttp
+import msgpack
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 from kayos import limits
-from kayos.errors import InvalidRequest, KayosError, LimitExceeded
-from kayos.storage import Delete, Put, ShardStore
+from kayos.errors import (
+    InvalidRequest,
+    KayosError,
+    LimitExceeded,
+    ProtocolError,
+    UnavailableError,
+    WrongRoleError,
+)
+from kayos.node.runtime import GROUP_STATE_META, HWM_META, Node, Page
 
-QUEUE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
-_HWM_PREFIX = "hwm/"
+MSGPACK = "application/msgpack"
 
-_STATUS_FOR = {
+STATUS_FOR_CODE = {
     "invalid_request": 400,
-    "limit_exceeded": 413,
     "protocol_error": 400,
+    "limit_exceeded": 413,
     "wrong_role": 421,
-    "disk_full": 507,
     "timeout": 504,
     "unavailable": 503,
+    "disk_full": 507,
 }
+_ACKS = {"0": 0, "1": 1, "all": -1, "-1": -1}
+_NODE_KEY = web.AppKey("node", Node)
+_SESSION_KEY = web.AppKey("session", aiohttp.ClientSession)
 
 
-class Node:
-    """Owns the shard stores of one node's data directory."""
-
-    def __init__(self, data_dir: str) -> None:
-        self.data_dir = data_dir
-        self._stores: dict[str, ShardStore] = {}
-        self._lock = threading.Lock()
-        os.makedirs(os.path.join(data_dir, "queues"), exist_ok=True)
-        for name in sorted(os.listdir(os.path.join(data_dir, "queues"))):
-            if QUEUE_NAME.match(name):
-                self.store(name)
-
-    def store(self, queue: str) -> ShardStore:
-        if not QUEUE_NAME.match(queue):
-            raise InvalidRequest(f"bad queue name {queue!r}: use 1-128 of A-Z a-z 0-9 _ -")
-        with self._lock:
-            found = self._stores.get(queue)
-            if found is None:
-                found = ShardStore.open(os.path.join(self.data_dir, "queues", queue))
-                self._stores[queue] = found
-            return found
-
-    def queues(self) -> dict[str, ShardStore]:
-        with self._lock:
-            return dict(self._stores)
-
-    def close(self) -> None:
-        with self._lock:
-            for store in self._stores.values():
-                store.close()
-            self._stores.clear()
+def _wants_msgpack(request: web.Request) -> bool:
+    return MSGPACK in request.headers.get("Accept", "")
 
 
-def _text(value: object, what: str) -> bytes:
-    if not isinstance(value, str):
-        raise InvalidRequest(f"{what} must be a string")
-    return value.encode()
+def _reply(request: web.Request, payload: Any, status: int = 200) -> web.Response:
+    if _wants_msgpack(request):
+        body = msgpack.packb(payload, use_bin_type=True)
+        return web.Response(body=body, status=status, content_type=MSGPACK)
+    return web.json_response(_jsonable(payload), status=status)
 
 
-def parse_produce(body: Any) -> list[Put | Delete]:
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def error_reply(request: web.Request, exc: KayosError, node: Node) -> web.Response:
+    redirect_node = exc.redirect if isinstance(exc, WrongRoleError) else None
+    address = node.topology.nodes.get(redirect_node) if redirect_node else None
+    payload = {
+        "error": {
+            "code": exc.code,
+            "message": str(exc),
+            "redirect": address.http_url if address else None,
+            "node": redirect_node,
+            "epoch": node.epoch,
+        }
+    }
+    return _reply(request, payload, STATUS_FOR_CODE.get(exc.code, 500))
+
+
+async def read_body(request: web.Request) -> Any:
+    raw = await request.read()
+    if request.content_type == MSGPACK:
+        try:
+            return msgpack.unpackb(raw, raw=False, strict_map_key=True)
+        except (ValueError, msgpack.UnpackException, TypeError) as exc:
+            raise ProtocolError(f"malformed msgpack body: {exc}") from exc
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"malformed JSON body: {exc}") from exc
+
+
+def _as_bytes(value: Any, what: str) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    raise InvalidRequest(f"{what} must be a string or bytes")
+
+
+def parse_produce(
+    body: Any,
+) -> tuple[list[bytes], list[bytes | None], list[int] | None, list[dict[str, bytes] | None] | None]:
     if not isinstance(body, dict):
-        raise InvalidRequest("body must be a JSON object")
-    messages = body.get("messages", [])
-    deletes = body.get("delete", [])
-    if not isinstance(messages, list) or not isinstance(deletes, list):
-        raise InvalidRequest("messages and delete must be lists")
-    if len(messages) + len(deletes) > limits.batch_entries_max:
-        raise LimitExceeded(f"batch exceeds {limits.batch_entries_max} entries")
-    ops: list[Put | Delete] = []
+        raise InvalidRequest("body must be an object with a 'messages' list")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("'messages' must be a non-empty list")
+    if len(messages) > limits.batch_entries_max:
+        raise LimitExceeded(f"batch of {len(messages)} exceeds {limits.batch_entries_max}")
+    keys: list[bytes] = []
+    values: list[bytes | None] = []
+    expiries: list[int] = []
+    headers: list[dict[str, bytes] | None] = []
     for message in messages:
         if not isinstance(message, dict):
             raise InvalidRequest("each message must be an object")
+        keys.append(_as_bytes(message.get("key"), "key"))
+        value = message.get("value")
+        values.append(None if value is None else _as_bytes(value, "value"))
         expiry = message.get("expiry_ms", 0)
-        if not isinstance(expiry, int) or expiry < 0:
+        if not isinstance(expiry, int) or isinstance(expiry, bool) or expiry < 0:
             raise InvalidRequest("expiry_ms must be a non-negative integer")
-        ops.append(
-            Put(_text(message.get("key"), "key"), _text(message.get("value"), "value"), expiry)
-        )
-    ops.extend(Delete(_text(key, "key")) for key in deletes)
-    if not ops:
-        raise InvalidRequest("empty batch")
-    return ops
+        expiries.append(expiry)
+        raw_headers = message.get("headers")
+        if raw_headers is None:
+            headers.append(None)
+        elif isinstance(raw_headers, dict) and all(isinstance(k, str) for k in raw_headers):
+            headers.append({k: _as_bytes(v, "header value") for k, v in raw_headers.items()})
+        else:
+            raise InvalidRequest("headers must map names to strings")
+    return (
+        keys,
+        values,
+        expiries if any(expiries) else None,
+        headers if any(h is not None for h in headers) else None,
+    )
 
 
-def _error_reply(exc: KayosError) -> web.Response:
-    status = _STATUS_FOR.get(exc.code, 500)
-    return web.json_response({"error": exc.code, "message": str(exc)}, status=status)
-
-
-@web.middleware
-async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    try:
-        response: web.StreamResponse = await handler(request)
-        return response
-    except KayosError as exc:
-        return _error_reply(exc)
-
-
-async def _json_body(request: web.Request) -> Any:
-    raw = await request.read()
-    try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise InvalidRequest(f"malformed JSON: {exc}") from exc
-
-
-def _int_param(request: web.Request, name: str, default: int) -> int:
+def _int_param(request: web.Request, name: str, default: int | None) -> int | None:
     raw = request.query.get(name)
     if raw is None:
         return default
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError as exc:
         raise InvalidRequest(f"{name} must be an integer") from exc
+    if value < 0:
+        raise InvalidRequest(f"{name} must be >= 0")
+    return value
 
 
-def _group_name(raw: str) -> str:
-    if not QUEUE_NAME.match(raw):
-        raise InvalidRequest(f"bad group name {raw!r}")
-    return raw
+def page_payload(page: Page) -> dict[str, Any]:
+    return {
+        "shard": page.shard,
+        "group": page.group,
+        "hwm": page.hwm,
+        "boundary": page.boundary,
+        "messages": [
+            {
+                "seq": m.seq,
+                "key": m.key,
+                "value": m.value,
+                "expiry_ms": m.expiry_ms,
+                "headers": m.headers,
+                "deleted": m.deleted,
+            }
+            for m in page.messages
+        ],
+        "next": page.next,
+        "end": page.end,
+    }
 
 
 def make_app(node: Node) -> web.Application:
-    app = web.Application(middlewares=[_errors], client_max_size=limits.batch_bytes_max * 2)
+    @web.middleware
+    async def errors(request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            response: web.StreamResponse = await handler(request)
+            return response
+        except KayosError as exc:
+            return error_reply(request, exc, node)
+
+    app = web.Application(middlewares=[errors], client_max_size=limits.http_body_bytes_max)
+    app[_NODE_KEY] = node
     routes = web.RouteTableDef()
 
-    @routes.post("/v1/queues/{queue}/messages")
-    async def produce(request: web.Request) -> web.Response:
-        store = node.store(request.match_info["queue"])
-        ops = parse_produce(await _json_body(request))
-        result = await asyncio.to_thread(store.commit, ops)
-        return web.json_response({"first_seq": result.first_seq, "last_seq": result.last_seq})
-
-    @routes.get("/v1/queues/{queue}/consume")
-    async def consume(request: web.Request) -> web.Response:
-        store = node.store(request.match_info["queue"])
-        group = _group_name(request.query.get("group", ""))
-        limit = max(1, min(_int_param(request, "limit", 1000), limits.scan_page_entries_max))
-        hwm = int(store.meta.get(_HWM_PREFIX + group, 0))
-        after = max(hwm, _int_param(request, "after", hwm))
-        upto = _int_param(request, "upto", -1)
-        page = await asyncio.to_thread(_read_page, store, hwm, after, upto, limit)
-        return web.json_response(page)
-
-    @routes.post("/v1/queues/{queue}/groups/{group}/commit")
-    async def commit_hwm(request: web.Request) -> web.Response:
-        store = node.store(request.match_info["queue"])
-        group = _group_name(request.match_info["group"])
-        body = await _json_body(request)
-        hwm = body.get("hwm") if isinstance(body, dict) else None
-        if not isinstance(hwm, int) or hwm < 0 or hwm > store.last_seq:
-            raise InvalidRequest(f"hwm must be an integer in [0, {store.last_seq}]")
-        await asyncio.to_thread(store.commit, [], meta={_HWM_PREFIX + group: hwm})
-        return web.json_response({"hwm": hwm})
-
-    @routes.get("/v1/queues/{queue}/groups/{group}")
-    async def group_state(request: web.Request) -> web.Response:
-        store = node.store(request.match_info["queue"])
-        group = _group_name(request.match_info["group"])
-        hwm = int(store.meta.get(_HWM_PREFIX + group, 0))
-        return web.json_response(
-            {"hwm": hwm, "last_seq": store.last_seq, "lag": store.last_seq - hwm}
-        )
+    @routes.get("/v1/topology")
+    async def topology(request: web.Request) -> web.Response:
+        return web.json_response(node.topology.to_json())
 
     @routes.get("/v1/status")
     async def status(request: web.Request) -> web.Response:
-        queues = {name: store.stats() for name, store in node.queues().items()}
-        return web.json_response({"role": "single", "replication_factor": 1, "queues": queues})
+        return web.json_response(node.status())
+
+    @routes.post("/v1/queues/{queue}/messages")
+    async def produce(request: web.Request) -> web.Response:
+        queue = request.match_info["queue"]
+        acks = _ACKS.get(request.query.get("acks", "1"))
+        if acks is None:
+            raise InvalidRequest("acks must be 0, 1 or all")
+        node.replica_for(queue, want="head")  # wrong role before reading a large body
+        keys, values, expiries, headers = parse_produce(await read_body(request))
+        first, last = await node.produce(queue, keys, values, expiries, headers, acks=acks)
+        shard = node.topology.shard_for(queue)
+        return _reply(request, {"shard": shard, "first_seq": first, "last_seq": last})
+
+    @routes.get("/v1/queues/{queue}/consume")
+    async def consume(request: web.Request) -> web.Response:
+        page = await node.consume(
+            request.match_info["queue"],
+            request.query.get("group", ""),
+            after=_int_param(request, "after", None),
+            upto=_int_param(request, "upto", None),
+            limit=_int_param(request, "limit", 1000) or 1,
+            wait_ms=_int_param(request, "wait_ms", 0) or 0,
+        )
+        return _reply(request, page_payload(page))
+
+    @routes.post("/v1/queues/{queue}/groups/{group}/commit")
+    async def commit_group(request: web.Request) -> web.Response:
+        queue = request.match_info["queue"]
+        group = request.match_info["group"]
+        body = await read_body(request)
+        hwm = body.get("hwm") if isinstance(body, dict) else None
+        if not isinstance(hwm, int) or isinstance(hwm, bool):
+            raise InvalidRequest("body must be {'hwm': <integer>}")
+        raw_state = body.get("state")
+        state = None if raw_state is None else _as_bytes(raw_state, "state")
+        try:
+            seq = await node.commit_group(queue, group, hwm, state)
+        except WrongRoleError as exc:
+            # Any member takes a group commit and relays it to the head.
+            return await _relay(request, exc, {"hwm": hwm, "state": state})
+        return _reply(request, {"hwm": hwm, "seq": seq})
+
+    async def _relay(
+        request: web.Request, exc: WrongRoleError, body: dict[str, Any]
+    ) -> web.Response:
+        head = node.topology.nodes.get(exc.redirect or "")
+        if head is None or request.headers.get("X-Kayos-Relayed"):
+            raise exc
+        session = app.get(_SESSION_KEY)
+        if session is None:
+            session = aiohttp.ClientSession()
+            app[_SESSION_KEY] = session
+        url = f"{head.http_url}{request.rel_url.path}"
+        try:
+            async with session.post(
+                url,
+                data=msgpack.packb(body, use_bin_type=True),
+                headers={"Content-Type": MSGPACK, "Accept": MSGPACK, "X-Kayos-Relayed": "1"},
+                timeout=aiohttp.ClientTimeout(total=limits.produce_commit_timeout_ms / 1000 + 5),
+            ) as response:
+                payload = msgpack.unpackb(await response.read(), raw=False)
+                return _reply(request, payload, response.status)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as relay_error:
+            raise UnavailableError(f"cannot reach the head {head.id}: {relay_error}") from exc
+
+    @routes.get("/v1/queues/{queue}/groups/{group}")
+    async def group_info(request: web.Request) -> web.Response:
+        return _reply(
+            request, node.group_info(request.match_info["queue"], request.match_info["group"])
+        )
+
+    @routes.get("/v1/shards/{shard}/committed")
+    async def committed(request: web.Request) -> web.Response:
+        try:
+            shard = int(request.match_info["shard"])
+        except ValueError as exc:
+            raise InvalidRequest("shard must be an integer") from exc
+        seq = _int_param(request, "seq", 0) or 0
+        timeout_ms = _int_param(request, "timeout_ms", 0) or 0
+        value = await node.wait_committed(shard, seq, timeout_ms)
+        return _reply(request, {"shard": shard, "committed_seq": value})
 
     @routes.get("/metrics")
     async def metrics(request: web.Request) -> web.Response:
@@ -203,33 +282,14 @@ def make_app(node: Node) -> web.Application:
         registry.register(_Collector(node))
         return web.Response(body=generate_latest(registry), content_type="text/plain")
 
+    async def close_session(app: web.Application) -> None:
+        session = app.get(_SESSION_KEY)
+        if session is not None:
+            await session.close()
+
+    app.on_cleanup.append(close_session)
     app.add_routes(routes)
     return app
-
-
-def _read_page(store: ShardStore, hwm: int, after: int, upto: int, limit: int) -> dict[str, Any]:
-    """One page of ``(after, boundary]``; a consumer paging through one snapshot passes the
-    boundary of its first page as ``upto`` so later commits wait for its next snapshot."""
-    with store.snapshot() as snapshot:
-        boundary = snapshot.boundary if upto < 0 else min(upto, snapshot.boundary)
-        entries = next(snapshot.pages(after, boundary, page_entries=limit), [])
-    messages = [
-        {
-            "seq": entry.seq,
-            "key": entry.key.decode(errors="replace"),
-            "value": None if entry.value is None else entry.value.decode(errors="replace"),
-            "deleted": entry.deleted,
-        }
-        for entry in entries
-    ]
-    next_hwm = entries[-1].seq if len(entries) == limit else boundary
-    return {
-        "messages": messages,
-        "hwm": hwm,
-        "boundary": boundary,
-        "next_hwm": next_hwm,
-        "end": next_hwm >= boundary,
-    }
 
 
 class _Collector:
@@ -237,13 +297,33 @@ class _Collector:
         self._node = node
 
     def collect(self) -> list[GaugeMetricFamily]:
-        last = GaugeMetricFamily("kayos_last_seq", "Highest committed seq", labels=["queue"])
-        size = GaugeMetricFamily("kayos_file_bytes", "Bytes of the data file", labels=["queue"])
-        lag = GaugeMetricFamily("kayos_group_lag", "last_seq - hwm", labels=["queue", "group"])
-        for name, store in self._node.queues().items():
-            last.add_metric([name], store.last_seq)
-            size.add_metric([name], store.file_bytes())
-            for meta_key, hwm in store.meta.items():
-                if meta_key.startswith(_HWM_PREFIX):
-                    lag.add_metric([name, meta_key[len(_HWM_PREFIX) :]], store.last_seq - hwm)
-        return [last, size, lag]
+        labels = ["shard", "role"]
+        last = GaugeMetricFamily(
+            "kayos_shard_last_seq", "Durable last seq of the replica", labels=labels
+        )
+        committed = GaugeMetricFamily(
+            "kayos_shard_committed_seq",
+            "Seq durable on this replica and all below it",
+            labels=labels,
+        )
+        size = GaugeMetricFamily(
+            "kayos_shard_file_bytes", "Bytes of the shard's data file", labels=labels
+        )
+        lag = GaugeMetricFamily(
+            "kayos_group_lag",
+            "Replica last seq minus the group's high-water mark",
+            labels=["shard", "queue", "group"],
+        )
+        for shard_id, replica in self._node.replicas.items():
+            key = [str(shard_id), str(replica.role)]
+            last.add_metric(key, replica.durable)
+            committed.add_metric(key, replica.committed)
+            size.add_metric(key, replica.store.file_bytes())
+            for name, hwm in replica.store.meta.items():
+                if name.startswith(HWM_META) and isinstance(hwm, int):
+                    queue, _, group = name[len(HWM_META) :].partition("/")
+                    lag.add_metric([str(shard_id), queue, group], max(0, replica.durable - hwm))
+        return [last, committed, size, lag]
+
+
+__all__ = ["GROUP_STATE_META", "make_app"]

@@ -1,32 +1,41 @@
-"""Running nodes: one node in this process (``kayos node``), or a local set (``kayos up``)."""
+"""Running one node in this process (``kayos node --config F --id N --data D``)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 
 from aiohttp import web
 
-from kayos.node.app import Node, make_app
+from kayos.node.app import make_app
+from kayos.node.runtime import Node
+from kayos.topology import Topology
 
 
-async def serve(data_dir: str, host: str, port: int, ready: asyncio.Event | None = None) -> None:
-    """Serves until SIGINT/SIGTERM, then closes every store cleanly."""
-    node = Node(data_dir)
+async def serve(
+    topology: Topology, node_id: str, data_dir: str, ready: asyncio.Event | None = None
+) -> None:
+    """Serves until SIGINT/SIGTERM, then closes links and stores cleanly."""
+    node = Node(topology, node_id, data_dir)
+    await node.start()
     runner = web.AppRunner(make_app(node), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, node.address.host, node.address.http_port)
     await site.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signum, stop.set)
+    logging.getLogger("kayos.node").info(
+        "node %s serving http %s bin %s", node_id, node.address.http_port, node.address.bin_port
+    )
     if ready is not None:
         ready.set()
     try:
         await stop.wait()
     finally:
         await runner.cleanup()
-        node.close()
+        await node.stop()

@@ -1,0 +1,470 @@
+"""A node: the shard replicas it holds, its binary port, and the operations its faces call.
+
+The HTTP face (``kayos.node.app``) and the binary port both call into ``Node``; neither holds
+logic of its own. Roles come from the topology (docs/node-api.md): a produce reaches only the
+shard's head, a consume only a tail, and a request at the wrong node is refused with a redirect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import random
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from kayos import limits
+from kayos.clock import Clock, SystemClock
+from kayos.errors import (
+    InvalidRequest,
+    KayosError,
+    LimitExceeded,
+    OperationTimeoutError,
+    ProtocolError,
+    UnavailableError,
+    WrongRoleError,
+)
+from kayos.replication import frames as fr
+from kayos.replication.replica import (
+    PROTOCOL_VERSION,
+    FrameStream,
+    ShardReplica,
+    UpstreamLink,
+    error_frame,
+    queue_prefix,
+    serve_downstream,
+)
+from kayos.storage import Delete, Op, Put
+from kayos.topology import Topology, check_queue_name
+
+log = logging.getLogger("kayos.node")
+
+HWM_META = "hwm/"
+GROUP_STATE_META = "gstate/"
+# Worker threads for store commits: each produce in flight waits in one while its group commits,
+# so this bounds how many batches one group commit can gather.
+_COMMIT_THREADS = 64
+
+
+def check_group_name(group: str) -> str:
+    if not group or len(group) > 128 or "/" in group or not group.isprintable():
+        raise InvalidRequest(f"bad group name {group!r}: 1-128 printable characters, no '/'")
+    return group
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    seq: int
+    key: bytes
+    value: bytes | None
+    expiry_ms: int
+    headers: dict[str, bytes] | None
+    deleted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    shard: int
+    group: str
+    hwm: int
+    boundary: int
+    messages: list[Message]
+    next: int
+    end: bool
+
+
+class Node:
+    def __init__(
+        self,
+        topology: Topology,
+        node_id: str,
+        data_dir: str,
+        *,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if node_id not in topology.nodes:
+            raise InvalidRequest(f"node {node_id!r} is not in the topology")
+        self.topology = topology
+        self.node_id = node_id
+        self.address = topology.nodes[node_id]
+        self.data_dir = data_dir
+        self.clock = clock or SystemClock()
+        self.rng = rng or random.Random()  # noqa: S311 (backoff jitter and tail choice)
+        self.replicas: dict[int, ShardReplica] = {}
+        self._links: list[UpstreamLink] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._server: asyncio.Server | None = None
+        self.ready = False
+
+    @property
+    def epoch(self) -> int:
+        return self.topology.epoch
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(_COMMIT_THREADS, "kayos-commit"))
+        for shard in self.topology.shards_of(self.node_id):
+            path = os.path.join(self.data_dir, "shards", str(shard.id))
+            os.makedirs(path, exist_ok=True)
+            replica = await asyncio.to_thread(
+                functools.partial(
+                    ShardReplica,
+                    node_id=self.node_id,
+                    topology=self.topology,
+                    shard=shard,
+                    store_path=path,
+                    clock=self.clock,
+                    rng=self.rng,
+                )
+            )
+            self.replicas[shard.id] = replica
+            if replica.role == "head":
+                await replica.become_head()
+            else:
+                link = UpstreamLink(replica)
+                self._links.append(link)
+                self._spawn(link.run())
+        self._server = await asyncio.start_server(
+            self._on_connection, self.address.host, self.address.bin_port, limit=2**20
+        )
+        self.ready = True
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def stop(self) -> None:
+        self.ready = False
+        for link in self._links:
+            link.stop()
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for replica in self.replicas.values():
+            replica.close()
+
+    # --- routing -------------------------------------------------------------------------------
+
+    def replica_for(self, queue: str, *, want: str) -> ShardReplica:
+        """The local replica of ``queue``'s shard in the role ``want`` (head or tail)."""
+        check_queue_name(queue)
+        shard = self.topology.chain_for(queue)
+        replica = self.replicas.get(shard.id)
+        if want == "head":
+            if replica is None or replica.role != "head":
+                raise self._wrong_role(f"not the head of shard {shard.id}", shard.head)
+        elif want == "tail":
+            if replica is None or not shard.is_tail(self.node_id):
+                tails = shard.tails
+                raise self._wrong_role(
+                    f"not a tail of shard {shard.id}", tails[self.rng.randrange(len(tails))]
+                )
+            if replica.catching_up:
+                raise UnavailableError(f"shard {shard.id} is catching up on {self.node_id}")
+        elif replica is None:
+            raise self._wrong_role(f"not a member of shard {shard.id}", shard.head)
+        return replica
+
+    def _wrong_role(self, why: str, node: str) -> WrongRoleError:
+        return WrongRoleError(f"{self.node_id}: {why}", redirect=node, epoch=self.epoch)
+
+    # --- operations ----------------------------------------------------------------------------
+
+    async def produce(
+        self,
+        queue: str,
+        keys: Sequence[bytes],
+        values: Sequence[bytes | None],
+        expiries_ms: Sequence[int] | None,
+        headers: Sequence[dict[str, bytes] | None] | None,
+        *,
+        acks: int,
+    ) -> tuple[int, int]:
+        """Commits one all-or-nothing batch at the head; answers per ``acks`` (0, 1, -1)."""
+        replica = self.replica_for(queue, want="head")
+        ops = build_ops(queue, keys, values, expiries_ms, headers)
+        if acks == 0:
+            self._spawn(_logged(replica.commit_ops(ops)))
+            return 0, 0
+        result = await replica.commit_ops(ops)
+        if acks == -1:
+            await self._await_committed(replica, result.last_seq)
+        return result.first_seq, result.last_seq
+
+    async def _await_committed(self, replica: ShardReplica, seq: int) -> None:
+        committed = await replica.wait_committed(seq, limits.produce_commit_timeout_ms / 1000)
+        if committed < seq:
+            raise OperationTimeoutError(
+                f"seq {seq} durable on the head but not committed by the chain within "
+                f"{limits.produce_commit_timeout_ms} ms (committed: {committed})"
+            )
+
+    async def commit_group(self, queue: str, group: str, hwm: int, state: bytes | None) -> int:
+        """Commits a consumer group's high-water mark at the head; returns once every member
+        holds it (so it survives the loss of any one replica)."""
+        check_group_name(group)
+        replica = self.replica_for(queue, want="head")
+        if hwm < 0 or hwm > replica.durable:
+            raise InvalidRequest(f"hwm must be in [0, {replica.durable}]")
+        meta: dict[str, Any] = {f"{HWM_META}{queue}/{group}": hwm}
+        if state is not None:
+            if len(state) > limits.group_state_bytes_max:
+                raise LimitExceeded(f"group state over {limits.group_state_bytes_max} bytes")
+            meta[f"{GROUP_STATE_META}{queue}/{group}"] = state
+        result = await replica.commit_meta(meta)
+        await self._await_committed(replica, result.last_seq)
+        return result.last_seq
+
+    def group_info(self, queue: str, group: str) -> dict[str, Any]:
+        check_group_name(group)
+        replica = self.replica_for(queue, want="member")
+        meta = replica.store.meta
+        hwm = int(meta.get(f"{HWM_META}{queue}/{group}", 0))
+        state = meta.get(f"{GROUP_STATE_META}{queue}/{group}")
+        boundary = replica.durable
+        return {
+            "shard": replica.shard_id,
+            "hwm": hwm,
+            "boundary": boundary,
+            "lag": max(0, boundary - hwm),
+            "state": state if isinstance(state, bytes) else None,
+        }
+
+    async def consume(
+        self,
+        queue: str,
+        group: str,
+        *,
+        after: int | None,
+        upto: int | None,
+        limit: int,
+        wait_ms: int,
+    ) -> Page:
+        check_group_name(group)
+        replica = self.replica_for(queue, want="tail")
+        hwm = int(replica.store.meta.get(f"{HWM_META}{queue}/{group}", 0))
+        start = hwm if after is None else after
+        limit = max(1, min(limit, limits.consume_page_entries_max))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(wait_ms, limits.consume_wait_ms_max) / 1000
+        while True:
+            page = await asyncio.to_thread(
+                read_page, replica, queue, group, hwm, start, upto, limit
+            )
+            # Long-poll: an empty first page waits for entries of this queue (commits of other
+            # queues or of high-water marks move the boundary but bring nothing to read).
+            remaining = deadline - loop.time()
+            if page.messages or upto is not None or remaining <= 0:
+                return page
+            await replica.wait_durable_past(page.boundary, remaining)
+
+    async def wait_committed(self, shard: int, seq: int, timeout_ms: int) -> int:
+        replica = self.replicas.get(shard)
+        if replica is None:
+            raise InvalidRequest(f"node {self.node_id} holds no replica of shard {shard}")
+        timeout_ms = min(timeout_ms, limits.wait_committed_timeout_ms_max)
+        return await replica.wait_committed(seq, timeout_ms / 1000)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "node": self.node_id,
+            "epoch": self.epoch,
+            "ready": self.ready,
+            "shards": {
+                str(shard_id): {
+                    "role": replica.role,
+                    "last_seq": replica.durable,
+                    "committed_seq": replica.committed,
+                    "catching_up": replica.catching_up,
+                    "upstream_linked": replica.upstream_stream is not None,
+                    "downstreams_linked": sorted(replica.downstream_streams),
+                }
+                for shard_id, replica in self.replicas.items()
+            },
+        }
+
+    # --- binary port ---------------------------------------------------------------------------
+
+    async def _on_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        stream = FrameStream(reader, writer)
+        try:
+            hello = await stream.recv()
+            if hello is None:
+                return
+            if not isinstance(hello, fr.Hello):
+                raise ProtocolError(f"expected HELLO, got {type(hello).__name__}")
+            if hello.epoch and hello.epoch < self.epoch:
+                raise WrongRoleError(
+                    f"epoch {hello.epoch} is older than {self.epoch}",
+                    redirect=None,
+                    epoch=self.epoch,
+                )
+            if hello.epoch > self.epoch:
+                raise UnavailableError(f"epoch {hello.epoch} is newer than {self.epoch}")
+            if hello.role == "client":
+                stream.send(fr.HelloOk(PROTOCOL_VERSION, self.node_id, self.epoch))
+                await self._serve_client(stream)
+                return
+            replica = self.replicas.get(hello.shard) if hello.shard is not None else None
+            if replica is None:
+                raise WrongRoleError(
+                    f"{self.node_id} holds no replica of shard {hello.shard}",
+                    redirect=None,
+                    epoch=self.epoch,
+                )
+            await serve_downstream(replica, stream, hello)
+        except KayosError as exc:
+            with contextlib.suppress(Exception):
+                stream.send(error_frame(exc, None, self.epoch))
+                await stream.drain()
+        except (OSError, EOFError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            stream.close()
+
+    async def _serve_client(self, stream: FrameStream) -> None:
+        slots = asyncio.Semaphore(limits.connection_in_flight_requests_max)
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                frame = await stream.recv()
+                if frame is None:
+                    return
+                if isinstance(frame, fr.Produce | fr.WaitCommitted):
+                    await slots.acquire()
+                    task = asyncio.create_task(self._client_request(stream, frame))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                    task.add_done_callback(lambda _: slots.release())
+                elif isinstance(frame, fr.Ping):
+                    stream.send(fr.Pong(frame.nonce))
+                else:
+                    raise ProtocolError(f"{type(frame).__name__} is not a client request")
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def _client_request(
+        self, stream: FrameStream, frame: fr.Produce | fr.WaitCommitted
+    ) -> None:
+        try:
+            reply: fr.Frame
+            if isinstance(frame, fr.Produce):
+                first, last = await self.produce(
+                    frame.queue,
+                    frame.keys,
+                    frame.values,
+                    frame.expiries_ms,
+                    frame.headers,
+                    acks=frame.acks,
+                )
+                reply = fr.Produced(frame.request_id, first, last)
+            else:
+                committed = await self.wait_committed(frame.shard, frame.seq, frame.timeout_ms)
+                reply = fr.CommittedReply(frame.request_id, frame.shard, committed)
+        except KayosError as exc:
+            reply = error_frame(exc, frame.request_id, self.epoch)
+        except Exception as exc:  # the node stays up; the client learns the request failed
+            log.exception("request %s failed", frame.request_id)
+            reply = fr.ErrorFrame(
+                frame.request_id, "kayos_error", repr(exc)[:500], None, self.epoch
+            )
+        with contextlib.suppress(Exception):
+            stream.send(reply)
+            await stream.drain()
+
+
+async def _logged(coro: Any) -> None:
+    try:
+        await coro
+    except KayosError as exc:
+        log.warning("acks=0 produce failed: %s", exc)
+
+
+def build_ops(
+    queue: str,
+    keys: Sequence[bytes],
+    values: Sequence[bytes | None],
+    expiries_ms: Sequence[int] | None,
+    headers: Sequence[dict[str, bytes] | None] | None,
+) -> list[Op]:
+    """Validates a produce batch and turns it into store operations on prefixed keys."""
+    count = len(keys)
+    if count == 0:
+        raise InvalidRequest("empty batch")
+    if count > limits.batch_entries_max:
+        raise LimitExceeded(f"batch of {count} items exceeds {limits.batch_entries_max}")
+    if len(values) != count or (expiries_ms is not None and len(expiries_ms) != count):
+        raise InvalidRequest("keys, values and expiries differ in length")
+    if headers is not None and len(headers) != count:
+        raise InvalidRequest("keys and headers differ in length")
+    prefix = queue_prefix(queue)
+    ops: list[Op] = []
+    for index in range(count):
+        key = keys[index]
+        if not key:
+            raise InvalidRequest("every key must be non-empty")
+        if len(key) > limits.item_key_bytes_max:
+            raise LimitExceeded(f"key of {len(key)} bytes exceeds {limits.item_key_bytes_max}")
+        value = values[index]
+        if value is None:
+            ops.append(Delete(prefix + key))
+            continue
+        expiry = expiries_ms[index] if expiries_ms is not None else 0
+        header_map = headers[index] if headers is not None else None
+        ops.append(Put(prefix + key, value, expiry, header_map))
+    return ops
+
+
+def read_page(
+    replica: ShardReplica,
+    queue: str,
+    group: str,
+    hwm: int,
+    after: int,
+    upto: int | None,
+    limit: int,
+) -> Page:
+    """One page of a consumer snapshot ``(after, boundary]``, read as of the boundary."""
+    prefix = queue_prefix(queue)
+    cut = len(prefix)
+    messages: list[Message] = []
+    with replica.store.snapshot() as snap:
+        boundary = snap.boundary if upto is None else min(upto, snap.boundary)
+        last_seen = boundary
+        full = False
+        for page in snap.pages(after, boundary, as_of=boundary):
+            for entry in page:
+                if not entry.key.startswith(prefix):
+                    continue
+                messages.append(
+                    Message(
+                        entry.seq,
+                        entry.key[cut:],
+                        entry.value,
+                        entry.expiry_ms,
+                        entry.headers,
+                        entry.deleted,
+                    )
+                )
+                if len(messages) >= limit:
+                    full = True
+                    last_seen = entry.seq
+                    break
+            if full:
+                break
+    end = last_seen >= boundary
+    return Page(replica.shard_id, group, hwm, boundary, messages, last_seen, end)

@@ -1,0 +1,687 @@
+"""One shard replica on one node: its store, its commit progress and its replication links.
+
+A thin asyncio driver around the pure decisions of ``kayos.replication.chain``. Store commits run
+in worker threads (they fsync); everything else runs on the event loop. See
+docs/replication-protocol.md for the frames and rules this follows.
+
+- ``UpstreamLink`` (the downstream side of a link) connects to the upstream, handshakes,
+  subscribes (rolling back first when told to), applies ``BATCH`` frames as store commits
+  (merging those that queued up while the previous commit was fsyncing) and reports ``ACK`` /
+  ``COMMITTED`` upstream.
+- ``serve_downstream`` (the upstream side) answers ``SUBSCRIBE`` and streams ``BATCH`` frames
+  read back from its store, within the link's flow-control window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import logging
+import os
+import random
+import shutil
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from kayos import limits
+from kayos.clock import Clock
+from kayos.errors import (
+    InvalidRequest,
+    KayosError,
+    ProtocolError,
+    ReplicationError,
+    RollbackTooFarError,
+    UnavailableError,
+    WrongRoleError,
+)
+from kayos.replication import chain
+from kayos.replication import frames as fr
+from kayos.storage import CommitResult, Delete, Entry, Op, Put, ShardStore
+from kayos.storage import format as fmt
+from kayos.topology import ShardChain, Topology
+
+log = logging.getLogger("kayos.replication")
+
+PROTOCOL_VERSION = 1
+TAKEOVER_META_KEY = "takeover"
+# Metadata that belongs to one replica, never sent down a link.
+_LOCAL_META_PREFIXES = (TAKEOVER_META_KEY,)
+# Entries read back per store page when building a BATCH; a page is also the unit a sender reads
+# before yielding the event loop.
+_SEND_PAGE_ENTRIES = 2_000
+
+
+def queue_prefix(queue: str) -> bytes:
+    return queue.encode() + b"\x00"
+
+
+class Pulse:
+    """Wakes every waiter on ``notify``; waiters re-check their condition (no lost wake-ups:
+    a notify between the check and the wait is kept in the current future)."""
+
+    def __init__(self) -> None:
+        self._future: asyncio.Future[None] | None = None
+
+    def notify(self) -> None:
+        if self._future is not None and not self._future.done():
+            self._future.set_result(None)
+        self._future = None
+
+    def waiter(self) -> asyncio.Future[None]:
+        if self._future is None:
+            self._future = asyncio.get_running_loop().create_future()
+        return self._future
+
+
+class FrameStream:
+    """Frames over an asyncio stream pair: ``send`` encodes and writes, ``recv`` decodes."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self._decoder = fr.FrameDecoder()
+        self._ready: list[fr.Frame] = []
+
+    def send(self, frame: fr.Frame) -> int:
+        data = fr.encode(frame)
+        self.writer.write(data)
+        return len(data)
+
+    async def drain(self) -> None:
+        await self.writer.drain()
+
+    async def recv(self) -> fr.Frame | None:
+        """The next frame, or None at a clean end of stream."""
+        while not self._ready:
+            data = await self.reader.read(256 * 1024)
+            if not data:
+                if self._decoder.buffered_bytes:
+                    raise ProtocolError("stream ended inside a frame")
+                return None
+            self._ready.extend(self._decoder.feed(data))
+            self._ready.reverse()
+        return self._ready.pop()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.writer.close()
+
+
+def error_frame(exc: KayosError, request_id: int | None, epoch: int) -> fr.ErrorFrame:
+    redirect = exc.redirect if isinstance(exc, WrongRoleError) else None
+    return fr.ErrorFrame(request_id, exc.code, str(exc)[:1000] or exc.code, redirect, epoch)
+
+
+def raise_error_frame(frame: fr.ErrorFrame) -> None:
+    if frame.code == WrongRoleError.code:
+        raise WrongRoleError(frame.message, redirect=frame.redirect, epoch=frame.epoch)
+    for cls in (RollbackTooFarError, ProtocolError, InvalidRequest, UnavailableError):
+        if frame.code == cls.code:
+            raise cls(frame.message)
+    raise ReplicationError(f"{frame.code}: {frame.message}")
+
+
+def pack_takeover(table: chain.TakeoverTable) -> bytes:
+    return msgpack.packb([[u, s] for u, s in table], use_bin_type=True)
+
+
+def unpack_takeover(raw: Any) -> chain.TakeoverTable:
+    if not isinstance(raw, bytes):
+        return []
+    return [(bytes(u), int(s)) for u, s in msgpack.unpackb(raw, raw=False)]
+
+
+@dataclass(slots=True)
+class _Waiter:
+    seq: int
+    future: asyncio.Future[int]
+
+
+class ShardReplica:
+    """One node's member of one shard's chain."""
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        topology: Topology,
+        shard: ShardChain,
+        store_path: str,
+        clock: Clock,
+        rng: random.Random,
+    ) -> None:
+        self.node_id = node_id
+        self.topology = topology
+        self.shard = shard
+        self.store_path = store_path
+        self.clock = clock
+        self.rng = rng
+        self.store = ShardStore.open(store_path, clock=clock)
+        self.role = shard.role_of(node_id)
+        assert self.role is not None, "a replica is a member of its shard"
+        self.upstream = shard.upstream_of(node_id)
+        self.downstreams = shard.downstreams_of(node_id)
+        self.progress = chain.Progress(
+            has_upstream=self.upstream is not None,
+            downstreams=self.downstreams,
+        )
+        self.durable_pulse = Pulse()
+        self._waiters: list[tuple[int, int, _Waiter]] = []
+        self._waiter_ids = itertools.count()
+        # A head serves at once; a replica below it until its first catch-up is done serves no
+        # consumers (its store may hold part of an all-or-nothing batch).
+        self.catching_up = self.upstream is not None
+        self.upstream_stream: FrameStream | None = None
+        self.downstream_streams: dict[str, FrameStream] = {}
+        self._apply_events(chain.Durable(self.store.last_seq))
+
+    @property
+    def shard_id(self) -> int:
+        return self.shard.id
+
+    @property
+    def epoch(self) -> int:
+        return self.topology.epoch
+
+    @property
+    def committed(self) -> int:
+        return self.progress.committed
+
+    @property
+    def durable(self) -> int:
+        return self.progress.durable
+
+    def takeover_table(self) -> chain.TakeoverTable:
+        return unpack_takeover(self.store.meta.get(TAKEOVER_META_KEY))
+
+    async def become_head(self) -> None:
+        """A head adds ``(new master uuid, its last seq)`` to the takeover table at start."""
+        table = chain.with_takeover(self.takeover_table(), uuid.uuid4().bytes, self.store.last_seq)
+        await asyncio.to_thread(
+            self.store.commit, [], meta={TAKEOVER_META_KEY: pack_takeover(table)}
+        )
+
+    # --- progress ------------------------------------------------------------------------------
+
+    def _apply_events(self, *events: chain.Event) -> None:
+        for event in events:
+            self.progress, actions = chain.step(self.progress, event)
+            for action in actions:
+                self._carry_out(action)
+
+    def _carry_out(self, action: chain.Action) -> None:
+        if isinstance(action, chain.SendAck | chain.SendCommitted):
+            stream = self.upstream_stream
+            if stream is not None:
+                frame: fr.Frame = (
+                    fr.Ack(self.shard_id, action.seq)
+                    if isinstance(action, chain.SendAck)
+                    else fr.Committed(self.shard_id, action.seq)
+                )
+                stream.send(frame)
+        elif isinstance(action, chain.CommittedAdvanced):
+            self._release_waiters(action.seq)
+        elif isinstance(action, chain.Violation):
+            log.warning("shard %s: downstream %s: %s", self.shard_id, action.node, action.reason)
+            bad = self.downstream_streams.pop(action.node, None)
+            if bad is not None:
+                bad.close()
+
+    def local_commit_done(self) -> None:
+        """The store committed more: step the progress and wake the link senders."""
+        self._apply_events(chain.Durable(self.store.last_seq))
+        self.durable_pulse.notify()
+
+    def downstream_event(self, event: chain.Event) -> None:
+        self._apply_events(event)
+
+    def _release_waiters(self, seq: int) -> None:
+        while self._waiters and self._waiters[0][0] <= seq:
+            _, _, waiter = heapq.heappop(self._waiters)
+            if not waiter.future.done():
+                waiter.future.set_result(seq)
+
+    async def wait_committed(self, seq: int, timeout_s: float) -> int:
+        """The committed seq once it reaches ``seq``, or whatever it is after ``timeout_s``."""
+        if self.progress.committed >= seq or timeout_s <= 0:
+            return self.progress.committed
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (seq, next(self._waiter_ids), _Waiter(seq, future)))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        if not future.done():
+            future.cancel()
+        return self.progress.committed
+
+    async def wait_durable_past(self, seq: int, timeout_s: float) -> None:
+        """Returns once the durable seq is past ``seq`` or after ``timeout_s``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.progress.durable <= seq:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self.durable_pulse.waiter()), remaining)
+
+    # --- writes at the head --------------------------------------------------------------------
+
+    def check_head(self) -> None:
+        if self.role != "head":
+            head = self.topology.nodes[self.shard.head]
+            raise WrongRoleError(
+                f"node {self.node_id} is not the head of shard {self.shard_id}",
+                redirect=head.id,
+                epoch=self.epoch,
+            )
+
+    async def commit_ops(self, ops: Sequence[Op]) -> CommitResult:
+        self.check_head()
+        result = await asyncio.to_thread(self.store.commit, ops)
+        self.local_commit_done()
+        return result
+
+    async def commit_meta(self, meta: dict[str, Any]) -> CommitResult:
+        """A metadata-only write (a consumer high-water mark) with a seq of its own, so it rides
+        the replication stream like any other commit."""
+        self.check_head()
+        result = await asyncio.to_thread(self.store.commit, [], meta=meta, claim_seq=True)
+        self.local_commit_done()
+        return result
+
+    # --- the store below the links -------------------------------------------------------------
+
+    async def _reset_store(self) -> None:
+        """Throws the replica's data away (its history shares nothing usable with upstream)."""
+        log.warning("shard %s: resetting replica to empty", self.shard_id)
+        self.store.close()
+        await asyncio.to_thread(shutil.rmtree, self.store_path, True)
+        os.makedirs(self.store_path, exist_ok=True)
+        self.store = ShardStore.open(self.store_path, clock=self.clock)
+        self.progress = chain.Progress(
+            has_upstream=self.upstream is not None, downstreams=self.downstreams
+        )
+        self._apply_events(chain.Durable(self.store.last_seq))
+
+    async def rollback(self, seq: int) -> None:
+        if seq == 0:
+            await self._reset_store()
+            return
+        try:
+            await asyncio.to_thread(self.store.rollback_to, seq)
+        except RollbackTooFarError:
+            await self._reset_store()
+            return
+        # Progress never goes back on a live link; the links restart after a rollback.
+        self.progress = chain.Progress(
+            has_upstream=self.upstream is not None, downstreams=self.downstreams
+        )
+        self._apply_events(chain.Durable(self.store.last_seq))
+
+    def close(self) -> None:
+        for stream in list(self.downstream_streams.values()):
+            stream.close()
+        if self.upstream_stream is not None:
+            self.upstream_stream.close()
+        for _, _, waiter in self._waiters:
+            if not waiter.future.done():
+                waiter.future.cancel()
+        self.store.close()
+
+
+# --- the downstream side of a link: follow the upstream ---------------------------------------
+
+
+def batch_to_ops(prefix_free: fr.Batch) -> list[Op]:
+    ops: list[Op] = []
+    expiries = prefix_free.expiries_ms
+    headers = prefix_free.headers
+    for index, (key, value) in enumerate(zip(prefix_free.keys, prefix_free.values, strict=True)):
+        if value is None:
+            ops.append(Delete(key))
+        else:
+            ops.append(
+                Put(
+                    key,
+                    value,
+                    expiries[index] if expiries is not None else 0,
+                    headers[index] if headers is not None else None,
+                )
+            )
+    return ops
+
+
+class UpstreamLink:
+    """Keeps a replica subscribed to its upstream, reconnecting with backoff for ever."""
+
+    def __init__(self, replica: ShardReplica, *, connect: Callable[..., Any] | None = None) -> None:
+        self.replica = replica
+        self._connect = connect or asyncio.open_connection
+        self._stopped = False
+        self.connected = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stopped = True
+
+    async def run(self) -> None:
+        replica = self.replica
+        delay_ms = limits.link_retry_delay_ms_min
+        while not self._stopped:
+            try:
+                await self._session()
+                delay_ms = limits.link_retry_delay_ms_min
+            except asyncio.CancelledError:
+                raise
+            except (OSError, KayosError, EOFError) as exc:
+                log.info("shard %s: link to %s failed: %s", replica.shard_id, replica.upstream, exc)
+            finally:
+                self.connected.clear()
+                if replica.upstream_stream is not None:
+                    replica.upstream_stream.close()
+                    replica.upstream_stream = None
+            jitter = 0.5 + replica.rng.random()
+            await asyncio.sleep(delay_ms * jitter / 1000)
+            delay_ms = min(delay_ms * 2, limits.link_retry_delay_ms_max)
+
+    async def _session(self) -> None:
+        replica = self.replica
+        assert replica.upstream is not None
+        address = replica.topology.nodes[replica.upstream]
+        reader, writer = await self._connect(address.host, address.bin_port)
+        stream = FrameStream(reader, writer)
+        try:
+            stream.send(
+                fr.Hello(
+                    PROTOCOL_VERSION,
+                    replica.node_id,
+                    replica.shard_id,
+                    replica.epoch,
+                    "tail" if replica.shard.is_tail(replica.node_id) else "middle",
+                )
+            )
+            reply = await stream.recv()
+            if isinstance(reply, fr.ErrorFrame):
+                raise_error_frame(reply)
+            if not isinstance(reply, fr.HelloOk):
+                raise ProtocolError(f"expected HELLO_OK, got {type(reply).__name__}")
+            subscribed = await self._subscribe(stream)
+            table = list(subscribed.takeover_table)
+            await asyncio.to_thread(
+                replica.store.commit, [], meta={TAKEOVER_META_KEY: pack_takeover(table)}
+            )
+            replica.catching_up = replica.store.last_seq < subscribed.last_seq
+            catch_up_target = subscribed.last_seq
+            replica.upstream_stream = stream
+            replica.downstream_event(chain.UpstreamLinked())
+            self.connected.set()
+            await self._follow(stream, catch_up_target)
+        finally:
+            stream.close()
+
+    async def _subscribe(self, stream: FrameStream) -> fr.Subscribed:
+        replica = self.replica
+        for _ in range(3):
+            stream.send(
+                fr.Subscribe(replica.shard_id, replica.store.last_seq + 1, tuple(replica.takeover_table()))
+            )
+            reply = await stream.recv()
+            if isinstance(reply, fr.ErrorFrame):
+                if reply.code == RollbackTooFarError.code:
+                    await replica.rollback(0)
+                    continue
+                raise_error_frame(reply)
+            if not isinstance(reply, fr.Subscribed) or reply.shard != replica.shard_id:
+                raise ProtocolError(f"expected SUBSCRIBED, got {type(reply).__name__}")
+            if reply.rollback_to is None:
+                return reply
+            log.warning(
+                "shard %s: rolling back from %s to %s to follow %s",
+                replica.shard_id,
+                replica.store.last_seq,
+                reply.rollback_to,
+                replica.upstream,
+            )
+            await replica.rollback(reply.rollback_to)
+        raise ReplicationError("upstream kept asking for a rollback")
+
+    async def _follow(self, stream: FrameStream, catch_up_target: int) -> None:
+        replica = self.replica
+        batches: asyncio.Queue[fr.Batch | None] = asyncio.Queue()
+        applier = asyncio.create_task(self._apply(batches, catch_up_target))
+        expected = replica.store.last_seq + 1
+        try:
+            while True:
+                recv = asyncio.ensure_future(stream.recv())
+                done, _ = await asyncio.wait({recv, applier}, return_when=asyncio.FIRST_COMPLETED)
+                if applier in done:
+                    recv.cancel()
+                    applier.result()  # raises what stopped it
+                    return
+                frame = recv.result()
+                if frame is None:
+                    raise EOFError("upstream closed the link")
+                if isinstance(frame, fr.Batch):
+                    if frame.shard != replica.shard_id or frame.first_seq != expected:
+                        raise ProtocolError(
+                            f"BATCH {frame.first_seq}..{frame.last_seq} where {expected} was due"
+                        )
+                    expected = frame.last_seq + 1
+                    batches.put_nowait(frame)
+                elif isinstance(frame, fr.Ping):
+                    stream.send(fr.Pong(frame.nonce))
+                elif isinstance(frame, fr.ErrorFrame):
+                    raise_error_frame(frame)
+                elif not isinstance(frame, fr.Pong):
+                    raise ProtocolError(f"unexpected {type(frame).__name__} on a link")
+        finally:
+            applier.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await applier
+
+    async def _apply(self, batches: asyncio.Queue[fr.Batch | None], catch_up_target: int) -> None:
+        """Applies queued batches, merging what piled up during the previous commit."""
+        replica = self.replica
+        if replica.store.last_seq >= catch_up_target:
+            replica.catching_up = False
+        while True:
+            first = await batches.get()
+            if first is None:
+                return
+            group = [first]
+            entries = len(first.seqs)
+            while not batches.empty() and entries < limits.batch_entries_max // 2:
+                nxt = batches.get_nowait()
+                if nxt is None:
+                    break
+                group.append(nxt)
+                entries += len(nxt.seqs)
+            ops: list[Op] = []
+            seqs: list[int] = []
+            meta: dict[str, Any] = {}
+            for batch in group:
+                ops.extend(batch_to_ops(batch))
+                seqs.extend(batch.seqs)
+                if batch.meta:
+                    meta.update(batch.meta)
+            await asyncio.to_thread(
+                replica.store.commit,
+                ops,
+                seqs=seqs,
+                last_seq=group[-1].last_seq,
+                meta=meta or None,
+            )
+            if replica.catching_up and replica.store.last_seq >= catch_up_target:
+                replica.catching_up = False
+                log.info("shard %s: caught up at %s", replica.shard_id, replica.store.last_seq)
+            replica.local_commit_done()
+            stream = replica.upstream_stream
+            if stream is not None:
+                await stream.drain()
+
+
+# --- the upstream side of a link: feed a downstream -------------------------------------------
+
+
+def _meta_changes(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    changes: dict[str, Any] = {}
+    for name, value in new.items():
+        if name.startswith(_LOCAL_META_PREFIXES):
+            continue
+        if old is None or old.get(name) != value:
+            changes[name] = value
+    if old is not None:
+        for name in old:
+            if name not in new and not name.startswith(_LOCAL_META_PREFIXES):
+                changes[name] = None
+    return changes
+
+
+def read_range(
+    store: ShardStore, after: int, upto: int, entries_max: int
+) -> tuple[list[Entry], int, dict[str, Any], int]:
+    """Entries in ``(after, upto]`` as of ``upto``, at most about ``entries_max`` of them, cut
+    after an entry that ends a producer's batch where possible. Returns the entries, the last
+    seq the range covers, the snapshot's metadata and its boundary."""
+    entries: list[Entry] = []
+    with store.snapshot() as snap:
+        covered = upto
+        for page in snap.pages(
+            after, upto, page_entries=_SEND_PAGE_ENTRIES, include_expired=True, as_of=upto
+        ):
+            entries.extend(page)
+            if len(entries) >= entries_max:
+                cut = len(entries)
+                for index in range(len(entries) - 1, -1, -1):
+                    if entries[index].flags & _BATCH_END:
+                        cut = index + 1
+                        break
+                entries = entries[:cut]
+                covered = entries[-1].seq
+                break
+        return entries, covered, snap.meta, snap.boundary
+
+
+_BATCH_END = fmt.FLAG_BATCH_END
+
+
+def build_batch(
+    shard: int, first_seq: int, last_seq: int, entries: list[Entry], meta: dict[str, Any] | None
+) -> fr.Batch:
+    expiries = tuple(e.expiry_ms for e in entries)
+    headers = tuple(e.headers for e in entries)
+    return fr.Batch(
+        shard,
+        first_seq,
+        last_seq,
+        False,
+        tuple(e.seq for e in entries),
+        tuple(e.key for e in entries),
+        tuple(None if e.deleted else e.value for e in entries),
+        expiries if any(expiries) else None,
+        headers if any(h is not None for h in headers) else None,
+        meta or None,
+    )
+
+
+async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr.Hello) -> None:
+    """Runs the upstream side of one replication link until it breaks."""
+    node = hello.node_id
+    expected_role = replica.shard.role_of(node)
+    if replica.shard.upstream_of(node) != replica.node_id or hello.role != expected_role:
+        upstream = replica.shard.upstream_of(node)
+        raise WrongRoleError(
+            f"{node} as {hello.role} of shard {replica.shard_id} does not follow {replica.node_id}",
+            redirect=upstream,
+            epoch=replica.epoch,
+        )
+    stream.send(fr.HelloOk(PROTOCOL_VERSION, replica.node_id, replica.epoch))
+    while True:
+        frame = await stream.recv()
+        if frame is None:
+            return
+        if not isinstance(frame, fr.Subscribe) or frame.shard != replica.shard_id:
+            raise ProtocolError(f"expected SUBSCRIBE, got {type(frame).__name__}")
+        own_table = replica.takeover_table()
+        verdict = chain.rollback_point(
+            list(frame.takeover_table), own_table, frame.from_seq - 1, replica.durable
+        )
+        stream.send(fr.Subscribed(replica.shard_id, verdict, tuple(own_table), replica.durable))
+        if verdict is None:
+            break
+    old = replica.downstream_streams.pop(node, None)
+    if old is not None:
+        old.close()
+    replica.downstream_streams[node] = stream
+    replica.downstream_event(chain.DownstreamLinked(node))
+    window = chain.LinkWindow()
+    acked = Pulse()
+    sender = asyncio.create_task(_send_loop(replica, stream, frame.from_seq - 1, window, acked))
+    try:
+        while True:
+            recv = asyncio.ensure_future(stream.recv())
+            done, _ = await asyncio.wait({recv, sender}, return_when=asyncio.FIRST_COMPLETED)
+            if sender in done:
+                recv.cancel()
+                sender.result()
+                return
+            reply = recv.result()
+            if reply is None:
+                return
+            if isinstance(reply, fr.Ack | fr.Committed):
+                seq = reply.durable_seq if isinstance(reply, fr.Ack) else reply.committed_seq
+                window.acknowledged(seq)
+                acked.notify()
+                event: chain.Event = (
+                    chain.DownstreamAck(node, seq)
+                    if isinstance(reply, fr.Ack)
+                    else chain.DownstreamCommitted(node, seq)
+                )
+                replica.downstream_event(event)
+            elif isinstance(reply, fr.Ping):
+                stream.send(fr.Pong(reply.nonce))
+            elif not isinstance(reply, fr.Pong):
+                raise ProtocolError(f"unexpected {type(reply).__name__} from a downstream")
+    finally:
+        sender.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await sender
+        if replica.downstream_streams.get(node) is stream:
+            del replica.downstream_streams[node]
+
+
+async def _send_loop(
+    replica: ShardReplica,
+    stream: FrameStream,
+    sent: int,
+    window: chain.LinkWindow,
+    acked: Pulse,
+) -> None:
+    meta_sent: dict[str, Any] | None = None
+    while True:
+        upto = replica.durable
+        if upto <= sent or not window.can_send():
+            waiters = {replica.durable_pulse.waiter(), acked.waiter()}
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            continue
+        if upto - sent > _SEND_PAGE_ENTRIES:
+            result = await asyncio.to_thread(
+                read_range, replica.store, sent, upto, limits.batch_entries_max // 4
+            )
+        else:
+            result = read_range(replica.store, sent, upto, limits.batch_entries_max // 4)
+        entries, covered, meta, boundary = result
+        changes = None
+        if covered == upto and boundary == upto:
+            changes = _meta_changes(meta_sent, meta)
+            meta_sent = meta
+        batch = build_batch(replica.shard_id, sent + 1, covered, entries, changes)
+        size = stream.send(batch)
+        window.sent(covered, size)
+        sent = covered
+        await stream.drain()
