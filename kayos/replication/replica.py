@@ -428,7 +428,9 @@ class UpstreamLink:
         replica = self.replica
         for _ in range(3):
             stream.send(
-                fr.Subscribe(replica.shard_id, replica.store.last_seq + 1, tuple(replica.takeover_table()))
+                fr.Subscribe(
+                    replica.shard_id, replica.store.last_seq + 1, tuple(replica.takeover_table())
+                )
             )
             reply = await stream.recv()
             if isinstance(reply, fr.ErrorFrame):
