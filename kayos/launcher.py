@@ -1,0 +1,422 @@
+"""A local cluster of real ``kayos node`` processes on loopback: ``kayos up``, the bench and the
+integration tests start nodes through this one class.
+
+It is a face: it writes the topology file, starts and signals processes, and reaches nodes over
+HTTP only (``GET /v1/status``, docs/node-api.md). It imports no storage or node code, so what it
+sees is what any client sees.
+
+Ports are found by binding to port 0; another process may take one between our probe and the
+node's bind. A node that fails to start for that reason is detected from its log, and the whole
+cluster is started again on fresh ports (every node reads every address from the one file).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from kayos.topology import NodeAddr, ShardChain, Topology, rotated
+
+# A node opens its stores and links before it says ready; a cold start of a few shards takes well
+# under a second, so this bound only trips on a node that is stuck or crashed.
+ready_timeout_s_default = 30.0
+# After SIGTERM a node closes its stores (one last fsync) and exits; past this it is killed.
+stop_timeout_s_default = 10.0
+# How often readiness and catch-up conditions are polled: a bounded poll of a condition.
+poll_interval_s = 0.05
+# Starting the whole cluster again on fresh ports after a lost race for a probed port.
+port_race_attempts_max = 3
+# Lines of a node's log quoted in an error about it.
+log_tail_lines = 40
+# One status request; a node that does not answer within this is treated as not ready yet.
+status_request_timeout_s = 2.0
+
+NODE_IDS = "abcdefghijklmnopqrstuvwxyz"
+_ADDRESS_IN_USE = ("address already in use", "errno 98", "eaddrinuse")
+
+
+class ClusterError(RuntimeError):
+    """A node did not start, did not become ready, or died; the message quotes its log."""
+
+
+def node_ids(count: int) -> list[str]:
+    """Node ids ``a``, ``b``, ... (the names docs/node-api.md uses)."""
+    if not 1 <= count <= len(NODE_IDS):
+        raise ValueError(f"node count must be 1 .. {len(NODE_IDS)}")
+    return list(NODE_IDS[:count])
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports the OS says are free now (all probed at once, so distinct)."""
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(probe)
+            probe.bind((host, 0))
+        return [int(probe.getsockname()[1]) for probe in sockets]
+    finally:
+        for probe in sockets:
+            probe.close()
+
+
+def build_topology(
+    addresses: list[NodeAddr],
+    *,
+    replicas: int,
+    shard_count: int | None = None,
+    fanout: int = 0,
+    epoch: int = 1,
+) -> Topology:
+    """Rotated roles (``topology.rotated``); with ``fanout`` > 0, each shard's chain of
+    ``replicas`` nodes feeds the next ``fanout`` nodes in rotation, which are its tails."""
+    if fanout == 0:
+        return rotated(addresses, replicas=replicas, shard_count=shard_count, epoch=epoch)
+    if replicas < 1 or fanout < 0 or replicas + fanout > len(addresses):
+        raise ValueError(f"replicas + fanout must be at most the {len(addresses)} nodes")
+    ids = [address.id for address in addresses]
+    count = len(ids) if shard_count is None else shard_count
+    shards = {}
+    for shard in range(count):
+        members = [ids[(shard + k) % len(ids)] for k in range(replicas + fanout)]
+        shards[shard] = ShardChain(shard, tuple(members[:replicas]), tuple(members[replicas:]))
+    return Topology(epoch, {address.id: address for address in addresses}, shards)
+
+
+def http_json(
+    url: str, *, method: str = "GET", body: Any = None, timeout_s: float = 10.0
+) -> tuple[int, Any]:
+    """One JSON request; returns (status, decoded body) for success and error replies alike."""
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"} if data is not None else {}
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310 - http URLs we built
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
+            return int(response.status), json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        raw = error.read()
+        try:
+            return int(error.code), json.loads(raw or b"null")
+        except ValueError:
+            return int(error.code), raw.decode(errors="replace")
+
+
+def _log_tail(path: Path, lines: int = log_tail_lines) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: the node gets SIGKILL if the process that started it dies, so a crashed test run
+    leaves no nodes behind holding ports and CPU."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class LocalCluster:
+    """``nodes`` node processes on ``host``, one directory each under ``base_dir``.
+
+    Layout: ``base_dir/cluster.toml`` (the topology), ``base_dir/<id>/`` (a node's data) and
+    ``base_dir/logs/<id>.log`` (its stdout and stderr, appended across restarts).
+
+    With ``base_port`` node i listens on HTTP ``base_port + i`` and binary ``base_port + 100 + i``
+    (``kayos up``: 7101.., 7201..); without it the ports are picked free. Call from a thread that
+    lives as long as the cluster: on Linux the nodes die with the thread that started them.
+    """
+
+    def __init__(
+        self,
+        base_dir: str | os.PathLike[str],
+        *,
+        nodes: int = 3,
+        replicas: int = 3,
+        shards: int | None = None,
+        fanout: int = 0,
+        host: str = "127.0.0.1",
+        base_port: int | None = None,
+        ready_timeout_s: float = ready_timeout_s_default,
+        stop_timeout_s: float = stop_timeout_s_default,
+        env: dict[str, str] | None = None,
+        node_command: list[str] | None = None,
+    ) -> None:
+        self.base_dir = Path(base_dir)
+        self.ids = node_ids(nodes)
+        self.replicas = replicas
+        self.shard_count = shards
+        self.fanout = fanout
+        self.host = host
+        self.base_port = base_port
+        self.ready_timeout_s = ready_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.env = env
+        # What runs a node; the arguments ``--config F --id N --data D`` follow. Tests put a stub
+        # here to test the launcher alone.
+        self.node_command = node_command or [sys.executable, "-m", "kayos.cli.main", "node"]
+        self.topology_path = self.base_dir / "cluster.toml"
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._logs: dict[str, IO[bytes]] = {}
+        self.topology = self._make_topology()
+
+    # --- addresses -----------------------------------------------------------------------------
+
+    def _make_topology(self) -> Topology:
+        count = len(self.ids)
+        if self.base_port is None:
+            ports = free_ports(2 * count, self.host)
+            http_ports, bin_ports = ports[:count], ports[count:]
+        else:
+            http_ports = [self.base_port + i for i in range(count)]
+            bin_ports = [self.base_port + 100 + i for i in range(count)]
+        addresses = [
+            NodeAddr(node, self.host, http_port, bin_port)
+            for node, http_port, bin_port in zip(self.ids, http_ports, bin_ports, strict=True)
+        ]
+        return build_topology(
+            addresses, replicas=self.replicas, shard_count=self.shard_count, fanout=self.fanout
+        )
+
+    @property
+    def urls(self) -> dict[str, str]:
+        """Each node's HTTP base URL, by node id."""
+        return {node: address.http_url for node, address in self.topology.nodes.items()}
+
+    def url(self, node: str) -> str:
+        return self.topology.nodes[node].http_url
+
+    def data_dir(self, node: str) -> Path:
+        return self.base_dir / node
+
+    def log_path(self, node: str) -> Path:
+        return self.base_dir / "logs" / f"{node}.log"
+
+    def head_of(self, queue: str) -> str:
+        return self.topology.chain_for(queue).head
+
+    def tails_of(self, queue: str) -> tuple[str, ...]:
+        return self.topology.chain_for(queue).tails
+
+    # --- life cycle ----------------------------------------------------------------------------
+
+    def __enter__(self) -> LocalCluster:
+        self.start_all()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start_all(self) -> None:
+        """Writes the topology file, starts every node, and waits until all are ready. A lost
+        race for a probed port starts everything again on fresh ports."""
+        for attempt in range(1, port_race_attempts_max + 1):
+            self.base_dir.mkdir(parents=True, exist_ok=True)
+            self.topology_path.write_text(self.topology.dumps_toml())
+            for node in self.ids:
+                self._spawn(node)
+            try:
+                self.wait_ready(self.ids)
+                return
+            except ClusterError:
+                raced = self.base_port is None and any(
+                    self._lost_port_race(node) for node in self.ids
+                )
+                self.stop()
+                if not raced or attempt == port_race_attempts_max:
+                    raise
+                self.topology = self._make_topology()
+
+    def start(self, node: str) -> None:
+        """(Re)starts one node on its data directory and waits until it is ready."""
+        if self.running(node):
+            raise ClusterError(f"node {node} is already running")
+        self._spawn(node)
+        self.wait_ready([node])
+
+    def kill(self, node: str, sig: int = signal.SIGKILL) -> int:
+        """Sends ``sig`` to one node and waits for it to exit; returns its exit code."""
+        process = self.processes.pop(node)
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(sig)
+        try:
+            code = process.wait(timeout=self.stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            code = process.wait(timeout=self.stop_timeout_s)
+        self._close_log(node)
+        return code
+
+    def stop(self) -> dict[str, int]:
+        """SIGTERM to every node, SIGKILL to any still running after ``stop_timeout_s``;
+        returns each node's exit code."""
+        for process in self.processes.values():
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.stop_timeout_s
+        codes: dict[str, int] = {}
+        for node, process in list(self.processes.items()):
+            try:
+                codes[node] = process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                codes[node] = process.wait(timeout=self.stop_timeout_s)
+            del self.processes[node]
+            self._close_log(node)
+        return codes
+
+    def running(self, node: str) -> bool:
+        process = self.processes.get(node)
+        return process is not None and process.poll() is None
+
+    def exited(self) -> dict[str, int]:
+        """Nodes this cluster started that have exited on their own, with their exit codes."""
+        codes = {node: process.poll() for node, process in self.processes.items()}
+        return {node: code for node, code in codes.items() if code is not None}
+
+    def _spawn(self, node: str) -> None:
+        assert node in self.topology.nodes, node
+        assert not self.running(node), node
+        self.data_dir(node).mkdir(parents=True, exist_ok=True)
+        self.log_path(node).parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path(node), "ab")  # noqa: SIM115 - closed when the node stops
+        log.write(f"--- kayos launcher: starting node {node} at {time.ctime()}\n".encode())
+        log.flush()
+        self._logs[node] = log
+        command = [
+            *self.node_command,
+            "--config",
+            str(self.topology_path),
+            "--id",
+            node,
+            "--data",
+            str(self.data_dir(node)),
+        ]
+        env = {**os.environ, **(self.env or {}), "PYTHONUNBUFFERED": "1"}
+        self.processes[node] = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            # Its own session: a Ctrl-C at the terminal reaches the launcher, which stops the
+            # nodes in order, rather than every node at once.
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+
+    def _close_log(self, node: str) -> None:
+        log = self._logs.pop(node, None)
+        if log is not None:
+            log.close()
+
+    def _lost_port_race(self, node: str) -> bool:
+        tail = _log_tail(self.log_path(node)).lower()
+        return any(marker in tail for marker in _ADDRESS_IN_USE)
+
+    # --- conditions ----------------------------------------------------------------------------
+
+    def status(self, node: str) -> dict[str, Any] | None:
+        """The node's ``GET /v1/status`` reply, or None if it does not answer with one."""
+        try:
+            code, body = http_json(
+                self.url(node) + "/v1/status", timeout_s=status_request_timeout_s
+            )
+        except (OSError, ValueError):
+            return None
+        return body if code == 200 and isinstance(body, dict) else None
+
+    def wait_ready(self, nodes: list[str], timeout_s: float | None = None) -> None:
+        """Waits until each node answers ``/v1/status`` with ``"ready": true``; raises
+        ``ClusterError`` with the node's log tail if it exits or the bound passes."""
+        deadline = time.monotonic() + (self.ready_timeout_s if timeout_s is None else timeout_s)
+        waiting = list(nodes)
+        while waiting:
+            for node in list(waiting):
+                process = self.processes.get(node)
+                if process is None or process.poll() is not None:
+                    code = None if process is None else process.returncode
+                    raise ClusterError(
+                        f"node {node} exited (code {code}) before it was ready; log "
+                        f"{self.log_path(node)}:\n{_log_tail(self.log_path(node))}"
+                    )
+                status = self.status(node)
+                if status is not None and status.get("ready") is True:
+                    waiting.remove(node)
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                node = waiting[0]
+                raise ClusterError(
+                    f"node {node} not ready within the bound; log "
+                    f"{self.log_path(node)}:\n{_log_tail(self.log_path(node))}"
+                )
+            time.sleep(poll_interval_s)  # a bounded poll of a condition
+
+    def wait_replicated(self, timeout_s: float = 30.0) -> dict[int, int]:
+        """Waits until, for every shard, every member reports the same ``last_seq`` and
+        ``committed_seq`` and none is catching up; returns each shard's seq."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            agreed = self._replicated_seqs()
+            if agreed is not None:
+                return agreed
+            if time.monotonic() > deadline:
+                seen = {node: self.status(node) for node in self.topology.nodes}
+                raise ClusterError(f"replicas did not converge within {timeout_s}s: {seen}")
+            time.sleep(poll_interval_s)  # a bounded poll of a condition
+
+    def _replicated_seqs(self) -> dict[int, int] | None:
+        statuses = {node: self.status(node) for node in self.topology.nodes}
+        agreed: dict[int, int] = {}
+        for shard in self.topology.shards.values():
+            seqs: set[int] = set()
+            for node in shard.members:
+                status = statuses[node]
+                if status is None:
+                    return None
+                replica = status.get("shards", {}).get(str(shard.id))
+                if replica is None or replica.get("catching_up"):
+                    return None
+                seqs.add(int(replica["last_seq"]))
+                seqs.add(int(replica["committed_seq"]))
+            if len(seqs) != 1:
+                return None
+            agreed[shard.id] = seqs.pop()
+        return agreed
+
+    def describe(self) -> list[str]:
+        """One line per node and per shard chain, for ``kayos up`` and test logs."""
+        lines = [
+            f"node {node}: {address.http_url}  (binary {address.host}:{address.bin_port})  "
+            f"data {self.data_dir(node)}  log {self.log_path(node)}"
+            for node, address in self.topology.nodes.items()
+        ]
+        for shard in self.topology.shards.values():
+            chain = " -> ".join(shard.chain)
+            fanout = f" -> [{', '.join(shard.fanout)}]" if shard.fanout else ""
+            lines.append(
+                f"shard {shard.id}: {chain}{fanout}  (head first; tails: {', '.join(shard.tails)})"
+            )
+        return lines

@@ -1,0 +1,150 @@
+"""LocalCluster on its own, with a stub node: a tiny HTTP server that reads the topology file and
+answers ``GET /v1/status`` (docs/node-api.md). Checks ports, readiness, restart, stop and the
+errors that quote a node's log."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import textwrap
+from typing import TYPE_CHECKING
+
+import pytest
+
+from kayos.launcher import ClusterError, LocalCluster, build_topology, free_ports, node_ids
+from kayos.topology import NodeAddr, Topology
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+STUB_NODE = textwrap.dedent(
+    """
+    import argparse, http.server, json, os, signal, sys, time, tomllib
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config")
+    parser.add_argument("--id")
+    parser.add_argument("--data")
+    args = parser.parse_args()
+    mode = os.environ.get("STUB_MODE", "ok")
+    if mode == "crash":
+        print("stub: refusing to start", flush=True)
+        sys.exit(3)
+    raced = os.path.join(os.path.dirname(args.config), "raced")
+    if mode == "race" and not os.path.exists(raced):
+        open(raced, "w").close()
+        print("OSError: [Errno 98] Address already in use", flush=True)
+        sys.exit(1)
+    with open(args.config, "rb") as f:
+        topology = tomllib.load(f)
+    me = topology["nodes"][args.id]
+    starts = os.path.join(args.data, "starts")
+    with open(starts, "a") as f:
+        f.write("x")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"node": args.id, "epoch": topology["epoch"],
+                               "ready": mode != "never", "shards": {}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.HTTPServer((me["host"], me["http_port"]), Handler)
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+    print(f"stub {args.id} on {me['http_port']}", flush=True)
+    server.serve_forever()
+    """
+)
+
+
+def _cluster(tmp_path: Path, **kwargs: object) -> LocalCluster:
+    script = tmp_path / "stub_node.py"
+    script.write_text(STUB_NODE)
+    return LocalCluster(
+        tmp_path / "cluster",
+        node_command=[sys.executable, str(script)],
+        ready_timeout_s=10.0,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def test_free_ports_are_distinct() -> None:
+    ports = free_ports(8)
+    assert len(set(ports)) == 8
+
+
+def test_rotated_topology_and_fanout() -> None:
+    addresses = [NodeAddr(n, "127.0.0.1", 1000 + i, 2000 + i) for i, n in enumerate(node_ids(4))]
+    plain = build_topology(addresses[:3], replicas=3)
+    assert [plain.shards[i].chain for i in range(3)] == [
+        ("a", "b", "c"),
+        ("b", "c", "a"),
+        ("c", "a", "b"),
+    ]
+    fan = build_topology(addresses, replicas=2, shard_count=1, fanout=2)
+    assert fan.shards[0].chain == ("a", "b")
+    assert fan.shards[0].tails == ("c", "d")
+    with pytest.raises(ValueError, match="replicas"):
+        build_topology(addresses, replicas=3, fanout=2)
+
+
+def test_start_restart_stop(tmp_path: Path) -> None:
+    with _cluster(tmp_path, nodes=3, replicas=3, shards=3) as cluster:
+        assert Topology.load(str(cluster.topology_path)) == cluster.topology
+        assert set(cluster.urls) == {"a", "b", "c"}
+        for node in cluster.urls:
+            status = cluster.status(node)
+            assert status is not None
+            assert status["node"] == node
+        assert cluster.kill("b") == -signal.SIGKILL
+        assert not cluster.running("b")
+        assert cluster.status("b") is None
+        cluster.start("b")
+        assert cluster.running("b")
+        assert (cluster.data_dir("b") / "starts").read_text() == "xx", "same data directory"
+        with pytest.raises(ClusterError, match="already running"):
+            cluster.start("b")
+    assert cluster.processes == {}
+    assert "stub b on" in cluster.log_path("b").read_text()
+
+
+def test_stop_returns_exit_codes(tmp_path: Path) -> None:
+    cluster = _cluster(tmp_path, nodes=2, replicas=2)
+    cluster.start_all()
+    assert cluster.stop() == {"a": 0, "b": 0}
+
+
+def test_a_node_that_exits_is_reported_with_its_log(tmp_path: Path) -> None:
+    cluster = _cluster(tmp_path, nodes=1, replicas=1, env={"STUB_MODE": "crash"})
+    with pytest.raises(ClusterError, match="refusing to start"):
+        cluster.start_all()
+    assert cluster.processes == {}
+
+
+def test_a_node_that_never_gets_ready_times_out(tmp_path: Path) -> None:
+    script = tmp_path / "stub_node.py"
+    script.write_text(STUB_NODE)
+    cluster = LocalCluster(
+        tmp_path / "cluster",
+        nodes=1,
+        replicas=1,
+        node_command=[sys.executable, str(script)],
+        ready_timeout_s=1.0,
+        env={"STUB_MODE": "never"},
+    )
+    with pytest.raises(ClusterError, match="not ready within"):
+        cluster.start_all()
+    assert cluster.processes == {}
+
+
+def test_a_lost_port_race_starts_again_on_fresh_ports(tmp_path: Path) -> None:
+    cluster = _cluster(tmp_path, nodes=2, replicas=2, env={"STUB_MODE": "race"})
+    first = cluster.topology
+    with cluster:
+        assert cluster.topology != first
+        assert Topology.load(str(cluster.topology_path)) == cluster.topology
