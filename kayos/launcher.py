@@ -19,11 +19,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import IO, Any
 
 from kayos.topology import NodeAddr, ShardChain, Topology, rotated
@@ -170,7 +172,7 @@ class LocalCluster:
         self.env = env
         # What runs a node; the arguments ``--config F --id N --data D`` follow. Tests put a stub
         # here to test the launcher alone.
-        self.node_command = node_command or [sys.executable, "-m", "kayos.cli.main", "node"]
+        self.node_command = node_command or [sys.executable, "-m", "kayos", "node"]
         self.topology_path = self.base_dir / "cluster.toml"
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: dict[str, IO[bytes]] = {}
@@ -420,3 +422,62 @@ class LocalCluster:
                 f"shard {shard.id}: {chain}{fanout}  (head first; tails: {', '.join(shard.tails)})"
             )
         return lines
+
+
+def example_commands(cluster: LocalCluster, queue: str = "demo") -> list[str]:
+    """Two commands that work against ``cluster``: produce to the queue's head (acks=all), then
+    read a snapshot from one of its tails."""
+    head = cluster.url(cluster.head_of(queue))
+    tail = cluster.url(cluster.tails_of(queue)[0])
+    body = '{"messages": [{"key": "k1", "value": "hello"}, {"key": "k2", "value": "world"}]}'
+    return [
+        f"curl -s -XPOST '{head}/v1/queues/{queue}/messages?acks=all' "
+        f"-H 'Content-Type: application/json' -d '{body}'",
+        f"curl -s '{tail}/v1/queues/{queue}/consume?group=g'",
+    ]
+
+
+def run_foreground(cluster: LocalCluster, echo: Callable[[str], None]) -> int:
+    """``kayos up``: starts ``cluster``, prints where it is, and runs until SIGINT or SIGTERM,
+    then stops every node. Returns the exit code: 0 after a signal, 1 if a node failed."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            cluster.start_all()
+        except ClusterError as exc:
+            echo(f"kayos up: {exc}")
+            return 1
+        if stop.is_set():
+            return 0
+        shards = cluster.topology.shards.values()
+        replicas = len(next(iter(shards)).members)
+        echo(
+            f"kayos up: {len(cluster.ids)} nodes, {len(shards)} shards, replication factor "
+            f"{replicas}, topology {cluster.topology_path}"
+        )
+        for line in cluster.describe():
+            echo(f"  {line}")
+        echo("  try:")
+        for line in example_commands(cluster):
+            echo(f"    {line}")
+        echo("  Ctrl-C to stop.")
+        while not stop.wait(poll_interval_s * 10):
+            failed = cluster.exited()
+            if failed:
+                for node, code in failed.items():
+                    echo(f"kayos up: node {node} exited with code {code}; log tail:")
+                    echo(_log_tail(cluster.log_path(node)))
+                return 1
+        return 0
+    finally:
+        codes = cluster.stop()
+        unclean = {node: code for node, code in codes.items() if code != 0}
+        if unclean:
+            echo(f"kayos up: nodes that did not exit cleanly: {unclean}")
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

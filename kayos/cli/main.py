@@ -121,40 +121,30 @@ def node(config_path: str, node_id: str, data_dir: str, log_level: str) -> None:
 
 
 @cli.command()
-@click.option("--data", "data_dir", default="./kayos-data", show_default=True)
-@click.option("--port", default=7070, show_default=True, type=int)
-def up(data_dir: str, port: int) -> None:
-    """Start a local Kayos on 127.0.0.1 with embedded defaults; Ctrl-C stops it cleanly.
+@click.option("--data", "data_dir", default="./kayos-data", show_default=True, help="Data root.")
+@click.option("--nodes", default=3, show_default=True, help="Node processes to start.")
+@click.option("--replicas", default=3, show_default=True, help="Chain length of every shard.")
+@click.option("--shards", default=None, type=int, help="Shard count (default: one per node).")
+@click.option(
+    "--base-port",
+    default=7101,
+    show_default=True,
+    help="Node i listens on HTTP base+i and binary base+100+i.",
+)
+def up(data_dir: str, nodes: int, replicas: int, shards: int | None, base_port: int) -> None:
+    """Start a local cluster on 127.0.0.1: by default 3 nodes, 3 shards with rotated roles
+    (S0 a->b->c, S1 b->c->a, S2 c->a->b), replication factor 3. Ctrl-C stops it cleanly."""
+    from kayos.launcher import LocalCluster, run_foreground
 
-    Today this is one node (replication factor 1); the 3-node chain arrives with chain
-    replication."""
-    import asyncio
-
-    from kayos.node.server import serve
-    from kayos.topology import NodeAddr, rotated
-
-    base = f"http://127.0.0.1:{port}"
-
-    async def run() -> None:
-        ready = asyncio.Event()
-        topology = rotated([NodeAddr("node-1", "127.0.0.1", port, port + 100)], replicas=1)
-        task = asyncio.create_task(serve(topology, "node-1", f"{data_dir}/node-1", ready))
-        await ready.wait()
-        click.echo(f"kayos up: node-1 (single node, replication factor 1) at {base}")
-        click.echo(
-            f"  data: {data_dir}/node-1   status: {base}/v1/status   metrics: {base}/metrics"
-        )
-        click.echo("  try:")
-        click.echo(
-            f"    curl -s -XPOST {base}/v1/queues/jobs/messages "
-            """-d '{"messages":[{"key":"k1","value":"hello"}]}' && """
-            f"curl -s '{base}/v1/queues/jobs/consume?group=g1'"
-        )
-        click.echo("  Ctrl-C to stop.")
-        await task
-
-    asyncio.run(run())
-    click.echo("kayos up: stopped cleanly")
+    if not 1 <= replicas <= nodes:
+        raise click.BadParameter(f"must be 1 .. {nodes}", param_hint="--replicas")
+    cluster = LocalCluster(
+        data_dir, nodes=nodes, replicas=replicas, shards=shards, base_port=base_port
+    )
+    code = run_foreground(cluster, click.echo)
+    if code == 0:
+        click.echo("kayos up: stopped cleanly")
+    sys.exit(code)
 
 
 def main() -> None:
