@@ -144,5 +144,39 @@ http_body_bytes_max = 2 * batch_bytes_max
 link_retry_delay_ms_min = 50
 link_retry_delay_ms_max = 1_000
 
+# Recently committed batches a replica keeps in memory so its links forward them without reading
+# them back from the store: enough for every link's in-flight window, bounded in bytes.
+replica_recent_batches_max = 1024
+replica_recent_bytes_max = 64 * 1024 * 1024
+
 assert consume_page_entries_max <= scan_page_entries_max
 assert link_retry_delay_ms_min <= link_retry_delay_ms_max
+
+# --- client (kayos/client/) ----------------------------------------------------------------------
+
+# Attempts of one client operation against `unavailable` and connection failures (the first try
+# included): with the delays below they span ~6 s, enough for a node restart or a chain repair to
+# finish, and short enough that a dead cluster is reported rather than waited on for ever.
+client_retry_attempts_max = 10
+# Backoff before a retry doubles from the min to the max, with jitter (half fixed, half random) so
+# many clients retrying after one failure do not arrive together again.
+client_retry_delay_ms_min = 25
+client_retry_delay_ms_max = 1_000
+# `wrong_role` redirects followed by one operation: each refreshes the topology, so more than a
+# few in a row means the cluster is mid-change and the operation is reported, not chased.
+client_redirects_max = 5
+# A reply to one request (produce, wait, page) must come within this long: longer than the node's
+# own acks=all bound, so a slow commit is reported by the node as `timeout`, not guessed at here.
+client_request_timeout_ms = produce_commit_timeout_ms + 5_000
+# Opening a TCP connection and its HELLO handshake; a live node on a LAN answers in milliseconds.
+client_connect_timeout_ms = 5_000
+# Requests one client keeps in flight on one binary connection: the node stops reading past its own
+# bound, so a higher one would only queue in socket buffers.
+client_in_flight_requests_max = connection_in_flight_requests_max
+# HTTP connections the client's session keeps open to all nodes together.
+client_http_connections_max = 64
+
+assert client_retry_attempts_max >= 1
+assert 0 < client_retry_delay_ms_min <= client_retry_delay_ms_max
+assert client_request_timeout_ms > produce_commit_timeout_ms
+assert client_in_flight_requests_max <= connection_in_flight_requests_max

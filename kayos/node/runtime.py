@@ -193,11 +193,17 @@ class Node:
     ) -> tuple[int, int]:
         """Commits one all-or-nothing batch at the head; answers per ``acks`` (0, 1, -1)."""
         replica = self.replica_for(queue, want="head")
-        ops = build_ops(queue, keys, values, expiries_ms, headers)
+        ops, stored_keys = build_ops(queue, keys, values, expiries_ms, headers)
+        columns = (
+            stored_keys,
+            tuple(values),
+            None if expiries_ms is None else tuple(expiries_ms),
+            None if headers is None else tuple(headers),
+        )
         if acks == 0:
-            self._spawn(_logged(replica.commit_ops(ops)))
+            self._spawn(_logged(replica.commit_ops(ops, columns)))
             return 0, 0
-        result = await replica.commit_ops(ops)
+        result = await replica.commit_ops(ops, columns)
         if acks == -1:
             await self._await_committed(replica, result.last_seq)
         return result.first_seq, result.last_seq
@@ -400,8 +406,9 @@ def build_ops(
     values: Sequence[bytes | None],
     expiries_ms: Sequence[int] | None,
     headers: Sequence[dict[str, bytes] | None] | None,
-) -> list[Op]:
-    """Validates a produce batch and turns it into store operations on prefixed keys."""
+) -> tuple[list[Op], tuple[bytes, ...]]:
+    """Validates a produce batch and turns it into store operations on prefixed keys; returns
+    them with the stored (prefixed) keys."""
     count = len(keys)
     if count == 0:
         raise InvalidRequest("empty batch")
@@ -411,22 +418,22 @@ def build_ops(
         raise InvalidRequest("keys, values and expiries differ in length")
     if headers is not None and len(headers) != count:
         raise InvalidRequest("keys and headers differ in length")
+    if not all(keys) or max(map(len, keys)) > limits.item_key_bytes_max:
+        raise LimitExceeded(f"every key must be 1 to {limits.item_key_bytes_max} bytes")
     prefix = queue_prefix(queue)
+    stored = tuple([prefix + key for key in keys])
+    if expiries_ms is None and headers is None and None not in values:
+        return [Put(k, v) for k, v in zip(stored, values, strict=True)], stored  # type: ignore[arg-type]
     ops: list[Op] = []
-    for index in range(count):
-        key = keys[index]
-        if not key:
-            raise InvalidRequest("every key must be non-empty")
-        if len(key) > limits.item_key_bytes_max:
-            raise LimitExceeded(f"key of {len(key)} bytes exceeds {limits.item_key_bytes_max}")
+    for index, key in enumerate(stored):
         value = values[index]
         if value is None:
-            ops.append(Delete(prefix + key))
+            ops.append(Delete(key))
             continue
         expiry = expiries_ms[index] if expiries_ms is not None else 0
         header_map = headers[index] if headers is not None else None
-        ops.append(Put(prefix + key, value, expiry, header_map))
-    return ops
+        ops.append(Put(key, value, expiry, header_map))
+    return ops, stored
 
 
 def read_page(

@@ -23,6 +23,7 @@ import os
 import random
 import shutil
 import uuid
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -179,6 +180,12 @@ class ShardReplica:
         self.catching_up = self.upstream is not None
         self.upstream_stream: FrameStream | None = None
         self.downstream_streams: dict[str, FrameStream] = {}
+        # Recently committed ranges as ready BATCH frames, by first seq: links forward these
+        # instead of reading their entries back from the store. Bounded; a miss falls back to
+        # the store, so what is kept here is an optimisation, never the truth.
+        self._recent: dict[int, fr.Batch] = {}
+        self._recent_order: deque[tuple[int, int]] = deque()
+        self._recent_bytes = 0
         self._apply_events(chain.Durable(self.store.last_seq))
 
     @property
@@ -281,9 +288,57 @@ class ShardReplica:
                 epoch=self.epoch,
             )
 
-    async def commit_ops(self, ops: Sequence[Op]) -> CommitResult:
+    def remember(self, batch: fr.Batch, size_bytes: int) -> None:
+        self._recent[batch.first_seq] = batch
+        self._recent_order.append((batch.first_seq, size_bytes))
+        self._recent_bytes += size_bytes
+        while self._recent_order and (
+            len(self._recent_order) > limits.replica_recent_batches_max
+            or self._recent_bytes > limits.replica_recent_bytes_max
+        ):
+            first, size = self._recent_order.popleft()
+            self._recent.pop(first, None)
+            self._recent_bytes -= size
+
+    def recent_batch(self, first_seq: int) -> fr.Batch | None:
+        return self._recent.get(first_seq)
+
+    def forget_recent(self) -> None:
+        self._recent.clear()
+        self._recent_order.clear()
+        self._recent_bytes = 0
+
+    async def commit_ops(
+        self,
+        ops: Sequence[Op],
+        columns: tuple[
+            tuple[bytes, ...],
+            tuple[bytes | None, ...],
+            tuple[int, ...] | None,
+            tuple[dict[str, bytes] | None, ...] | None,
+        ]
+        | None = None,
+    ) -> CommitResult:
+        """Commits at the head. ``columns`` (stored keys, values, expiries, headers) lets the
+        links forward the batch without reading it back from the store."""
         self.check_head()
         result = await asyncio.to_thread(self.store.commit, ops)
+        if columns is not None:
+            keys, values, expiries, headers = columns
+            batch = fr.Batch(
+                self.shard_id,
+                result.first_seq,
+                result.last_seq,
+                True,
+                tuple(range(result.first_seq, result.last_seq + 1)),
+                keys,
+                values,
+                expiries,
+                headers,
+                None,
+            )
+            size = sum(map(len, keys)) + sum(len(v) for v in values if v is not None)
+            self.remember(batch, size)
         self.local_commit_done()
         return result
 
@@ -292,6 +347,10 @@ class ShardReplica:
         the replication stream like any other commit."""
         self.check_head()
         result = await asyncio.to_thread(self.store.commit, [], meta=meta, claim_seq=True)
+        batch = fr.Batch(
+            self.shard_id, result.first_seq, result.last_seq, True, (), (), (), None, None, meta
+        )
+        self.remember(batch, 64 * len(meta))
         self.local_commit_done()
         return result
 
@@ -310,6 +369,7 @@ class ShardReplica:
         self._apply_events(chain.Durable(self.store.last_seq))
 
     async def rollback(self, seq: int) -> None:
+        self.forget_recent()
         if seq == 0:
             await self._reset_store()
             return
@@ -518,6 +578,9 @@ class UpstreamLink:
                 last_seq=group[-1].last_seq,
                 meta=meta or None,
             )
+            for batch in group:
+                size = sum(map(len, batch.keys)) + sum(len(v) for v in batch.values if v)
+                replica.remember(batch, size)
             if replica.catching_up and replica.store.last_seq >= catch_up_target:
                 replica.catching_up = False
                 log.info("shard %s: caught up at %s", replica.shard_id, replica.store.last_seq)
@@ -671,19 +734,30 @@ async def _send_loop(
             waiters = {replica.durable_pulse.waiter(), acked.waiter()}
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             continue
-        if upto - sent > _SEND_PAGE_ENTRIES:
-            result = await asyncio.to_thread(
-                read_range, replica.store, sent, upto, limits.batch_entries_max // 4
-            )
+        recent = replica.recent_batch(sent + 1) if meta_sent is not None else None
+        if recent is not None and meta_sent is not None and recent.last_seq <= upto:
+            # The fast path: forward the batch as committed, no read-back.
+            batch = recent
+            if batch.meta:
+                for name, value in batch.meta.items():
+                    if value is None:
+                        meta_sent.pop(name, None)
+                    else:
+                        meta_sent[name] = value
         else:
-            result = read_range(replica.store, sent, upto, limits.batch_entries_max // 4)
-        entries, covered, meta, boundary = result
-        changes = None
-        if covered == upto and boundary == upto:
-            changes = _meta_changes(meta_sent, meta)
-            meta_sent = meta
-        batch = build_batch(replica.shard_id, sent + 1, covered, entries, changes)
+            if upto - sent > _SEND_PAGE_ENTRIES:
+                result = await asyncio.to_thread(
+                    read_range, replica.store, sent, upto, limits.batch_entries_max // 4
+                )
+            else:
+                result = read_range(replica.store, sent, upto, limits.batch_entries_max // 4)
+            entries, covered, meta, boundary = result
+            changes = None
+            if covered == upto and boundary == upto:
+                changes = _meta_changes(meta_sent, meta)
+                meta_sent = dict(meta)
+            batch = build_batch(replica.shard_id, sent + 1, covered, entries, changes)
         size = stream.send(batch)
-        window.sent(covered, size)
-        sent = covered
+        window.sent(batch.last_seq, size)
+        sent = batch.last_seq
         await stream.drain()
