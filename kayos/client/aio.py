@@ -1,0 +1,439 @@
+"""``AsyncClient``: the asyncio client of a Kayos cluster (docs/node-api.md).
+
+Produce and WAIT_COMMITTED go over each node's binary port (one persistent, pipelined
+connection per node); consume, group commits and the topology go over HTTP with msgpack.
+The topology is discovered from any seed and cached; a ``wrong_role`` reply refreshes it and
+the request goes where the node said. ``unavailable`` and connection failures are retried with
+backoff (``kayos.client.policy``); every other error is the caller's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import random
+import urllib.parse
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from types import TracebackType
+from typing import Any, TypeVar
+
+from kayos import limits
+from kayos.client.binary import BinaryConnection
+from kayos.client.http import HttpTransport
+from kayos.client.policy import RetryPolicy, RetryState
+from kayos.client.types import (
+    Acks,
+    CommitInfo,
+    Data,
+    GroupInfo,
+    Item,
+    ItemLike,
+    Page,
+    Transaction,
+    acks_code,
+    acks_param,
+    group_from_reply,
+    page_from_reply,
+    to_columns,
+)
+from kayos.clock import SYSTEM_CLOCK, Clock
+from kayos.errors import (
+    InvalidRequest,
+    KayosError,
+    ProtocolError,
+    UnavailableError,
+    WrongRoleError,
+)
+from kayos.replication.frames import CommittedReply, Produce, Produced, WaitCommitted
+from kayos.topology import Topology, check_queue_name
+
+T = TypeVar("T")
+
+# An attempt gets the node a redirect named (None: choose by the topology's roles).
+Attempt = Callable[[str | None], Awaitable[T]]
+
+
+def _quoted(name: str) -> str:
+    return urllib.parse.quote(name, safe="")
+
+
+class AsyncClient:
+    """A client of one Kayos cluster. Use ``async with AsyncClient(seeds) as client`` or call
+    ``connect()`` and ``close()``. Not thread-safe: use it from one event loop."""
+
+    def __init__(
+        self,
+        seeds: str | list[str],
+        *,
+        name: str = "kayos-client",
+        timeout_s: float = limits.client_request_timeout_ms / 1000,
+        retries: int = limits.client_retry_attempts_max,
+        rng: random.Random | None = None,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
+        self.seeds = [seeds] if isinstance(seeds, str) else list(seeds)
+        if not self.seeds:
+            raise InvalidRequest("a client needs at least one seed URL")
+        if timeout_s <= 0:
+            raise InvalidRequest("timeout_s must be > 0")
+        self.seeds = [seed.rstrip("/") for seed in self.seeds]
+        self.name = name
+        self.timeout_s = timeout_s
+        self.policy = RetryPolicy(attempts_max=retries)
+        # Jitter only; a caller who wants reproducible delays passes a seeded Random.
+        self.rng = rng if rng is not None else random.Random()  # noqa: S311 - not for secrets
+        self.clock = clock
+        self._http = HttpTransport()
+        self._topology: Topology | None = None
+        self._connections: dict[str, BinaryConnection] = {}
+        self._connecting: dict[str, asyncio.Lock] = {}
+        self._tail_turns: dict[int, itertools.count[int]] = {}
+        self._closed = False
+
+    # --- life cycle ------------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        """Opens the HTTP session and learns the topology from the first seed that answers."""
+        if self._closed:
+            raise InvalidRequest("the client is closed")
+        await self._http.open()
+        if self._topology is None:
+            await self._retrying(lambda _redirect: self.refresh_topology())
+
+    async def close(self) -> None:
+        self._closed = True
+        connections, self._connections = list(self._connections.values()), {}
+        for connection in connections:
+            await connection.close()
+        await self._http.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # --- topology --------------------------------------------------------------------------------
+
+    @property
+    def topology(self) -> Topology:
+        if self._topology is None:
+            raise InvalidRequest("the client is not connected (call connect() first)")
+        return self._topology
+
+    async def refresh_topology(self, min_epoch: int = 0) -> Topology:
+        """Asks the known nodes, then the seeds, for the topology; keeps the first with an epoch
+        of at least ``min_epoch``. ``UnavailableError`` if none has one (a retry may)."""
+        urls = [node.http_url for node in self._topology.nodes.values()] if self._topology else []
+        urls += [seed for seed in self.seeds if seed not in urls]
+        failures: list[str] = []
+        for url in urls:
+            try:
+                body = await self._http.request(
+                    "GET", url + "/v1/topology", timeout_s=limits.client_connect_timeout_ms / 1000
+                )
+                topology = Topology.from_json(body)
+            except KayosError as exc:
+                failures.append(f"{url}: {exc}")
+                continue
+            if topology.epoch >= min_epoch:
+                await self._install(topology)
+                return topology
+            failures.append(f"{url}: epoch {topology.epoch} < {min_epoch}")
+        raise UnavailableError("no node gave the topology: " + "; ".join(failures))
+
+    async def _install(self, topology: Topology) -> None:
+        old = self._topology
+        if old is not None and topology.epoch < old.epoch:
+            return  # an older view from a lagging node never replaces a newer one
+        self._topology = topology
+        for node, connection in list(self._connections.items()):
+            if old is None or topology.nodes.get(node) != old.nodes.get(node):
+                del self._connections[node]  # moved or gone: its address is stale
+                await connection.close()
+
+    def _node_named(self, redirect: str | None) -> str | None:
+        """The node a redirect names, by id or by HTTP URL; None if unknown."""
+        if redirect is None:
+            return None
+        nodes = self.topology.nodes
+        if redirect in nodes:
+            return redirect
+        for node in nodes.values():
+            if node.http_url == redirect.rstrip("/"):
+                return node.id
+        return None
+
+    def _tail(self, shard: int) -> str:
+        """The shard's tails in turn (fanout spreads consumers over them)."""
+        tails = self.topology.shards[shard].tails
+        turn = next(self._tail_turns.setdefault(shard, itertools.count()))
+        return tails[turn % len(tails)]
+
+    def _url(self, node: str) -> str:
+        return self.topology.nodes[node].http_url
+
+    # --- retries ---------------------------------------------------------------------------------
+
+    async def _retrying(self, attempt: Attempt[T]) -> T:
+        """Runs ``attempt`` until it succeeds or the retry policy gives the error to the caller.
+        A redirect refreshes the topology (at least the epoch the node acted on) first."""
+        state = RetryState(self.policy, self.rng)
+        redirect: str | None = None
+        while True:
+            try:
+                return await attempt(redirect)
+            except KayosError as error:
+                delay_s = state.next_delay_s(error)
+                if delay_s is None:
+                    raise
+                if isinstance(error, WrongRoleError):
+                    with contextlib.suppress(UnavailableError):
+                        await self.refresh_topology(error.epoch)
+                    redirect = self._node_named(error.redirect)
+                    continue
+                await asyncio.sleep(delay_s)
+                redirect = None
+                # The node may be gone for good and its shard's chain repaired under a new epoch.
+                if self._topology is not None:
+                    with contextlib.suppress(UnavailableError):
+                        await self.refresh_topology()
+
+    async def _connection(self, node: str) -> BinaryConnection:
+        connection = self._connections.get(node)
+        if connection is not None and connection.alive:
+            return connection
+        lock = self._connecting.setdefault(node, asyncio.Lock())
+        async with lock:
+            connection = self._connections.get(node)
+            if connection is not None and connection.alive:
+                return connection
+            if self._closed:
+                raise InvalidRequest("the client is closed")
+            address = self.topology.nodes[node]
+            connection = await BinaryConnection.open(
+                node, address.host, address.bin_port, name=self.name
+            )
+            self._connections[node] = connection
+            return connection
+
+    # --- produce ---------------------------------------------------------------------------------
+
+    async def produce(
+        self,
+        queue: str,
+        key: Data,
+        value: Data | None,
+        *,
+        expiry_ms: int = 0,
+        headers: Mapping[str, Data] | None = None,
+        acks: Acks = "all",
+    ) -> int:
+        """Produces one message; returns its seq (0 under ``acks=0``)."""
+        first_seq, _last_seq = await self.produce_batch(
+            queue, [Item(key, value, expiry_ms, headers)], acks=acks, txn=False
+        )
+        return first_seq
+
+    async def produce_batch(
+        self, queue: str, items: Iterable[ItemLike], *, acks: Acks = 1, txn: bool = False
+    ) -> tuple[int, int]:
+        """Produces a batch as one request to the shard's head; returns ``(first_seq,
+        last_seq)`` (both 0 under ``acks=0``). ``txn`` makes it all-or-nothing. Retrying is safe:
+        a key produced twice keeps one version (de-dup)."""
+        check_queue_name(queue)
+        columns = to_columns(items)
+        acks_value = acks_code(acks)
+
+        def frame(request_id: int) -> Produce:
+            return Produce(
+                request_id,
+                queue,
+                columns.keys,
+                columns.values,
+                columns.expiries_ms,
+                columns.headers,
+                acks_value,
+                txn,
+            )
+
+        async def attempt(redirect: str | None) -> tuple[int, int]:
+            node = redirect or self.topology.chain_for(queue).head
+            connection = await self._connection(node)
+            reply = await connection.request(frame, self.timeout_s)
+            if not isinstance(reply, Produced):
+                raise ProtocolError(f"node {node} answered PRODUCE with {type(reply).__name__}")
+            return reply.first_seq, reply.last_seq
+
+        return await self._retrying(attempt)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self, queue: str, *, acks: Acks = 1) -> AsyncIterator[Transaction]:
+        """Collects ``put``/``delete`` calls and produces them on exit as one all-or-nothing
+        batch (``txn.result`` is its seq range). Nothing is produced if the block raises."""
+        check_queue_name(queue)
+        txn = Transaction(queue)
+        yield txn
+        if txn.items:
+            txn.result = await self.produce_batch(queue, txn.items, acks=acks, txn=True)
+
+    async def wait_committed(
+        self, queue_or_shard: str | int, seq: int, timeout_s: float = 10.0
+    ) -> bool:
+        """True once the shard is committed (durable on every member) through ``seq``; False
+        if ``timeout_s`` passes first."""
+        if isinstance(queue_or_shard, bool) or seq < 0 or timeout_s < 0:
+            raise InvalidRequest("wait_committed needs a queue or shard, seq >= 0, timeout >= 0")
+        if isinstance(queue_or_shard, int):
+            shard = queue_or_shard
+            if shard not in self.topology.shards:
+                raise InvalidRequest(f"no shard {shard} in the topology")
+        else:
+            shard = self.topology.shard_for(check_queue_name(queue_or_shard))
+        deadline_s = self.clock.monotonic_s() + timeout_s
+        while True:
+            remaining_s = max(0.0, deadline_s - self.clock.monotonic_s())
+            wait_ms = min(int(remaining_s * 1000), limits.wait_committed_timeout_ms_max)
+            committed_seq = await self._wait_once(shard, seq, wait_ms)
+            if committed_seq >= seq:
+                return True
+            if self.clock.monotonic_s() >= deadline_s:
+                return False
+
+    async def _wait_once(self, shard: int, seq: int, wait_ms: int) -> int:
+        async def attempt(redirect: str | None) -> int:
+            node = redirect or self._tail(shard)
+            connection = await self._connection(node)
+            reply = await connection.request(
+                lambda request_id: WaitCommitted(request_id, shard, seq, wait_ms),
+                wait_ms / 1000 + self.timeout_s,
+            )
+            if not isinstance(reply, CommittedReply) or reply.shard != shard:
+                raise ProtocolError(f"node {node} answered WAIT_COMMITTED with {reply!r}")
+            return reply.committed_seq
+
+        return await self._retrying(attempt)
+
+    # --- consume ---------------------------------------------------------------------------------
+
+    async def consume(
+        self, queue: str, group: str, *, page_size: int = 1000, wait_s: float = 0.0
+    ) -> AsyncGenerator[Page, None]:
+        """One consumer snapshot ``(hwm, boundary]`` of the group, paged from a tail; the last
+        page has ``end=True`` (then ``commit(queue, group, page.boundary)`` acknowledges it).
+        With ``wait_s`` and nothing new, the first request long-polls that long."""
+        check_queue_name(queue)
+        if not group:
+            raise InvalidRequest("a consumer group needs a name")
+        if not 1 <= page_size <= limits.consume_page_entries_max:
+            raise InvalidRequest(f"page_size must be 1 .. {limits.consume_page_entries_max}")
+        if wait_s < 0:
+            raise InvalidRequest("wait_s must be >= 0")
+        params = {"group": group, "limit": str(page_size)}
+        wait_ms = min(int(wait_s * 1000), limits.consume_wait_ms_max)
+        first = dict(params, wait_ms=str(wait_ms)) if wait_ms else params
+        page = await self._page(queue, first, wait_ms / 1000)
+        yield page
+        while not page.end:
+            after = page.next
+            later = dict(params, after=str(after), upto=str(page.boundary))
+            following = await self._page(queue, later, 0.0)
+            if following.boundary != page.boundary or (
+                following.next <= after and not following.end
+            ):
+                raise ProtocolError(
+                    f"consume page after {after} broke the snapshot (boundary "
+                    f"{page.boundary} -> {following.boundary}, next {following.next})"
+                )
+            page = following
+            yield page
+
+    async def _page(self, queue: str, params: dict[str, str], wait_s: float) -> Page:
+        shard = self.topology.shard_for(queue)
+
+        async def attempt(redirect: str | None) -> Page:
+            node = redirect or self._tail(shard)
+            body = await self._http.request(
+                "GET",
+                f"{self._url(node)}/v1/queues/{queue}/consume",
+                params=params,
+                timeout_s=wait_s + self.timeout_s,
+            )
+            return page_from_reply(body)
+
+        return await self._retrying(attempt)
+
+    async def commit(
+        self, queue: str, group: str, hwm: int, *, state: bytes | None = None
+    ) -> CommitInfo:
+        """Commits the group's high-water mark (it has consumed every seq <= ``hwm``), with an
+        optional opaque ``state``; answered once committed on every member."""
+        check_queue_name(queue)
+        if not group or isinstance(hwm, bool) or hwm < 0:
+            raise InvalidRequest("commit needs a group name and hwm >= 0")
+        body: dict[str, Any] = {"hwm": hwm}
+        if state is not None:
+            body["state"] = state
+
+        async def attempt(redirect: str | None) -> CommitInfo:
+            node = redirect or self.topology.chain_for(queue).head
+            reply = await self._http.request(
+                "POST",
+                f"{self._url(node)}/v1/queues/{queue}/groups/{_quoted(group)}/commit",
+                body=body,
+                timeout_s=self.timeout_s,
+            )
+            try:
+                return CommitInfo(int(reply["hwm"]), int(reply["seq"]))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ProtocolError(f"malformed commit reply {reply!r}") from exc
+
+        return await self._retrying(attempt)
+
+    async def group(self, queue: str, group: str) -> GroupInfo:
+        """The group's high-water mark, the shard's committed boundary and the lag."""
+        check_queue_name(queue)
+
+        async def attempt(redirect: str | None) -> GroupInfo:
+            node = redirect or self.topology.chain_for(queue).head
+            reply = await self._http.request(
+                "GET",
+                f"{self._url(node)}/v1/queues/{queue}/groups/{_quoted(group)}",
+                timeout_s=self.timeout_s,
+            )
+            return group_from_reply(reply)
+
+        return await self._retrying(attempt)
+
+    async def produce_http(
+        self, queue: str, items: Iterable[ItemLike], *, acks: Acks = 1, txn: bool = True
+    ) -> tuple[int, int]:
+        """``produce_batch`` over HTTP instead of the binary port (for tools and tests)."""
+        check_queue_name(queue)
+        body = {"messages": to_columns(items).to_messages(), "txn": txn}
+
+        async def attempt(redirect: str | None) -> tuple[int, int]:
+            node = redirect or self.topology.chain_for(queue).head
+            reply = await self._http.request(
+                "POST",
+                f"{self._url(node)}/v1/queues/{queue}/messages",
+                params={"acks": acks_param(acks)},
+                body=body,
+                timeout_s=self.timeout_s,
+            )
+            try:
+                return int(reply["first_seq"]), int(reply["last_seq"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ProtocolError(f"malformed produce reply {reply!r}") from exc
+
+        return await self._retrying(attempt)
+
+
+__all__ = ["AsyncClient"]

@@ -1,0 +1,248 @@
+"""The client side of a node's binary port (docs/node-api.md, "Binary port").
+
+``RequestTable`` is the pure part: request ids and the matching of replies to the requests they
+answer (replies may come out of order). ``BinaryConnection`` drives one TCP connection with
+asyncio streams: HELLO, then pipelined requests, each a future resolved by the reader task.
+
+A connection that fails (EOF, socket error, bad bytes, a connection-level ERROR) is dead for
+good: every request in flight fails with the same error and the client opens a new connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from kayos import limits
+from kayos.client.policy import error_from_frame
+from kayos.errors import KayosError, OperationTimeoutError, ProtocolError, UnavailableError
+from kayos.replication.frames import (
+    PROTOCOL_VERSION,
+    CommittedReply,
+    ErrorFrame,
+    Frame,
+    FrameDecoder,
+    Hello,
+    HelloOk,
+    Ping,
+    Pong,
+    Produced,
+    encode,
+)
+
+T = TypeVar("T")
+
+# Bytes asked of the socket per read: large enough that a burst of small replies is one read.
+_READ_BYTES = 256 * 1024
+_REQUEST_ID_MAX = 2**64 - 1
+
+
+class RequestTable(Generic[T]):
+    """Requests awaiting a reply on one connection, by request id.
+
+    Ids count up from 1 and are unique among requests in flight (the protocol's only demand); a
+    reply whose id is not in flight (answered already, or abandoned after a local timeout) is
+    dropped by the caller."""
+
+    __slots__ = ("_next_id", "_pending")
+
+    def __init__(self) -> None:
+        self._next_id = 1
+        self._pending: dict[int, T] = {}
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def add(self, waiter: T) -> int:
+        request_id = self._next_id
+        while request_id in self._pending:  # only after 2**64 requests wrap around
+            request_id = request_id % _REQUEST_ID_MAX + 1
+        self._next_id = request_id % _REQUEST_ID_MAX + 1
+        self._pending[request_id] = waiter
+        return request_id
+
+    def pop(self, request_id: int) -> T | None:
+        return self._pending.pop(request_id, None)
+
+    def drain(self) -> list[T]:
+        """Every waiter, removed: the connection died and they all fail."""
+        waiters = list(self._pending.values())
+        self._pending.clear()
+        return waiters
+
+
+def reply_request_id(frame: Frame) -> int | None:
+    """The request a node's frame answers; None for a connection-level ERROR. Any frame a node
+    may not send a client after the handshake is a ``ProtocolError``."""
+    if isinstance(frame, Produced | CommittedReply):
+        return frame.request_id
+    if isinstance(frame, ErrorFrame):
+        return frame.request_id
+    raise ProtocolError(f"a node sent {type(frame).__name__} on a client connection")
+
+
+class BinaryConnection:
+    """One persistent connection to one node's binary port."""
+
+    def __init__(
+        self,
+        node: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        decoder: FrameDecoder,
+        *,
+        in_flight_max: int = limits.client_in_flight_requests_max,
+    ) -> None:
+        self.node = node
+        self._reader = reader
+        self._writer = writer
+        self._decoder = decoder
+        self._table: RequestTable[asyncio.Future[Frame]] = RequestTable()
+        self._slots = asyncio.Semaphore(in_flight_max)
+        self._failure: KayosError | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self.epoch = 0
+
+    @classmethod
+    async def open(
+        cls,
+        node: str,
+        host: str,
+        port: int,
+        *,
+        name: str,
+        timeout_s: float = limits.client_connect_timeout_ms / 1000,
+        in_flight_max: int = limits.client_in_flight_requests_max,
+    ) -> BinaryConnection:
+        """Connects and handshakes; raises ``UnavailableError`` if the node cannot be reached
+        and the mapped error if it refuses the HELLO."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                reader, writer = await asyncio.open_connection(host, port)
+        except (OSError, TimeoutError) as exc:
+            raise UnavailableError(f"node {node} at {host}:{port}: cannot connect: {exc}") from exc
+        connection = cls(node, reader, writer, FrameDecoder(), in_flight_max=in_flight_max)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await connection._handshake(name)
+        except BaseException as exc:
+            connection._abort()
+            if isinstance(exc, TimeoutError):
+                raise UnavailableError(f"node {node}: no HELLO reply in {timeout_s}s") from exc
+            raise
+        connection._reader_task = asyncio.create_task(connection._read_loop())
+        return connection
+
+    async def _handshake(self, name: str) -> None:
+        self._writer.write(encode(Hello(PROTOCOL_VERSION, name, None, 0, "client")))
+        frames: list[Frame] = []
+        while not frames:
+            data = await self._read_some()
+            frames = self._decoder.feed(data)
+        first = frames[0]
+        if isinstance(first, ErrorFrame):
+            raise error_from_frame(first)
+        if not isinstance(first, HelloOk):
+            raise ProtocolError(f"node {self.node} answered HELLO with {type(first).__name__}")
+        self.epoch = first.epoch
+        for frame in frames[1:]:  # a node may pipeline after HELLO_OK (a PING, say)
+            self._dispatch(frame)
+
+    async def _read_some(self) -> bytes:
+        try:
+            data = await self._reader.read(_READ_BYTES)
+        except OSError as exc:
+            raise UnavailableError(f"node {self.node}: connection failed: {exc}") from exc
+        if not data:
+            raise UnavailableError(f"node {self.node} closed the connection")
+        return data
+
+    @property
+    def alive(self) -> bool:
+        return self._failure is None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._table)
+
+    async def request(self, make_frame: Callable[[int], Frame], timeout_s: float) -> Frame:
+        """Sends the frame ``make_frame(request_id)`` and returns the node's reply to it: a
+        ``Produced`` or ``CommittedReply``. An ERROR reply is raised as its Kayos error; a dead
+        connection as ``UnavailableError``; no reply within ``timeout_s`` as
+        ``OperationTimeoutError`` (the request's outcome is unknown)."""
+        async with self._slots:
+            if self._failure is not None:
+                raise self._failure
+            future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+            request_id = self._table.add(future)
+            try:
+                # encode() refuses an oversized frame with LimitExceeded before anything is sent.
+                self._writer.write(encode(make_frame(request_id)))
+                await self._drain()
+                async with asyncio.timeout(timeout_s):
+                    reply = await future
+            except TimeoutError as exc:
+                raise OperationTimeoutError(
+                    f"node {self.node}: no reply to request {request_id} in {timeout_s}s"
+                ) from exc
+            finally:
+                self._table.pop(request_id)
+        if isinstance(reply, ErrorFrame):
+            raise error_from_frame(reply)
+        return reply
+
+    async def _drain(self) -> None:
+        try:
+            await self._writer.drain()
+        except (OSError, RuntimeError) as exc:
+            self._fail(UnavailableError(f"node {self.node}: send failed: {exc}"))
+            assert self._failure is not None
+            raise self._failure from exc
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                for frame in self._decoder.feed(await self._read_some()):
+                    self._dispatch(frame)
+        except KayosError as exc:
+            self._fail(exc)
+        except asyncio.CancelledError:
+            self._fail(UnavailableError(f"connection to node {self.node} closed"))
+            raise
+
+    def _dispatch(self, frame: Frame) -> None:
+        if isinstance(frame, Ping):
+            self._writer.write(encode(Pong(frame.nonce)))
+            return
+        if isinstance(frame, Pong):
+            return
+        request_id = reply_request_id(frame)
+        if request_id is None:
+            assert isinstance(frame, ErrorFrame)
+            raise error_from_frame(frame)  # the connection failed: every request fails with it
+        future = self._table.pop(request_id)
+        if future is not None and not future.done():
+            future.set_result(frame)
+
+    def _fail(self, error: KayosError) -> None:
+        if self._failure is None:
+            self._failure = error
+        for future in self._table.drain():
+            if not future.done():
+                future.set_exception(self._failure)
+        self._abort()
+
+    def _abort(self) -> None:
+        with contextlib.suppress(OSError, RuntimeError):
+            self._writer.close()
+
+    async def close(self) -> None:
+        self._fail(UnavailableError(f"connection to node {self.node} closed"))
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader_task
+        with contextlib.suppress(OSError, RuntimeError):
+            await self._writer.wait_closed()

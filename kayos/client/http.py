@@ -1,0 +1,86 @@
+"""The client's HTTP face: one aiohttp session (connections reused across nodes and requests),
+msgpack bodies both ways, and every failure turned into a Kayos error at this one boundary."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+import msgpack
+
+from kayos import limits
+from kayos.client.policy import error_from_http
+from kayos.errors import OperationTimeoutError, ProtocolError, UnavailableError
+
+MSGPACK = "application/msgpack"
+
+
+def decode_body(content_type: str, raw: bytes) -> Any:
+    """A reply body by its content type: msgpack, JSON, or else the text itself."""
+    if not raw:
+        return None
+    try:
+        if content_type == MSGPACK:
+            return msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        if content_type == "application/json":
+            return json.loads(raw)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise ProtocolError(f"undecodable {content_type} reply: {exc}") from exc
+    return raw.decode(errors="replace")
+
+
+class HttpTransport:
+    """Requests to nodes' HTTP API. ``open`` must run inside the event loop that uses it."""
+
+    def __init__(self, *, connections_max: int = limits.client_http_connections_max) -> None:
+        self._connections_max = connections_max
+        self._session: aiohttp.ClientSession | None = None
+
+    async def open(self) -> None:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(limit=self._connections_max)
+            self._session = aiohttp.ClientSession(connector=connector)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        timeout_s: float,
+        params: dict[str, str] | None = None,
+        body: Any = None,
+    ) -> Any:
+        """The decoded reply of a 2xx; an error reply raises its Kayos error, a failure to reach
+        the node ``UnavailableError``, no reply within ``timeout_s`` ``OperationTimeoutError``."""
+        if self._session is None:
+            raise UnavailableError("the client is not connected (call connect() first)")
+        headers = {"Accept": MSGPACK}
+        data = None
+        if body is not None:
+            headers["Content-Type"] = MSGPACK
+            data = msgpack.packb(body, use_bin_type=True)
+        try:
+            async with (
+                asyncio.timeout(timeout_s),
+                self._session.request(
+                    method, url, params=params, data=data, headers=headers
+                ) as response,
+            ):
+                raw = await response.read()
+                status = response.status
+                content_type = response.content_type
+        except TimeoutError as exc:
+            raise OperationTimeoutError(f"{method} {url}: no reply in {timeout_s}s") from exc
+        except (aiohttp.ClientError, OSError) as exc:
+            raise UnavailableError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+        decoded = decode_body(content_type, raw)
+        if status >= 400:
+            raise error_from_http(status, decoded)
+        return decoded

@@ -1,0 +1,158 @@
+"""Pure decisions of the client: which Kayos error a reply means, and what to do about it
+(follow a redirect, back off and retry, or give up), with the backoff delays.
+
+No I/O, no clock, no global randomness: the driver (``kayos.client.aio``) sleeps and sends;
+tests drive these functions with a seeded ``random.Random``.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from dataclasses import dataclass
+from typing import Any, Final
+
+from kayos import errors, limits
+from kayos.errors import KayosError, WrongRoleError
+from kayos.replication.frames import ErrorFrame
+
+# Every concrete error class, by its wire code. Built from the tree itself so a class added to
+# kayos/errors.py is mapped without an edit here.
+_CLASS_BY_CODE: Final[dict[str, type[KayosError]]] = {
+    cls.code: cls
+    for cls in vars(errors).values()
+    if isinstance(cls, type) and issubclass(cls, KayosError)
+}
+
+
+def error_from_code(
+    code: str,
+    message: str,
+    *,
+    redirect: str | None = None,
+    epoch: int = 0,
+) -> KayosError:
+    """The Kayos error for a wire ``code``; an unknown code is a plain ``KayosError`` that keeps
+    the code in its message (a newer node may add codes)."""
+    cls = _CLASS_BY_CODE.get(code)
+    if cls is WrongRoleError:
+        return WrongRoleError(message, redirect=redirect, epoch=epoch)
+    if cls is None or cls is errors.CorruptionError:
+        # CorruptionError takes keyword arguments a wire reply does not carry.
+        return (cls or KayosError)(f"{code}: {message}" if cls is None else message)
+    return cls(message)
+
+
+def error_from_frame(frame: ErrorFrame) -> KayosError:
+    return error_from_code(frame.code, frame.message, redirect=frame.redirect, epoch=frame.epoch)
+
+
+# HTTP statuses for replies without a Kayos error body (a proxy, or aiohttp's own 404/405).
+_CODE_BY_STATUS: Final = {
+    400: "invalid_request",
+    404: "invalid_request",
+    405: "invalid_request",
+    413: "limit_exceeded",
+    421: "wrong_role",
+    500: "storage_error",
+    502: "unavailable",
+    503: "unavailable",
+    504: "timeout",
+    507: "disk_full",
+}
+
+
+def error_from_http(status: int, body: Any) -> KayosError:
+    """The error an HTTP error reply means: its ``{"error": {...}}`` body when it has one, else
+    the status alone."""
+    detail = body.get("error") if isinstance(body, dict) else None
+    if isinstance(detail, dict) and isinstance(detail.get("code"), str):
+        epoch = detail.get("epoch")
+        # A 421 names the right node twice: ``redirect`` (its URL) and ``node`` (its id). The id
+        # is what a binary ERROR frame gives too, so the driver resolves one kind of name.
+        redirect = _str_or_none(detail.get("node")) or _str_or_none(detail.get("redirect"))
+        return error_from_code(
+            detail["code"],
+            str(detail.get("message", "")),
+            redirect=redirect,
+            epoch=epoch if isinstance(epoch, int) else 0,
+        )
+    code = _CODE_BY_STATUS.get(status, "unavailable" if status >= 500 else "invalid_request")
+    text = body if isinstance(body, str) else repr(body)
+    return error_from_code(code, f"HTTP {status}: {text[:200]}")
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+class Action(enum.Enum):
+    """What the client does after a failed attempt."""
+
+    REDIRECT = "redirect"  # refresh the topology, then try the node that has the role
+    BACKOFF = "backoff"  # wait, then try again (possibly another node)
+    FAIL = "fail"  # hand the error to the caller
+
+
+def action_for(error: BaseException) -> Action:
+    """``wrong_role`` redirects; ``unavailable`` and connection failures (reported as
+    ``UnavailableError``) back off. Everything else is the caller's: input errors would fail
+    again, and ``timeout``/storage errors leave an outcome only the caller can judge."""
+    if isinstance(error, WrongRoleError):
+        return Action.REDIRECT
+    if isinstance(error, errors.UnavailableError):
+        return Action.BACKOFF
+    return Action.FAIL
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Bounded retries with exponential backoff and jitter (bounds: ``limits`` "client")."""
+
+    attempts_max: int = limits.client_retry_attempts_max
+    delay_ms_min: int = limits.client_retry_delay_ms_min
+    delay_ms_max: int = limits.client_retry_delay_ms_max
+    redirects_max: int = limits.client_redirects_max
+
+    def __post_init__(self) -> None:
+        if self.attempts_max < 1 or self.redirects_max < 0:
+            raise errors.InvalidRequest("attempts_max must be >= 1 and redirects_max >= 0")
+        if not 0 < self.delay_ms_min <= self.delay_ms_max:
+            raise errors.InvalidRequest("retry delays need 0 < delay_ms_min <= delay_ms_max")
+
+    def delay_s(self, retry: int, rng: random.Random) -> float:
+        """The wait before retry number ``retry`` (1 for the first): the ceiling doubles from
+        ``delay_ms_min`` up to ``delay_ms_max``; the wait is the ceiling's upper half, drawn
+        uniformly ("equal jitter": never zero, never above the ceiling)."""
+        assert retry >= 1, retry
+        ceiling_ms = min(self.delay_ms_max, self.delay_ms_min << min(retry - 1, 30))
+        delay_ms = ceiling_ms / 2 + rng.random() * ceiling_ms / 2
+        assert 0 < delay_ms <= self.delay_ms_max
+        return delay_ms / 1000
+
+
+class RetryState:
+    """One operation's retry budget. ``next_delay_s(error)`` says what comes next: None gives
+    the error to the caller, 0.0 redirects at once, a positive number backs off that long."""
+
+    __slots__ = ("_policy", "_rng", "attempts", "redirects")
+
+    def __init__(self, policy: RetryPolicy, rng: random.Random) -> None:
+        self._policy = policy
+        self._rng = rng
+        self.attempts = 1  # the first try is under way
+        self.redirects = 0
+
+    def next_delay_s(self, error: BaseException) -> float | None:
+        action = action_for(error)
+        if action is Action.FAIL:
+            return None
+        if action is Action.REDIRECT:
+            if self.redirects >= self._policy.redirects_max:
+                return None
+            self.redirects += 1
+            return 0.0
+        if self.attempts >= self._policy.attempts_max:
+            return None
+        self.attempts += 1
+        return self._policy.delay_s(self.attempts - 1, self._rng)
