@@ -231,8 +231,10 @@ class LocalCluster:
         self.stop()
 
     def start_all(self) -> None:
-        """Writes the topology file, starts every node, and waits until all are ready. A lost
-        race for a probed port starts everything again on fresh ports."""
+        """Writes the topology file, starts every node, and waits until all are ready and every
+        shard's replicas are linked and agree (a node says ready before its replication links
+        are up, and a tail catching up refuses reads). A lost race for a probed port starts
+        everything again on fresh ports."""
         for attempt in range(1, port_race_attempts_max + 1):
             self.base_dir.mkdir(parents=True, exist_ok=True)
             self.topology_path.write_text(self.topology.dumps_toml())
@@ -240,6 +242,7 @@ class LocalCluster:
                 self._spawn(node)
             try:
                 self.wait_ready(self.ids)
+                self.wait_replicated(self.ready_timeout_s)
                 return
             except ClusterError:
                 raced = self.base_port is None and any(
@@ -400,6 +403,8 @@ class LocalCluster:
                     return None
                 replica = status.get("shards", {}).get(str(shard.id))
                 if replica is None or replica.get("catching_up"):
+                    return None
+                if shard.upstream_of(node) and replica.get("upstream_linked") is False:
                     return None
                 seqs.add(int(replica["last_seq"]))
                 seqs.add(int(replica["committed_seq"]))

@@ -44,8 +44,13 @@ STUB_NODE = textwrap.dedent(
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
+            shards = {
+                str(s["id"]): {"role": "head", "last_seq": 0, "committed_seq": 0,
+                               "catching_up": False}
+                for s in topology["shards"] if args.id in s["chain"] + s["fanout"]
+            }
             body = json.dumps({"node": args.id, "epoch": topology["epoch"],
-                               "ready": mode != "never", "shards": {}}).encode()
+                               "ready": mode != "never", "shards": shards}).encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()

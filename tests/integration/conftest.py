@@ -1,0 +1,152 @@
+"""Real `kayos node` processes on loopback (kayos.launcher.LocalCluster) and the plain-HTTP calls of
+docs/node-api.md the chain tests make. Every wait is a bounded poll of a condition."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from kayos.launcher import LocalCluster, http_json
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+# Bounds of the waits below: generous for 2 shared cores, and only ever reached by a failure.
+WAIT_S = 30.0
+# An acks=all produce may wait for a restarted replica (the node's own bound is 30 s).
+PRODUCE_TIMEOUT_S = 60.0
+
+
+def wait_until(condition: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -> Any:
+    """Polls ``condition`` until it returns something truthy; fails the test after the bound."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.02)  # a bounded poll of a condition, not a synchronisation by time
+
+
+def produce(
+    url: str,
+    queue: str,
+    messages: list[tuple[str, str | None]],
+    *,
+    acks: str = "all",
+    txn: bool | None = None,
+) -> tuple[int, Any]:
+    """``POST /v1/queues/{q}/messages``; ``None`` as a value deletes the key."""
+    body: dict[str, Any] = {"messages": [{"key": k, "value": v} for k, v in messages]}
+    if txn is not None:
+        body["txn"] = txn
+    return http_json(
+        f"{url}/v1/queues/{queue}/messages?acks={acks}",
+        method="POST",
+        body=body,
+        timeout_s=PRODUCE_TIMEOUT_S,
+    )
+
+
+def produce_ok(url: str, queue: str, messages: list[tuple[str, str | None]]) -> tuple[int, int]:
+    status, reply = produce(url, queue, messages)
+    assert status == 200, reply
+    assert reply["last_seq"] - reply["first_seq"] + 1 == len(messages), reply
+    return int(reply["first_seq"]), int(reply["last_seq"])
+
+
+@dataclass
+class Snapshot:
+    hwm: int
+    boundary: int
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    pages: int = 0
+
+
+def read_snapshot(
+    url: str, queue: str, group: str, *, limit: int = 1000, wait_ms: int = 0
+) -> Snapshot:
+    """Reads one consumer snapshot ``(hwm, boundary]`` page by page, as of one boundary; with
+    ``wait_ms`` the first request long-polls for new commits."""
+    status, page = http_json(
+        f"{url}/v1/queues/{queue}/consume?group={group}&limit={limit}&wait_ms={wait_ms}"
+    )
+    assert status == 200, page
+    snapshot = Snapshot(page["hwm"], page["boundary"], list(page["messages"]), 1)
+    while not page["end"]:
+        status, page = http_json(
+            f"{url}/v1/queues/{queue}/consume?group={group}&limit={limit}"
+            f"&after={page['next']}&upto={snapshot.boundary}"
+        )
+        assert status == 200, page
+        assert page["boundary"] == snapshot.boundary, "every page is read as of one boundary"
+        snapshot.messages += page["messages"]
+        snapshot.pages += 1
+    return snapshot
+
+
+def http_raw(url: str, data: bytes, content_type: str, *, method: str = "POST") -> tuple[int, Any]:
+    """A request with a body as given (for malformed bodies); the reply decoded as JSON."""
+    request = urllib.request.Request(
+        url, data=data, method=method, headers={"Content-Type": content_type}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=WAIT_S) as response:
+            return int(response.status), json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        return int(error.code), json.loads(error.read() or b"null")
+
+
+def commit_group(url: str, queue: str, group: str, hwm: int) -> None:
+    status, reply = http_json(
+        f"{url}/v1/queues/{queue}/groups/{group}/commit",
+        method="POST",
+        body={"hwm": hwm},
+        timeout_s=PRODUCE_TIMEOUT_S,
+    )
+    assert status == 200, reply
+    assert reply["hwm"] == hwm, reply
+
+
+def shard_seqs(cluster: LocalCluster, node: str, shard: int) -> tuple[int, int] | None:
+    """``(last_seq, committed_seq)`` of one replica from ``GET /v1/status``."""
+    status = cluster.status(node)
+    if status is None:
+        return None
+    replica = status["shards"].get(str(shard))
+    return None if replica is None else (int(replica["last_seq"]), int(replica["committed_seq"]))
+
+
+@pytest.fixture
+def seed() -> int:
+    """The seed of a test's randomness: KAYOS_TEST_SEED to replay, else fresh and printed."""
+    value = int(os.environ.get("KAYOS_TEST_SEED") or random.SystemRandom().randrange(2**32))
+    print(f"seed={value} (replay with KAYOS_TEST_SEED={value})")
+    return value
+
+
+@pytest.fixture
+def start_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
+    """Starts a LocalCluster in the test's directory; every one is stopped at teardown."""
+    clusters: list[LocalCluster] = []
+
+    def start(**options: Any) -> LocalCluster:
+        cluster = LocalCluster(tmp_path / f"cluster-{len(clusters)}", **options)
+        clusters.append(cluster)
+        cluster.start_all()
+        print("\n".join(cluster.describe()))
+        return cluster
+
+    yield start
+    for cluster in clusters:
+        cluster.stop()
