@@ -8,6 +8,7 @@ import sys
 import click
 
 from kayos import __version__
+from kayos.cli.data import consume, produce
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -145,6 +146,10 @@ def up(data_dir: str, nodes: int, replicas: int, shards: int | None, base_port: 
     if code == 0:
         click.echo("kayos up: stopped cleanly")
     sys.exit(code)
+
+
+cli.add_command(produce)
+cli.add_command(consume)
 
 
 def main() -> None:
