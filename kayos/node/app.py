@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import msgpack
 from aiohttp import web
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 from kayos import limits
@@ -278,15 +278,14 @@ def make_app(node: Node) -> web.Application:
 
     @routes.get("/metrics")
     async def metrics(request: web.Request) -> web.Response:
-        registry = CollectorRegistry()
-        registry.register(_Collector(node))
-        return web.Response(body=generate_latest(registry), content_type="text/plain")
+        return web.Response(body=generate_latest(node.registry), content_type="text/plain")
 
     async def close_session(app: web.Application) -> None:
         session = app.get(_SESSION_KEY)
         if session is not None:
             await session.close()
 
+    node.registry.register(_Collector(node))
     app.on_cleanup.append(close_session)
     app.add_routes(routes)
     return app

@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Histogram
+
 from kayos import limits
 from kayos.clock import Clock, SystemClock
 from kayos.errors import (
@@ -101,6 +103,14 @@ class Node:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._server: asyncio.Server | None = None
         self.ready = False
+        self.registry = CollectorRegistry()
+        self.commit_seconds = Histogram(
+            "kayos_commit_seconds",
+            "Duration of one store commit (group commit, fsync included)",
+            ["shard"],
+            registry=self.registry,
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
+        )
 
     @property
     def epoch(self) -> int:
@@ -124,6 +134,7 @@ class Node:
                 )
             )
             self.replicas[shard.id] = replica
+            replica.commit_observer = self.commit_seconds.labels(str(shard.id)).observe
             if replica.role == "head":
                 await replica.become_head()
             else:

@@ -22,6 +22,7 @@ import logging
 import os
 import random
 import shutil
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -52,7 +53,10 @@ log = logging.getLogger("kayos.replication")
 PROTOCOL_VERSION = 1
 TAKEOVER_META_KEY = "takeover"
 # Metadata that belongs to one replica, never sent down a link.
-_LOCAL_META_PREFIXES = (TAKEOVER_META_KEY,)
+# The seq a replica in catch-up must reach before its store holds only whole batches again; kept
+# in its own metadata so a replica that restarts mid catch-up still serves no consumers.
+CATCH_UP_META_KEY = "catchup"
+_LOCAL_META_PREFIXES = (TAKEOVER_META_KEY, CATCH_UP_META_KEY)
 # Entries read back per store page when building a BATCH; a page is also the unit a sender reads
 # before yielding the event loop.
 _SEND_PAGE_ENTRIES = 2_000
@@ -177,7 +181,8 @@ class ShardReplica:
         self._waiter_ids = itertools.count()
         # A head serves at once; a replica below it until its first catch-up is done serves no
         # consumers (its store may hold part of an all-or-nothing batch).
-        self.catching_up = self.upstream is not None
+        target = self.store.meta.get(CATCH_UP_META_KEY, 0)
+        self.catching_up = isinstance(target, int) and self.store.last_seq < target
         self.upstream_stream: FrameStream | None = None
         self.downstream_streams: dict[str, FrameStream] = {}
         # Recently committed ranges as ready BATCH frames, by first seq: links forward these
@@ -186,6 +191,8 @@ class ShardReplica:
         self._recent: dict[int, fr.Batch] = {}
         self._recent_order: deque[tuple[int, int]] = deque()
         self._recent_bytes = 0
+        # Told the duration of every store commit, in seconds (the node's latency histogram).
+        self.commit_observer: Callable[[float], None] | None = None
         self._apply_events(chain.Durable(self.store.last_seq))
 
     @property
@@ -322,7 +329,7 @@ class ShardReplica:
         """Commits at the head. ``columns`` (stored keys, values, expiries, headers) lets the
         links forward the batch without reading it back from the store."""
         self.check_head()
-        result = await asyncio.to_thread(self.store.commit, ops)
+        result = await self.timed_commit(ops)
         if columns is not None:
             keys, values, expiries, headers = columns
             batch = fr.Batch(
@@ -342,11 +349,18 @@ class ShardReplica:
         self.local_commit_done()
         return result
 
+    async def timed_commit(self, ops: Sequence[Op], **options: Any) -> CommitResult:
+        started = time.perf_counter()
+        result = await asyncio.to_thread(self.store.commit, ops, **options)
+        if self.commit_observer is not None:
+            self.commit_observer(time.perf_counter() - started)
+        return result
+
     async def commit_meta(self, meta: dict[str, Any]) -> CommitResult:
         """A metadata-only write (a consumer high-water mark) with a seq of its own, so it rides
         the replication stream like any other commit."""
         self.check_head()
-        result = await asyncio.to_thread(self.store.commit, [], meta=meta, claim_seq=True)
+        result = await self.timed_commit([], meta=meta, claim_seq=True)
         batch = fr.Batch(
             self.shard_id, result.first_seq, result.last_seq, True, (), (), (), None, None, meta
         )
@@ -472,10 +486,16 @@ class UpstreamLink:
                 raise ProtocolError(f"expected HELLO_OK, got {type(reply).__name__}")
             subscribed = await self._subscribe(stream)
             table = list(subscribed.takeover_table)
+            behind = replica.store.last_seq < subscribed.last_seq
             await asyncio.to_thread(
-                replica.store.commit, [], meta={TAKEOVER_META_KEY: pack_takeover(table)}
+                replica.store.commit,
+                [],
+                meta={
+                    TAKEOVER_META_KEY: pack_takeover(table),
+                    CATCH_UP_META_KEY: subscribed.last_seq if behind else None,
+                },
             )
-            replica.catching_up = replica.store.last_seq < subscribed.last_seq
+            replica.catching_up = behind
             catch_up_target = subscribed.last_seq
             replica.upstream_stream = stream
             replica.downstream_event(chain.UpstreamLinked())
@@ -571,8 +591,7 @@ class UpstreamLink:
                 seqs.extend(batch.seqs)
                 if batch.meta:
                     meta.update(batch.meta)
-            await asyncio.to_thread(
-                replica.store.commit,
+            await replica.timed_commit(
                 ops,
                 seqs=seqs,
                 last_seq=group[-1].last_seq,
