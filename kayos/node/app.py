@@ -248,9 +248,10 @@ def make_app(node: Node) -> web.Application:
             app[_SESSION_KEY] = session
         url = f"{head.http_url}{request.rel_url.path}"
         try:
-            async with session.post(
+            async with session.request(
+                request.method,
                 url,
-                data=msgpack.packb(body, use_bin_type=True),
+                data=None if body is None else msgpack.packb(body, use_bin_type=True),
                 headers={"Content-Type": MSGPACK, "Accept": MSGPACK, "X-Kayos-Relayed": "1"},
                 timeout=aiohttp.ClientTimeout(total=limits.produce_commit_timeout_ms / 1000 + 5),
             ) as response:

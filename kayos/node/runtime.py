@@ -243,6 +243,30 @@ class Node:
         await self._await_committed(replica, result.last_seq)
         return result.last_seq
 
+    async def delete_group(self, queue: str, group: str) -> int:
+        """Forgets a consumer group (its high-water mark and state) on every member."""
+        check_group_name(group)
+        replica = self.replica_for(queue, want="head")
+        meta: dict[str, Any] = {
+            f"{HWM_META}{queue}/{group}": None,
+            f"{GROUP_STATE_META}{queue}/{group}": None,
+        }
+        result = await replica.commit_meta(meta)
+        await self._await_committed(replica, result.last_seq)
+        return result.last_seq
+
+    def list_groups(self, shard: int) -> list[dict[str, Any]]:
+        """Every consumer group of every queue in ``shard``, from this member's metadata."""
+        replica = self.replicas.get(shard)
+        if replica is None:
+            raise InvalidRequest(f"node {self.node_id} holds no replica of shard {shard}")
+        groups = []
+        for name, value in sorted(replica.store.meta.items()):
+            if name.startswith(HWM_META) and isinstance(value, int):
+                queue, _, group = name[len(HWM_META) :].partition("/")
+                groups.append({"queue": queue, "group": group, "hwm": value})
+        return groups
+
     def group_info(self, queue: str, group: str) -> dict[str, Any]:
         check_group_name(group)
         replica = self.replica_for(queue, want="member")
