@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: dev run test lint typecheck bench clean
+.PHONY: dev run test lint typecheck bench bench-produce clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ typecheck: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/kayos bench storage --json
+
+## Produce and consume through a local 3-node chain (acks=all, fsync on).
+bench-produce: $(STAMP)
+	$(BIN)/kayos bench produce --replicas 3 --json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

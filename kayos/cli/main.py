@@ -93,6 +93,44 @@ def bench_storage_command(
             click.echo(f"{name:>26}: {value}")
 
 
+@bench.command("produce")
+@click.option("--messages", default=100_000, show_default=True, help="Messages to produce.")
+@click.option("--batch", default=100, show_default=True, help="Messages per produce call.")
+@click.option("--in-flight", default=16, show_default=True, help="Batches outstanding at once.")
+@click.option("--replicas", default=3, show_default=True, help="Nodes in the shard's chain.")
+@click.option("--singles", default=2000, show_default=True, help="One-message acks=all samples.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+@click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
+@click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
+def bench_produce_command(
+    messages: int,
+    batch: int,
+    in_flight: int,
+    replicas: int,
+    singles: int,
+    as_json: bool,
+    out: str | None,
+    base: str | None,
+) -> None:
+    """A local chain of node processes: produce with acks=all through the client, then consume."""
+    from kayos.bench.produce import ProduceBenchParameters, bench_produce
+
+    try:
+        parameters = ProduceBenchParameters(messages, batch, in_flight, replicas, singles)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    result = bench_produce(parameters, base)
+    text = json.dumps(result, indent=2)
+    if out:
+        with open(out, "w") as handle:
+            handle.write(text + "\n")
+    if as_json:
+        click.echo(text)
+        return
+    for name, value in result.items():
+        click.echo(f"{name:>26}: {value}")
+
+
 @cli.command()
 @click.option(
     "--config",

@@ -1,0 +1,164 @@
+"""``kayos bench produce``: a replicated chain's produce and consume figures, end to end.
+
+Workload (issue 4's): a LocalCluster of ``replicas`` node processes with one shard whose chain is
+all of them, fsync on; unique 16-byte keys (so de-dup keeps every message) with 100-byte values,
+produced by ``kayos.AsyncClient`` in batches of 100 with many batches in flight, ``acks=all``.
+
+Figures:
+- ``msgs_per_s``: produced messages over the wall time of the batched phase.
+- ``commit_p50_ms``/``commit_p99_ms``: per batch, produce call to committed (acks=all) reply.
+- ``single_commit_p99_ms``: one message at a time, acks=all, sequential (the latency floor).
+- ``consume_msgs_per_s``: one consumer snapshot of the whole bench queue read from the tail
+  with the client's ``consume``.
+
+The client runs in this process and the nodes in theirs, on the same machine: the figures are
+for one box, and ``machine`` says which.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kayos.launcher import LocalCluster
+
+BENCH_QUEUE = "bench"
+SINGLE_QUEUE = "bench-single"
+WARMUP_QUEUE = "bench-warmup"
+# Batches produced before timing starts: opens connections and warms the nodes' caches.
+warmup_batches = 20
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceBenchParameters:
+    messages: int = 100_000
+    batch: int = 100
+    in_flight: int = 16
+    replicas: int = 3
+    singles: int = 2000
+    value_bytes: int = 100
+
+    def __post_init__(self) -> None:
+        if self.messages < 1 or self.batch < 1 or self.in_flight < 1 or self.singles < 0:
+            raise ValueError("messages, batch and in_flight must be >= 1, singles >= 0")
+        if self.replicas < 1:
+            raise ValueError("replicas must be >= 1")
+
+
+def percentile_ms(samples_s: list[float], fraction: float) -> float:
+    """The nearest-rank percentile of latencies in seconds, in milliseconds."""
+    assert samples_s, "a percentile of nothing"
+    ordered = sorted(samples_s)
+    rank = min(len(ordered) - 1, max(0, round(fraction * len(ordered)) - 1))
+    return round(ordered[rank] * 1000, 3)
+
+
+def _key(number: int) -> bytes:
+    return b"%016d" % number
+
+
+async def _produce_phase(
+    client: Any, parameters: ProduceBenchParameters, value: bytes
+) -> tuple[float, list[float]]:
+    """Produces ``messages`` in batches with ``in_flight`` batches outstanding; returns the wall
+    time and each batch's produce->committed latency."""
+    latencies: list[float] = []
+    starts = iter(range(0, parameters.messages, parameters.batch))
+
+    async def worker() -> None:
+        for start in starts:  # shared iterator: each batch is taken by one worker
+            end = min(start + parameters.batch, parameters.messages)
+            items = [(_key(n), value) for n in range(start, end)]
+            began = time.perf_counter()
+            await client.produce_batch(BENCH_QUEUE, items, acks="all")
+            latencies.append(time.perf_counter() - began)
+
+    began = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(parameters.in_flight)))
+    return time.perf_counter() - began, latencies
+
+
+async def _single_phase(client: Any, count: int, value: bytes) -> list[float]:
+    latencies: list[float] = []
+    for number in range(count):
+        began = time.perf_counter()
+        await client.produce(SINGLE_QUEUE, _key(number), value, acks="all")
+        latencies.append(time.perf_counter() - began)
+    return latencies
+
+
+async def _consume_phase(client: Any) -> tuple[int, float]:
+    consumed = 0
+    began = time.perf_counter()
+    async for page in client.consume(BENCH_QUEUE, "bench-reader", page_size=10_000):
+        consumed += len(page.messages)
+    return consumed, time.perf_counter() - began
+
+
+async def _run(urls: list[str], parameters: ProduceBenchParameters) -> dict[str, Any]:
+    from kayos.client.aio import AsyncClient
+
+    value = bytes(range(256))[: parameters.value_bytes].ljust(parameters.value_bytes, b"x")
+    async with AsyncClient(urls, name="kayos-bench") as client:
+        for number in range(warmup_batches):
+            items = [(_key(number * parameters.batch + i), value) for i in range(parameters.batch)]
+            await client.produce_batch(WARMUP_QUEUE, items, acks="all")
+        seconds, batch_latencies = await _produce_phase(client, parameters, value)
+        single_latencies = await _single_phase(client, parameters.singles, value)
+        consumed, consume_seconds = await _consume_phase(client)
+    result: dict[str, Any] = {
+        "msgs_per_s": round(parameters.messages / seconds),
+        "commit_p50_ms": percentile_ms(batch_latencies, 0.50),
+        "commit_p99_ms": percentile_ms(batch_latencies, 0.99),
+        "produce_seconds": round(seconds, 3),
+    }
+    if single_latencies:
+        result["single_commit_p50_ms"] = percentile_ms(single_latencies, 0.50)
+        result["single_commit_p99_ms"] = percentile_ms(single_latencies, 0.99)
+    result["consume_msgs_per_s"] = round(consumed / consume_seconds) if consume_seconds else 0
+    result["consumed"] = consumed
+    return result
+
+
+def machine_facts() -> dict[str, Any]:
+    return {
+        "cpu_count": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "load_average_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def bench_produce(parameters: ProduceBenchParameters, base: str | None = None) -> dict[str, Any]:
+    """Starts the cluster under ``base`` (a temporary directory if None), runs the workload,
+    stops the cluster and returns the figures with the parameters and machine facts."""
+    directory = base or tempfile.mkdtemp(prefix="kayos-bench-produce-")
+    cluster = LocalCluster(
+        os.path.join(directory, "cluster"),
+        nodes=parameters.replicas,
+        replicas=parameters.replicas,
+        shards=1,
+    )
+    try:
+        with cluster:
+            figures = asyncio.run(_run(list(cluster.urls.values()), parameters))
+            exits = cluster.stop()
+    finally:
+        if base is None:
+            shutil.rmtree(directory, ignore_errors=True)
+    if figures["consumed"] != parameters.messages:
+        raise RuntimeError(f"consumed {figures['consumed']} of {parameters.messages} messages")
+    return {
+        "bench": "produce",
+        **figures,
+        "node_exit_codes": exits,
+        "parameters": {**asdict(parameters), "acks": "all", "shards": 1, "fsync": True},
+        "machine": machine_facts(),
+    }

@@ -1,0 +1,46 @@
+"""`kayos bench produce` end to end on a small workload: the figures are there and add up."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import pytest
+from click.testing import CliRunner
+
+from kayos.bench.produce import percentile_ms
+from kayos.cli.main import cli
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+pytestmark = pytest.mark.integration
+
+
+def test_percentile_is_nearest_rank() -> None:
+    samples = [n / 1000 for n in range(1, 101)]  # 1 .. 100 ms
+    assert percentile_ms(samples, 0.50) == 50.0
+    assert percentile_ms(samples, 0.99) == 99.0
+    assert percentile_ms([0.002], 0.99) == 2.0
+
+
+def test_bench_produce_writes_its_figures(tmp_path: Path) -> None:
+    out = tmp_path / "produce.json"
+    result = CliRunner().invoke(
+        cli,
+        [
+            "bench", "produce", "--messages", "2000", "--in-flight", "4", "--singles", "20",
+            "--json", "--out", str(out), "--dir", str(tmp_path / "bench"),
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    figures = json.loads(out.read_text())
+    assert figures == json.loads(result.output)
+    assert figures["consumed"] == 2000
+    assert figures["node_exit_codes"] == {"a": 0, "b": 0, "c": 0}
+    for name in ("msgs_per_s", "commit_p50_ms", "commit_p99_ms", "single_commit_p99_ms"):
+        assert figures[name] > 0, name
+    assert figures["commit_p50_ms"] <= figures["commit_p99_ms"]
+    assert figures["consume_msgs_per_s"] > 0
+    assert figures["machine"]["cpu_count"] >= 1
+    assert figures["parameters"]["replicas"] == 3
