@@ -81,6 +81,13 @@ def bench_storage_command(
     from kayos.bench.storage import bench_storage
 
     result = bench_storage(messages, per_commit, seed, base, with_lmdb=not no_lmdb)
+    _bench_report(result, as_json, out, skip=("workload",))
+
+
+def _bench_report(
+    result: dict[str, object], as_json: bool, out: str | None, skip: tuple[str, ...] = ()
+) -> None:
+    """Writes a bench's JSON to ``out`` if given; prints it as JSON or as aligned lines."""
     text = json.dumps(result, indent=2)
     if out:
         with open(out, "w") as handle:
@@ -89,7 +96,7 @@ def bench_storage_command(
         click.echo(text)
         return
     for name, value in result.items():
-        if name != "workload":
+        if name not in skip:
             click.echo(f"{name:>26}: {value}")
 
 
@@ -119,16 +126,7 @@ def bench_produce_command(
         parameters = ProduceBenchParameters(messages, batch, in_flight, replicas, singles)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
-    result = bench_produce(parameters, base)
-    text = json.dumps(result, indent=2)
-    if out:
-        with open(out, "w") as handle:
-            handle.write(text + "\n")
-    if as_json:
-        click.echo(text)
-        return
-    for name, value in result.items():
-        click.echo(f"{name:>26}: {value}")
+    _bench_report(bench_produce(parameters, base), as_json, out)
 
 
 @cli.command()
