@@ -571,6 +571,7 @@ class UpstreamLink:
         replica = self.replica
         if replica.store.last_seq >= catch_up_target:
             replica.catching_up = False
+        first_batch = True
         while True:
             first = await batches.get()
             if first is None:
@@ -586,16 +587,21 @@ class UpstreamLink:
             ops: list[Op] = []
             seqs: list[int] = []
             meta: dict[str, Any] = {}
+            if first_batch:
+                # The link's first batch holds the upstream's whole replicated metadata: keys it
+                # lacks were deleted upstream while this replica was away.
+                first_batch = False
+                full = group[0].meta or {}
+                for name in replica.store.meta:
+                    if not name.startswith(_LOCAL_META_PREFIXES) and name not in full:
+                        meta[name] = None
             for batch in group:
                 ops.extend(batch_to_ops(batch))
                 seqs.extend(batch.seqs)
                 if batch.meta:
                     meta.update(batch.meta)
             await replica.timed_commit(
-                ops,
-                seqs=seqs,
-                last_seq=group[-1].last_seq,
-                meta=meta or None,
+                ops, seqs=seqs, last_seq=group[-1].last_seq, meta=meta or None
             )
             for batch in group:
                 size = sum(map(len, batch.keys)) + sum(len(v) for v in batch.values if v)
@@ -669,7 +675,7 @@ def build_batch(
         tuple(None if e.deleted else e.value for e in entries),
         expiries if any(expiries) else None,
         headers if any(h is not None for h in headers) else None,
-        meta or None,
+        meta,
     )
 
 
@@ -772,8 +778,13 @@ async def _send_loop(
                 result = read_range(replica.store, sent, upto, limits.batch_entries_max // 4)
             entries, covered, meta, boundary = result
             changes = None
-            if covered == upto and boundary == upto:
-                changes = _meta_changes(meta_sent, meta)
+            if meta_sent is None:
+                # The first batch on a link carries the whole replicated metadata (as of the
+                # snapshot, possibly a little ahead of the range); the downstream replaces its own.
+                changes = _meta_changes(None, meta)
+                meta_sent = dict(meta)
+            elif covered == upto and boundary == upto:
+                changes = _meta_changes(meta_sent, meta) or None
                 meta_sent = dict(meta)
             batch = build_batch(replica.shard_id, sent + 1, covered, entries, changes)
         size = stream.send(batch)
