@@ -228,3 +228,30 @@ def test_nodes_stop_cleanly_on_sigint_and_sigterm(start_cluster: StartCluster) -
     assert cluster.kill("b", signal.SIGINT) == 0, "Ctrl-C stops a node cleanly"
     cluster.start("b")
     assert cluster.stop() == {"a": 0, "b": 0}, "SIGTERM stops every node cleanly"
+
+
+def test_pages_of_one_snapshot_ignore_later_commits(start_cluster: StartCluster) -> None:
+    cluster = start_cluster(nodes=3, replicas=3, shards=1)
+    chain = cluster.topology.shards[0]
+    head, tail = cluster.url(chain.head), cluster.url(chain.tails[0])
+    produce_ok(head, "paged", [(f"k{i:02d}", "old") for i in range(25)])
+    status, page = http_json(f"{tail}/v1/queues/paged/consume?group=g&limit=10")
+    assert status == 200, page
+    boundary, seen = page["boundary"], [m["seq"] for m in page["messages"]]
+    # A new version of a key not read yet, and a new key, both after the snapshot's boundary.
+    produce_ok(head, "paged", [("k20", "new"), ("late", "new")])
+    cluster.wait_replicated()
+    while not page["end"]:
+        query = f"group=g&limit=10&after={page['next']}&upto={boundary}"
+        status, page = http_json(f"{tail}/v1/queues/paged/consume?{query}")
+        assert status == 200, page
+        assert page["boundary"] == boundary
+        assert all(m["value"] == "old" for m in page["messages"]), "read as of the boundary"
+        seen += [m["seq"] for m in page["messages"]]
+    assert seen == list(range(1, 26))
+    commit_group(tail, "paged", "g", boundary)
+    following = read_snapshot(tail, "paged", "g")
+    assert [(m["key"], m["value"]) for m in following.messages] == [
+        ("k20", "new"),
+        ("late", "new"),
+    ]
