@@ -255,3 +255,31 @@ def test_pages_of_one_snapshot_ignore_later_commits(start_cluster: StartCluster)
         ("k20", "new"),
         ("late", "new"),
     ]
+
+
+def test_the_client_finds_heads_and_tails_from_one_seed(start_cluster: StartCluster) -> None:
+    from kayos import Client
+
+    cluster = start_cluster(nodes=3, replicas=3)
+    queue = "via-client"
+    chain = cluster.topology.chain_for(queue)
+    seed_node = chain.chain[1]  # neither the head nor the tail of the queue's shard
+    with Client(cluster.url(seed_node)) as client:
+        first, last = client.produce_batch(
+            queue, [("a", "1"), ("b", "1"), ("a", "2")], acks="all", txn=True
+        )
+        assert (first, last) == (1, 3)
+        assert client.produce(queue, "c", None, acks="all") == 4
+        pages = list(client.consume(queue, "g", page_size=2))
+        messages = [m for page in pages for m in page.messages]
+        assert [(m.seq, m.key, m.value, m.deleted) for m in messages] == [
+            (2, b"b", b"1", False),
+            (3, b"a", b"2", False),
+            (4, b"c", None, True),
+        ]
+        assert pages[-1].end
+        client.commit(queue, "g", pages[-1].boundary)
+        group = client.group(queue, "g")
+        # The boundary counts shard seqs, the commit's own claimed seq included.
+        assert group.hwm == 4
+        assert group.lag == group.boundary - group.hwm
