@@ -189,6 +189,10 @@ class BinaryConnection:
                 ) from exc
             finally:
                 self._table.pop(request_id)
+                if not future.done():
+                    future.cancel()
+                elif not future.cancelled():
+                    future.exception()  # retrieved: the caller gets the error raised instead
         if isinstance(reply, ErrorFrame):
             raise error_from_frame(reply)
         return reply
