@@ -430,12 +430,17 @@ class LocalCluster:
 
 
 def example_commands(cluster: LocalCluster, queue: str = "demo") -> list[str]:
-    """Two commands that work against ``cluster``: produce to the queue's head (acks=all), then
-    read a snapshot from one of its tails."""
+    """Commands that work against ``cluster``: produce with acks=all, then read a snapshot as
+    a consumer group; with the ``kayos`` client and with curl (at the queue's head and tail)."""
+    first = cluster.url(cluster.ids[0])
+    seed = "" if first == "http://127.0.0.1:7101" else f" --seed {first}"  # the CLI's default
     head = cluster.url(cluster.head_of(queue))
     tail = cluster.url(cluster.tails_of(queue)[0])
     body = '{"messages": [{"key": "k1", "value": "hello"}, {"key": "k2", "value": "world"}]}'
     return [
+        f"kayos produce {queue} hello world{seed}",
+        f"kayos consume {queue} --group g{seed}",
+        "or with curl:",
         f"curl -s -XPOST '{head}/v1/queues/{queue}/messages?acks=all' "
         f"-H 'Content-Type: application/json' -d '{body}'",
         f"curl -s '{tail}/v1/queues/{queue}/consume?group=g'",
