@@ -45,3 +45,45 @@ assert value_bytes_max <= kayos_limits.value_bytes_max, (
     "the front never accepts what Kayos can't store"
 )
 assert value_bytes_max + payload_terminator_bytes <= java_int_max, "a byte count is a Java int"
+
+# --- the server ----------------------------------------------------------------------------------
+
+# Commands decoded but not yet served, per connection. Requests are served one at a time; past this
+# many the server stops reading the socket until the handler catches up, so a client that pipelines
+# without reading replies costs a bounded amount of memory (with line_bytes_max per request).
+pending_requests_max = 1024
+
+# Bytes read from the socket per call; small enough that one connection cannot hog the loop.
+read_chunk_bytes = 64 * 1024
+
+# Replies the transport may buffer before the server waits for the client to read them
+# (asyncio's write-buffer high-water mark). One large item reply may exceed it once.
+write_buffer_bytes_max = 1024 * 1024
+
+# Kestrel's timer resolution for blocked fetches is 100 ms (spec §3.5); a deadline this close is
+# served as reached, so no fetch waits on a timer shorter than Kestrel would.
+waiter_resolution_ms = 100
+
+# The longest `t=` or MONITOR wait honoured: Java's int milliseconds, about 24.8 days.
+wait_ms_max = java_int_max
+
+# Kestrel stops the server about 100 ms after `shutdown` (spec §2); the reply-less close goes first.
+shutdown_delay_ms = 100
+
+# How long a graceful stop waits for connections to finish their current request before closing
+# them, and for the backend to take the last group commits.
+shutdown_grace_ms = 2_000
+
+# --- persistence (kestrel_compat/backend.py) -----------------------------------------------------
+
+# A consumer group's opaque state blob; Kayos stores it beside the hwm and bounds it at 64 KiB
+# (docs/node-api.md, `gstate/<queue>/<group>`).
+group_blob_bytes_max = 64 * 1024
+
+# Items one backend append carries, and entries one recovery read asks for: a bounded batch each.
+append_batch_entries_max = 1024
+recovery_read_entries = 4096
+
+assert pending_requests_max >= 1
+assert waiter_resolution_ms < shutdown_grace_ms
+assert append_batch_entries_max <= kayos_limits.batch_entries_max, "one append is one Kayos batch"

@@ -1,0 +1,52 @@
+"""``kayos kestrel``: run the Kestrel 2.x memcache front (also ``python -m kestrel_compat``)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import signal
+import sys
+
+import click
+
+from kestrel_compat.config import ConfigError, KestrelConfig, load_config
+from kestrel_compat.server import KestrelServer
+
+
+async def _serve(config: KestrelConfig, config_path: str | None) -> None:
+    server = KestrelServer(config, config_path=config_path)
+    await server.start()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, server.request_stop, 0.0)
+    # One line on stdout once the port is bound: scripts and tests wait for it.
+    print(f"kestrel listening on {config.server.host}:{server.port}", flush=True)
+    await server.serve_until_stopped()
+
+
+@click.command(name="kestrel", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--host", default=None, help="Address to listen on (default 127.0.0.1).")
+@click.option("--port", default=None, type=click.IntRange(0, 65535), help="Memcache port (22133).")
+@click.option(
+    "--config",
+    "config_path",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="TOML file: [server], [default], [queues.<name>], [aliases.<name>].",
+)
+@click.option("--log-level", default="WARNING", show_default=True, help="Python logging level.")
+def kestrel(host: str | None, port: int | None, config_path: str | None, log_level: str) -> None:
+    """Serve Kestrel 2.x clients on the memcache protocol."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    try:
+        config = load_config(config_path)
+    except ConfigError as error:
+        click.echo(f"kestrel: {error}", err=True)
+        sys.exit(2)
+    server = config.server
+    if host is not None:
+        server = dataclasses.replace(server, host=host)
+    if port is not None:
+        server = dataclasses.replace(server, port=port)
+    asyncio.run(_serve(dataclasses.replace(config, server=server), config_path))
