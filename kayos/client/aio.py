@@ -89,6 +89,7 @@ class AsyncClient:
         self._connections: dict[str, BinaryConnection] = {}
         self._connecting: dict[str, asyncio.Lock] = {}
         self._tail_turns: dict[int, itertools.count[int]] = {}
+        self._refresh_task: asyncio.Task[Topology] | None = None
         self._closed = False
 
     # --- life cycle ------------------------------------------------------------------------------
@@ -130,7 +131,19 @@ class AsyncClient:
 
     async def refresh_topology(self, min_epoch: int = 0) -> Topology:
         """Asks the known nodes, then the seeds, for the topology; keeps the first with an epoch
-        of at least ``min_epoch``. ``UnavailableError`` if none has one (a retry may)."""
+        of at least ``min_epoch``. ``UnavailableError`` if none has one (a retry may).
+
+        Concurrent callers share one fetch: a node failing under a thousand requests in flight
+        costs one round of topology requests, not a thousand."""
+        task = self._refresh_task
+        if task is None or task.done():
+            task = self._refresh_task = asyncio.create_task(self._fetch_topology(min_epoch))
+        topology = await asyncio.shield(task)
+        if topology.epoch >= min_epoch:
+            return topology
+        return await self._fetch_topology(min_epoch)  # the shared fetch asked for less
+
+    async def _fetch_topology(self, min_epoch: int) -> Topology:
         urls = [node.http_url for node in self._topology.nodes.values()] if self._topology else []
         urls += [seed for seed in self.seeds if seed not in urls]
         failures: list[str] = []

@@ -182,7 +182,7 @@ def test_cli_produce_and_consume(cluster: LocalCluster, tmp_path: object) -> Non
     assert done.exit_code == 0, done.output
     lines = "k2\tworld\nk3\tagain\n"
     done = runner.invoke(
-        cli, ["produce", "client-cli", "--file", "-", "--acks", "1", *seed], input=lines
+        cli, ["produce", "client-cli", "--file", "-", "--acks", "all", *seed], input=lines
     )
     assert done.exit_code == 0, done.output
     assert "2 messages" in done.output
