@@ -5,8 +5,10 @@ errors that quote a node's log."""
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
@@ -153,3 +155,68 @@ def test_a_lost_port_race_starts_again_on_fresh_ports(tmp_path: Path) -> None:
     with cluster:
         assert cluster.topology != first
         assert Topology.load(str(cluster.topology_path)) == cluster.topology
+
+
+UP_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from kayos.launcher import LocalCluster, run_foreground
+
+    cluster = LocalCluster(sys.argv[1], nodes=3, replicas=3,
+                           node_command=[sys.executable, sys.argv[2]])
+    sys.exit(run_foreground(cluster, lambda line: print(line, flush=True)))
+    """
+)
+
+
+@pytest.fixture
+def up_process(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
+    """``run_foreground`` (what ``kayos up`` runs) over stub nodes, in a child process so the
+    signals it handles are its own."""
+    (tmp_path / "stub_node.py").write_text(STUB_NODE)
+    (tmp_path / "up.py").write_text(UP_SCRIPT)
+    command = [sys.executable, str(tmp_path / "up.py"), str(tmp_path / "up")]
+    with subprocess.Popen(
+        [*command, str(tmp_path / "stub_node.py")], stdout=subprocess.PIPE, text=True
+    ) as process:
+        try:
+            yield process
+        finally:
+            if process.poll() is None:
+                process.terminate()
+
+
+def _read_until(process: subprocess.Popen[str], marker: str) -> str:
+    assert process.stdout is not None
+    seen = ""
+    for line in process.stdout:  # bounded by the launcher's own readiness bound
+        seen += line
+        if marker in line:
+            return seen
+    raise AssertionError(f"{marker!r} never printed:\n{seen}")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_up_runs_until_a_signal_then_stops_every_node(
+    tmp_path: Path, up_process: subprocess.Popen[str], sig: int
+) -> None:
+    printed = _read_until(up_process, "Ctrl-C to stop")
+    assert "shard 1: b -> c -> a" in printed
+    assert "curl -s -XPOST" in printed
+    up_process.send_signal(sig)
+    assert up_process.wait(timeout=30) == 0
+    for node in "abc":
+        log = (tmp_path / "up" / "logs" / f"{node}.log").read_text()
+        assert f"stub {node} on" in log
+
+
+def test_up_exits_1_when_a_node_dies(up_process: subprocess.Popen[str]) -> None:
+    import psutil
+
+    _read_until(up_process, "Ctrl-C to stop")
+    nodes = psutil.Process(up_process.pid).children()
+    victim = next(node for node in nodes if node.cmdline()[-4:-1] == ["--id", "b", "--data"])
+    victim.kill()
+    assert up_process.wait(timeout=30) == 1
+    assert up_process.stdout is not None
+    assert "node b exited with code -9" in up_process.stdout.read()
