@@ -467,3 +467,13 @@ def test_blocking_client_reports_an_unreachable_cluster() -> None:
     client_kwargs: dict[str, Any] = {"retries": 2, "rng": random.Random(SEED)}
     with pytest.raises(UnavailableError):
         kayos.Client("http://127.0.0.1:9", **client_kwargs)
+
+
+def test_consumers_take_fanout_tails_in_turn() -> None:
+    client = kayos.AsyncClient("http://127.0.0.1:1")
+    nodes = {n: NodeAddr(n, "127.0.0.1", 1, 2) for n in "abcd"}
+    client._topology = Topology(1, nodes, {0: ShardChain(0, ("a", "b"), ("c", "d"))})
+    assert [client._tail(0) for _ in range(4)] == ["c", "d", "c", "d"]
+    assert client._node_named("http://127.0.0.1:1/") == "a", "a URL names the first match"
+    assert client._node_named("b") == "b"
+    assert client._node_named("zz") is None

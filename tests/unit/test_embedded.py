@@ -127,6 +127,7 @@ def test_transaction_commits_on_a_clean_exit_only(queue: EmbeddedQueue) -> None:
         txn.put("b", "2")
         txn.delete("c")
     assert txn.result == (1, 3)
+
     def abandon() -> None:
         with queue.transaction() as failed:
             failed.put("d", "4")
