@@ -136,10 +136,10 @@ def test_every_message_once_per_group_in_seq_order(
 def test_all_or_nothing_batch_is_seen_whole_or_not_at_all(start_cluster: StartCluster) -> None:
     cluster = start_cluster(nodes=3, replicas=3)
     queue, batches, size = "atomic", 30, 50
-    head = cluster.url(cluster.head_of(queue))
-    tail = cluster.url(cluster.tails_of(queue)[0])
+    shard, tail_node = cluster.topology.shard_for(queue), cluster.tails_of(queue)[0]
+    head, tail = cluster.url(cluster.head_of(queue)), cluster.url(tail_node)
     done = threading.Event()
-    failures: list[Any] = []
+    replies: list[tuple[int, Any]] = []
 
     def producer() -> None:
         try:
@@ -147,17 +147,11 @@ def test_all_or_nothing_batch_is_seen_whole_or_not_at_all(start_cluster: StartCl
                 messages: list[tuple[str, str | None]] = [
                     (f"{batch:03d}-{i:02d}", f"v{batch}") for i in range(size)
                 ]
-                status, reply = produce(head, queue, messages, acks="1", txn=True)
-                if status != 200:
-                    failures.append(reply)
+                replies.append(produce(head, queue, messages, acks="1", txn=True))
         finally:
             done.set()
 
-    thread = threading.Thread(target=producer, daemon=True)
-    thread.start()
-    partial_views = 0
-    while True:
-        finished = done.is_set()
+    def batches_seen() -> int:
         # Pages of 37 cross batch boundaries; the snapshot must still be one consistent view.
         snapshot = read_snapshot(tail, queue, "reader", limit=37)
         counts: dict[str, int] = {}
@@ -166,18 +160,22 @@ def test_all_or_nothing_batch_is_seen_whole_or_not_at_all(start_cluster: StartCl
             counts[prefix] = counts.get(prefix, 0) + 1
         assert set(counts.values()) <= {size}, f"a batch seen in part: {counts}"
         assert sorted(counts) == [f"{b:03d}" for b in range(len(counts))], "commit order"
-        partial_views += 0 < len(counts) < batches
-        if finished and len(counts) == batches:
-            break
-        assert not finished or len(counts) < batches
-        if finished:
-            wait_until(
-                lambda: (shard_seqs(cluster, cluster.tails_of(queue)[0], 0) or (0, 0))[1] > 0,
-                "the tail to commit",
-            )
+        return len(counts)
+
+    thread = threading.Thread(target=producer, daemon=True)
+    thread.start()
+    views_while_producing = 0
+    while not done.is_set():
+        views_while_producing += 0 < batches_seen() < batches
     thread.join()
-    assert failures == []
-    print(f"{partial_views} snapshots taken while batches were still arriving")
+    assert all(status == 200 for status, _ in replies), replies
+    last_seq = max(reply["last_seq"] for _, reply in replies)
+    wait_until(
+        lambda: (shard_seqs(cluster, tail_node, shard) or (0, 0))[1] >= last_seq,
+        "the tail to commit the last batch",
+    )
+    assert batches_seen() == batches
+    print(f"{views_while_producing} snapshots saw some batches but not all")
 
 
 def test_acks_all_returns_only_after_the_tail_has_it(start_cluster: StartCluster) -> None:
