@@ -104,6 +104,10 @@ class AsyncClient:
 
     async def close(self) -> None:
         self._closed = True
+        if self._refresh_task is not None and not self._refresh_task.done():
+            self._refresh_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, KayosError):
+                await self._refresh_task
         connections, self._connections = list(self._connections.values()), {}
         for connection in connections:
             await connection.close()
