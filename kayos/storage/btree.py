@@ -19,13 +19,17 @@ from kayos.errors import CorruptionError
 from kayos.storage import format as fmt
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Sequence
 
     from kayos.storage.fileops import FileHandle
 
 # Bytes msgpack spends per leaf entry beyond its payload (seq, prev, flags, size, bin headers).
 _ENTRY_OVERHEAD_BYTES = 24
+# One pread per node: a leaf is cut near leaf_bytes_target, so this covers nearly every one.
 _READ_AHEAD_BYTES = 16 * 1024
+# A scan reads sibling leaves in runs of up to this many bytes per pread (1 MiB: ~100 leaves, and
+# the most one run keeps in memory).
+_RUN_READ_BYTES = 1024 * 1024
 
 
 class Appender:
@@ -58,6 +62,17 @@ class Appender:
         return self.pos - self.start
 
 
+def _run_read_bytes(positions: Sequence[int], index: int) -> int:
+    """Bytes to read at ``positions[index]`` to cover it and the following leaves that lie after
+    it within ``_RUN_READ_BYTES`` (the last one's length is unknown: it gets the read-ahead)."""
+    pos = previous = positions[index]
+    for later in positions[index + 1 :]:
+        if later < previous or later + _READ_AHEAD_BYTES - pos > _RUN_READ_BYTES:
+            break
+        previous = later
+    return previous + _READ_AHEAD_BYTES - pos
+
+
 class NodeReader:
     """Reads and verifies chunks of one file; caches decoded interior nodes (bounded LRU)."""
 
@@ -68,38 +83,52 @@ class NodeReader:
         self._lock = threading.Lock()
 
     def read_chunk(self, pos: int, expect: int | None = None) -> tuple[int, bytes]:
+        chunk_type, payload = self._read_chunk_view(pos, expect)
+        return chunk_type, bytes(payload)
+
+    def _read_chunk_view(self, pos: int, expect: int | None = None) -> tuple[int, memoryview]:
+        """One chunk with one pread when it fits the read-ahead (leaves and interior nodes do),
+        else two; the payload is a view of the bytes read."""
         raw = self.handle.pread(_READ_AHEAD_BYTES, pos)
-        prefix_span = fmt.physical_span(pos, fmt.PREFIX_BYTES)
-        if len(raw) < prefix_span:
+        extent = self._extent(raw, pos)
+        if extent[0] > len(raw):
+            raw = self.handle.pread(extent[0], pos)
+        return fmt.unframe_chunk(raw, 0, pos, extent, path=self.path, expect=expect)
+
+    def _extent(self, raw: bytes, pos: int) -> tuple[int, int]:
+        """(span, CRC) of the chunk at ``pos``, read into ``raw`` from ``pos`` on."""
+        extent = fmt.chunk_extent(raw, 0, pos, path=self.path)
+        if extent is None:
             raise CorruptionError("chunk runs past the end of the file", path=self.path, offset=pos)
-        prefix = fmt.strip_block_bytes(pos, raw[:prefix_span])
-        length, crc = fmt.parse_chunk_prefix(prefix, path=self.path, offset=pos)
-        total_span = fmt.physical_span(pos, fmt.PREFIX_BYTES + length)
-        if total_span > len(raw):
-            raw = self.handle.pread(total_span, pos)
-            if len(raw) < total_span:
-                raise CorruptionError(
-                    "chunk runs past the end of the file", path=self.path, offset=pos
-                )
-        raw = raw[:total_span]
-        # The chunk CRC does not cover the type bytes of the blocks the chunk crosses; each must
-        # say "data", or the block was damaged (or is not part of this chunk at all).
-        for boundary in range(-pos % fmt.BLOCK, total_span, fmt.BLOCK):
-            if raw[boundary] != fmt.BLOCK_DATA:
-                raise CorruptionError(
-                    f"block type byte {raw[boundary]:#x} at {pos + boundary} inside a chunk",
-                    path=self.path,
-                    offset=pos,
-                )
-        logical = fmt.strip_block_bytes(pos, raw)
-        body = logical[fmt.PREFIX_BYTES :]
-        return fmt.check_chunk_body(body, crc, path=self.path, offset=pos, expect=expect)
+        return extent
+
+    def read_leaves(self, positions: Sequence[int]) -> Iterator[fmt.Leaf]:
+        """The leaves at ``positions``, in that order. Sibling leaves are laid out left to right,
+        mostly back to back, so each pread covers as many of the following leaves as fit in
+        ``_RUN_READ_BYTES``; every leaf is still checked (block type bytes, CRC, type) on its
+        own. A scan reads each leaf once, so leaves are not cached."""
+        raw = b""
+        base = 0
+        for index, pos in enumerate(positions):
+            start = pos - base
+            extent = fmt.chunk_extent(raw, start, pos, path=self.path) if start >= 0 else None
+            if extent is None or start + extent[0] > len(raw):
+                raw = self.handle.pread(_run_read_bytes(positions, index), pos)
+                base, start = pos, 0
+                extent = self._extent(raw, pos)
+                if extent[0] > len(raw):
+                    raw = self.handle.pread(extent[0], pos)
+            chunk_type, payload = fmt.unframe_chunk(raw, start, pos, extent, path=self.path)
+            node = fmt.decode_node(chunk_type, payload, path=self.path, offset=pos)
+            if not isinstance(node, fmt.Leaf):
+                raise CorruptionError("expected a leaf", path=self.path, offset=pos)
+            yield node
 
     def read_node(self, pos: int) -> fmt.Leaf | fmt.Interior:
         cached = self._cache.get(pos)
         if cached is not None:
             return cached
-        chunk_type, payload = self.read_chunk(pos)
+        chunk_type, payload = self._read_chunk_view(pos)
         node = fmt.decode_node(chunk_type, payload, path=self.path, offset=pos)
         if isinstance(node, fmt.Interior):
             with self._lock:
@@ -113,7 +142,7 @@ class NodeReader:
         return payload
 
     def read_meta(self, pos: int) -> dict[str, object]:
-        _, payload = self.read_chunk(pos, expect=fmt.CHUNK_META)
+        _, payload = self._read_chunk_view(pos, expect=fmt.CHUNK_META)
         return fmt.decode_meta(payload, path=self.path, offset=pos)
 
 
@@ -299,10 +328,13 @@ def _iter_node(
         raise CorruptionError("expected an interior node", path=reader.path, offset=pos)
     children = node.children
     firsts = [c.first_seq for c in children]
-    index = max(0, bisect.bisect_right(firsts, after_seq + 1) - 1)
-    while index < len(children) and children[index].first_seq <= upto_seq:
-        yield from _iter_node(reader, children[index].pos, height - 1, after_seq, upto_seq)
-        index += 1
+    first = max(0, bisect.bisect_right(firsts, after_seq + 1) - 1)
+    end = bisect.bisect_right(firsts, upto_seq, lo=first)
+    if height == 2:
+        yield from reader.read_leaves([child.pos for child in children[first:end]])
+        return
+    for child in children[first:end]:
+        yield from _iter_node(reader, child.pos, height - 1, after_seq, upto_seq)
 
 
 def find_entry(reader: NodeReader, root: fmt.Root | None, seq: int) -> tuple[fmt.Leaf, int] | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import crc32c as _crc32c
 import msgpack
@@ -39,6 +39,8 @@ _PREFIX = struct.Struct(">II")
 PREFIX_BYTES = _PREFIX.size
 _LENGTH_TOP_BIT = 0x8000_0000
 
+_Buffer = TypeVar("_Buffer", bytes, memoryview)
+
 
 def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
     return int(_crc32c.crc32c(data, value))
@@ -65,8 +67,8 @@ def parse_chunk_prefix(prefix: bytes, *, path: str, offset: int) -> tuple[int, i
 
 
 def check_chunk_body(
-    body: bytes, crc: int, *, path: str, offset: int, expect: int | None = None
-) -> tuple[int, bytes]:
+    body: _Buffer, crc: int, *, path: str, offset: int, expect: int | None = None
+) -> tuple[int, _Buffer]:
     """Verifies a chunk body and returns (chunk type, payload)."""
     if crc32c(body) != crc:
         raise CorruptionError("chunk CRC32C mismatch", path=path, offset=offset)
@@ -135,6 +137,62 @@ def strip_block_bytes(pos: int, raw: bytes) -> bytes:
         parts.append(raw[index + 1 : index + BLOCK])
         index += BLOCK
     return b"".join(parts)
+
+
+def chunk_extent(raw: bytes, start: int, pos: int, *, path: str) -> tuple[int, int] | None:
+    """(physical span, CRC) of the chunk at file position ``pos``, whose bytes begin at
+    ``raw[start]``. None when ``raw`` ends inside the chunk's prefix; impossible lengths are
+    corruption."""
+    prefix_span = physical_span(pos, PREFIX_BYTES)
+    if start + prefix_span > len(raw):
+        return None
+    if prefix_span == PREFIX_BYTES:
+        prefix = raw[start : start + PREFIX_BYTES]
+    else:
+        prefix = strip_block_bytes(pos, raw[start : start + prefix_span])
+    length, crc = parse_chunk_prefix(prefix, path=path, offset=pos)
+    return physical_span(pos, PREFIX_BYTES + length), crc
+
+
+def unframe_chunk(
+    raw: bytes,
+    start: int,
+    pos: int,
+    extent: tuple[int, int],
+    *,
+    path: str,
+    expect: int | None = None,
+) -> tuple[int, memoryview]:
+    """Verifies the chunk at file position ``pos`` whose physical bytes begin at ``raw[start]``
+    (``extent`` from ``chunk_extent``) and returns (chunk type, payload).
+
+    The payload is a view of ``raw`` when the body crosses no block boundary, else of one copy
+    of the body without the block type bytes."""
+    span, crc = extent
+    view = memoryview(raw)[start : start + span]
+    if len(view) != span:
+        raise CorruptionError("chunk runs past the end of the file", path=path, offset=pos)
+    boundaries = range(-pos % BLOCK, span, BLOCK)
+    # The chunk CRC does not cover the type bytes of the blocks the chunk crosses; each must say
+    # "data", or the block was damaged (or is not part of this chunk at all).
+    for boundary in boundaries:
+        if view[boundary] != BLOCK_DATA:
+            raise CorruptionError(
+                f"block type byte {view[boundary]:#x} at {pos + boundary} inside a chunk",
+                path=path,
+                offset=pos,
+            )
+    # The body: from the end of the prefix to the end of the chunk, less the type bytes.
+    piece_start = physical_span(pos, PREFIX_BYTES)
+    pieces: list[memoryview] = []
+    for boundary in boundaries:
+        if boundary >= piece_start:
+            if boundary > piece_start:
+                pieces.append(view[piece_start:boundary])
+            piece_start = boundary + 1
+    pieces.append(view[piece_start:])
+    body = pieces[0] if len(pieces) == 1 else memoryview(b"".join(pieces))
+    return check_chunk_body(body, crc, path=path, offset=pos, expect=expect)
 
 
 def header_block(pos: int, header_chunk: bytes) -> tuple[bytes, int, int]:
@@ -220,21 +278,28 @@ def encode_interior(children: list[Ptr]) -> bytes:
     return frame_chunk(CHUNK_INTERIOR, payload)
 
 
-def _unpack(payload: bytes, *, path: str, offset: int) -> Any:
+def _unpack(payload: bytes | memoryview, *, path: str, offset: int) -> Any:
     try:
         return msgpack.unpackb(payload, raw=False, strict_map_key=False, use_list=True)
     except Exception as exc:  # msgpack raises several unrelated types; all mean corruption here
         raise CorruptionError(f"undecodable node: {exc}", path=path, offset=offset) from exc
 
 
-def decode_node(chunk_type: int, payload: bytes, *, path: str, offset: int) -> Leaf | Interior:
+def decode_node(
+    chunk_type: int, payload: bytes | memoryview, *, path: str, offset: int
+) -> Leaf | Interior:
     obj = _unpack(payload, path=path, offset=offset)
     if chunk_type == CHUNK_LEAF:
         if not isinstance(obj, list) or len(obj) != 8:
             raise CorruptionError("malformed leaf", path=path, offset=offset)
         seqs, keys, vals, prevs, flags, sizes, expiries, headers = obj
         count = len(seqs)
-        if count == 0 or any(len(col) != count for col in (keys, vals, prevs, flags, sizes)):
+        if not (
+            count
+            and len(keys) == len(vals) == len(prevs) == len(flags) == len(sizes) == count
+            and (expiries is None or len(expiries) == count)
+            and (headers is None or len(headers) == count)
+        ):
             raise CorruptionError("leaf columns disagree in length", path=path, offset=offset)
         return Leaf(seqs, keys, vals, prevs, flags, sizes, expiries, headers)
     if chunk_type == CHUNK_INTERIOR:
@@ -251,7 +316,7 @@ def encode_meta(meta: dict[str, Any]) -> bytes:
     return frame_chunk(CHUNK_META, msgpack.packb(meta, use_bin_type=True))
 
 
-def decode_meta(payload: bytes, *, path: str, offset: int) -> dict[str, Any]:
+def decode_meta(payload: bytes | memoryview, *, path: str, offset: int) -> dict[str, Any]:
     obj = _unpack(payload, path=path, offset=offset)
     if not isinstance(obj, dict):
         raise CorruptionError("meta chunk is not a map", path=path, offset=offset)

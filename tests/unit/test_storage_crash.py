@@ -666,3 +666,22 @@ def test_open_removes_unfinished_files_and_old_generations(shard_dir: str) -> No
         assert sorted(n for n in os.listdir(shard_dir) if n.startswith("data.")) == ["data.2.kys"]
     finally:
         store.close()
+
+
+def test_a_flipped_bit_in_a_leaf_inside_a_read_run_is_reported_at_its_offset(
+    shard_dir: str,
+) -> None:
+    """Scans read sibling leaves in runs, one pread for many; damage to a leaf in the middle
+    of a run is still found, and named by that leaf's offset, not the run's."""
+    store = open_store(shard_dir)
+    store.commit([Put(b"k%d" % n, bytes([n]) * 1500) for n in range(40)])
+    store.commit([Put(b"last", b"commit")])
+    leaves = [pos for pos, height in old_nodes(store) if height == 1]
+    assert len(leaves) >= 3
+    middle = leaves[len(leaves) // 2]
+    leaf = store.current_file().reader.read_node(middle)
+    assert isinstance(leaf, fmt.Leaf)
+    path = store.path
+    store.close()
+    flip_bit(path, middle + 20)
+    assert_reads_fail_at(shard_dir, middle, leaf.keys[0], middle + 20)

@@ -7,7 +7,7 @@ Goal: each documented promise of ``ShardStore`` is pinned by a test that fails w
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -682,3 +682,45 @@ def test_rollback_cuts_deep_trees_anywhere(tmp_store: ShardStore) -> None:
         tmp_store.commit([Put(b"k0", b"again")])
         tmp_store.rollback_to(target)
         assert tmp_store.last_seq == target
+
+
+class _PreadCountingHandle:
+    """A file handle that counts preads (only reads are used)."""
+
+    def __init__(self, inner: FileHandle) -> None:
+        self.inner = inner
+        self.path = inner.path
+        self.preads = 0
+
+    def pread(self, size: int, offset: int) -> bytes:
+        self.preads += 1
+        return self.inner.pread(size, offset)
+
+
+@pytest.mark.parametrize("run_bytes", [1, 20_000, None])
+def test_runs_of_leaves_read_back_like_single_leaves(
+    tmp_store: ShardStore, monkeypatch: pytest.MonkeyPatch, run_bytes: int | None
+) -> None:
+    """Scans read the leaves under one interior node in runs of few preads
+    (``NodeReader.read_leaves``): each run yields exactly what reading every leaf alone does, in
+    the order asked, whatever the run size, also for positions out of file order."""
+    if run_bytes is not None:
+        monkeypatch.setattr(btree, "_RUN_READ_BYTES", run_bytes)
+    for n in range(30):
+        tmp_store.commit([Put(b"k%d" % (n * 10 + i), bytes([i]) * 300) for i in range(10)])
+    header = tmp_store.header
+    reader = tmp_store.current_file().reader
+    assert header.root is not None
+    assert header.root.height == 2
+    root = reader.read_node(header.root.pos)
+    assert isinstance(root, fmt.Interior)
+    positions = [child.pos for child in root.children]
+    assert len(positions) > 3
+    counting = _PreadCountingHandle(tmp_store.current_file().handle)
+    runs = btree.NodeReader(cast("FileHandle", counting))
+    alone = [reader.read_node(pos) for pos in positions]
+    assert list(runs.read_leaves(positions)) == alone
+    if run_bytes is None:
+        assert counting.preads < len(positions), "one pread covers several leaves"
+    assert list(runs.read_leaves(positions[::-1])) == alone[::-1]
+    assert list(runs.read_leaves(positions[1::2])) == alone[1::2]

@@ -347,3 +347,43 @@ def test_lay_out_every_start_within_a_block() -> None:
             raw = b"".join(pieces)
             assert len(raw) == end - start == fmt.physical_span(start, len(data)), start
             assert fmt.strip_block_bytes(start, raw) == data, start
+
+
+def test_unframe_chunk_at_every_start_within_a_block() -> None:
+    """Reading a chunk back from its physical bytes ("Chunks", "Blocks"): from every starting
+    offset modulo the block size, for a chunk within one block, one crossing a boundary (or
+    starting on it) and one spanning more than a block, preceded by unrelated bytes in the
+    buffer; the payload and the physical span agree with what was laid out."""
+    payloads = (b"x" * 50, bytes(index % 251 for index in range(BLOCK + 300)))
+    for start in range(BLOCK, 2 * BLOCK):
+        for payload in payloads:
+            pieces, end = fmt.lay_out(start, fmt.frame_chunk(fmt.CHUNK_VALUE, payload))
+            raw = b"junk" + b"".join(pieces)
+            extent = fmt.chunk_extent(raw, 4, start, path="f")
+            assert extent is not None
+            assert extent[0] == end - start, start
+            chunk_type, read = fmt.unframe_chunk(raw, 4, start, extent, path="f")
+            assert (chunk_type, bytes(read)) == (fmt.CHUNK_VALUE, payload), start
+
+
+def test_unframe_chunk_refuses_damage_at_the_chunk_offset() -> None:
+    """A flipped body bit, a block type byte that is not "data", a buffer that ends inside the
+    prefix or the body, and an unexpected type are each CorruptionError at the chunk's offset."""
+    start = 2 * BLOCK - 100  # the chunk crosses the boundary at 2 * BLOCK
+    pieces, _ = fmt.lay_out(start, fmt.frame_chunk(fmt.CHUNK_VALUE, b"v" * 500))
+    raw = b"".join(pieces)
+    extent = fmt.chunk_extent(raw, 0, start, path="f")
+    assert extent is not None
+    assert fmt.chunk_extent(raw[:5], 0, start, path="f") is None, "ends inside the prefix"
+    flipped_body = raw[:50] + bytes([raw[50] ^ 1]) + raw[51:]
+    bad_type_byte = raw[:100] + b"\x01" + raw[101:]
+    for damaged, message in (
+        (flipped_body, "CRC32C"),
+        (bad_type_byte, "block type byte 0x1"),
+        (raw[:-1], "past the end"),
+    ):
+        with pytest.raises(CorruptionError, match=message) as caught:
+            fmt.unframe_chunk(damaged, 0, start, extent, path="f")
+        assert caught.value.offset == start
+    with pytest.raises(CorruptionError, match="expected chunk type"):
+        fmt.unframe_chunk(raw, 0, start, extent, path="f", expect=fmt.CHUNK_LEAF)
