@@ -54,7 +54,14 @@ class Client:
         if threading.current_thread() is self._thread:
             coroutine.close()
             raise InvalidRequest("a blocking Client call from its own event loop would deadlock")
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        try:
+            return future.result()
+        except BaseException:
+            # Interrupted here (Ctrl-C) or failed there: either way the coroutine is over, so
+            # a later call (closing a consume iterator, say) does not find it still running.
+            future.cancel()
+            raise
 
     def close(self) -> None:
         if self._closed:
@@ -131,7 +138,8 @@ class Client:
                 yield page
         finally:
             if not self._closed:
-                self._run(pages.aclose())
+                with contextlib.suppress(RuntimeError):  # the iterator was mid-step when cancelled
+                    self._run(pages.aclose())
 
     def commit(self, queue: str, group: str, hwm: int, *, state: bytes | None = None) -> CommitInfo:
         return self._run(self._client.commit(queue, group, hwm, state=state))
