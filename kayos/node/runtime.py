@@ -278,7 +278,7 @@ class Node:
             "shard": replica.shard_id,
             "hwm": hwm,
             "boundary": boundary,
-            "lag": max(0, boundary - hwm),
+            "lag": max(0, min(boundary, replica.last_entry_seq) - hwm),
             "state": state if isinstance(state, bytes) else None,
         }
 

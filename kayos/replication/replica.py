@@ -191,6 +191,9 @@ class ShardReplica:
         self._recent: dict[int, fr.Batch] = {}
         self._recent_order: deque[tuple[int, int]] = deque()
         self._recent_bytes = 0
+        # The highest seq that holds an entry (metadata-only commits take seqs too); the consumer
+        # lag counts up to here. Unknown after a restart, so it starts at the last seq.
+        self.last_entry_seq = self.store.last_seq
         # Told the duration of every store commit, in seconds (the node's latency histogram).
         self.commit_observer: Callable[[float], None] | None = None
         self._apply_events(chain.Durable(self.store.last_seq))
@@ -330,6 +333,8 @@ class ShardReplica:
         links forward the batch without reading it back from the store."""
         self.check_head()
         result = await self.timed_commit(ops)
+        if ops:
+            self.last_entry_seq = max(self.last_entry_seq, result.last_seq)
         if columns is not None:
             keys, values, expiries, headers = columns
             batch = fr.Batch(
@@ -604,6 +609,8 @@ class UpstreamLink:
                 ops, seqs=seqs, last_seq=group[-1].last_seq, meta=meta or None
             )
             for batch in group:
+                if batch.seqs:
+                    replica.last_entry_seq = max(replica.last_entry_seq, batch.seqs[-1])
                 size = sum(map(len, batch.keys)) + sum(len(v) for v in batch.values if v)
                 replica.remember(batch, size)
             if replica.catching_up and replica.store.last_seq >= catch_up_target:
