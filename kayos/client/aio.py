@@ -429,6 +429,48 @@ class AsyncClient:
 
         return await self._retrying(attempt)
 
+    async def read(self, queue: str, *, after: int, limit: int = 1000) -> Page:
+        """One page of the queue's live entries after ``after`` as of now, from a tail, without
+        a consumer group (for recovery scans of layers that keep their own cursors)."""
+        check_queue_name(queue)
+        if after < 0 or not 1 <= limit <= limits.consume_page_entries_max:
+            raise InvalidRequest("read needs after >= 0 and a limit within the page bound")
+        params = {"group": "_read", "after": str(after), "limit": str(limit)}
+        return await self._page(queue, params, 0.0)
+
+    async def list_groups(self) -> list[tuple[str, str, int]]:
+        """Every consumer group in the cluster as ``(queue, group, hwm)``, one shard at a time."""
+        found: list[tuple[str, str, int]] = []
+        for shard in sorted(self.topology.shards):
+
+            async def attempt(redirect: str | None, shard: int = shard) -> list[Any]:
+                node = redirect or self.topology.shards[shard].head
+                reply = await self._http.request(
+                    "GET", f"{self._url(node)}/v1/shards/{shard}/groups", timeout_s=self.timeout_s
+                )
+                groups = reply.get("groups") if isinstance(reply, dict) else None
+                if not isinstance(groups, list):
+                    raise ProtocolError(f"malformed groups reply {reply!r}")
+                return groups
+
+            for entry in await self._retrying(attempt):
+                found.append((str(entry["queue"]), str(entry["group"]), int(entry["hwm"])))
+        return found
+
+    async def delete_group(self, queue: str, group: str) -> None:
+        """Forgets a consumer group on every member; a missing group is not an error."""
+        check_queue_name(queue)
+
+        async def attempt(redirect: str | None) -> None:
+            node = redirect or self.topology.chain_for(queue).head
+            await self._http.request(
+                "DELETE",
+                f"{self._url(node)}/v1/queues/{queue}/groups/{_quoted(group)}",
+                timeout_s=self.timeout_s,
+            )
+
+        await self._retrying(attempt)
+
     async def produce_http(
         self, queue: str, items: Iterable[ItemLike], *, acks: Acks = 1, txn: bool = True
     ) -> tuple[int, int]:
