@@ -26,9 +26,9 @@ from tests.unit.test_kestrel_support import (
     Harness,
     make_config,
     set_request,
+    start_blocked,
     stats_dict,
     value,
-    wait_until,
 )
 
 pytestmark = pytest.mark.asyncio
@@ -280,9 +280,7 @@ async def test_close_and_abort_do_not_create_queues() -> None:
 async def test_blocked_get_receives_later_add() -> None:
     harness = await started()
     a, b = harness.client(), harness.client()
-    pending = a.start(b"get q/t=2000\r\n")
-    await wait_until(lambda: harness.service.collection.queues.get("q") is not None)
-    await wait_until(lambda: harness.service.collection.queues["q"].waiter_count == 1)
+    pending = await start_blocked(a, b"get q/t=2000\r\n")
     assert await b.send(set_request("q", b"x")) == STORED
     assert await asyncio.wait_for(pending, 2) == value("q", b"x")
 
@@ -307,12 +305,8 @@ async def test_waiters_are_fifo_one_wake_per_add() -> None:
     """§3.5: each add wakes exactly the oldest waiter."""
     harness = await started()
     first, second, producer = harness.client(), harness.client(), harness.client()
-    one = first.start(b"get q/t=2000\r\n")
-    await wait_until(lambda: "q" in harness.service.collection.queues)
-    queue = harness.service.collection.queues["q"]
-    await wait_until(lambda: queue.waiter_count == 1)
-    two = second.start(b"get q/t=2000\r\n")
-    await wait_until(lambda: queue.waiter_count == 2)
+    one = await start_blocked(first, b"get q/t=2000\r\n")
+    two = await start_blocked(second, b"get q/t=2000\r\n")
     await producer.send(set_request("q", b"x"))
     assert await asyncio.wait_for(one, 2) == value("q", b"x")
     assert not two.done()
@@ -324,12 +318,8 @@ async def test_woken_peek_consumes_the_wakeup() -> None:
     """§3.5: a blocked GET behind a woken peek stays blocked until the next add."""
     harness = await started()
     peeker, getter, producer = harness.client(), harness.client(), harness.client()
-    peek = peeker.start(b"get q/peek/t=2000\r\n")
-    await wait_until(lambda: "q" in harness.service.collection.queues)
-    queue = harness.service.collection.queues["q"]
-    await wait_until(lambda: queue.waiter_count == 1)
-    get = getter.start(b"get q/t=2000\r\n")
-    await wait_until(lambda: queue.waiter_count == 2)
+    peek = await start_blocked(peeker, b"get q/peek/t=2000\r\n")
+    get = await start_blocked(getter, b"get q/t=2000\r\n")
     await producer.send(set_request("q", b"x"))
     assert await asyncio.wait_for(peek, 2) == value("q", b"x")
     await asyncio.sleep(0.05)
@@ -342,10 +332,8 @@ async def test_departed_waiter_never_eats_an_item() -> None:
     """§3.4: a cancelled blocked fetch never consumes an item."""
     harness = await started()
     gone, producer, reader = harness.client(), harness.client(), harness.client()
-    pending = gone.start(b"get q/t=5000\r\n")
-    await wait_until(lambda: "q" in harness.service.collection.queues)
+    pending = await start_blocked(gone, b"get q/t=5000\r\n")
     queue = harness.service.collection.queues["q"]
-    await wait_until(lambda: queue.waiter_count == 1)
     gone.disconnect()
     assert await asyncio.wait_for(pending, 2) == CLOSED
     assert queue.waiter_count == 0
@@ -357,12 +345,8 @@ async def test_wakeup_passes_on_when_woken_waiter_left() -> None:
     """§3.4-§3.5: a waiter woken as its client leaves hands the wake-up to the next one."""
     harness = await started()
     gone, staying, producer = harness.client(), harness.client(), harness.client()
-    first = gone.start(b"get q/t=5000\r\n")
-    await wait_until(lambda: "q" in harness.service.collection.queues)
-    queue = harness.service.collection.queues["q"]
-    await wait_until(lambda: queue.waiter_count == 1)
-    second = staying.start(b"get q/t=5000\r\n")
-    await wait_until(lambda: queue.waiter_count == 2)
+    first = await start_blocked(gone, b"get q/t=5000\r\n")
+    second = await start_blocked(staying, b"get q/t=5000\r\n")
     # The add wakes `gone`'s waiter; its client leaves before the fetch re-runs.
     producer_task = producer.start(set_request("q", b"x"))
     gone.disconnect()
@@ -377,9 +361,7 @@ async def test_abort_wakes_a_waiter() -> None:
     owner, waiter = harness.client(), harness.client()
     await owner.send(set_request("q", b"x"))
     await owner.send(b"get q/open\r\n")
-    pending = waiter.start(b"get q/t=2000\r\n")
-    queue = harness.service.collection.queues["q"]
-    await wait_until(lambda: queue.waiter_count == 1)
+    pending = await start_blocked(waiter, b"get q/t=2000\r\n")
     await owner.send(b"get q/abort\r\n")
     assert await asyncio.wait_for(pending, 2) == value("q", b"x")
 
@@ -388,9 +370,7 @@ async def test_delete_wakes_waiters_with_end() -> None:
     """§3.4: deleting a queue wakes its waiters, which answer END."""
     harness = await started()
     waiter, deleter = harness.client(), harness.client()
-    pending = waiter.start(b"get q/t=5000\r\n")
-    await wait_until(lambda: "q" in harness.service.collection.queues)
-    await wait_until(lambda: harness.service.collection.queues["q"].waiter_count == 1)
+    pending = await start_blocked(waiter, b"get q/t=5000\r\n")
     await deleter.send(b"delete q\r\n")
     assert await asyncio.wait_for(pending, 2) == END
 

@@ -143,3 +143,13 @@ def stats_dict(reply: bytes) -> dict[str, str]:
             _, name, rest = line.split(" ", 2)
             result[name] = rest
     return result
+
+
+async def start_blocked(client: Client, request: bytes, *, queue: str = "q") -> asyncio.Task[bytes]:
+    """Send a fetch that will block, and return once it is registered as a waiter on ``queue``."""
+    collection = client.harness.service.collection
+    before = collection.queues[queue].waiter_count if queue in collection.queues else 0
+    task = client.start(request)
+    await wait_until(lambda: queue in collection.queues)
+    await wait_until(lambda: collection.queues[queue].waiter_count == before + 1)
+    return task
