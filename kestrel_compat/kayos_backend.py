@@ -1,0 +1,185 @@
+"""The Kestrel front's backend on a Kayos cluster, through ``kayos.AsyncClient`` only.
+
+- A Kestrel log ``m`` is the Kayos queue ``k.<m>`` (names Kayos would refuse are hex-encoded as
+  ``kx.<hex>``). Every item is produced with ``acks=all``, so it is durable on every member of the
+  shard's chain before the front answers ``STORED``.
+- Item keys are unique (this backend's boot id and a counter), so Kayos's keyed de-dup never
+  merges two Kestrel items. The value is the item's data; ``add_ms``, the Kestrel expiry and the
+  groups the item was added for travel in the entry's headers. The Kayos store's own expiry is
+  not used: the front discards expired items itself (and may move them to ``expireToQueue``).
+- A group (a Kestrel queue or fanout child) is a Kayos consumer group: its high-water mark and
+  blob are committed with ``acks=all`` semantics, so a confirmed removal survives the loss of any
+  one replica.
+- Reads (recovery at start-up only) page through a tail with ``AsyncClient.read``.
+
+Consumed items stay in the Kayos log; reclaiming them needs tombstone-aware compaction (not built).
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+
+from kayos import AsyncClient, Item
+from kayos.errors import InvalidRequest, KayosError
+from kayos.topology import check_queue_name
+from kestrel_compat.backend import BackendError, Entry, GroupState, NewEntry
+
+_PREFIX = "k."
+_HEX_PREFIX = "kx."
+_GROUPS_SEPARATOR = b"\x00"
+_READ_PAGE_ENTRIES = 5_000
+
+
+def queue_for(log: str) -> str:
+    """The Kayos queue holding a Kestrel log."""
+    name = _PREFIX + log
+    try:
+        return check_queue_name(name)
+    except InvalidRequest:
+        return check_queue_name(_HEX_PREFIX + log.encode().hex())
+
+
+def log_for(queue: str) -> str | None:
+    """The Kestrel log a Kayos queue holds, or None for queues that are not Kestrel's."""
+    if queue.startswith(_HEX_PREFIX):
+        try:
+            return bytes.fromhex(queue[len(_HEX_PREFIX) :]).decode()
+        except (ValueError, UnicodeDecodeError):
+            return None
+    if queue.startswith(_PREFIX):
+        return queue[len(_PREFIX) :]
+    return None
+
+
+def entry_headers(entry: NewEntry) -> dict[str, bytes]:
+    headers = {
+        "a": entry.add_ms.to_bytes(8, "big"),
+        "g": _GROUPS_SEPARATOR.join(group.encode() for group in entry.groups),
+    }
+    if entry.expiry_ms is not None:
+        headers["e"] = entry.expiry_ms.to_bytes(8, "big")
+    return headers
+
+
+def entry_from(seq: int, value: bytes, headers: dict[str, bytes] | None) -> Entry:
+    headers = headers or {}
+    groups_raw = headers.get("g", b"")
+    groups = tuple(g.decode() for g in groups_raw.split(_GROUPS_SEPARATOR)) if groups_raw else ()
+    expiry_raw = headers.get("e")
+    return Entry(
+        seq,
+        value,
+        int.from_bytes(headers.get("a", b"\0"), "big"),
+        None if expiry_raw is None else int.from_bytes(expiry_raw, "big"),
+        groups,
+    )
+
+
+class KayosBackend:
+    """``kestrel_compat.backend.Backend`` over a Kayos cluster."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+        self._boot = uuid.uuid4().hex[:16]
+        self._counter = itertools.count(1)
+
+    @classmethod
+    async def connect(cls, seeds: str | list[str]) -> KayosBackend:
+        client = AsyncClient(seeds, name="kestrel-front")
+        try:
+            await client.connect()
+        except KayosError as exc:
+            await client.close()
+            raise BackendError(f"cannot reach the Kayos cluster at {seeds}: {exc}") from exc
+        return cls(client)
+
+    async def append(self, log: str, entries: list[NewEntry]) -> list[int]:
+        if not entries:
+            return []
+        items = [
+            Item(
+                f"{self._boot}.{next(self._counter)}".encode(), entry.value, 0, entry_headers(entry)
+            )
+            for entry in entries
+        ]
+        try:
+            first, last = await self._client.produce_batch(
+                queue_for(log), items, acks="all", txn=True
+            )
+        except KayosError as exc:
+            raise BackendError(f"append to {log!r} failed: {exc}") from exc
+        if last - first + 1 != len(entries):
+            raise BackendError(f"append to {log!r} got seqs {first}..{last} for {len(entries)}")
+        return list(range(first, last + 1))
+
+    async def read(self, log: str, after_seq: int, limit: int) -> list[Entry]:
+        found: list[Entry] = []
+        after = after_seq
+        try:
+            while len(found) < limit:
+                page = await self._client.read(
+                    queue_for(log), after=after, limit=min(limit, _READ_PAGE_ENTRIES)
+                )
+                for message in page.messages:
+                    if message.value is not None and len(found) < limit:
+                        found.append(entry_from(message.seq, message.value, message.headers))
+                if page.end or page.next <= after:
+                    break
+                after = page.next
+        except KayosError as exc:
+            raise BackendError(f"read of {log!r} failed: {exc}") from exc
+        return found
+
+    async def commit_group(self, log: str, group: str, state: GroupState) -> None:
+        try:
+            await self._client.commit(queue_for(log), group, state.hwm, state=state.blob)
+        except KayosError as exc:
+            raise BackendError(f"commit of {log!r}/{group!r} failed: {exc}") from exc
+
+    async def load_group(self, log: str, group: str) -> GroupState | None:
+        queue = queue_for(log)
+        try:
+            known = {(q, g) for q, g, _ in await self._client.list_groups()}
+            if (queue, group) not in known:
+                return None
+            info = await self._client.group(queue, group)
+        except KayosError as exc:
+            raise BackendError(f"load of {log!r}/{group!r} failed: {exc}") from exc
+        return GroupState(info.hwm, info.state or b"")
+
+    async def list_logs(self) -> list[str]:
+        try:
+            groups = await self._client.list_groups()
+        except KayosError as exc:
+            raise BackendError(f"listing queues failed: {exc}") from exc
+        return sorted({log for q, _, _ in groups if (log := log_for(q)) is not None})
+
+    async def list_groups(self, log: str) -> list[str]:
+        queue = queue_for(log)
+        try:
+            groups = await self._client.list_groups()
+        except KayosError as exc:
+            raise BackendError(f"listing groups failed: {exc}") from exc
+        return sorted(g for q, g, _ in groups if q == queue)
+
+    async def delete_group(self, log: str, group: str) -> None:
+        try:
+            await self._client.delete_group(queue_for(log), group)
+        except KayosError as exc:
+            raise BackendError(f"delete of {log!r}/{group!r} failed: {exc}") from exc
+
+    async def delete_log(self, log: str) -> None:
+        for group in await self.list_groups(log):
+            await self.delete_group(log, group)
+
+    async def last_seq(self, log: str) -> int:
+        queue = queue_for(log)
+        try:
+            info = await self._client.group(queue, "_last")
+        except KayosError as exc:
+            raise BackendError(f"last seq of {log!r} failed: {exc}") from exc
+        return info.boundary
+
+    async def close(self) -> None:
+        await self._client.close()
