@@ -1107,7 +1107,7 @@ class Snapshot:
         after_seq: int = 0,
         upto_seq: int | None = None,
         *,
-        page_entries: int = limits.scan_page_entries_max,
+        page_entries: int = limits.scan_page_entries_default,
         now_ms: int | None = None,
         include_expired: bool = False,
         as_of: int | None = None,

@@ -492,6 +492,18 @@ def test_pages_split_a_scan_without_losing_entries(tmp_store: ShardStore) -> Non
         assert [e for page in pages for e in page] == list(snapshot.scan())
 
 
+def test_pages_default_to_the_cache_sized_page(tmp_store: ShardStore) -> None:
+    """A caller that names no page size gets pages of limits.scan_page_entries_default (small,
+    so a page's entries stay in cache and die young), not the maximum."""
+    count = limits.scan_page_entries_default * 2 + 5
+    tmp_store.commit([Put(b"k%d" % n, b"v") for n in range(count)])
+    with tmp_store.snapshot() as snapshot:
+        sizes = [len(page) for page in snapshot.pages()]
+    default = limits.scan_page_entries_default
+    assert sizes == [default, default, 5]
+    assert default < limits.scan_page_entries_max
+
+
 def test_rollback_restores_the_state_and_invalidates_later_snapshots(
     tmp_store: ShardStore,
 ) -> None:
