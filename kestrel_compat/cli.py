@@ -10,12 +10,18 @@ import sys
 
 import click
 
+from kestrel_compat.backend import Backend
 from kestrel_compat.config import ConfigError, KestrelConfig, load_config
 from kestrel_compat.server import KestrelServer
 
 
-async def _serve(config: KestrelConfig, config_path: str | None) -> None:
-    server = KestrelServer(config, config_path=config_path)
+async def _serve(config: KestrelConfig, config_path: str | None, cluster: str | None) -> None:
+    backend: Backend | None = None
+    if cluster is not None:
+        from kestrel_compat.kayos_backend import KayosBackend
+
+        backend = await KayosBackend.connect(cluster)
+    server = KestrelServer(config, config_path=config_path, backend=backend)
     await server.start()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -35,8 +41,17 @@ async def _serve(config: KestrelConfig, config_path: str | None) -> None:
     type=click.Path(exists=True, dir_okay=False),
     help="TOML file: [server], [default], [queues.<name>], [aliases.<name>].",
 )
+@click.option(
+    "--cluster",
+    default=None,
+    metavar="URL",
+    help="A Kayos node's HTTP URL: keep items on that cluster's chains (durable on every replica "
+    "before STORED). Without it items live in this process's memory.",
+)
 @click.option("--log-level", default="WARNING", show_default=True, help="Python logging level.")
-def kestrel(host: str | None, port: int | None, config_path: str | None, log_level: str) -> None:
+def kestrel(
+    host: str | None, port: int | None, config_path: str | None, cluster: str | None, log_level: str
+) -> None:
     """Serve Kestrel 2.x clients on the memcache protocol."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
@@ -49,4 +64,4 @@ def kestrel(host: str | None, port: int | None, config_path: str | None, log_lev
         server = dataclasses.replace(server, host=host)
     if port is not None:
         server = dataclasses.replace(server, port=port)
-    asyncio.run(_serve(dataclasses.replace(config, server=server), config_path))
+    asyncio.run(_serve(dataclasses.replace(config, server=server), config_path, cluster))

@@ -9,6 +9,7 @@ import click
 
 from kayos import __version__
 from kayos.cli.data import consume, produce
+from kestrel_compat.cli import kestrel
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -186,6 +187,7 @@ def up(data_dir: str, nodes: int, replicas: int, shards: int | None, base_port: 
 
 cli.add_command(produce)
 cli.add_command(consume)
+cli.add_command(kestrel)
 
 
 def main() -> None:
