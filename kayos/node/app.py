@@ -152,6 +152,13 @@ def _int_param(request: web.Request, name: str, default: int | None) -> int | No
     return value
 
 
+def _shard_param(request: web.Request) -> int:
+    try:
+        return int(request.match_info["shard"])
+    except ValueError as exc:
+        raise InvalidRequest("shard must be an integer") from exc
+
+
 def page_payload(page: Page) -> dict[str, Any]:
     return {
         "shard": page.shard,
@@ -236,8 +243,23 @@ def make_app(node: Node) -> web.Application:
             return await _relay(request, exc, {"hwm": hwm, "state": state})
         return _reply(request, {"hwm": hwm, "seq": seq})
 
+    @routes.delete("/v1/queues/{queue}/groups/{group}")
+    async def delete_group(request: web.Request) -> web.Response:
+        queue = request.match_info["queue"]
+        group = request.match_info["group"]
+        try:
+            seq = await node.delete_group(queue, group)
+        except WrongRoleError as exc:
+            return await _relay(request, exc, None)
+        return _reply(request, {"deleted": True, "seq": seq})
+
+    @routes.get("/v1/shards/{shard}/groups")
+    async def list_groups(request: web.Request) -> web.Response:
+        shard = _shard_param(request)
+        return _reply(request, {"shard": shard, "groups": node.list_groups(shard)})
+
     async def _relay(
-        request: web.Request, exc: WrongRoleError, body: dict[str, Any]
+        request: web.Request, exc: WrongRoleError, body: dict[str, Any] | None
     ) -> web.Response:
         head = node.topology.nodes.get(exc.redirect or "")
         if head is None or request.headers.get("X-Kayos-Relayed"):
@@ -268,10 +290,7 @@ def make_app(node: Node) -> web.Application:
 
     @routes.get("/v1/shards/{shard}/committed")
     async def committed(request: web.Request) -> web.Response:
-        try:
-            shard = int(request.match_info["shard"])
-        except ValueError as exc:
-            raise InvalidRequest("shard must be an integer") from exc
+        shard = _shard_param(request)
         seq = _int_param(request, "seq", 0) or 0
         timeout_ms = _int_param(request, "timeout_ms", 0) or 0
         value = await node.wait_committed(shard, seq, timeout_ms)
@@ -311,7 +330,7 @@ class _Collector:
         )
         lag = GaugeMetricFamily(
             "kayos_group_lag",
-            "Replica last seq minus the group's high-water mark",
+            "Last seq holding an entry minus the group's high-water mark",
             labels=["shard", "queue", "group"],
         )
         for shard_id, replica in self._node.replicas.items():
@@ -322,7 +341,8 @@ class _Collector:
             for name, hwm in replica.store.meta.items():
                 if name.startswith(HWM_META) and isinstance(hwm, int):
                     queue, _, group = name[len(HWM_META) :].partition("/")
-                    lag.add_metric([str(shard_id), queue, group], max(0, replica.durable - hwm))
+                    behind = max(0, replica.last_entry_seq - hwm)
+                    lag.add_metric([str(shard_id), queue, group], behind)
         return [last, committed, size, lag]
 
 
