@@ -11,6 +11,7 @@ import bisect
 import errno
 import os
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -30,7 +31,11 @@ if TYPE_CHECKING:
     from kayos.storage.fileops import FileHandle
 
 _FLUSH_BYTES = 4 * 1024 * 1024
-_compaction_locks: dict[int, threading.Lock] = {}
+# One compaction per store at a time. Weakly keyed, so an entry goes with its store (a dict keyed
+# by id() grew with every store ever compacted, and a new store could inherit a dead one's lock).
+_compaction_locks: weakref.WeakKeyDictionary[ShardStore, threading.Lock] = (
+    weakref.WeakKeyDictionary()
+)
 _compaction_locks_guard = threading.Lock()
 
 
@@ -122,7 +127,7 @@ def _pick(leaf: fmt.Leaf, keep: list[int]) -> fmt.Leaf:
 
 def _lock_for(store: ShardStore) -> threading.Lock:
     with _compaction_locks_guard:
-        return _compaction_locks.setdefault(id(store), threading.Lock())
+        return _compaction_locks.setdefault(store, threading.Lock())
 
 
 def compact(store: ShardStore) -> CompactionResult:

@@ -11,8 +11,10 @@ and waits, with a bound, for other threads to reach theirs.
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
+import weakref
 from typing import TYPE_CHECKING
 
 import pytest
@@ -24,6 +26,7 @@ from kayos.errors import (
     StorageError,
     StoreClosedError,
 )
+from kayos.storage import compact as compact_module
 from kayos.storage.compact import compact
 from kayos.storage.engine import (
     CommitResult,
@@ -378,6 +381,48 @@ def test_large_values_and_metadata_move_to_the_new_file(tmp_path: Path) -> None:
         assert [e.value for e in store.scan()] == [b"s", b"C" * 9_000]
     finally:
         store.close()
+
+
+def test_expired_newest_versions_survive_compaction(tmp_path: Path) -> None:
+    """Compaction drops superseded versions only ("Compaction", step 2): an expired entry that is
+    still the newest version of its key stays in the file, because retention belongs to the
+    queue layer. Reads keep filtering it by expiry; a replica's export still carries it."""
+    store = open_store(str(tmp_path / "shard"), window=0)
+    try:
+        store.commit([Put(b"expired", b"1", expiry_ms=1_000), Put(b"live", b"2")])
+        store.commit([Put(b"old", b"x")])
+        store.commit([Put(b"old", b"y")])
+        result = compact(store)
+        assert result.entries_dropped == 1, "only the superseded version of b'old'"
+        assert store.stats()["entry_count"] == 3
+        with store.snapshot() as snapshot:
+            assert [e.key for e in snapshot.scan(now_ms=2_000)] == [b"live", b"old"]
+            kept = [e.key for page in snapshot.pages(include_expired=True) for e in page]
+            assert kept == [b"expired", b"live", b"old"]
+        assert store.get(b"expired", now_ms=2_000) is None
+        before_expiry = store.get(b"expired", now_ms=500)
+        assert before_expiry is not None
+        assert before_expiry.value == b"1"
+        assert [e.key for page in store.export(0) for e in page] == kept
+    finally:
+        store.close()
+
+
+def test_the_compaction_lock_table_lets_stores_go(tmp_path: Path) -> None:
+    """Regression: the per-store compaction locks were kept in a dict keyed by id(store) that
+    never shrank (and a new store could inherit a dead one's entry); an entry now goes with its
+    store."""
+    before = len(compact_module._compaction_locks)
+    store = open_store(str(tmp_path / "shard"))
+    store.commit(overwrite_batch(0))
+    compact(store)
+    assert len(compact_module._compaction_locks) == before + 1
+    store.close()
+    gone = weakref.ref(store)
+    del store
+    gc.collect()
+    assert gone() is None, "the lock table keeps no store alive"
+    assert len(compact_module._compaction_locks) == before
 
 
 def test_compacting_an_empty_store(tmp_store: ShardStore) -> None:
