@@ -27,7 +27,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import msgpack
 
@@ -46,6 +46,7 @@ from kayos.replication import chain
 from kayos.replication import frames as fr
 from kayos.storage import CommitResult, Delete, Entry, Op, Put, ShardStore
 from kayos.storage import format as fmt
+from kayos.storage.engine import validate_ops
 from kayos.topology import ShardChain, Topology
 
 log = logging.getLogger("kayos.replication")
@@ -142,6 +143,65 @@ def unpack_takeover(raw: Any) -> chain.TakeoverTable:
     return [(bytes(u), int(s)) for u, s in msgpack.unpackb(raw, raw=False)]
 
 
+Columns: TypeAlias = tuple[
+    tuple[bytes, ...],
+    tuple[bytes | None, ...],
+    tuple[int, ...] | None,
+    tuple[dict[str, bytes] | None, ...] | None,
+]
+
+
+def concat_columns(parts: list[Columns]) -> Columns:
+    """One set of columns for several batches, in order (a group commit, a merged forward)."""
+    if len(parts) == 1:
+        return parts[0]
+    keys = tuple(itertools.chain.from_iterable(p[0] for p in parts))
+    values = tuple(itertools.chain.from_iterable(p[1] for p in parts))
+    expiries: tuple[int, ...] | None = None
+    if any(p[2] is not None for p in parts):
+        expiries = tuple(
+            itertools.chain.from_iterable(
+                p[2] if p[2] is not None else (0,) * len(p[0]) for p in parts
+            )
+        )
+    headers: tuple[dict[str, bytes] | None, ...] | None = None
+    if any(p[3] is not None for p in parts):
+        headers = tuple(
+            itertools.chain.from_iterable(
+                p[3] if p[3] is not None else (None,) * len(p[0]) for p in parts
+            )
+        )
+    return keys, values, expiries, headers
+
+
+def merge_batches(batches: list[fr.Batch]) -> fr.Batch:
+    """Consecutive batches of one link as one (a replica forwards what it committed at once)."""
+    if len(batches) == 1:
+        return batches[0]
+    meta: dict[str, Any] | None = None
+    for batch in batches:
+        if batch.meta is not None:
+            meta = {**(meta or {}), **batch.meta}
+    first = batches[0]
+    return fr.Batch(
+        first.shard,
+        first.first_seq,
+        batches[-1].last_seq,
+        any(b.txn for b in batches),
+        tuple(itertools.chain.from_iterable(b.seqs for b in batches)),
+        *concat_columns([(b.keys, b.values, b.expiries_ms, b.headers) for b in batches]),
+        meta,
+    )
+
+
+@dataclass(slots=True)
+class _Write:
+    ops: Sequence[Op]
+    columns: Columns
+    payload: int
+    future: asyncio.Future[CommitResult]
+
+
 @dataclass(slots=True)
 class _Waiter:
     seq: int
@@ -191,6 +251,8 @@ class ShardReplica:
         self._recent: dict[int, fr.Batch] = {}
         self._recent_order: deque[tuple[int, int]] = deque()
         self._recent_bytes = 0
+        self._writes: deque[_Write] = deque()
+        self._writer: asyncio.Task[None] | None = None
         # The highest seq that holds an entry (metadata-only commits take seqs too); the consumer
         # lag counts up to here. Unknown after a restart, so it starts at the last seq.
         self.last_entry_seq = self.store.last_seq
@@ -318,41 +380,63 @@ class ShardReplica:
         self._recent_order.clear()
         self._recent_bytes = 0
 
-    async def commit_ops(
-        self,
-        ops: Sequence[Op],
-        columns: tuple[
-            tuple[bytes, ...],
-            tuple[bytes | None, ...],
-            tuple[int, ...] | None,
-            tuple[dict[str, bytes] | None, ...] | None,
-        ]
-        | None = None,
-    ) -> CommitResult:
-        """Commits at the head. ``columns`` (stored keys, values, expiries, headers) lets the
-        links forward the batch without reading it back from the store."""
+    async def commit_ops(self, ops: Sequence[Op], columns: Columns) -> CommitResult:
+        """Commits one all-or-nothing batch at the head and returns its seq range.
+
+        Batches that arrive while the store is busy are committed together in one store commit
+        (the node's group commit: one worker thread, one fsync, one ``BATCH`` downstream); each
+        keeps its own consecutive seq range. ``columns`` (stored keys, values, expiries,
+        headers) are forwarded down the chain as they are, without a read-back."""
         self.check_head()
-        result = await self.timed_commit(ops)
-        if ops:
+        payload = validate_ops(ops)  # a bad batch fails alone, before it joins a group
+        future: asyncio.Future[CommitResult] = asyncio.get_running_loop().create_future()
+        self._writes.append(_Write(ops, columns, payload, future))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_loop())
+        return await future
+
+    async def _write_loop(self) -> None:
+        writes = self._writes
+        while writes:
+            group = [writes.popleft()]
+            entries = len(group[0].ops)
+            payload = group[0].payload
+            while writes and (
+                entries + len(writes[0].ops) <= limits.batch_entries_max
+                and payload + writes[0].payload <= limits.batch_bytes_max
+            ):
+                write = writes.popleft()
+                group.append(write)
+                entries += len(write.ops)
+                payload += write.payload
+            ops = group[0].ops if len(group) == 1 else [op for w in group for op in w.ops]
+            try:
+                result = await self.timed_commit(ops)
+            except Exception as exc:  # every batch of the group failed with it
+                for write in group:
+                    if not write.future.done():
+                        write.future.set_exception(exc)
+                continue
             self.last_entry_seq = max(self.last_entry_seq, result.last_seq)
-        if columns is not None:
-            keys, values, expiries, headers = columns
             batch = fr.Batch(
                 self.shard_id,
                 result.first_seq,
                 result.last_seq,
                 True,
                 tuple(range(result.first_seq, result.last_seq + 1)),
-                keys,
-                values,
-                expiries,
-                headers,
+                *concat_columns([w.columns for w in group]),
                 None,
             )
-            size = sum(map(len, keys)) + sum(len(v) for v in values if v is not None)
-            self.remember(batch, size)
-        self.local_commit_done()
-        return result
+            self.remember(batch, payload)
+            self.local_commit_done()
+            first = result.first_seq
+            for write in group:
+                count = len(write.ops)
+                if not write.future.done():
+                    write.future.set_result(
+                        CommitResult(first, first + count - 1, result.commit_no)
+                    )
+                first += count
 
     async def timed_commit(self, ops: Sequence[Op], **options: Any) -> CommitResult:
         started = time.perf_counter()
@@ -611,8 +695,9 @@ class UpstreamLink:
             for batch in group:
                 if batch.seqs:
                     replica.last_entry_seq = max(replica.last_entry_seq, batch.seqs[-1])
-                size = sum(map(len, batch.keys)) + sum(len(v) for v in batch.values if v)
-                replica.remember(batch, size)
+            merged = merge_batches(group)
+            size = sum(map(len, merged.keys)) + sum(len(v) for v in merged.values if v)
+            replica.remember(merged, size)
             if replica.catching_up and replica.store.last_seq >= catch_up_target:
                 replica.catching_up = False
                 log.info("shard %s: caught up at %s", replica.shard_id, replica.store.last_seq)
