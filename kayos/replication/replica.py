@@ -119,6 +119,24 @@ class FrameStream:
             self.writer.close()
 
 
+async def recv_unless_done(
+    stream: FrameStream, companion: asyncio.Task[None]
+) -> tuple[bool, fr.Frame | None]:
+    """The next frame, unless ``companion`` (the task working the other direction of the link)
+    ends first: then ``(True, None)``, or its exception. No read is left pending either way."""
+    recv = asyncio.ensure_future(stream.recv())
+    try:
+        done, _ = await asyncio.wait({recv, companion}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        recv.cancel()
+        raise
+    if companion in done:
+        recv.cancel()
+        companion.result()  # raises what stopped it
+        return True, None
+    return False, recv.result()
+
+
 def error_frame(exc: KayosError, request_id: int | None, epoch: int) -> fr.ErrorFrame:
     redirect = exc.redirect if isinstance(exc, WrongRoleError) else None
     return fr.ErrorFrame(request_id, exc.code, str(exc)[:1000] or exc.code, redirect, epoch)
@@ -628,13 +646,9 @@ class UpstreamLink:
         expected = replica.store.last_seq + 1
         try:
             while True:
-                recv = asyncio.ensure_future(stream.recv())
-                done, _ = await asyncio.wait({recv, applier}, return_when=asyncio.FIRST_COMPLETED)
-                if applier in done:
-                    recv.cancel()
-                    applier.result()  # raises what stopped it
+                stopped, frame = await recv_unless_done(stream, applier)
+                if stopped:
                     return
-                frame = recv.result()
                 if frame is None:
                     raise EOFError("upstream closed the link")
                 if isinstance(frame, fr.Batch):
@@ -806,14 +820,8 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
     sender = asyncio.create_task(_send_loop(replica, stream, frame.from_seq - 1, window, acked))
     try:
         while True:
-            recv = asyncio.ensure_future(stream.recv())
-            done, _ = await asyncio.wait({recv, sender}, return_when=asyncio.FIRST_COMPLETED)
-            if sender in done:
-                recv.cancel()
-                sender.result()
-                return
-            reply = recv.result()
-            if reply is None:
+            stopped, reply = await recv_unless_done(stream, sender)
+            if stopped or reply is None:
                 return
             if isinstance(reply, fr.Ack | fr.Committed):
                 seq = reply.durable_seq if isinstance(reply, fr.Ack) else reply.committed_seq
