@@ -429,7 +429,7 @@ class ShardReplica:
                 payload += write.payload
             ops = group[0].ops if len(group) == 1 else [op for w in group for op in w.ops]
             try:
-                result = await self.timed_commit(ops)
+                result = await self.timed_commit(ops, inline=not writes)
             except Exception as exc:  # every batch of the group failed with it
                 for write in group:
                     if not write.future.done():
@@ -456,9 +456,16 @@ class ShardReplica:
                     )
                 first += count
 
-    async def timed_commit(self, ops: Sequence[Op], **options: Any) -> CommitResult:
+    async def timed_commit(
+        self, ops: Sequence[Op], *, inline: bool = False, **options: Any
+    ) -> CommitResult:
+        """A store commit in a worker thread; ``inline`` runs a small one on the event loop
+        instead (when nothing else waits, the thread hand-off costs more than the commit)."""
         started = time.perf_counter()
-        result = await asyncio.to_thread(self.store.commit, ops, **options)
+        if inline and len(ops) <= limits.inline_commit_entries_max:
+            result = self.store.commit(ops, **options)
+        else:
+            result = await asyncio.to_thread(self.store.commit, ops, **options)
         if self.commit_observer is not None:
             self.commit_observer(time.perf_counter() - started)
         return result
@@ -704,7 +711,11 @@ class UpstreamLink:
                 if batch.meta:
                     meta.update(batch.meta)
             await replica.timed_commit(
-                ops, seqs=seqs, last_seq=group[-1].last_seq, meta=meta or None
+                ops,
+                inline=batches.empty(),
+                seqs=seqs,
+                last_seq=group[-1].last_seq,
+                meta=meta or None,
             )
             for batch in group:
                 if batch.seqs:
