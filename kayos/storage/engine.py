@@ -582,6 +582,14 @@ class ShardStore:
         if claim_seq and (ops or last_seq is not None):
             raise InvalidRequest("claim_seq is for a commit without ops or last_seq")
         self._check_usable()
+        # Checked against the last seq as queued: it only grows until the commit is built.
+        highest = seqs[-1] if last_seq is None and seqs else last_seq
+        store_last_seq = self.last_seq
+        if highest is not None and highest - store_last_seq > limits.seq_gap_max:
+            raise InvalidRequest(
+                f"seq {highest} is more than seq_gap_max ({limits.seq_gap_max}) past the last "
+                f"seq {store_last_seq}"
+            )
         pending = _Pending(ops, meta, seqs, last_seq, claim_seq, payload_bytes=payload)
         with self._cv:
             while len(self._queue) >= limits.commit_queue_batches_max:

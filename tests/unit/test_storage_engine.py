@@ -245,6 +245,29 @@ def test_bad_explicit_seqs_leave_the_store_unchanged(
     assert tmp_store.scan() == entries
 
 
+def test_explicit_seqs_may_not_run_past_the_seq_gap_bound(
+    tmp_store: ShardStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """limits.seq_gap_max: a commit's explicit seqs, or its last_seq, may run at most that far
+    past the store's last seq (one absurd seq would map a successor array to match). At the
+    bound is fine; one past it is refused and changes nothing."""
+    monkeypatch.setattr(limits, "seq_gap_max", 100)
+    tmp_store.commit([Put(b"a", b"1")], seqs=[5])
+    size, stats, entries = tmp_store.file_bytes(), tmp_store.stats(), tmp_store.scan()
+    segments = len(tmp_store.succ_segments)
+    for seqs, last_seq in (([106], None), ([50, 106], None), ([50], 106), (None, 106)):
+        ops = [Put(b"k%d" % n, b"v") for n in range(len(seqs or []))]
+        with pytest.raises(InvalidRequest, match="seq_gap_max"):
+            tmp_store.commit(ops, seqs=seqs, last_seq=last_seq)
+    assert tmp_store.file_bytes() == size
+    assert tmp_store.stats() == stats
+    assert tmp_store.scan() == entries
+    assert len(tmp_store.succ_segments) == segments
+    result = tmp_store.commit([Put(b"b", b"2")], seqs=[105])
+    assert (result.first_seq, result.last_seq) == (105, 105)
+    assert tmp_store.commit([], last_seq=205).last_seq == 205
+
+
 # --- group commit -------------------------------------------------------------------------------
 
 
