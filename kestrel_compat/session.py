@@ -1,0 +1,185 @@
+"""What every Kestrel connection does, whatever its protocol (Kestrel's ``KestrelHandler``).
+
+``SessionBase`` is one connection's share of the server: it counts in ``curr_connections`` and
+``total_connections``, decides once whether a connection limit makes it refuse reads or writes for
+life (spec §7), and runs blocked fetches: ``fetch`` waits on the event loop for an add or abort to
+wake it and, if the client leaves meanwhile, deregisters without taking an item (spec §3.4-§3.5).
+``PendingReads`` is Kestrel's ``SimplePendingReads``: the open reads of one connection per queue,
+oldest first, which the memcache and text protocols share and abort when the connection ends. The
+thrift protocol keeps its open reads server-wide instead (``kestrel_compat.thrift_handler``).
+
+The protocol sessions subclass ``SessionBase`` and turn its refusals into their own replies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+
+from kestrel_compat import limits
+from kestrel_compat.engine import Item, KestrelQueue, Waiter
+from kestrel_compat.service import KestrelService
+
+
+class ClientGone(Exception):
+    """The client left while its request waited; nothing more is written to it."""
+
+
+def _resolver(future: asyncio.Future[None]) -> Callable[[], None]:
+    def wake() -> None:
+        if not future.done():
+            future.set_result(None)
+
+    return wake
+
+
+class PendingReads:
+    """One connection's open reads, per queue name, oldest first (Kestrel's SimplePendingReads)."""
+
+    def __init__(self) -> None:
+        self._reads: dict[str, deque[tuple[KestrelQueue, int]]] = {}
+
+    def count(self, name: str) -> int:
+        return len(self._reads.get(name, ()))
+
+    def add(self, name: str, queue: KestrelQueue, xid: int) -> None:
+        self._reads.setdefault(name, deque()).append((queue, xid))
+
+    def _pop(self, name: str, count: int) -> list[tuple[KestrelQueue, int]]:
+        # Kestrel's ItemIdList.pop(count): all of them or none.
+        pending = self._reads.get(name)
+        if not pending or count > len(pending) or count <= 0:
+            return []
+        return [pending.popleft() for _ in range(count)]
+
+    def confirm(self, name: str, count: int = 1) -> int:
+        """Confirm the ``count`` oldest open reads on ``name``; none unless there are that many."""
+        taken = self._pop(name, count)
+        for queue, xid in taken:
+            queue.confirm(xid)
+        return len(taken)
+
+    def confirm_all(self, name: str) -> int:
+        return self.confirm(name, self.count(name))
+
+    def abort(self, name: str) -> int:
+        """Put the oldest open read on ``name`` back at the head of its queue."""
+        taken = self._pop(name, 1)
+        for queue, xid in taken:
+            queue.unremove(xid)
+        return len(taken)
+
+    def abort_all(self) -> None:
+        """Every open read back at its head, oldest first (spec §3.4)."""
+        reads, self._reads = self._reads, {}
+        for pending in reads.values():
+            for queue, xid in pending:
+                queue.unremove(xid)
+
+
+class SessionBase:
+    """One connection of any protocol: counting, connection limits, blocked fetches."""
+
+    def __init__(self, service: KestrelService) -> None:
+        self.service = service
+        self.collection = service.collection
+        self.max_open_reads = service.server_config.max_open_transactions
+        self.finished = False
+        self._gone: asyncio.Future[None] | None = None
+        service.sessions += 1
+        stats = self.collection.stats
+        stats.curr_connections += 1
+        stats.total_connections += 1
+        server = service.server_config
+        write_limit = server.connection_limit_refuse_writes
+        read_limit = server.connection_limit_refuse_reads
+        self.refuse_writes = write_limit is not None and service.sessions > write_limit
+        self.refuse_reads = read_limit is not None and service.sessions > read_limit
+
+    # --- lifecycle ---
+
+    def client_left(self) -> None:
+        """The peer closed its side: a blocked fetch gives up without taking an item."""
+        gone = self._gone_future()
+        if not gone.done():
+            gone.set_result(None)
+
+    def _gone_future(self) -> asyncio.Future[None]:
+        if self._gone is None:
+            self._gone = asyncio.get_running_loop().create_future()
+        return self._gone
+
+    def finish(self) -> None:
+        """The connection ended, for any reason; ``end_reads`` settles its open reads."""
+        if self.finished:
+            return
+        self.finished = True
+        self.end_reads()
+        self.service.sessions -= 1
+        self.collection.stats.curr_connections -= 1
+        self.service.after_change()
+
+    def end_reads(self) -> None:
+        """What the connection's end does to its open reads; each protocol says."""
+        raise NotImplementedError
+
+    # --- status and limits (spec §7) ---
+
+    @property
+    def reads_blocked(self) -> bool:
+        status = self.service.status
+        return self.refuse_reads or (status is not None and status.blocks_reads)
+
+    @property
+    def writes_blocked(self) -> bool:
+        status = self.service.status
+        return self.refuse_writes or (status is not None and status.blocks_writes)
+
+    # --- blocked fetches (spec §3.5) ---
+
+    @staticmethod
+    def deadline(timeout_ms: int | None) -> float | None:
+        """A relative wait as a deadline on the loop's clock; None: do not wait."""
+        if timeout_ms is None or timeout_ms <= 0:
+            return None
+        return asyncio.get_running_loop().time() + min(timeout_ms, limits.wait_ms_max) / 1000
+
+    async def fetch(
+        self, queue: KestrelQueue, deadline: float | None, *, transactional: bool, peek: bool
+    ) -> Item | None:
+        """Fetch now, or wait until ``deadline`` (loop time) for an add or abort to wake us."""
+        loop = asyncio.get_running_loop()
+        while True:
+            item = self.collection.fetch(queue, transactional=transactional, peek=peek)
+            if item is not None or deadline is None or queue.closed or queue.paused:
+                return item
+            remaining_s = deadline - loop.time()
+            if remaining_s <= 0:
+                return None
+            gone = self._gone_future()
+            if gone.done():
+                raise ClientGone("the client left before its fetch could wait")
+            woken: asyncio.Future[None] = loop.create_future()
+            waiter = Waiter(_resolver(woken))
+            queue.add_waiter(waiter)
+            try:
+                await asyncio.wait(
+                    [woken, gone], timeout=remaining_s, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                registered = queue.remove_waiter(waiter)
+                if not registered and woken.done() and (gone.done() or self._cancelled()):
+                    # Woken but never ran the fetch (our client left): pass the wake-up on.
+                    queue.trigger()
+            if gone.done():
+                raise ClientGone("the client left while its fetch waited")
+            if not woken.done():
+                return None  # Timed out.
+            if loop.time() >= deadline:
+                return self.collection.fetch(queue, transactional=transactional, peek=peek)
+
+    @staticmethod
+    def _cancelled() -> bool:
+        task = asyncio.current_task()
+        return task is not None and task.cancelling() > 0
