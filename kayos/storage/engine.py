@@ -582,7 +582,8 @@ class ShardStore:
         if claim_seq and (ops or last_seq is not None):
             raise InvalidRequest("claim_seq is for a commit without ops or last_seq")
         self._check_usable()
-        # Checked against the last seq as queued: it only grows until the commit is built.
+        # Checked against the last seq as queued: commits that land before this one is built
+        # only shrink the gap.
         highest = seqs[-1] if last_seq is None and seqs else last_seq
         store_last_seq = self.last_seq
         if highest is not None and highest - store_last_seq > limits.seq_gap_max:
