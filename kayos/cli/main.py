@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 
@@ -169,15 +170,31 @@ def node(config_path: str, node_id: str, data_dir: str, log_level: str) -> None:
     show_default=True,
     help="Node i listens on HTTP base+i and binary base+100+i.",
 )
-def up(data_dir: str, nodes: int, replicas: int, shards: int | None, base_port: int) -> None:
+@click.option(
+    "--kestrel-port",
+    default=22133,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="The Kestrel memcache front, items on this cluster; 0: no front.",
+)
+def up(
+    data_dir: str, nodes: int, replicas: int, shards: int | None, base_port: int, kestrel_port: int
+) -> None:
     """Start a local cluster on 127.0.0.1: by default 3 nodes, 3 shards with rotated roles
-    (S0 a->b->c, S1 b->c->a, S2 c->a->b), replication factor 3. Ctrl-C stops it cleanly."""
+    (S0 a->b->c, S1 b->c->a, S2 c->a->b), replication factor 3, and the Kestrel memcache front
+    on port 22133 keeping its items on the cluster. Ctrl-C stops it cleanly."""
+    from kayos.kestrel_process import LocalClusterWithKestrel
     from kayos.launcher import LocalCluster, run_foreground
 
     if not 1 <= replicas <= nodes:
         raise click.BadParameter(f"must be 1 .. {nodes}", param_hint="--replicas")
-    cluster = LocalCluster(
-        data_dir, nodes=nodes, replicas=replicas, shards=shards, base_port=base_port
+    options: dict[str, Any] = {
+        "nodes": nodes, "replicas": replicas, "shards": shards, "base_port": base_port
+    }  # fmt: skip
+    cluster = (
+        LocalClusterWithKestrel(data_dir, kestrel_port=kestrel_port, **options)
+        if kestrel_port
+        else LocalCluster(data_dir, **options)
     )
     code = run_foreground(cluster, click.echo)
     if code == 0:

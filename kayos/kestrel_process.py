@@ -1,0 +1,238 @@
+"""The Kestrel front (``kayos kestrel``) as a child process, and a ``LocalCluster`` that runs one
+beside its nodes: ``kayos up``, ``kayos bench kestrel`` and the failover tests start it here.
+
+Like ``kayos.launcher`` this is a face: it starts and signals a process and learns its port from
+the one line the front prints once bound (``kestrel listening on HOST:PORT``); it imports nothing
+of the front or the nodes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from kayos.launcher import (
+    ClusterError,
+    LocalCluster,
+    _die_with_parent,
+    _log_tail,
+    poll_interval_s,
+)
+
+# The front connects to the cluster (topology, group list) and recovers every queue before it
+# binds; a few seconds at most on a loaded box, so this bound only trips on a stuck front.
+kestrel_ready_timeout_s = 60.0
+# After SIGTERM the front closes its connections and takes its last group commits.
+kestrel_stop_timeout_s = 15.0
+# The id a LocalClusterWithKestrel gives the front among its nodes (exit codes, log path).
+KESTREL = "kestrel"
+_LISTENING = b"kestrel listening on "
+
+
+class KestrelFront:
+    """One ``python -m kayos kestrel`` process; stdout and stderr appended to ``log_path``.
+
+    ``port=0`` lets the front pick a port, and ``port`` is the one it bound after ``start``; a
+    restart reuses it, so clients reconnect to the same address. ``cluster`` is a node's HTTP URL
+    (items kept on that cluster), else the front keeps items in its memory. ``extra_args`` go
+    to the command as they are (``--text-port 2222`` ...)."""
+
+    def __init__(
+        self,
+        log_path: str | os.PathLike[str],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        cluster: str | None = None,
+        extra_args: tuple[str, ...] = (),
+        ready_timeout_s: float = kestrel_ready_timeout_s,
+        stop_timeout_s: float = kestrel_stop_timeout_s,
+        log_level: str = "WARNING",
+    ) -> None:
+        self.log_path = Path(log_path)
+        self.host = host
+        self.port = port
+        self.cluster = cluster
+        self.extra_args = extra_args
+        self.ready_timeout_s = ready_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.log_level = log_level
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        command = [sys.executable, "-m", "kayos", "kestrel", "--host", self.host]
+        command += ["--port", str(self.port), "--log-level", self.log_level]
+        if self.cluster is not None:
+            command += ["--cluster", self.cluster]
+        return [*command, *self.extra_args]
+
+    def start(self) -> None:
+        """Spawns the front and waits until it says it listens; ``ClusterError`` with its log
+        tail if it exits first or the bound passes."""
+        if self.running():
+            raise ClusterError("the kestrel front is already running")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - closed when the front stops
+        log.write(f"--- kayos: starting the kestrel front at {time.ctime()}\n".encode())
+        log.flush()
+        offset = log.tell()
+        self._log = log
+        self.process = subprocess.Popen(
+            self.command(),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+        self.port = self._wait_listening(offset)
+
+    def _wait_listening(self, offset: int) -> int:
+        assert self.process is not None
+        deadline = time.monotonic() + self.ready_timeout_s
+        while True:
+            with open(self.log_path, "rb") as handle:
+                handle.seek(offset)
+                for line in handle.read().splitlines():
+                    if line.startswith(_LISTENING) and b":" in line:
+                        return int(line.rsplit(b":", 1)[1])
+            code = self.process.poll()
+            if code is not None or time.monotonic() > deadline:
+                what = f"exited (code {code})" if code is not None else "did not listen in time"
+                self.kill()
+                raise ClusterError(
+                    f"the kestrel front {what}; log {self.log_path}:\n{_log_tail(self.log_path)}"
+                )
+            time.sleep(poll_interval_s)  # a bounded poll of a condition
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def exit_code(self) -> int | None:
+        """The exit code if the front has exited on its own, else None."""
+        return None if self.process is None else self.process.poll()
+
+    def kill(self, sig: int = signal.SIGKILL) -> int | None:
+        """Sends ``sig`` and waits for the exit (SIGKILL past the bound); returns the exit
+        code, None if it was not started."""
+        process = self.process
+        if process is None:
+            return None
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(sig)
+        try:
+            code = process.wait(timeout=self.stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            code = process.wait(timeout=self.stop_timeout_s)
+        self.process = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return code
+
+    def stop(self) -> int | None:
+        """SIGTERM (a graceful stop), SIGKILL past ``stop_timeout_s``."""
+        return self.kill(signal.SIGTERM)
+
+    def restart(self) -> None:
+        """Stops (if running) and starts again on the same port."""
+        if self.running():
+            self.stop()
+        self.start()
+
+
+def try_it_command(address: str, queue: str = "jobs") -> str:
+    """A one-line memcache session against the front at ``address`` (python-memcached is in the
+    venv's dev extra): set, then an open read and its confirmation."""
+    code = (
+        f"import memcache; c = memcache.Client(['{address}']); c.set('{queue}', 'hello'); "
+        f"print(c.get('{queue}/t=1000/open'), c.get('{queue}/close'))"
+    )
+    python = os.path.relpath(sys.executable)  # .venv/bin/python under `make run`
+    if python.startswith(".."):
+        python = sys.executable
+    return f'{shlex.quote(python)} -c "{code}"'
+
+
+class LocalClusterWithKestrel(LocalCluster):
+    """A ``LocalCluster`` whose nodes are joined by the Kestrel front on ``kestrel_port``
+    (``kayos up``): started once every node is ready and the chains agree, with ``--cluster``
+    the first node's URL; stopped first (it takes its last group commits), then the nodes.
+    Among the exit codes, its log path and ``exited`` it is the member ``"kestrel"``."""
+
+    def __init__(
+        self,
+        base_dir: str | os.PathLike[str],
+        *,
+        kestrel_port: int,
+        kestrel_args: tuple[str, ...] = (),
+        **options: Any,
+    ) -> None:
+        super().__init__(base_dir, **options)
+        self.kestrel: KestrelFront | None = None
+        self.kestrel_port = kestrel_port
+        self.kestrel_args = kestrel_args
+
+    def log_path(self, node: str) -> Path:
+        if node == KESTREL:
+            return self.base_dir / "logs" / "kestrel.log"
+        return super().log_path(node)
+
+    def start_all(self) -> None:
+        super().start_all()
+        front = KestrelFront(
+            self.log_path(KESTREL),
+            host=self.host,
+            port=self.kestrel_port,
+            cluster=self.url(self.ids[0]),
+            extra_args=self.kestrel_args,
+        )
+        try:
+            front.start()
+        except ClusterError as exc:
+            super().stop()
+            raise ClusterError(f"{exc}\n(--kestrel-port 0 starts the nodes without it)") from exc
+        self.kestrel = front
+
+    def stop(self) -> dict[str, int]:
+        codes: dict[str, int] = {}
+        if self.kestrel is not None:
+            code = self.kestrel.stop()
+            if code is not None:
+                codes[KESTREL] = code
+            self.kestrel = None
+        codes.update(super().stop())
+        return codes
+
+    def exited(self) -> dict[str, int]:
+        codes = super().exited()
+        if self.kestrel is not None:
+            code = self.kestrel.exit_code()
+            if code is not None:
+                codes[KESTREL] = code
+        return codes
+
+    def describe(self) -> list[str]:
+        lines = super().describe()
+        if self.kestrel is not None:
+            address, seed = self.kestrel.address, self.url(self.ids[0])
+            lines.append(
+                f"kestrel (memcache): {address}  (items on this cluster via {seed})"
+                f"  log {self.log_path(KESTREL)}"
+            )
+            lines.append(f"  try: {try_it_command(address)}")
+        return lines
