@@ -1,4 +1,4 @@
-"""``kayos kestrel``: run the Kestrel 2.x memcache front (also ``python -m kestrel_compat``)."""
+"""``kayos kestrel``: run the Kestrel 2.x front (also ``python -m kestrel_compat``)."""
 
 from __future__ import annotations
 
@@ -28,12 +28,21 @@ async def _serve(config: KestrelConfig, config_path: str | None, cluster: str | 
         loop.add_signal_handler(signum, server.request_stop, 0.0)
     # One line on stdout once the port is bound: scripts and tests wait for it.
     print(f"kestrel listening on {config.server.host}:{server.port}", flush=True)
+    for front in server.fronts[1:]:
+        port = server.port_of(front.name)
+        print(f"kestrel {front.name} listening on {config.server.host}:{port}", flush=True)
     await server.serve_until_stopped()
 
 
 @click.command(name="kestrel", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--host", default=None, help="Address to listen on (default 127.0.0.1).")
 @click.option("--port", default=None, type=click.IntRange(0, 65535), help="Memcache port (22133).")
+@click.option("--text-port", default=None, type=click.IntRange(0, 65535), help="Text port (2222).")
+@click.option(
+    "--thrift-port", default=None, type=click.IntRange(0, 65535), help="Thrift port (2229)."
+)
+@click.option("--no-text", is_flag=True, help="Do not serve the text protocol.")
+@click.option("--no-thrift", is_flag=True, help="Do not serve the thrift protocol.")
 @click.option(
     "--config",
     "config_path",
@@ -50,9 +59,17 @@ async def _serve(config: KestrelConfig, config_path: str | None, cluster: str | 
 )
 @click.option("--log-level", default="WARNING", show_default=True, help="Python logging level.")
 def kestrel(
-    host: str | None, port: int | None, config_path: str | None, cluster: str | None, log_level: str
+    host: str | None,
+    port: int | None,
+    text_port: int | None,
+    thrift_port: int | None,
+    no_text: bool,
+    no_thrift: bool,
+    config_path: str | None,
+    cluster: str | None,
+    log_level: str,
 ) -> None:
-    """Serve Kestrel 2.x clients on the memcache protocol."""
+    """Serve Kestrel 2.x clients on the memcache, text and thrift protocols."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
         config = load_config(config_path)
@@ -64,4 +81,8 @@ def kestrel(
         server = dataclasses.replace(server, host=host)
     if port is not None:
         server = dataclasses.replace(server, port=port)
+    if text_port is not None or no_text:
+        server = dataclasses.replace(server, text_port=None if no_text else text_port)
+    if thrift_port is not None or no_thrift:
+        server = dataclasses.replace(server, thrift_port=None if no_thrift else thrift_port)
     asyncio.run(_serve(dataclasses.replace(config, server=server), config_path, cluster))

@@ -13,7 +13,9 @@ The file is TOML (``kestrel --config FILE``)::
 
     [server]                       # read at start only; ``reload`` ignores it
     host = "127.0.0.1"
-    port = 22133
+    port = 22133                   # memcache
+    text_port = 2222               # false: no text protocol
+    thrift_port = 2229             # false: no thrift protocol
     max_open_transactions = 1
     expiration_timer_frequency_ms = 1000
 
@@ -142,6 +144,10 @@ class ServerConfig:
 
     host: str = "127.0.0.1"
     port: int = 22133
+    # Kestrel's textListenPort and thriftListenPort; None (``false`` in the file) turns the
+    # protocol off. 0 means any free port, as for ``port``.
+    text_port: int | None = 2222
+    thrift_port: int | None = 2229
     max_open_transactions: int = 1
     expiration_timer_frequency_ms: int | None = None
     client_timeout_ms: int | None = None
@@ -237,12 +243,18 @@ _SERVER_INT_FIELDS = {
 }
 
 
+# A protocol's port, or false to turn the protocol off.
+_OPTIONAL_PORT_FIELDS = ("text_port", "thrift_port")
+
+
 def parse_server_config(table: object) -> ServerConfig:
     if not isinstance(table, dict):
         raise ConfigError("server: expected a table")
     values: dict[str, Any] = {}
     for key, value in table.items():
-        if key in _SERVER_INT_FIELDS:
+        if key in _OPTIONAL_PORT_FIELDS:
+            values[key] = None if value is False else _check_int(f"server.{key}", value)
+        elif key in _SERVER_INT_FIELDS:
             values[key] = _check_int(f"server.{key}", value, minimum=_SERVER_INT_FIELDS[key])
         elif key in {"host", "status_file", "version"}:
             if not isinstance(value, str) or value == "":
@@ -259,8 +271,9 @@ def parse_server_config(table: object) -> ServerConfig:
                 raise ConfigError(f"server.default_status: unknown status {value!r}") from None
         else:
             raise ConfigError(f"server.{key}: unknown server setting")
-    if values.get("port", 0) > 65535:
-        raise ConfigError("server.port: must be at most 65535")
+    for key in ("port", *_OPTIONAL_PORT_FIELDS):
+        if (values.get(key) or 0) > 65535:
+            raise ConfigError(f"server.{key}: must be at most 65535")
     return ServerConfig(**values)
 
 

@@ -29,9 +29,9 @@ from kestrel_compat.commands import (
     SILENT_CLOSE,
     ErrorClass,
 )
-from kestrel_compat.engine import IllegalQueueName, KestrelQueue, now_ms
+from kestrel_compat.engine import IllegalQueueName, Item, KestrelQueue, now_ms
 from kestrel_compat.service import KestrelService
-from kestrel_compat.session import ClientGone, PendingReads, SessionBase
+from kestrel_compat.session import ClientGone, PendingReadsSession
 
 __all__ = ["ClientGone", "KestrelService", "Session", "expiry_from_exptime"]
 
@@ -60,21 +60,8 @@ class _Refused(Exception):
         self.error_class = error_class
 
 
-class Session(SessionBase):
+class Session(PendingReadsSession):
     """One memcache connection: its open reads per queue and its pending blocked fetch."""
-
-    def __init__(self, service: KestrelService) -> None:
-        super().__init__(service)
-        self.open_reads = PendingReads()
-
-    def end_reads(self) -> None:
-        """Every open read is aborted, oldest first (spec §3.4)."""
-        self.open_reads.abort_all()
-
-    def _add_pending(self, name: str, queue: KestrelQueue, xid: int) -> None:
-        self.open_reads.add(name, queue, xid)
-        if self.finished:
-            self.open_reads.abort_all()
 
     # --- status and limits ---
 
@@ -227,7 +214,7 @@ class Session(SessionBase):
         if item is None:
             return p.END
         if options.open:
-            self._add_pending(name, queue, item.xid)
+            self.remember_open_read(name, queue, item)
         return p.encode_value(name, item.data)
 
     # --- MONITOR / CONFIRM (spec §5) ---
@@ -235,29 +222,17 @@ class Session(SessionBase):
     async def _monitor(self, event: p.Monitor, send: Send) -> None:
         self._check_reads(SILENT_CLOSE)
         name = event.queue
-        items_left = event.items_max if event.items_max is not None else self.max_open_reads
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + min(event.timeout_s, limits.wait_ms_max // 1000)
-        status = self.service.status
-        while True:
-            if status is not None and status.blocks_reads:
-                break
-            if items_left == 0 or deadline <= loop.time():
-                break
-            if self.open_reads.count(name) >= self.max_open_reads:
-                break
-            if name in self.collection.aliases:
-                break
-            queue = self._queue(name)
-            if queue is None:
-                break
-            item = await self.fetch(queue, deadline, transactional=True, peek=False)
-            self.collection.count_result(item)
-            if item is None:
-                break
-            self._add_pending(name, queue, item.xid)
+        items_max = event.items_max if event.items_max is not None else self.max_open_reads
+        timeout_s = min(event.timeout_s, limits.wait_ms_max // 1000)
+        deadline = asyncio.get_running_loop().time() + timeout_s
+
+        async def send_item(item: Item, read_id: int) -> None:
             await send(p.encode_value(name, item.data))
-            items_left -= 1
+
+        try:
+            await self.monitor_until(name, deadline, items_max, opening=True, on_item=send_item)
+        except IllegalQueueName as error:
+            raise _Refused(SILENT_CLOSE, str(error)) from error
         await send(p.END)
 
     def _confirm(self, event: p.Confirm) -> bytes:

@@ -46,6 +46,48 @@ assert value_bytes_max <= kayos_limits.value_bytes_max, (
 )
 assert value_bytes_max + payload_terminator_bytes <= java_int_max, "a byte count is a Java int"
 
+# --- the text protocol (spec §10) ---------------------------------------------------------------
+
+# Kestrel's TextCodec.MAX_PUT_BUFFER: a put holds at most this many item lines; the line after the
+# last one ends the put whatever it holds, and is lost. Kestrel's number, kept exactly.
+text_put_items_max = 1024
+
+# Longest item line of a text put, in bytes before the LF (a CR counts). Text items are lines, so
+# this is Kayos's item bound; a longer line is read and thrown away unbuffered, and its item is
+# refused as one above maxItemSize would be (not counted in the put's reply).
+text_item_line_bytes_max = value_bytes_max
+
+# Item bytes one text put may hold, after Kestrel's UTF-8 re-encoding. A put is served as one
+# request, so all its items are in memory at once; 1024 items of 64 KiB fit, and items past the
+# bound are thrown away and refused like items above maxItemSize.
+text_put_bytes_max = 64 * 1024 * 1024
+
+assert text_put_items_max == 1024, "Kestrel's MAX_PUT_BUFFER"
+assert text_item_line_bytes_max <= text_put_bytes_max, "one largest item fits in a put"
+
+# --- the thrift protocol (spec §11) -------------------------------------------------------------
+
+# Largest frame of the framed transport, in bytes after the 4-byte length, either way. A call
+# carries at most a put of items, so this holds two of the largest items with their framing;
+# Kestrel (Finagle) sets no bound. A longer announced frame closes the connection, as Apache
+# Thrift's servers do, since nothing can be answered without reading the call.
+thrift_frame_bytes_max = 2 * value_bytes_max + 64 * 1024
+
+# Items one thrift `get` returns at most, whatever `max_items` asks: the reply is one frame built in
+# memory. Kestrel has no bound; clients ask for tens to hundreds.
+thrift_get_items_max = 65_536
+
+# A thrift `get` stops fetching once the items it holds reach this many bytes, so with the one item
+# that may cross it, its reply fits in a frame.
+thrift_get_reply_bytes_max = value_bytes_max
+
+# Nested containers and structs one thrift value may hold; Kestrel's calls nest two deep (a list of
+# Item structs). Deeper values from a peer are a protocol error, not a recursion.
+thrift_nesting_max = 16
+
+assert thrift_get_reply_bytes_max + value_bytes_max + 64 * 1024 <= thrift_frame_bytes_max
+assert thrift_frame_bytes_max <= java_int_max, "a frame length is a signed 32-bit int"
+
 # --- the server ----------------------------------------------------------------------------------
 
 # Commands decoded but not yet served, per connection. Requests are served one at a time; past this

@@ -259,7 +259,7 @@ def queue_name_is_legal(name: str) -> bool:
 # --- request line parsing ------------------------------------------------------------------------
 
 
-def _split_line(line: str) -> list[str]:
+def split_line(line: str) -> list[str]:
     # Java's String.split(" "): no space gives the line itself as the only token (even when empty);
     # otherwise doubled spaces give empty tokens and trailing empty tokens are removed, so a line of
     # spaces has no tokens at all.
@@ -489,7 +489,7 @@ class MemcacheConnection:
     # --- helpers ---
 
     def _dispatch(self, line: str) -> _Step:
-        tokens = _split_line(line)
+        tokens = split_line(line)
         if not tokens:
             return ErrorReply.of(SILENT_CLOSE, "request line has no tokens")
         name = tokens[0].lower()

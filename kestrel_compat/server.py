@@ -1,12 +1,18 @@
-"""The asyncio memcache server of the Kestrel front: the only socket code in the package.
+"""The asyncio server of the Kestrel front: the only socket code in the package.
 
-Each connection runs two tasks. The reader feeds socket bytes to the sans-IO codec
-(``MemcacheConnection``) and queues the decoded events, at most ``limits.pending_requests_max``
-of them (then it stops reading: back-pressure). The processor serves the events one at a time
-through a ``Session`` and writes each reply, waiting for the transport to drain past
-``limits.write_buffer_bytes_max``. When the client closes its side, events already received are
-still served, but a fetch that would wait gives up without taking an item; when the processor
-ends, the session's open reads are aborted and the socket closes.
+One process listens for up to three protocols on one ``KestrelService``, so all of them see the
+same queues, as in Kestrel: memcache (``server.port``, 22133), text (``server.text_port``, 2222)
+and thrift (``server.thrift_port``, 2229); a ``Front`` pairs each port with its sans-IO codec and
+its session class. Every connection is served the same way, whatever its protocol.
+
+Each connection runs two tasks. The reader feeds socket bytes to the front's sans-IO codec
+(``MemcacheConnection``, ``TextConnection``, ``ThriftConnection``) and queues the decoded events,
+at most ``limits.pending_requests_max`` of them (then it stops reading: back-pressure). The
+processor serves the events one at a time through the front's session and writes each reply,
+waiting for the transport to drain past ``limits.write_buffer_bytes_max``. When the client closes
+its side, events already received are still served, but a fetch that would wait gives up without
+taking an item; when the processor ends, the session settles its open reads (memcache and text
+abort them; thrift leaves them to their auto-abort timers) and the socket closes.
 
 ``KestrelServer.stop`` is graceful: stop listening, close every queue (blocked fetches answer
 ``END``), close the connections, then let the backend take the last group commits.
@@ -17,15 +23,54 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
 
 from kayos.clock import SYSTEM_CLOCK, Clock
 from kestrel_compat import limits
 from kestrel_compat.backend import Backend, MemoryBackend
 from kestrel_compat.config import KestrelConfig
 from kestrel_compat.handler import ClientGone, KestrelService, Session
-from kestrel_compat.protocol import Event, MemcacheConnection
+from kestrel_compat.protocol import MemcacheConnection
+from kestrel_compat.text_handler import TextSession
+from kestrel_compat.text_protocol import TextConnection
 
 log = logging.getLogger("kestrel_compat.server")
+
+EventT = TypeVar("EventT")
+EventT_co = TypeVar("EventT_co", covariant=True)
+EventT_contra = TypeVar("EventT_contra", contravariant=True)
+Send = Callable[[bytes], Awaitable[None]]
+
+
+class Codec(Protocol[EventT_co]):
+    """A sans-IO server codec: bytes in, events out; closed after a closing event."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    def receive_data(self, data: bytes) -> Sequence[EventT_co]: ...
+
+
+class ProtocolSession(Protocol[EventT_contra]):
+    """One connection's session: serves events in order, writes replies through ``send``."""
+
+    async def handle(self, event: EventT_contra, send: Send) -> bool: ...
+
+    def client_left(self) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Front(Generic[EventT]):
+    """One protocol the server listens for: its port, codec and session per connection."""
+
+    name: str
+    port: int
+    codec: Callable[[], Codec[EventT]]
+    session: Callable[[KestrelService], ProtocolSession[EventT]]
 
 
 class KestrelServer:
@@ -45,30 +90,53 @@ class KestrelServer:
             config_path=config_path,
             on_shutdown=self.request_stop,
         )
-        self._server: asyncio.Server | None = None
+        self.fronts = self._fronts()
+        self._servers: dict[str, asyncio.Server] = {}
         self._connections: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
         self._stop_requested = asyncio.Event()
         self._stopped = False
         self._sweeper: asyncio.Task[None] | None = None
 
+    def _fronts(self) -> list[Front[Any]]:
+        server = self.config.server
+        fronts: list[Front[Any]] = [Front("memcache", server.port, MemcacheConnection, Session)]
+        if server.text_port is not None:
+            fronts.append(Front("text", server.text_port, TextConnection, TextSession))
+        return fronts
+
     @property
     def port(self) -> int:
-        assert self._server is not None, "the server is not started"
-        assert self._server.sockets, "the server is not listening"
-        return int(self._server.sockets[0].getsockname()[1])
+        """The memcache port."""
+        return self.port_of("memcache")
+
+    def port_of(self, front: str) -> int:
+        """The port a front listens on (the real one when configured as 0)."""
+        listener = self._servers.get(front)
+        assert listener is not None, f"the {front} front is not started"
+        assert listener.sockets, "the server is not listening"
+        return int(listener.sockets[0].getsockname()[1])
 
     async def start(self) -> None:
         await self.service.start()
         server = self.config.server
-        self._server = await asyncio.start_server(
-            self._on_connection, host=server.host, port=server.port, reuse_address=True
-        )
+        for front in self.fronts:
+            self._servers[front.name] = await asyncio.start_server(
+                self._connection_handler(front),
+                host=server.host,
+                port=front.port,
+                reuse_address=True,
+            )
+            log.info(
+                "kestrel %s front listening on %s:%d",
+                front.name,
+                server.host,
+                self.port_of(front.name),
+            )
         if server.expiration_timer_frequency_ms is not None:
             self._sweeper = asyncio.get_running_loop().create_task(
                 self._sweep(server.expiration_timer_frequency_ms / 1000), name="kestrel-sweeper"
             )
-        log.info("kestrel memcache front listening on %s:%d", server.host, self.port)
 
     def request_stop(self, delay_s: float = limits.shutdown_delay_ms / 1000) -> None:
         """Stop soon (``shutdown`` stops ~100 ms later, spec §2); safe from any callback."""
@@ -85,8 +153,8 @@ class KestrelServer:
         self._stop_requested.set()
         if self._sweeper is not None:
             self._sweeper.cancel()
-        if self._server is not None:
-            self._server.close()
+        for listener in self._servers.values():
+            listener.close()
         self.service.collection.shutdown()
         for writer in list(self._writers):
             writer.close()
@@ -98,8 +166,8 @@ class KestrelServer:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=limits.shutdown_grace_ms / 1000)
-        if self._server is not None:
-            await self._server.wait_closed()
+        for listener in self._servers.values():
+            await listener.wait_closed()
         await self.service.close()
 
     async def _sweep(self, period_s: float) -> None:
@@ -109,8 +177,16 @@ class KestrelServer:
 
     # --- one connection ---
 
+    def _connection_handler(
+        self, front: Front[EventT]
+    ) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+        async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await self._on_connection(front, reader, writer)
+
+        return on_connection
+
     async def _on_connection(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, front: Front[EventT], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         task = asyncio.current_task()
         assert task is not None
@@ -120,9 +196,9 @@ class KestrelServer:
         self._connections.add(task)
         self._writers.add(writer)
         writer.transport.set_write_buffer_limits(high=limits.write_buffer_bytes_max)
-        session = Session(self.service)
+        session = front.session(self.service)
         try:
-            await self._serve_connection(session, reader, writer)
+            await self._serve_connection(front, session, reader, writer)
         finally:
             session.finish()
             self._connections.discard(task)
@@ -132,11 +208,15 @@ class KestrelServer:
                 await asyncio.wait_for(writer.wait_closed(), limits.shutdown_grace_ms / 1000)
 
     async def _serve_connection(
-        self, session: Session, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        front: Front[EventT],
+        session: ProtocolSession[EventT],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
     ) -> None:
-        events: asyncio.Queue[Event | None] = asyncio.Queue(maxsize=limits.pending_requests_max)
+        events: asyncio.Queue[EventT | None] = asyncio.Queue(maxsize=limits.pending_requests_max)
         loop = asyncio.get_running_loop()
-        reader_task = loop.create_task(self._read(session, reader, events))
+        reader_task = loop.create_task(self._read(front.codec(), session, reader, events))
         try:
             await self._process(session, writer, events)
         finally:
@@ -146,11 +226,11 @@ class KestrelServer:
 
     async def _read(
         self,
-        session: Session,
+        codec: Codec[EventT],
+        session: ProtocolSession[EventT],
         reader: asyncio.StreamReader,
-        events: asyncio.Queue[Event | None],
+        events: asyncio.Queue[EventT | None],
     ) -> None:
-        codec = MemcacheConnection()
         stats = self.service.collection.stats
         timeout_ms = self.config.server.client_timeout_ms
         timeout_s = None if timeout_ms is None else timeout_ms / 1000
@@ -174,9 +254,9 @@ class KestrelServer:
 
     async def _process(
         self,
-        session: Session,
+        session: ProtocolSession[EventT],
         writer: asyncio.StreamWriter,
-        events: asyncio.Queue[Event | None],
+        events: asyncio.Queue[EventT | None],
     ) -> None:
         stats = self.service.collection.stats
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from kestrel_compat import limits
 from kestrel_compat.engine import Item, KestrelQueue, Waiter
@@ -124,6 +124,16 @@ class SessionBase:
         """What the connection's end does to its open reads; each protocol says."""
         raise NotImplementedError
 
+    # --- open reads, as each protocol keeps them ---
+
+    def open_read_count(self, name: str) -> int:
+        """This connection's open reads on queue ``name``, as maxOpenTransactions counts them."""
+        raise NotImplementedError
+
+    def remember_open_read(self, name: str, queue: KestrelQueue, item: Item) -> int:
+        """Keep a new open read; return the id the client learns (0: none)."""
+        raise NotImplementedError
+
     # --- status and limits (spec §7) ---
 
     @property
@@ -183,3 +193,57 @@ class SessionBase:
     def _cancelled() -> bool:
         task = asyncio.current_task()
         return task is not None and task.cancelling() > 0
+
+    async def monitor_until(
+        self,
+        name: str,
+        deadline: float | None,
+        items_max: int,
+        *,
+        opening: bool,
+        on_item: Callable[[Item, int], Awaitable[None]],
+    ) -> None:
+        """Kestrel's monitorUntil (spec §5, §11): fetch one item after another, each handed to
+        ``on_item`` with its open-read id, until ``items_max`` items, the deadline (None: only
+        what is there now), this connection's open reads on the queue reaching
+        maxOpenTransactions, or an empty fetch. Raises ``IllegalQueueName`` from the creation."""
+        loop = asyncio.get_running_loop()
+        items_left = items_max
+        while not self.reads_blocked:
+            if items_left <= 0 or (deadline is not None and deadline <= loop.time()):
+                return
+            if self.open_read_count(name) >= self.max_open_reads:
+                return
+            if name in self.collection.aliases:
+                return  # An alias reads as an empty queue.
+            queue = self.collection.queue(name)
+            if queue is None:
+                return  # Shutting down.
+            item = await self.fetch(queue, deadline, transactional=opening, peek=False)
+            self.collection.count_result(item)
+            if item is None:
+                return
+            read_id = self.remember_open_read(name, queue, item) if opening else 0
+            await on_item(item, read_id)
+            items_left -= 1
+
+
+class PendingReadsSession(SessionBase):
+    """A session whose open reads belong to the connection (memcache, text): aborted at its end."""
+
+    def __init__(self, service: KestrelService) -> None:
+        super().__init__(service)
+        self.open_reads = PendingReads()
+
+    def end_reads(self) -> None:
+        """Every open read is aborted, oldest first (spec §3.4)."""
+        self.open_reads.abort_all()
+
+    def open_read_count(self, name: str) -> int:
+        return self.open_reads.count(name)
+
+    def remember_open_read(self, name: str, queue: KestrelQueue, item: Item) -> int:
+        self.open_reads.add(name, queue, item.xid)
+        if self.finished:
+            self.open_reads.abort_all()  # The client left as the item arrived (spec §3.4).
+        return 0
