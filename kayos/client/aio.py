@@ -54,6 +54,12 @@ T = TypeVar("T")
 Attempt = Callable[[str | None], Awaitable[T]]
 
 
+def _forget(task: asyncio.Task[Any]) -> None:
+    """Marks a dropped task's outcome as seen (no "exception was never retrieved" warning)."""
+    if not task.cancelled():
+        task.exception()
+
+
 def _quoted(name: str) -> str:
     return urllib.parse.quote(name, safe="")
 
@@ -353,24 +359,38 @@ class AsyncClient:
             raise InvalidRequest(f"page_size must be 1 .. {limits.consume_page_entries_max}")
         if wait_s < 0:
             raise InvalidRequest("wait_s must be >= 0")
-        params = {"group": group, "limit": str(page_size)}
+        # columns=1: the node sends each page column by column (docs/node-api.md), which it builds
+        # and this client decodes with no object per message until the caller asks for them.
+        params = {"group": group, "limit": str(page_size), "columns": "1"}
         wait_ms = min(int(wait_s * 1000), limits.consume_wait_ms_max)
         first = dict(params, wait_ms=str(wait_ms)) if wait_ms else params
         page = await self._page(queue, first, wait_ms / 1000)
-        yield page
-        while not page.end:
-            after = page.next
-            later = dict(params, after=str(after), upto=str(page.boundary))
-            following = await self._page(queue, later, 0.0)
-            if following.boundary != page.boundary or (
-                following.next <= after and not following.end
-            ):
-                raise ProtocolError(
-                    f"consume page after {after} broke the snapshot (boundary "
-                    f"{page.boundary} -> {following.boundary}, next {following.next})"
-                )
-            page = following
-            yield page
+        pending: asyncio.Task[Page] | None = None
+        try:
+            while True:
+                if not page.end:
+                    # The next page's position is known: its request runs while the caller
+                    # works on this page (node and client overlap instead of taking turns).
+                    later = dict(params, after=str(page.next), upto=str(page.boundary))
+                    pending = asyncio.ensure_future(self._page(queue, later, 0.0))
+                yield page
+                if pending is None:
+                    return
+                after = page.next
+                following = await pending
+                pending = None
+                if following.boundary != page.boundary or (
+                    following.next <= after and not following.end
+                ):
+                    raise ProtocolError(
+                        f"consume page after {after} broke the snapshot (boundary "
+                        f"{page.boundary} -> {following.boundary}, next {following.next})"
+                    )
+                page = following
+        finally:
+            if pending is not None:  # the caller stopped early: drop the page asked for ahead
+                pending.cancel()
+                pending.add_done_callback(_forget)
 
     async def _page(self, queue: str, params: dict[str, str], wait_s: float) -> Page:
         shard = self.topology.shard_for(queue)

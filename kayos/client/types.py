@@ -7,9 +7,11 @@ are always handed back as bytes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
+from itertools import islice, repeat
+from operator import eq, lt
+from typing import Any, Literal, NamedTuple, TypeAlias, overload
 
 from kayos import limits
 from kayos.errors import InvalidRequest, LimitExceeded, ProtocolError
@@ -32,9 +34,10 @@ class Item:
 ItemLike: TypeAlias = Item | tuple[Data, Data | None] | tuple[Data, Data | None, int]
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
-    """One consumed version: ``value`` is None and ``deleted`` True for a tombstone."""
+class Message(NamedTuple):
+    """One consumed version: ``value`` is None and ``deleted`` True for a tombstone.
+
+    A named tuple, so a page's messages are built from its columns in C (``Page.messages``)."""
 
     seq: int
     key: bytes
@@ -44,18 +47,197 @@ class Message:
     deleted: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+class PageColumns(NamedTuple):
+    """A page's messages field by field: message i is ``seqs[i]``, ``keys[i]``, ``values[i]``
+    (None for a tombstone) and so on. The optional columns are None when no message of the page
+    has one: ``expiries_ms`` (all 0), ``headers`` (all None), ``deleted`` (no tombstone)."""
+
+    seqs: Sequence[int]
+    keys: Sequence[bytes]
+    values: Sequence[bytes | None]
+    expiries_ms: Sequence[int] | None = None
+    headers: Sequence[dict[str, bytes] | None] | None = None
+    deleted: Sequence[bool] | None = None
+
+
+_new_message = tuple.__new__  # a Message from one zipped row, with no Python-level __new__
+
+
+class MessageView(Sequence[Message]):
+    """The messages of a page that holds columns: each ``Message`` is built (in C) when it is
+    read, and iterating builds one at a time, so a page never holds an object per message (those
+    are what cost a consumer most: building thousands at once wakes the cyclic GC again and
+    again). Compares equal to any sequence of the same messages; ``tuple(view)`` materializes."""
+
+    __slots__ = ("_columns",)
+
+    def __init__(self, columns: PageColumns) -> None:
+        self._columns = columns
+
+    def _rows(self, start: int, stop: int) -> Iterator[tuple[Any, ...]]:
+        seqs, keys, values, expiries, headers, deleted = self._columns
+        count = stop - start
+        return zip(
+            seqs[start:stop],
+            keys[start:stop],
+            values[start:stop],
+            repeat(0, count) if expiries is None else expiries[start:stop],
+            repeat(None, count) if headers is None else headers[start:stop],
+            repeat(False, count) if deleted is None else deleted[start:stop],
+            strict=True,
+        )
+
+    def __len__(self) -> int:
+        return len(self._columns.seqs)
+
+    def __iter__(self) -> Iterator[Message]:
+        return map(_new_message, repeat(Message), self._rows(0, len(self)))
+
+    @overload
+    def __getitem__(self, index: int) -> Message: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Message, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> Message | tuple[Message, ...]:
+        if isinstance(index, slice):
+            start, stop, step = index.indices(len(self))
+            if step == 1:
+                return tuple(
+                    map(_new_message, repeat(Message), self._rows(start, max(start, stop)))
+                )
+            return tuple(self[i] for i in range(start, stop, step))
+        position = range(len(self))[index]  # IndexError as a tuple's, negative indexes too
+        return _new_message(Message, next(self._rows(position, position + 1)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str | bytes):
+            return NotImplemented
+        return len(self) == len(other) and all(map(eq, self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"MessageView(<{len(self)} messages>)"
+
+
 class Page:
     """One page of a consumer snapshot ``(hwm, boundary]``. ``end`` marks the last page: the
-    snapshot is exhausted and the consumer may commit ``hwm = boundary``."""
+    snapshot is exhausted and the consumer may commit ``hwm = boundary``.
+
+    ``messages`` is a sequence of ``Message``. A page decoded from the node's columns keeps them
+    (``columns``) and its ``messages`` is a ``MessageView`` that builds each message as it is read;
+    a page built from messages (embedded mode, a list-of-objects reply) makes its columns when
+    first asked. Immutable."""
+
+    __slots__ = ("_columns", "_messages", "boundary", "end", "group", "hwm", "next", "shard")
 
     shard: int
     group: str
     hwm: int
     boundary: int
-    messages: tuple[Message, ...]
     next: int
     end: bool
+    _messages: Sequence[Message]
+    _columns: PageColumns | None
+
+    def __init__(
+        self,
+        shard: int,
+        group: str,
+        hwm: int,
+        boundary: int,
+        messages: Sequence[Message],
+        next: int,  # the wire field's name
+        end: bool,
+    ) -> None:
+        self._init(shard, group, hwm, boundary, next, end, tuple(messages), None)
+
+    @classmethod
+    def from_columns(
+        cls,
+        shard: int,
+        group: str,
+        hwm: int,
+        boundary: int,
+        columns: PageColumns,
+        next: int,
+        end: bool,
+    ) -> Page:
+        page = cls.__new__(cls)
+        page._init(shard, group, hwm, boundary, next, end, MessageView(columns), columns)
+        return page
+
+    def _init(
+        self,
+        shard: int,
+        group: str,
+        hwm: int,
+        boundary: int,
+        next: int,
+        end: bool,
+        messages: Sequence[Message],
+        columns: PageColumns | None,
+    ) -> None:
+        for name, value in (
+            ("shard", shard),
+            ("group", group),
+            ("hwm", hwm),
+            ("boundary", boundary),
+            ("next", next),
+            ("end", end),
+            ("_messages", messages),
+            ("_columns", columns),
+        ):
+            object.__setattr__(self, name, value)
+
+    @property
+    def messages(self) -> Sequence[Message]:
+        return self._messages
+
+    @property
+    def columns(self) -> PageColumns:
+        columns: PageColumns | None = self._columns
+        if columns is None:
+            if not self._messages:
+                columns = PageColumns((), (), ())
+            else:
+                seqs, keys, values, expiries, headers, deleted = zip(*self._messages, strict=True)
+                columns = PageColumns(
+                    seqs,
+                    keys,
+                    values,
+                    expiries if any(expiries) else None,
+                    None if headers.count(None) == len(headers) else headers,
+                    deleted if any(deleted) else None,
+                )
+            object.__setattr__(self, "_columns", columns)
+        return columns
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"a Page is immutable (cannot set {name!r})")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"a Page is immutable (cannot delete {name!r})")
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.shard, self.group, self.hwm, self.boundary, self.next, self.end)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Page):
+            return NotImplemented
+        return self._key() == other._key() and self._messages == other._messages
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"Page(shard={self.shard}, group={self.group!r}, hwm={self.hwm}, "
+            f"boundary={self.boundary}, messages=<{len(self)}>, next={self.next}, end={self.end})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,34 +383,92 @@ def message_from_reply(raw: Any) -> Message:
 
 
 def page_from_reply(raw: Any) -> Page:
-    """A consume reply as a ``Page``; a reply that breaks the contract is a ``ProtocolError``."""
+    """A consume reply as a ``Page``, in either of its shapes (columns when it has ``seqs``, else a
+    ``messages`` list); a reply that breaks the contract is a ``ProtocolError``."""
     try:
-        page = Page(
-            shard=int(raw["shard"]),
-            group=str(raw["group"]),
-            hwm=int(raw["hwm"]),
-            boundary=int(raw["boundary"]),
-            messages=tuple(message_from_reply(m) for m in raw["messages"]),
-            next=int(raw["next"]),
-            end=bool(raw["end"]),
-        )
+        shard, group = int(raw["shard"]), str(raw["group"])
+        hwm, boundary = int(raw["hwm"]), int(raw["boundary"])
+        position, end = int(raw["next"]), bool(raw["end"])
+        if "seqs" in raw:
+            columns = columns_from_reply(raw)
+            check_seqs(hwm, boundary, columns.seqs)
+            return Page.from_columns(shard, group, hwm, boundary, columns, position, end)
+        messages = tuple(message_from_reply(m) for m in raw["messages"])
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProtocolError(f"malformed consume reply: {exc!r}") from exc
+    page = Page(shard, group, hwm, boundary, messages, position, end)
     check_page(page)
     return page
 
 
+def columns_from_reply(raw: Any) -> PageColumns:
+    """The columns of a columnar consume reply, checked for type and length a column at a time
+    (in C: ``map(type, ...)``); text where bytes belong (a JSON reply) is encoded."""
+    seqs = tuple(raw["seqs"])
+    count = len(seqs)
+    if not _types_within(seqs, _INT):
+        raise TypeError("seqs must be integers")
+    keys = _bytes_column(raw["keys"], count, "keys", _BYTES)
+    values = _bytes_column(raw["values"], count, "values", _BYTES_OR_NONE)
+    expiries = raw.get("expiries_ms")
+    if expiries is not None:
+        expiries = tuple(expiries)
+        if len(expiries) != count or not _types_within(expiries, _INT):
+            raise TypeError(f"expiries_ms must be {count} integers")
+    headers = raw.get("headers")
+    if headers is not None:
+        if len(headers) != count:
+            raise TypeError(f"headers must have {count} entries")
+        headers = tuple(
+            None if not h else {str(k): _reply_bytes(v) for k, v in h.items()} for h in headers
+        )
+    deleted = raw.get("deleted")
+    if deleted is not None:
+        deleted = tuple(deleted)
+        if len(deleted) != count or not _types_within(deleted, _BOOL):
+            raise TypeError(f"deleted must be {count} booleans")
+    return PageColumns(seqs, keys, values, expiries, headers, deleted)
+
+
+_INT: frozenset[type] = frozenset({int})
+_BOOL: frozenset[type] = frozenset({bool})
+_BYTES: frozenset[type] = frozenset({bytes})
+_BYTES_OR_NONE: frozenset[type] = frozenset({bytes, type(None)})
+
+
+def _types_within(column: Sequence[Any], allowed: frozenset[type]) -> bool:
+    return set(map(type, column)) <= allowed
+
+
+def _bytes_column(raw: Any, count: int, what: str, allowed: frozenset[type]) -> tuple[Any, ...]:
+    column = tuple(raw)
+    if len(column) != count:
+        raise TypeError(f"{what} must have {count} entries, not {len(column)}")
+    if not _types_within(column, allowed):
+        column = tuple(
+            None if v is None and type(None) in allowed else _reply_bytes(v) for v in column
+        )
+    return column
+
+
+def check_seqs(hwm: int, boundary: int, seqs: Sequence[int]) -> None:
+    """A page's invariants: seqs increase strictly within ``(hwm, boundary]``."""
+    if hwm > boundary:
+        raise ProtocolError(f"page hwm {hwm} above its boundary {boundary}")
+    if not seqs:
+        return
+    if not (hwm < seqs[0] and seqs[-1] <= boundary and all(map(lt, seqs, islice(seqs, 1, None)))):
+        previous = hwm
+        for seq in seqs:
+            if not previous < seq <= boundary:
+                break
+            previous = seq
+        raise ProtocolError(f"page seq {seq} out of order or outside ({hwm}, {boundary}]")
+
+
 def check_page(page: Page) -> None:
     """A page's invariants: seqs increase strictly within ``(hwm, boundary]``."""
-    if page.hwm > page.boundary:
-        raise ProtocolError(f"page hwm {page.hwm} above its boundary {page.boundary}")
-    previous = page.hwm
-    for message in page.messages:
-        if not previous < message.seq <= page.boundary:
-            raise ProtocolError(
-                f"page seq {message.seq} out of order or outside ({page.hwm}, {page.boundary}]"
-            )
-        previous = message.seq
+    check_seqs(page.hwm, page.boundary, page.columns.seqs)
 
 
 def group_from_reply(raw: Any) -> GroupInfo:

@@ -159,13 +159,24 @@ def _shard_param(request: web.Request) -> int:
         raise InvalidRequest("shard must be an integer") from exc
 
 
-def page_payload(page: Page) -> dict[str, Any]:
-    return {
+def page_payload(page: Page, *, columns: bool = False) -> dict[str, Any]:
+    """A consume reply: a list of message objects (the JSON shape, and msgpack's unless the
+    client asks for ``columns=1``) or, with ``columns``, one list per field (docs/node-api.md)."""
+    payload: dict[str, Any] = {
         "shard": page.shard,
         "group": page.group,
         "hwm": page.hwm,
         "boundary": page.boundary,
-        "messages": [
+    }
+    if columns:
+        payload["seqs"] = page.seqs
+        payload["keys"] = page.keys
+        payload["values"] = page.values
+        payload["expiries_ms"] = page.expiries_ms
+        payload["headers"] = page.headers
+        payload["deleted"] = page.deleted
+    else:
+        payload["messages"] = [
             {
                 "seq": m.seq,
                 "key": m.key,
@@ -175,10 +186,10 @@ def page_payload(page: Page) -> dict[str, Any]:
                 "deleted": m.deleted,
             }
             for m in page.messages
-        ],
-        "next": page.next,
-        "end": page.end,
-    }
+        ]
+    payload["next"] = page.next
+    payload["end"] = page.end
+    return payload
 
 
 def make_app(node: Node) -> web.Application:
@@ -224,7 +235,7 @@ def make_app(node: Node) -> web.Application:
             limit=_int_param(request, "limit", 1000) or 1,
             wait_ms=_int_param(request, "wait_ms", 0) or 0,
         )
-        return _reply(request, page_payload(page))
+        return _reply(request, page_payload(page, columns=request.query.get("columns") == "1"))
 
     @routes.post("/v1/queues/{queue}/groups/{group}/commit")
     async def commit_group(request: web.Request) -> web.Response:

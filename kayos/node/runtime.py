@@ -16,6 +16,8 @@ import random
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import compress, repeat
+from operator import and_, itemgetter
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram
@@ -41,10 +43,16 @@ from kayos.replication.replica import (
     queue_prefix,
     serve_downstream,
 )
-from kayos.storage import Delete, Op, Put
+from kayos.storage import Delete, Entry, Op, Put
+from kayos.storage.format import FLAG_DELETE
 from kayos.topology import Topology, check_queue_name
 
 log = logging.getLogger("kayos.node")
+
+# Column positions in the store's ``Entry`` tuples (read_page transposes pages of them).
+_SEQ, _KEY, _VALUE, _EXPIRY, _HEADERS, _FLAGS = (
+    Entry._fields.index(name) for name in ("seq", "key", "value", "expiry_ms", "headers", "flags")
+)
 
 HWM_META = "hwm/"
 GROUP_STATE_META = "gstate/"
@@ -71,13 +79,42 @@ class Message:
 
 @dataclass(frozen=True, slots=True)
 class Page:
+    """One consume page, column by column: ``seqs[i]``, ``keys[i]`` (without the queue prefix),
+    ``values[i]`` (None for a delete) describe message i. The optional columns are None when no
+    message of the page has one: ``expiries_ms`` (all 0), ``headers`` (all None), ``deleted``
+    (no tombstone)."""
+
     shard: int
     group: str
     hwm: int
     boundary: int
-    messages: list[Message]
+    seqs: list[int]
+    keys: list[bytes]
+    values: list[bytes | None]
+    expiries_ms: list[int] | None
+    headers: list[dict[str, bytes] | None] | None
+    deleted: list[bool] | None
     next: int
     end: bool
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def messages(self) -> list[Message]:
+        """The page as one ``Message`` per entry (the JSON reply's shape)."""
+        count = len(self.seqs)
+        return list(
+            map(
+                Message,
+                self.seqs,
+                self.keys,
+                self.values,
+                self.expiries_ms if self.expiries_ms is not None else repeat(0, count),
+                self.headers if self.headers is not None else repeat(None, count),
+                self.deleted if self.deleted is not None else repeat(False, count),
+            )
+        )
 
 
 class Node:
@@ -306,7 +343,7 @@ class Node:
             # Long-poll: an empty first page waits for entries of this queue (commits of other
             # queues or of high-water marks move the boundary but bring nothing to read).
             remaining = deadline - loop.time()
-            if page.messages or upto is not None or remaining <= 0:
+            if page.seqs or upto is not None or remaining <= 0:
                 return page
             await replica.wait_durable_past(page.boundary, remaining)
 
@@ -480,33 +517,54 @@ def read_page(
     upto: int | None,
     limit: int,
 ) -> Page:
-    """One page of a consumer snapshot ``(after, boundary]``, read as of the boundary."""
+    """One page of a consumer snapshot ``(after, boundary]``, read as of the boundary.
+
+    The columns are cut from the store's entry tuples a store page at a time (``zip`` and ``map``
+    run in C), with no object per message: entries of the shard's other queues are dropped with
+    ``compress`` only in the store pages that hold any."""
     prefix = queue_prefix(queue)
-    cut = len(prefix)
-    messages: list[Message] = []
+    seqs: list[int] = []
+    keys: list[bytes] = []
+    values: list[bytes | None] = []
+    expiries: list[int] = []
+    headers: list[dict[str, bytes] | None] = []
+    flags: list[int] = []
     with replica.store.snapshot() as snap:
         boundary = snap.boundary if upto is None else min(upto, snap.boundary)
         last_seen = boundary
-        full = False
-        for page in snap.pages(after, boundary, as_of=boundary):
-            for entry in page:
-                if not entry.key.startswith(prefix):
-                    continue
-                messages.append(
-                    Message(
-                        entry.seq,
-                        entry.key[cut:],
-                        entry.value,
-                        entry.expiry_ms,
-                        entry.headers,
-                        entry.deleted,
-                    )
-                )
-                if len(messages) >= limit:
-                    full = True
-                    last_seen = entry.seq
-                    break
+        for entries in snap.pages(after, boundary, as_of=boundary):
+            if not entries:
+                continue
+            columns: list[Sequence[Any]] = list(zip(*entries, strict=True))
+            ours = list(map(bytes.startswith, columns[_KEY], repeat(prefix)))
+            if False in ours:  # entries of the shard's other queues
+                columns = [tuple(compress(column, ours)) for column in columns]
+            room = limit - len(seqs)
+            full = len(columns[_SEQ]) >= room
+            if full:
+                columns = [column[:room] for column in columns]
+                last_seen = columns[_SEQ][-1]
+            seqs += columns[_SEQ]
+            keys += columns[_KEY]
+            values += columns[_VALUE]
+            expiries += columns[_EXPIRY]
+            headers += columns[_HEADERS]
+            flags += columns[_FLAGS]
             if full:
                 break
     end = last_seen >= boundary
-    return Page(replica.shard_id, group, hwm, boundary, messages, last_seen, end)
+    deletes = list(map(and_, flags, repeat(FLAG_DELETE)))
+    return Page(
+        replica.shard_id,
+        group,
+        hwm,
+        boundary,
+        seqs,
+        list(map(itemgetter(slice(len(prefix), None)), keys)),
+        values,
+        expiries if any(expiries) else None,
+        None if headers.count(None) == len(headers) else headers,
+        list(map(bool, deletes)) if any(deletes) else None,
+        last_seen,
+        end,
+    )

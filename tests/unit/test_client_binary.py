@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import random
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -18,6 +19,7 @@ from aiohttp import web
 import kayos
 from kayos.client.binary import RequestTable, reply_request_id
 from kayos.client.policy import RetryPolicy
+from kayos.client.types import Message
 from kayos.errors import InvalidRequest, ProtocolError, UnavailableError, WrongRoleError
 from kayos.replication.frames import (
     PROTOCOL_VERSION,
@@ -103,7 +105,8 @@ class FakeNode:
         self.held: list[Frame] = []
         self.writers: list[asyncio.StreamWriter] = []
         self.topology: Topology | None = None
-        self.consume_reply: Callable[[dict[str, str]], tuple[int, Any]] | None = None
+        # Answers a consume's query parameters with (status, body), or a coroutine of them.
+        self.consume_reply: Callable[[dict[str, str]], Any] | None = None
         self.next_seq = 1
 
     async def start(self) -> None:
@@ -137,7 +140,8 @@ class FakeNode:
         self.http_requests.append(params)
         assert self.consume_reply is not None
         assert request.headers["Accept"] == "application/msgpack"
-        status, body = self.consume_reply(params)
+        reply = self.consume_reply(params)
+        status, body = await reply if inspect.isawaitable(reply) else reply
         return web.Response(
             status=status,
             body=msgpack.packb(body, use_bin_type=True),
@@ -377,21 +381,28 @@ async def test_wait_committed_asks_a_tail() -> None:
 
 
 def paged_reply(params: dict[str, str]) -> tuple[int, Any]:
-    """A tail's snapshot (0, 6] with messages at 2, 4, 6, two a page."""
+    """A tail's snapshot (0, 6] with messages at 2, 4, 6, two a page; in columns if asked."""
     after = int(params.get("after", "0"))
     seqs = [s for s in (2, 4, 6) if s > after][: int(params["limit"])]
     last = seqs[-1] if seqs else 6
-    messages = [{"seq": s, "key": f"k{s}".encode(), "value": b"v", "deleted": False} for s in seqs]
-    body = {
-        "shard": 0,
-        "group": params["group"],
-        "hwm": 0,
-        "boundary": 6,
-        "messages": messages,
-        "next": last,
-        "end": last >= 6,
-    }
+    body: dict[str, Any] = {"shard": 0, "group": params["group"], "hwm": 0, "boundary": 6}
+    if params.get("columns") == "1":
+        body["seqs"] = seqs
+        body["keys"] = [f"k{s}".encode() for s in seqs]
+        body["values"] = [b"v" for _ in seqs]
+        body["expiries_ms"] = body["headers"] = body["deleted"] = None
+    else:
+        body["messages"] = [
+            {"seq": s, "key": f"k{s}".encode(), "value": b"v", "deleted": False} for s in seqs
+        ]
+    body["next"] = last
+    body["end"] = last >= 6
     return 200, body
+
+
+def rows_reply(params: dict[str, str]) -> tuple[int, Any]:
+    """A node that knows no ``columns`` flag: list-of-objects pages only."""
+    return paged_reply({name: value for name, value in params.items() if name != "columns"})
 
 
 @pytest.mark.asyncio
@@ -400,12 +411,70 @@ async def test_consume_pages_one_snapshot_from_the_tail() -> None:
         nodes["b"].consume_reply = paged_reply
         pages = [page async for page in client.consume(QUEUE, "g", page_size=2)]
         assert [[m.seq for m in page.messages] for page in pages] == [[2, 4], [6]]
+        assert [page.messages[0] for page in pages] == [
+            Message(2, b"k2", b"v"),
+            Message(6, b"k6", b"v"),
+        ]
         assert [page.end for page in pages] == [False, True]
         assert nodes["b"].http_requests == [
-            {"group": "g", "limit": "2"},
-            {"group": "g", "limit": "2", "after": "4", "upto": "6"},
+            {"group": "g", "limit": "2", "columns": "1"},
+            {"group": "g", "limit": "2", "columns": "1", "after": "4", "upto": "6"},
         ]
         assert nodes["a"].http_requests == []
+
+
+@pytest.mark.asyncio
+async def test_consume_reads_list_of_objects_pages_too() -> None:
+    async with fake_cluster({"a": None, "b": None}) as nodes, client_of(nodes) as client:
+        nodes["b"].consume_reply = rows_reply
+        pages = [page async for page in client.consume(QUEUE, "g", page_size=2)]
+        assert [[m.seq for m in page.messages] for page in pages] == [[2, 4], [6]]
+        assert [list(page.columns.keys) for page in pages] == [[b"k2", b"k4"], [b"k6"]]
+
+
+@pytest.mark.asyncio
+async def test_consume_asks_for_the_next_page_while_the_caller_holds_this_one() -> None:
+    async with fake_cluster({"a": None, "b": None}) as nodes, client_of(nodes) as client:
+        nodes["b"].consume_reply = paged_reply
+        pages = client.consume(QUEUE, "g", page_size=2)
+        first = await anext(pages)
+        assert not first.end
+        for _ in range(200):  # the request for page 2 goes out without another anext
+            if len(nodes["b"].http_requests) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert nodes["b"].http_requests[1]["after"] == "4"
+        second = await anext(pages)
+        assert ([m.seq for m in second.messages], second.end) == ([6], True)
+        with pytest.raises(StopAsyncIteration):
+            await anext(pages)
+        assert len(nodes["b"].http_requests) == 2, "nothing asked for past the end page"
+
+
+@pytest.mark.asyncio
+async def test_a_consumer_that_stops_early_drops_the_page_asked_for_ahead() -> None:
+    release = asyncio.Event()
+
+    async def slow(params: dict[str, str]) -> tuple[int, Any]:
+        if "after" in params:
+            await release.wait()
+        return paged_reply(params)
+
+    async with fake_cluster({"a": None, "b": None}) as nodes, client_of(nodes) as client:
+        nodes["b"].consume_reply = slow
+        pages = client.consume(QUEUE, "g", page_size=2)
+        first = await anext(pages)
+        assert [m.seq for m in first.messages] == [2, 4]
+        ahead = [t for t in asyncio.all_tasks() if "AsyncClient._page" in repr(t.get_coro())]
+        assert len(ahead) == 1
+        assert not ahead[0].done()
+        await asyncio.wait_for(pages.aclose(), WAIT_S / 2)
+        for _ in range(100):
+            if ahead[0].done():
+                break
+            await asyncio.sleep(0.01)
+        assert ahead[0].cancelled()
+        release.set()
 
 
 @pytest.mark.asyncio

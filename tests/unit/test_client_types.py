@@ -14,6 +14,9 @@ from kayos import limits
 from kayos.client.types import (
     Item,
     Message,
+    MessageView,
+    Page,
+    PageColumns,
     Transaction,
     acks_code,
     acks_param,
@@ -173,6 +176,58 @@ def test_the_end_marker_page_may_be_empty() -> None:
 def test_malformed_pages_are_protocol_errors(bad: Any) -> None:
     with pytest.raises(ProtocolError):
         page_from_reply(bad)
+
+
+def view_of(count: int) -> MessageView:
+    seqs = tuple(range(1, count + 1))
+    return MessageView(PageColumns(seqs, tuple(b"k%d" % s for s in seqs), (None,) * count))
+
+
+def test_a_message_view_reads_like_a_tuple_of_messages() -> None:
+    view = view_of(5)
+    expected = tuple(Message(s, b"k%d" % s, None) for s in range(1, 6))
+    assert len(view) == 5
+    assert tuple(view) == expected
+    assert list(view) == list(expected)
+    assert view == expected
+    assert expected == view
+    assert view == list(expected)
+    assert view != expected[:4]
+    assert (view[0], view[-1], view[1:3], view[::2], view[4:1]) == (
+        expected[0],
+        expected[-1],
+        expected[1:3],
+        expected[::2],
+        (),
+    )
+    assert expected[2] in view
+    assert view.index(expected[3]) == 3
+    with pytest.raises(IndexError):
+        view[5]
+    with pytest.raises(TypeError):
+        hash(view)
+
+
+def test_a_message_is_a_named_tuple_with_defaults() -> None:
+    message = Message(3, b"k", b"v")
+    assert (message.expiry_ms, message.headers, message.deleted) == (0, None, False)
+    assert message == (3, b"k", b"v", 0, None, False)
+
+
+def test_pages_of_messages_and_of_columns_are_equal_when_their_messages_are() -> None:
+    columns = PageColumns((2, 4), (b"a", b"b"), (b"1", None), None, ({"h": b"x"}, None), None)
+    from_columns = Page.from_columns(0, "g", 1, 4, columns, 4, True)
+    messages = (Message(2, b"a", b"1", 0, {"h": b"x"}), Message(4, b"b", None))
+    from_messages = Page(0, "g", 1, 4, messages, 4, True)
+    assert from_columns == from_messages
+    assert from_columns != Page(0, "g", 1, 4, messages[:1], 4, True)
+    assert from_messages.columns == PageColumns(
+        (2, 4), (b"a", b"b"), (b"1", None), None, ({"h": b"x"}, None), None
+    )
+    assert Page(0, "g", 1, 1, (), 1, True).columns == PageColumns((), (), ())
+    assert len(from_columns) == len(from_messages) == 2
+    with pytest.raises(AttributeError):
+        from_columns.end = False  # type: ignore[misc]
 
 
 def test_group_reply() -> None:
