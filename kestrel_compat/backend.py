@@ -19,6 +19,7 @@ Implementations must keep appends to one log in call order.
 
 from __future__ import annotations
 
+import bisect
 import struct
 from dataclasses import dataclass
 from typing import Protocol
@@ -208,9 +209,12 @@ class MemoryBackend:
         assert len(state.blob) <= limits.group_blob_bytes_max
         self._groups.setdefault(log, {})[group] = state
         self._logs.setdefault(log, [])
-        # Entries every group has passed are garbage, as Kayos compaction would find them.
+        # Entries every group has passed are garbage, as Kayos compaction would find them. The
+        # log is in seq order: drop a prefix, without copying the log on every commit.
         floor = min(item.hwm for item in self._groups[log].values())
-        self._logs[log] = [entry for entry in self._logs[log] if entry.seq > floor]
+        stored = self._logs[log]
+        if stored and stored[0].seq <= floor:
+            del stored[: bisect.bisect_right(stored, floor, key=lambda entry: entry.seq)]
 
     async def load_group(self, log: str, group: str) -> GroupState | None:
         self._check()
