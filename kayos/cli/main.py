@@ -131,6 +131,53 @@ def bench_produce_command(
     _bench_report(bench_produce(parameters, base), as_json, out)
 
 
+@bench.command("kestrel")
+@click.option("--clients", default="1,16", show_default=True, help="Client counts, one run each.")
+@click.option("--ops", default=20_000, show_default=True, help="Operations per scenario.")
+@click.option(
+    "--cluster-ops", default=5_000, show_default=True, help="Operations per cluster scenario."
+)
+@click.option(
+    "--cluster/--memory",
+    default=False,
+    help="Also run the front on a local 3-node chain (default: the memory backend only).",
+)
+@click.option("--memcached", default=None, metavar="HOST:PORT", help="memcached to compare with.")
+@click.option(
+    "--workers",
+    type=click.Choice(["processes", "threads"]),
+    default="processes",
+    show_default=True,
+    help="What runs each client.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+@click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
+@click.option("--dir", "base", type=click.Path(), default=None, help="Where to put logs, nodes.")
+def bench_kestrel_command(
+    clients: str,
+    ops: int,
+    cluster_ops: int,
+    cluster: bool,
+    memcached: str | None,
+    workers: str,
+    as_json: bool,
+    out: str | None,
+    base: str | None,
+) -> None:
+    """The Kestrel memcache front under python-memcached clients: set and get/open/close rates,
+    against memcached's when one is on PATH or given."""
+    from kayos.bench.kestrel import KestrelBenchParameters, bench_kestrel
+
+    try:
+        counts = tuple(int(count) for count in clients.split(","))
+        parameters = KestrelBenchParameters(
+            counts, ops, cluster_ops, cluster=cluster, memcached=memcached, workers=workers
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    _bench_report(bench_kestrel(parameters, base), as_json, out)
+
+
 @cli.command()
 @click.option(
     "--config",
