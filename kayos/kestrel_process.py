@@ -31,9 +31,12 @@ from kayos.launcher import (
 kestrel_ready_timeout_s = 60.0
 # After SIGTERM the front closes its connections and takes its last group commits.
 kestrel_stop_timeout_s = 15.0
+# After the memcache port's line, how long the lines of the other ports asked for may take (the
+# front prints them at once; a front that does not serve a protocol yet never prints its line).
+other_ports_wait_s = 2.0
 # The id a LocalClusterWithKestrel gives the front among its nodes (exit codes, log path).
 KESTREL = "kestrel"
-_LISTENING = b"kestrel listening on "
+_LISTENING = b"kestrel listening on "  # the memcache port; "kestrel <protocol> listening on" else
 
 
 class KestrelFront:
@@ -41,8 +44,9 @@ class KestrelFront:
 
     ``port=0`` lets the front pick a port, and ``port`` is the one it bound after ``start``; a
     restart reuses it, so clients reconnect to the same address. ``cluster`` is a node's HTTP URL
-    (items kept on that cluster), else the front keeps items in its memory. ``extra_args`` go
-    to the command as they are (``--text-port 2222`` ...)."""
+    (items kept on that cluster), else the front keeps items in its memory. ``text_port`` and
+    ``thrift_port`` (0: any free port) serve those protocols too; None leaves them out. After
+    ``start``, ``ports`` maps each protocol that listens to its port."""
 
     def __init__(
         self,
@@ -51,7 +55,8 @@ class KestrelFront:
         host: str = "127.0.0.1",
         port: int = 0,
         cluster: str | None = None,
-        extra_args: tuple[str, ...] = (),
+        text_port: int | None = None,
+        thrift_port: int | None = None,
         ready_timeout_s: float = kestrel_ready_timeout_s,
         stop_timeout_s: float = kestrel_stop_timeout_s,
         log_level: str = "WARNING",
@@ -60,7 +65,9 @@ class KestrelFront:
         self.host = host
         self.port = port
         self.cluster = cluster
-        self.extra_args = extra_args
+        self.text_port = text_port
+        self.thrift_port = thrift_port
+        self.ports: dict[str, int] = {}
         self.ready_timeout_s = ready_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.log_level = log_level
@@ -76,7 +83,9 @@ class KestrelFront:
         command += ["--port", str(self.port), "--log-level", self.log_level]
         if self.cluster is not None:
             command += ["--cluster", self.cluster]
-        return [*command, *self.extra_args]
+        for name, port in (("text", self.text_port), ("thrift", self.thrift_port)):
+            command += [f"--no-{name}"] if port is None else [f"--{name}-port", str(port)]
+        return command
 
     def start(self) -> None:
         """Spawns the front and waits until it says it listens; ``ClusterError`` with its log
@@ -98,17 +107,40 @@ class KestrelFront:
             start_new_session=True,
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
-        self.port = self._wait_listening(offset)
+        self.ports = self._wait_listening(offset)
+        self.port = self.ports["memcache"]  # a restart binds the same ports
+        if self.text_port is not None:
+            self.text_port = self.ports.get("text", self.text_port)
+        if self.thrift_port is not None:
+            self.thrift_port = self.ports.get("thrift", self.thrift_port)
 
-    def _wait_listening(self, offset: int) -> int:
+    def _listening(self, offset: int) -> dict[str, int]:
+        """The ports the front has said it listens on, by protocol."""
+        ports: dict[str, int] = {}
+        with open(self.log_path, "rb") as handle:
+            handle.seek(offset)
+            for line in handle.read().splitlines():
+                words = line.split()
+                if len(words) >= 4 and words[0] == b"kestrel" and b":" in words[-1]:
+                    if line.startswith(_LISTENING):
+                        ports["memcache"] = int(words[-1].rsplit(b":", 1)[1])
+                    elif words[2] == b"listening":
+                        ports[words[1].decode()] = int(words[-1].rsplit(b":", 1)[1])
+        return ports
+
+    def _wait_listening(self, offset: int) -> dict[str, int]:
         assert self.process is not None
+        wanted = {"memcache"}
+        wanted |= {"text"} if self.text_port is not None else set()
+        wanted |= {"thrift"} if self.thrift_port is not None else set()
         deadline = time.monotonic() + self.ready_timeout_s
+        others_deadline: float | None = None
         while True:
-            with open(self.log_path, "rb") as handle:
-                handle.seek(offset)
-                for line in handle.read().splitlines():
-                    if line.startswith(_LISTENING) and b":" in line:
-                        return int(line.rsplit(b":", 1)[1])
+            ports = self._listening(offset)
+            if "memcache" in ports:
+                others_deadline = others_deadline or time.monotonic() + other_ports_wait_s
+                if wanted <= ports.keys() or time.monotonic() > others_deadline:
+                    return ports
             code = self.process.poll()
             if code is not None or time.monotonic() > deadline:
                 what = f"exited (code {code})" if code is not None else "did not listen in time"
@@ -169,23 +201,26 @@ def try_it_command(address: str, queue: str = "jobs") -> str:
 
 
 class LocalClusterWithKestrel(LocalCluster):
-    """A ``LocalCluster`` whose nodes are joined by the Kestrel front on ``kestrel_port``
-    (``kayos up``): started once every node is ready and the chains agree, with ``--cluster``
-    the first node's URL; stopped first (it takes its last group commits), then the nodes.
-    Among the exit codes, its log path and ``exited`` it is the member ``"kestrel"``."""
+    """``kayos up``: a ``LocalCluster`` whose nodes are joined by the Kestrel front on
+    ``kestrel_port`` (memcache), ``text_port`` and ``thrift_port`` (None: not served). It starts
+    once every node is ready and the chains agree, with ``--cluster`` the first node's URL, and
+    stops first (it takes its last group commits), then the nodes. Among the exit codes, its log
+    path and ``exited`` it is the member ``"kestrel"``."""
 
     def __init__(
         self,
         base_dir: str | os.PathLike[str],
         *,
         kestrel_port: int,
-        kestrel_args: tuple[str, ...] = (),
+        text_port: int | None = None,
+        thrift_port: int | None = None,
         **options: Any,
     ) -> None:
         super().__init__(base_dir, **options)
         self.kestrel: KestrelFront | None = None
         self.kestrel_port = kestrel_port
-        self.kestrel_args = kestrel_args
+        self.text_port = text_port
+        self.thrift_port = thrift_port
 
     def log_path(self, node: str) -> Path:
         if node == KESTREL:
@@ -199,7 +234,8 @@ class LocalClusterWithKestrel(LocalCluster):
             host=self.host,
             port=self.kestrel_port,
             cluster=self.url(self.ids[0]),
-            extra_args=self.kestrel_args,
+            text_port=self.text_port,
+            thrift_port=self.thrift_port,
         )
         try:
             front.start()
@@ -230,8 +266,13 @@ class LocalClusterWithKestrel(LocalCluster):
         lines = super().describe()
         if self.kestrel is not None:
             address, seed = self.kestrel.address, self.url(self.ids[0])
+            others = "".join(
+                f", {protocol} {self.host}:{port}"
+                for protocol, port in self.kestrel.ports.items()
+                if protocol != "memcache"
+            )
             lines.append(
-                f"kestrel (memcache): {address}  (items on this cluster via {seed})"
+                f"kestrel: memcache {address}{others}  (items on this cluster via {seed})"
                 f"  log {self.log_path(KESTREL)}"
             )
             lines.append(f"  try: {try_it_command(address)}")

@@ -224,12 +224,33 @@ def node(config_path: str, node_id: str, data_dir: str, log_level: str) -> None:
     type=click.IntRange(0, 65535),
     help="The Kestrel memcache front, items on this cluster; 0: no front.",
 )
+@click.option(
+    "--kestrel-text-port",
+    default=2222,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="Its text port; 0: none.",
+)
+@click.option(
+    "--kestrel-thrift-port",
+    default=2229,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="Its thrift port; 0: none.",
+)
 def up(
-    data_dir: str, nodes: int, replicas: int, shards: int | None, base_port: int, kestrel_port: int
+    data_dir: str,
+    nodes: int,
+    replicas: int,
+    shards: int | None,
+    base_port: int,
+    kestrel_port: int,
+    kestrel_text_port: int,
+    kestrel_thrift_port: int,
 ) -> None:
     """Start a local cluster on 127.0.0.1: by default 3 nodes, 3 shards with rotated roles
-    (S0 a->b->c, S1 b->c->a, S2 c->a->b), replication factor 3, and the Kestrel memcache front
-    on port 22133 keeping its items on the cluster. Ctrl-C stops it cleanly."""
+    (S0 a->b->c, S1 b->c->a, S2 c->a->b), replication factor 3, and the Kestrel front (memcache
+    22133, text 2222, thrift 2229) keeping its items on the cluster. Ctrl-C stops it cleanly."""
     from kayos.kestrel_process import LocalClusterWithKestrel
     from kayos.launcher import LocalCluster, run_foreground
 
@@ -239,7 +260,13 @@ def up(
         "nodes": nodes, "replicas": replicas, "shards": shards, "base_port": base_port
     }  # fmt: skip
     cluster = (
-        LocalClusterWithKestrel(data_dir, kestrel_port=kestrel_port, **options)
+        LocalClusterWithKestrel(
+            data_dir,
+            kestrel_port=kestrel_port,
+            text_port=kestrel_text_port or None,
+            thrift_port=kestrel_thrift_port or None,
+            **options,
+        )
         if kestrel_port
         else LocalCluster(data_dir, **options)
     )
