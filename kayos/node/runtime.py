@@ -410,6 +410,10 @@ class Node:
                 await stream.drain()
         except (OSError, EOFError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            # Shutdown cancels connection handlers; asyncio's stream callback would log it as an
+            # error, so a handler ends quietly instead of re-raising.
+            pass
         finally:
             stream.close()
 
