@@ -28,7 +28,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from kayos.kestrel_process import KestrelFront
+from kayos.kestrel_process import KestrelFront, LocalClusterWithKestrel
 from kayos.launcher import LocalCluster
 from kestrel_compat.backend import decode_removed
 from kestrel_compat.kayos_backend import queue_for
@@ -362,3 +362,25 @@ def test_stored_set_is_on_every_replica(
                 assert int(status["shards"][str(chain.id)]["last_seq"]) >= seq, (node, seq)
     finally:
         writer.close()
+
+
+def test_cluster_with_kestrel_as_kayos_up_runs_it(tmp_path: Path) -> None:
+    """What ``kayos up`` starts: the nodes, then the front on the first node's URL; it answers
+    memcache clients with items on the chain, is listed among the endpoints, and stops first,
+    cleanly, with the nodes."""
+    cluster = LocalClusterWithKestrel(tmp_path / "up", kestrel_port=0, nodes=3, replicas=3)
+    try:
+        cluster.start_all()
+        assert cluster.kestrel is not None
+        front = cluster.kestrel
+        described = "\n".join(cluster.describe())
+        print(described)
+        assert f"kestrel: memcache {front.address}" in described
+        assert "try: " in described
+        set_all(front, "upq", ["hello"])
+        assert "hello" in tail_entries(cluster, "upq")
+        assert drain(front, "upq") == ["hello"]
+        assert cluster.exited() == {}
+    finally:
+        codes = cluster.stop()
+    assert codes == {"kestrel": 0, "a": 0, "b": 0, "c": 0}
