@@ -226,8 +226,9 @@ class Session(PendingReadsSession):
         timeout_s = min(event.timeout_s, limits.wait_ms_max // 1000)
         deadline = asyncio.get_running_loop().time() + timeout_s
 
-        async def send_item(item: Item, read_id: int) -> None:
+        async def send_item(item: Item, read_id: int) -> bool:
             await send(p.encode_value(name, item.data))
+            return True
 
         try:
             await self.monitor_until(name, deadline, items_max, opening=True, on_item=send_item)

@@ -35,6 +35,8 @@ from kestrel_compat.handler import ClientGone, KestrelService, Session
 from kestrel_compat.protocol import MemcacheConnection
 from kestrel_compat.text_handler import TextSession
 from kestrel_compat.text_protocol import TextConnection
+from kestrel_compat.thrift_handler import ThriftReads, ThriftSession
+from kestrel_compat.thrift_protocol import ThriftConnection
 
 log = logging.getLogger("kestrel_compat.server")
 
@@ -90,6 +92,7 @@ class KestrelServer:
             config_path=config_path,
             on_shutdown=self.request_stop,
         )
+        self.thrift_reads = ThriftReads()
         self.fronts = self._fronts()
         self._servers: dict[str, asyncio.Server] = {}
         self._connections: set[asyncio.Task[None]] = set()
@@ -103,7 +106,14 @@ class KestrelServer:
         fronts: list[Front[Any]] = [Front("memcache", server.port, MemcacheConnection, Session)]
         if server.text_port is not None:
             fronts.append(Front("text", server.text_port, TextConnection, TextSession))
+        if server.thrift_port is not None:
+            fronts.append(
+                Front("thrift", server.thrift_port, ThriftConnection, self._thrift_session)
+            )
         return fronts
+
+    def _thrift_session(self, service: KestrelService) -> ThriftSession:
+        return ThriftSession(service, self.thrift_reads)
 
     @property
     def port(self) -> int:
@@ -156,6 +166,7 @@ class KestrelServer:
         for listener in self._servers.values():
             listener.close()
         self.service.collection.shutdown()
+        self.thrift_reads.cancel_timers()
         for writer in list(self._writers):
             writer.close()
         if self._connections:

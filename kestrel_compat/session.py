@@ -201,12 +201,13 @@ class SessionBase:
         items_max: int,
         *,
         opening: bool,
-        on_item: Callable[[Item, int], Awaitable[None]],
+        on_item: Callable[[Item, int], Awaitable[bool]],
     ) -> None:
         """Kestrel's monitorUntil (spec §5, §11): fetch one item after another, each handed to
         ``on_item`` with its open-read id, until ``items_max`` items, the deadline (None: only
         what is there now), this connection's open reads on the queue reaching
-        maxOpenTransactions, or an empty fetch. Raises ``IllegalQueueName`` from the creation."""
+        maxOpenTransactions, an empty fetch, or ``on_item`` returning False. Raises
+        ``IllegalQueueName`` from the creation."""
         loop = asyncio.get_running_loop()
         items_left = items_max
         while not self.reads_blocked:
@@ -224,7 +225,8 @@ class SessionBase:
             if item is None:
                 return
             read_id = self.remember_open_read(name, queue, item) if opening else 0
-            await on_item(item, read_id)
+            if not await on_item(item, read_id):
+                return
             items_left -= 1
 
 

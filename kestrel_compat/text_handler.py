@@ -179,8 +179,9 @@ class TextSession(PendingReadsSession):
         self._check_reads("monitor")
         deadline = asyncio.get_running_loop().time() + max(event.timeout_ms, 0) / 1000
 
-        async def send_item(item: Item, read_id: int) -> None:
+        async def send_item(item: Item, read_id: int) -> bool:
             await send(t.encode_item(item.data))
+            return True
 
         try:
             await self.monitor_until(
