@@ -53,7 +53,7 @@ def _peak_rss_mb() -> float:
 
 def run_kayos(directory: str, messages: int, batch: int, seed: int) -> dict[str, Any]:
     from kayos import limits
-    from kayos.storage.engine import Put, ShardStore
+    from kayos.storage import Put, ShardStore
 
     store = ShardStore.open(directory)
     commit_seconds = 0.0

@@ -1,0 +1,122 @@
+"""The house, floor by floor: no import runs back up, and no import cycles.
+
+Floors (lowest first): shared ground (errors, limits, clock); storage, topology and the pure chain
+and frame logic; replication over storage; the node and the client; the faces (CLI, benchmarks,
+launcher, kestrel_compat), which reach the cluster through the client or the node's public API,
+never through storage internals.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("kayos", "kestrel_compat")
+
+FLOORS: list[tuple[int, tuple[str, ...]]] = [
+    (0, ("kayos.errors", "kayos.limits", "kayos.clock")),
+    (1, ("kayos.storage", "kayos.topology", "kayos.replication.frames", "kayos.replication.chain")),
+    (2, ("kayos.replication",)),
+    (3, ("kayos.node", "kayos.client", "kayos.embedded")),
+    (4, ("kayos.cli", "kayos.bench", "kayos.launcher", "kayos.kestrel_process", "kayos.__main__")),
+    (4, ("kestrel_compat",)),
+]
+# What a face may import from below the client floor: the store's public package (the storage
+# benchmark and `kayos check` work on a store directly) and the node's entry point.
+FACE_ALLOWED_LOW = ("kayos.storage", "kayos.storage.check", "kayos.node.server", "kayos.topology")
+# Names `kayos/__init__.py` exports lazily from the client floor.
+LAZY_CLIENT_EXPORTS = {"Client", "AsyncClient", "open_queue", "Page", "Item", "Message"}
+
+
+def floor_of(module: str) -> int:
+    best = (-1, -1)
+    for floor, prefixes in FLOORS:
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best[1]:
+                best = (floor, len(prefix))
+    if best[0] < 0:
+        raise AssertionError(f"{module} has no floor: add it to FLOORS")
+    return best[0]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def is_module(name: str) -> bool:
+    path = ROOT / Path(*name.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every kayos/kestrel_compat module ``path`` imports, at module level or inside functions."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                candidate = f"{node.module}.{alias.name}"
+                if is_module(candidate):
+                    found.add(candidate)
+                elif node.module == "kayos" and alias.name in LAZY_CLIENT_EXPORTS:
+                    found.add("kayos.client")
+                else:
+                    found.add(node.module)
+    return {name for name in found if name.split(".")[0] in PACKAGES and name != "kayos"}
+
+
+SOURCES = sorted(
+    path
+    for package in PACKAGES
+    for path in (ROOT / package).rglob("*.py")
+    if module_name(path) != "kayos"  # the package root only re-exports, lazily
+)
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: module_name(p))
+def test_no_import_runs_back_up(path: Path) -> None:
+    module = module_name(path)
+    own = floor_of(module)
+    for target in sorted(imports_of(path)):
+        if target.split(".")[0] == module.split(".")[0] and floor_of(target) == own:
+            continue
+        assert floor_of(target) <= own, f"{module} (floor {own}) imports {target} from above"
+        if own == 4 and floor_of(target) < 3:
+            allowed = target in FACE_ALLOWED_LOW or floor_of(target) == 0
+            allowed = allowed or target in ("kayos.replication.frames",)
+            assert allowed, f"face {module} reaches below the client: {target}"
+
+
+def test_the_client_knows_nothing_of_nodes_or_storage() -> None:
+    for path in (ROOT / "kayos" / "client").rglob("*.py"):
+        for target in imports_of(path):
+            assert not target.startswith(("kayos.node", "kayos.storage", "kayos.replication.r"))
+
+
+def test_no_import_cycles() -> None:
+    graph = {module_name(path): imports_of(path) for path in SOURCES}
+    visiting: list[str] = []
+    done: set[str] = set()
+
+    def visit(module: str) -> None:
+        if module in done or module not in graph:
+            return
+        assert module not in visiting, " -> ".join([*visiting, module])
+        visiting.append(module)
+        for target in sorted(graph[module]):
+            # A package's __init__ importing its own submodules is not a cycle.
+            if target.startswith(module + "."):
+                continue
+            visit(target)
+        visiting.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module)
