@@ -29,6 +29,8 @@ class KestrelProcess:
         self.host = "127.0.0.1"
         self.port = 0
         command = [sys.executable, "-m", "kestrel_compat", "--host", self.host, "--port", "0"]
+        # Any free ports for the text and thrift fronts too, so parallel runs never collide.
+        command += ["--text-port", "0", "--thrift-port", "0"]
         if config is not None:
             path = tmp_path / "kestrel.toml"
             path.write_text(config)
