@@ -887,16 +887,17 @@ async def _send_loop(
                 )
             else:
                 result = read_range(replica.store, sent, upto, limits.batch_entries_max // 4)
-            entries, covered, meta, boundary = result
-            changes = None
-            if meta_sent is None:
-                # The first batch on a link carries the whole replicated metadata (as of the
-                # snapshot, possibly a little ahead of the range); the downstream replaces its own.
-                changes = _meta_changes(None, meta)
-                meta_sent = dict(meta)
-            elif covered == upto and boundary == upto:
-                changes = _meta_changes(meta_sent, meta) or None
-                meta_sent = dict(meta)
+            entries, covered, meta, _boundary = result
+            # Metadata as of the snapshot, which may run a little ahead of the range read: a
+            # high-water mark arriving early is harmless, one never sent would be lost (later
+            # batches may come from memory). The first batch on a link carries all of it, and
+            # the downstream replaces its own with it.
+            changes = (
+                _meta_changes(meta_sent, meta)
+                if meta_sent is None
+                else (_meta_changes(meta_sent, meta) or None)
+            )
+            meta_sent = dict(meta)
             batch = build_batch(replica.shard_id, sent + 1, covered, entries, changes)
         size = stream.send(batch)
         window.sent(batch.last_seq, size)
