@@ -56,4 +56,8 @@ def test_group_commits_during_produce_reach_every_replica(
     expected = groups_on(cluster, head, 0)
     assert expected == {("meta", f"g{i}"): 25 + i for i in range(4)}
     for node in cluster.ids:
-        wait_until(lambda node=node: groups_on(cluster, node, 0) == expected, f"groups on {node}")
+
+        def agrees(node: str = node) -> bool:
+            return groups_on(cluster, node, 0) == expected
+
+        wait_until(agrees, f"the groups on {node}")
