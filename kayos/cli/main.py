@@ -145,8 +145,8 @@ def bench_produce_command(
 @click.option("--memcached", default=None, metavar="HOST:PORT", help="memcached to compare with.")
 @click.option(
     "--workers",
-    type=click.Choice(["processes", "threads"]),
-    default="processes",
+    type=click.Choice(["threads", "processes"]),
+    default="threads",
     show_default=True,
     help="What runs each client.",
 )
