@@ -319,9 +319,30 @@ def to_item(item: ItemLike) -> Item:
     raise InvalidRequest(f"an item is Item, (key, value) or (key, value, expiry_ms): {item!r}")
 
 
+def _plain_columns(items: list[ItemLike]) -> Columns | None:
+    """The columns of a batch of ``(bytes key, bytes value)`` pairs, checked in C-level passes;
+    None when the batch has anything else (the general path then checks item by item)."""
+    if not items or not all(type(item) is tuple and len(item) == 2 for item in items):
+        return None
+    keys, values = zip(*items, strict=True)
+    if not all(type(key) is bytes for key in keys) or not all(type(v) is bytes for v in values):
+        return None
+    if min(map(len, keys)) < 1 or max(map(len, keys)) > limits.item_key_bytes_max:
+        return None  # the general path names the bad key
+    if max(map(len, values)) > limits.value_bytes_max:
+        return None
+    if len(keys) > limits.batch_entries_max:
+        return None
+    return Columns(keys, values, None, None)
+
+
 def to_columns(items: Iterable[ItemLike]) -> Columns:
     """Checks and converts items; raises ``InvalidRequest``/``LimitExceeded`` before anything is
     sent, so a batch the node would refuse never costs a round trip."""
+    items = list(items)
+    plain = _plain_columns(items)
+    if plain is not None:
+        return plain
     keys: list[bytes] = []
     values: list[bytes | None] = []
     expiries: list[int] = []

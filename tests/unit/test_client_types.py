@@ -267,3 +267,14 @@ def test_import_kayos_stays_cheap() -> None:
         [sys.executable, "-c", code], capture_output=True, timeout=60, check=False
     )
     assert done.returncode == 0, done.stdout
+
+
+def test_plain_pairs_take_the_fast_path_with_the_same_result_and_checks() -> None:
+    from kayos.client.types import to_columns
+
+    pairs = [(b"k1", b"v1"), (b"k2", b"")]
+    assert to_columns(pairs) == to_columns([Item(b"k1", b"v1"), Item(b"k2", b"")])
+    with pytest.raises(LimitExceeded, match="item key"):
+        to_columns([(b"k", b"v"), (b"x" * (limits.item_key_bytes_max + 1), b"v")])
+    with pytest.raises(LimitExceeded, match="item key"):
+        to_columns([(b"", b"v")])
