@@ -119,22 +119,24 @@ class FrameStream:
             self.writer.close()
 
 
-async def recv_unless_done(
+async def recv_or_companion_failure(
     stream: FrameStream, companion: asyncio.Task[None]
-) -> tuple[bool, fr.Frame | None]:
-    """The next frame, unless ``companion`` (the task working the other direction of the link)
-    ends first: then ``(True, None)``, or its exception. No read is left pending either way."""
-    recv = asyncio.ensure_future(stream.recv())
-    try:
-        done, _ = await asyncio.wait({recv, companion}, return_when=asyncio.FIRST_COMPLETED)
-    except asyncio.CancelledError:
-        recv.cancel()
-        raise
-    if companion in done:
-        recv.cancel()
-        companion.result()  # raises what stopped it
-        return True, None
-    return False, recv.result()
+) -> fr.Frame | None:
+    """The next frame. ``companion`` (the task working the other direction of the link) closes
+    the stream when it ends, which ends this read: then its exception is raised, if it had one."""
+    frame = await stream.recv()
+    if frame is None and companion.done() and not companion.cancelled():
+        error = companion.exception()
+        if error is not None:
+            raise error
+    return frame
+
+
+def _close_with(stream: FrameStream) -> Callable[[asyncio.Task[None]], None]:
+    def close(_: asyncio.Task[None]) -> None:
+        stream.close()
+
+    return close
 
 
 def error_frame(exc: KayosError, request_id: int | None, epoch: int) -> fr.ErrorFrame:
@@ -650,12 +652,11 @@ class UpstreamLink:
         replica = self.replica
         batches: asyncio.Queue[fr.Batch | None] = asyncio.Queue()
         applier = asyncio.create_task(self._apply(batches, catch_up_target))
+        applier.add_done_callback(_close_with(stream))
         expected = replica.store.last_seq + 1
         try:
             while True:
-                stopped, frame = await recv_unless_done(stream, applier)
-                if stopped:
-                    return
+                frame = await recv_or_companion_failure(stream, applier)
                 if frame is None:
                     raise EOFError("upstream closed the link")
                 if isinstance(frame, fr.Batch):
@@ -829,10 +830,11 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
     window = chain.LinkWindow()
     acked = Pulse()
     sender = asyncio.create_task(_send_loop(replica, stream, frame.from_seq - 1, window, acked))
+    sender.add_done_callback(_close_with(stream))
     try:
         while True:
-            stopped, reply = await recv_unless_done(stream, sender)
-            if stopped or reply is None:
+            reply = await recv_or_companion_failure(stream, sender)
+            if reply is None:
                 return
             if isinstance(reply, fr.Ack | fr.Committed):
                 seq = reply.durable_seq if isinstance(reply, fr.Ack) else reply.committed_seq
@@ -866,9 +868,12 @@ async def _send_loop(
     meta_sent: dict[str, Any] | None = None
     while True:
         upto = replica.durable
-        if upto <= sent or not window.can_send():
-            waiters = {replica.durable_pulse.waiter(), acked.waiter()}
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        # Shielded: the pulse's future is shared, and cancelling this task must not cancel it.
+        if upto <= sent:
+            await asyncio.shield(replica.durable_pulse.waiter())
+            continue
+        if not window.can_send():
+            await asyncio.shield(acked.waiter())
             continue
         recent = replica.recent_batch(sent + 1) if meta_sent is not None else None
         if recent is not None and meta_sent is not None and recent.last_seq <= upto:
