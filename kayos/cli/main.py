@@ -103,9 +103,9 @@ def _bench_report(
 
 
 @bench.command("produce")
-@click.option("--messages", default=100_000, show_default=True, help="Messages to produce.")
+@click.option("--messages", default=300_000, show_default=True, help="Messages to produce.")
 @click.option("--batch", default=100, show_default=True, help="Messages per produce call.")
-@click.option("--in-flight", default=16, show_default=True, help="Batches outstanding at once.")
+@click.option("--in-flight", default=64, show_default=True, help="Batches outstanding at once.")
 @click.option("--replicas", default=3, show_default=True, help="Nodes in the shard's chain.")
 @click.option("--singles", default=2000, show_default=True, help="One-message acks=all samples.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
