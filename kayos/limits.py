@@ -167,6 +167,11 @@ replica_recent_bytes_max = 64 * 1024 * 1024
 # thread hand-offs it saves cost in latency.
 inline_commit_entries_max = 16
 
+# A node's garbage-collector thresholds (generation 0 allocations, then collections of the younger
+# generation before an older one is collected). CPython's default (700, 10, 10) walks the node's
+# cache of recent batches many times a second; this keeps cycle collection rare and short.
+gc_thresholds = (50_000, 20, 100)
+
 assert consume_page_entries_max <= scan_page_entries_max
 assert link_retry_delay_ms_min <= link_retry_delay_ms_max
 
