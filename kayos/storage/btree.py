@@ -12,6 +12,7 @@ import bisect
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import TYPE_CHECKING
 
 from kayos import limits
@@ -210,22 +211,26 @@ class Edge:
         return Edge(self.leaf, [list(level) for level in self.levels])
 
     def append(self, out: Appender, entries: fmt.Leaf) -> Edge:
-        """Adds entries (seqs above every seq already in the tree), writing each leaf that fills."""
+        """Adds entries (seqs above every seq already in the tree), writing each leaf that fills.
+
+        A leaf is cut after the first entry that brings its packed size to leaf_bytes_target,
+        found by bisecting the running sizes (no per-entry step in Python)."""
         edge = self.copy()
         leaf = concat_leaves(edge.leaf, entries)
-        start = 0
         total = len(leaf.seqs)
         target = limits.leaf_bytes_target
-        running = 0
-        sizes = leaf.sizes
-        for index in range(total):
-            running += sizes[index] + _ENTRY_OVERHEAD_BYTES
-            if running >= target and index + 1 < total:
-                full = slice_leaf(leaf, start, index + 1)
-                pos = out.add_chunk(fmt.encode_leaf(full))
-                edge._push(out, 0, _ptr_for_leaf(full, pos))
-                start = index + 1
-                running = 0
+        ends = list(accumulate(map(_ENTRY_OVERHEAD_BYTES.__add__, leaf.sizes)))
+        start = 0
+        base = 0  # the running size before the current leaf's first entry
+        while True:
+            index = bisect.bisect_left(ends, base + target, lo=start)
+            if index + 1 >= total:
+                break
+            full = slice_leaf(leaf, start, index + 1)
+            pos = out.add_chunk(fmt.encode_leaf(full))
+            edge._push(out, 0, _ptr_for_leaf(full, pos))
+            start = index + 1
+            base = ends[index]
         edge.leaf = slice_leaf(leaf, start, total) if start else leaf
         return edge
 

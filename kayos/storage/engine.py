@@ -18,6 +18,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import repeat
+from operator import add, attrgetter, lt
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgpack
@@ -216,32 +217,26 @@ def find_last_header(handle: FileHandle) -> tuple[int, fmt.Header]:
 # --- the store ----------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class _Pending:
-    ops: Sequence[Op]
-    meta: dict[str, Any] | None
-    seqs: Sequence[int] | None
-    last_seq: int | None = None
-    claim_seq: bool = False
-    result: CommitResult | None = None
-    error: BaseException | None = None
-    done: bool = False
-    payload_bytes: int = 0
+class BatchColumns(NamedTuple):
+    """One batch as columns, checked and measured by ``prepare_columns``: entry i is
+    ``keys[i]``, ``values[i]`` (None for a delete) and the optional columns' item i."""
+
+    keys: Sequence[bytes]
+    values: Sequence[bytes | None]
+    expiries_ms: Sequence[int] | None  # None when every entry's is 0
+    headers: Sequence[dict[str, bytes] | None] | None  # None when no entry has any
+    sizes: list[int]  # payload bytes of each entry: key + value + packed headers
+    payload_bytes: int
+    plain: bool  # no deletes and every value inline: the leaf takes the values as they are
 
 
-@dataclass(slots=True)
-class _GroupBuild:
-    """Everything one group commit computed before it touches the file."""
-
-    out: btree.Appender
-    cols: fmt.Leaf
-    supersede: list[tuple[int, int]] = field(default_factory=list)
-    latest: dict[bytes, tuple[int, int]] = field(default_factory=dict)
-    superseded_count: int = 0
-    superseded_bytes: int = 0
-    payload_bytes: int = 0
-    meta: dict[str, Any] | None = None
-    last_seq: int = 0
+_BYTES_TYPES = frozenset({bytes})
+_VALUE_TYPES = frozenset({bytes, type(None)})
+_EXPIRY_TYPES = frozenset({int})
+_op_key = attrgetter("key")
+_op_value = attrgetter("value")
+_op_expiry = attrgetter("expiry_ms")
+_op_headers = attrgetter("headers")
 
 
 def _packed_headers_size(headers: dict[str, bytes] | None) -> int:
@@ -265,38 +260,218 @@ def validate_meta(meta: dict[str, Any] | None) -> None:
         raise LimitExceeded(f"metadata of {len(packed)} bytes exceeds {limits.chunk_bytes_max}")
 
 
-def validate_ops(ops: Sequence[Op]) -> int:
-    """Checks every bound; returns the batch's payload bytes. Raises before anything is queued."""
+def ops_to_columns(
+    ops: Sequence[Op],
+) -> tuple[list[bytes], list[bytes | None], list[int] | None, list[dict[str, bytes] | None] | None]:
+    """(keys, values, expiries_ms, headers) of ``ops``; a delete's value is None."""
     if len(ops) > limits.batch_entries_max:
         raise LimitExceeded(f"batch of {len(ops)} entries exceeds {limits.batch_entries_max}")
-    total = 0
-    for op in ops:
-        key = op.key
+    kinds = set(map(type, ops))
+    if kinds <= {Put}:  # every op a Put: one C-level pass per column
+        keys: list[bytes] = list(map(_op_key, ops))
+        values: list[bytes | None] = list(map(_op_value, ops))
+        expiries: list[int] = list(map(_op_expiry, ops))
+        headers: list[dict[str, bytes] | None] = list(map(_op_headers, ops))
+    else:
+        keys, values, expiries, headers = [], [], [], []
+        for op in ops:
+            if isinstance(op, Put):
+                values.append(op.value)
+                expiries.append(op.expiry_ms)
+                headers.append(op.headers)
+            elif isinstance(op, Delete):
+                values.append(None)
+                expiries.append(0)
+                headers.append(None)
+            else:
+                raise _unknown_operation(op, keys, values, expiries, headers)
+            keys.append(op.key)
+    return keys, values, expiries if any(expiries) else None, headers if any(headers) else None
+
+
+def _unknown_operation(
+    op: object,
+    keys: list[bytes],
+    values: list[bytes | None],
+    expiries_ms: list[int],
+    headers: list[dict[str, bytes] | None],
+) -> InvalidRequest:
+    """The error for an op that is neither a Put nor a Delete, unless one of the ops before it
+    breaks a bound: that is raised instead, as an entry-by-entry check would."""
+    _check_entries(keys, values, expiries_ms, headers)
+    return InvalidRequest(f"unknown operation {type(op).__name__}")
+
+
+def validate_ops(ops: Sequence[Op]) -> int:
+    """Checks every bound; returns the batch's payload bytes. Raises before anything is queued."""
+    return prepare_columns(*ops_to_columns(ops)).payload_bytes
+
+
+def prepare_columns(
+    keys: Sequence[bytes],
+    values: Sequence[bytes | None],
+    expiries_ms: Sequence[int] | None = None,
+    headers: Sequence[dict[str, bytes] | None] | None = None,
+    *,
+    check: bool = True,
+) -> BatchColumns:
+    """Checks a batch's columns against every bound (unless ``check`` is False: the caller
+    checked them) and measures each entry. Raises before anything is queued.
+
+    The common batch (bytes keys and values within bounds, valid expiries) is checked with a few
+    C-level passes per column; any other is checked entry by entry, so the error raised is the
+    first one in entry order, whatever the batch's shape."""
+    count = len(keys)
+    if count > limits.batch_entries_max:
+        raise LimitExceeded(f"batch of {count} entries exceeds {limits.batch_entries_max}")
+    if (
+        len(values) != count
+        or (expiries_ms is not None and len(expiries_ms) != count)
+        or (headers is not None and len(headers) != count)
+    ):
+        raise InvalidRequest("keys, values, expiries and headers differ in length")
+    if expiries_ms is not None and not any(expiries_ms):
+        expiries_ms = None
+    if headers is not None and not any(headers):
+        headers = None
+    deletes = None in values
+    # Entry by entry only when a C-level pass finds something off; once is enough.
+    checked = not check
+    if not checked and not _types_look_valid(keys, values, expiries_ms, deletes):
+        _check_entries(keys, values, expiries_ms, headers)
+        checked = True
+    key_bytes = list(map(len, keys))
+    if deletes:
+        value_bytes = [0 if value is None else len(value) for value in values]
+    else:
+        value_bytes = list(map(len, values))  # type: ignore[arg-type]
+    if not checked and not _bounds_hold(key_bytes, value_bytes, expiries_ms):
+        _check_entries(keys, values, expiries_ms, headers)
+    sizes = list(map(add, key_bytes, value_bytes))
+    if headers is not None or (deletes and expiries_ms is not None):
+        expiries_ms, headers = _entry_options(values, expiries_ms, headers, sizes, check=check)
+    payload = sum(sizes)
+    if check and payload > limits.batch_bytes_max:
+        raise LimitExceeded(f"batch of {payload} bytes exceeds {limits.batch_bytes_max}")
+    plain = not deletes and max(value_bytes, default=0) <= limits.value_inline_bytes_max
+    return BatchColumns(keys, values, expiries_ms, headers, sizes, payload, plain)
+
+
+def _types_look_valid(
+    keys: Sequence[bytes],
+    values: Sequence[bytes | None],
+    expiries_ms: Sequence[int] | None,
+    deletes: bool,
+) -> bool:
+    """True when every key and value is bytes (a value may be None) and every expiry an int."""
+    if keys and set(map(type, keys)) != _BYTES_TYPES:
+        return False
+    if values and not set(map(type, values)) <= (_VALUE_TYPES if deletes else _BYTES_TYPES):
+        return False
+    return expiries_ms is None or set(map(type, expiries_ms)) <= _EXPIRY_TYPES
+
+
+def _bounds_hold(
+    key_bytes: list[int], value_bytes: list[int], expiries_ms: Sequence[int] | None
+) -> bool:
+    """True when no key, value or expiry breaks a bound (headers are measured later)."""
+    if key_bytes and (min(key_bytes) == 0 or max(key_bytes) > limits.key_bytes_max):
+        return False
+    if value_bytes and max(value_bytes) > limits.value_bytes_max:
+        return False
+    return expiries_ms is None or min(expiries_ms) >= 0
+
+
+def _check_entries(
+    keys: Sequence[bytes],
+    values: Sequence[bytes | None],
+    expiries_ms: Sequence[int] | None,
+    headers: Sequence[dict[str, bytes] | None] | None,
+) -> None:
+    """Checks the entries one at a time, in order; raises at the first that breaks a bound. A
+    delete has only a key: its expiry and headers are not looked at."""
+    for index, key in enumerate(keys):
         if not isinstance(key, bytes) or not key:
             raise InvalidRequest("every key must be non-empty bytes")
         if len(key) > limits.key_bytes_max:
             raise LimitExceeded(f"key of {len(key)} bytes exceeds {limits.key_bytes_max}")
-        total += len(key)
-        if isinstance(op, Put):
-            if not isinstance(op.value, bytes):
-                raise InvalidRequest("values must be bytes")
-            if len(op.value) > limits.value_bytes_max:
-                raise LimitExceeded(
-                    f"value of {len(op.value)} bytes exceeds {limits.value_bytes_max}"
-                )
-            if op.expiry_ms < 0:
-                raise InvalidRequest("expiry_ms must be >= 0")
-            header_bytes = _packed_headers_size(op.headers)
-            if header_bytes > limits.headers_bytes_max:
-                raise LimitExceeded(
-                    f"headers of {header_bytes} bytes exceed {limits.headers_bytes_max}"
-                )
-            total += len(op.value) + header_bytes
-        elif not isinstance(op, Delete):
-            raise InvalidRequest(f"unknown operation {type(op).__name__}")
-    if total > limits.batch_bytes_max:
-        raise LimitExceeded(f"batch of {total} bytes exceeds {limits.batch_bytes_max}")
-    return total
+        value = values[index]
+        if value is None:
+            continue
+        if not isinstance(value, bytes):
+            raise InvalidRequest("values must be bytes")
+        if len(value) > limits.value_bytes_max:
+            raise LimitExceeded(f"value of {len(value)} bytes exceeds {limits.value_bytes_max}")
+        expiry = expiries_ms[index] if expiries_ms is not None else 0
+        if not isinstance(expiry, int):
+            raise InvalidRequest("expiry_ms must be an int")
+        if expiry < 0:
+            raise InvalidRequest("expiry_ms must be >= 0")
+        header_bytes = _packed_headers_size(headers[index] if headers is not None else None)
+        if header_bytes > limits.headers_bytes_max:
+            raise LimitExceeded(
+                f"headers of {header_bytes} bytes exceed {limits.headers_bytes_max}"
+            )
+
+
+def _entry_options(
+    values: Sequence[bytes | None],
+    expiries_ms: Sequence[int] | None,
+    headers: Sequence[dict[str, bytes] | None] | None,
+    sizes: list[int],
+    *,
+    check: bool,
+) -> tuple[list[int] | None, list[dict[str, bytes] | None] | None]:
+    """The expiry and headers columns as stored (a delete has neither, empty headers are none);
+    adds each entry's packed headers to its size."""
+    stored_expiries: list[int] | None = None
+    if expiries_ms is not None:
+        stored_expiries = [
+            0 if value is None else expiry
+            for value, expiry in zip(values, expiries_ms, strict=True)
+        ]
+        if not any(stored_expiries):
+            stored_expiries = None
+    if headers is None:
+        return stored_expiries, None
+    stored_headers: list[dict[str, bytes] | None] = [None] * len(values)
+    for index, header_map in enumerate(headers):
+        if not header_map or values[index] is None:
+            continue
+        header_bytes = _packed_headers_size(header_map)
+        if check and header_bytes > limits.headers_bytes_max:
+            raise LimitExceeded(
+                f"headers of {header_bytes} bytes exceed {limits.headers_bytes_max}"
+            )
+        stored_headers[index] = header_map
+        sizes[index] += header_bytes
+    return stored_expiries, stored_headers if any(stored_headers) else None
+
+
+@dataclass(slots=True)
+class _Pending:
+    columns: BatchColumns
+    meta: dict[str, Any] | None
+    seqs: Sequence[int] | None
+    last_seq: int | None = None
+    claim_seq: bool = False
+    result: CommitResult | None = None
+    error: BaseException | None = None
+    done: bool = False
+
+
+@dataclass(slots=True)
+class _GroupBuild:
+    """Everything one group commit computed before it touches the file."""
+
+    out: btree.Appender
+    cols: fmt.Leaf
+    live: int = 0  # batches of the group still in it (not failed by a seq check)
+    supersede: list[tuple[int, int]] = field(default_factory=list)  # (old seq, new seq)
+    superseded_bytes: int = 0
+    payload_bytes: int = 0
+    meta: dict[str, Any] | None = None
+    last_seq: int = 0
 
 
 class ShardStore:
@@ -464,7 +639,7 @@ class ShardStore:
             txn = index.begin_write()
             try:
                 keys = [k for s, k in zip(leaf.seqs, leaf.keys, strict=True) if s > after]
-                existing = index.lookup_many(txn, keys)
+                existing = index.lookup_many(txn, sorted(keys))
                 latest: dict[bytes, tuple[int, int]] = {}
                 for seq, key, prev, size in zip(
                     leaf.seqs, leaf.keys, leaf.prevs, leaf.sizes, strict=True
@@ -479,9 +654,7 @@ class ShardStore:
                     latest[key] = (seq, size)
                     replayed += 1
                 last = leaf.seqs[-1]
-                index.write_latest(
-                    txn, ((k, s, z) for k, (s, z) in latest.items()), (), min(last, header.last_seq)
-                )
+                index.write_latest(txn, latest, (), min(last, header.last_seq))
                 index.commit(txn, min(last, header.last_seq))
             except BaseException:
                 txn.abort()
@@ -570,16 +743,38 @@ class ShardStore:
         lie above the store's last seq and at or above every explicit seq.
         ``claim_seq`` makes a commit without ops take one seq of its own, so a metadata-only
         change (a consumer high-water mark) is a log range a replication link can carry."""
-        payload = validate_ops(ops)
+        return self.commit_columns(
+            *ops_to_columns(ops), meta=meta, seqs=seqs, last_seq=last_seq, claim_seq=claim_seq
+        )
+
+    def commit_columns(
+        self,
+        keys: Sequence[bytes],
+        values: Sequence[bytes | None],
+        expiries_ms: Sequence[int] | None = None,
+        headers: Sequence[dict[str, bytes] | None] | None = None,
+        *,
+        meta: dict[str, Any] | None = None,
+        seqs: Sequence[int] | None = None,
+        last_seq: int | None = None,
+        claim_seq: bool = False,
+        validated: bool = False,
+    ) -> CommitResult:
+        """``commit`` for a batch given as columns, without an object per entry: entry i is
+        ``keys[i]`` with ``values[i]`` (None: delete the key), ``expiries_ms[i]`` and
+        ``headers[i]`` (a column left None is 0 / no headers for every entry). Same atomicity,
+        group commit and durability as ``commit``, and the same checks, unless ``validated``
+        says the caller ran ``prepare_columns`` on these columns already."""
+        columns = prepare_columns(keys, values, expiries_ms, headers, check=not validated)
         validate_meta(meta)
         if seqs is not None:
-            if len(seqs) != len(ops):
+            if len(seqs) != len(keys):
                 raise InvalidRequest("seqs and ops differ in length")
-            if any(b <= a for a, b in itertools.pairwise(seqs)):
+            if not all(map(lt, seqs, itertools.islice(seqs, 1, None))):
                 raise InvalidRequest("seqs must be strictly increasing")
         if last_seq is not None and seqs and last_seq < seqs[-1]:
             raise InvalidRequest(f"last_seq {last_seq} is below the explicit seq {seqs[-1]}")
-        if claim_seq and (ops or last_seq is not None):
+        if claim_seq and (keys or last_seq is not None):
             raise InvalidRequest("claim_seq is for a commit without ops or last_seq")
         self._check_usable()
         # Checked against the last seq as queued: commits that land before this one is built
@@ -591,7 +786,7 @@ class ShardStore:
                 f"seq {highest} is more than seq_gap_max ({limits.seq_gap_max}) past the last "
                 f"seq {store_last_seq}"
             )
-        pending = _Pending(ops, meta, seqs, last_seq, claim_seq, payload_bytes=payload)
+        pending = _Pending(columns, meta, seqs, last_seq, claim_seq)
         with self._cv:
             while len(self._queue) >= limits.commit_queue_batches_max:
                 self._cv.wait()
@@ -613,9 +808,11 @@ class ShardStore:
                 with self._cv:
                     group: list[_Pending] = []
                     budget = limits.group_commit_bytes_max
-                    while self._queue and (not group or self._queue[0].payload_bytes <= budget):
+                    while self._queue and (
+                        not group or self._queue[0].columns.payload_bytes <= budget
+                    ):
                         item = self._queue.popleft()
-                        budget -= item.payload_bytes
+                        budget -= item.columns.payload_bytes
                         group.append(item)
                     self._cv.notify_all()
                 if not group:
@@ -637,143 +834,102 @@ class ShardStore:
                 self._leader_active = False
                 self._cv.notify_all()
 
-    def _build_group(
-        self, group: list[_Pending], existing: dict[bytes, tuple[int, int]]
-    ) -> _GroupBuild:
+    def _build_group(self, group: list[_Pending]) -> _GroupBuild:
+        """Lays out the group's entries as leaf columns (prevs still unset: ``_supersede``
+        fills them from the index) and writes the out-of-line values. Fails the batches whose
+        explicit seqs no longer lie above the last seq, and leaves them out."""
         current = self._current
+        header = current.header
         build = _GroupBuild(btree.Appender(current.file.handle.size()), fmt.empty_leaf())
         cols = build.cols
-        expiries: list[int] = []
-        headers: list[dict[str, bytes] | None] = []
-        any_expiry = False
-        any_headers = False
-        latest = build.latest
-        next_seq = current.header.last_seq + 1
-        inline_max = limits.value_inline_bytes_max
-        meta: dict[str, Any] | None = None
+        next_seq = header.last_seq + 1
         for pending in group:
-            if pending.seqs is not None and pending.seqs and pending.seqs[0] < next_seq:
-                pending.error = InvalidRequest(
-                    f"explicit seq {pending.seqs[0]} is not above last seq {next_seq - 1}"
-                )
+            problem = _seq_problem(pending, next_seq)
+            if problem is not None:
+                pending.error = InvalidRequest(problem)
                 pending.done = True
                 continue
-            if pending.last_seq is not None and pending.last_seq < next_seq:
-                pending.error = InvalidRequest(
-                    f"last_seq {pending.last_seq} is not above last seq {next_seq - 1}"
+            build.live += 1
+            columns = pending.columns
+            count = len(columns.keys)
+            first = pending.seqs[0] if pending.seqs else next_seq
+            if count:
+                start = len(cols.seqs)
+                cols.seqs += (
+                    range(next_seq, next_seq + count) if pending.seqs is None else pending.seqs
                 )
-                pending.done = True
-                continue
-            first = next_seq if pending.seqs is None or not pending.seqs else pending.seqs[0]
-            for position, op in enumerate(pending.ops):
-                seq = next_seq if pending.seqs is None else pending.seqs[position]
-                next_seq = seq + 1
-                key = op.key
-                previous = latest.get(key) or existing.get(key)
-                if isinstance(op, Put):
-                    value = op.value
-                    header_map = op.headers or None
-                    size = len(key) + len(value) + _packed_headers_size(header_map)
-                    if len(value) > inline_max:
-                        stored: Any = build.out.add_chunk(fmt.frame_chunk(fmt.CHUNK_VALUE, value))
-                        flag = fmt.FLAG_VALUE_OUT_OF_LINE
-                    else:
-                        stored = value
-                        flag = 0
-                    expiry = op.expiry_ms
-                    any_expiry = any_expiry or expiry != 0
-                    any_headers = any_headers or header_map is not None
+                cols.keys += columns.keys
+                cols.sizes += columns.sizes
+                if columns.plain:
+                    cols.vals += columns.values
+                    cols.flags += repeat(0, count)
                 else:
-                    header_map = None
-                    size = len(key)
-                    stored = None
-                    flag = fmt.FLAG_DELETE
-                    expiry = 0
-                cols.seqs.append(seq)
-                cols.keys.append(key)
-                cols.vals.append(stored)
-                cols.prevs.append(previous[0] if previous else 0)
-                cols.flags.append(flag)
-                cols.sizes.append(size)
-                expiries.append(expiry)
-                headers.append(header_map)
-                if previous is not None:
-                    build.supersede.append((previous[0], seq))
-                    build.superseded_count += 1
-                    build.superseded_bytes += previous[1]
-                build.payload_bytes += size
-                latest[key] = (seq, size)
-            if pending.ops:
+                    _add_stored_values(build.out, columns.values, cols)
                 cols.flags[-1] |= fmt.FLAG_BATCH_END
+                cols.expiries = _extend_column(cols.expiries, columns.expiries_ms, start, count, 0)
+                cols.headers = _extend_column(cols.headers, columns.headers, start, count, None)
+                build.payload_bytes += columns.payload_bytes
+                next_seq = cols.seqs[-1] + 1
             if pending.last_seq is not None:
                 next_seq = pending.last_seq + 1
             elif pending.claim_seq:
                 next_seq += 1
-            pending.result = CommitResult(first, next_seq - 1, current.header.commit_no + 1)
+            pending.result = CommitResult(first, next_seq - 1, header.commit_no + 1)
             if pending.meta:
-                meta = dict(current.meta) if meta is None else meta
+                build.meta = dict(current.meta) if build.meta is None else build.meta
                 for name, value in pending.meta.items():
                     if value is None:
-                        meta.pop(name, None)
+                        build.meta.pop(name, None)
                     else:
-                        meta[name] = value
-        cols.expiries = expiries if any_expiry else None
-        cols.headers = headers if any_headers else None
-        build.meta = meta
+                        build.meta[name] = value
         build.last_seq = next_seq - 1
         return build
 
     def _commit_group(self, group: list[_Pending]) -> None:
+        build = self._build_group(group)
+        if not build.live:
+            return
+        current = self._current
+        header = current.header
+        cols = build.cols
         index = self._index
+        # The group's newest version of each key; a key that repeats within it keeps its last.
+        latest = dict(zip(cols.keys, zip(cols.seqs, cols.sizes, strict=True), strict=True))
+        ordered = sorted(latest)  # lmdb's cursor moves forward through sorted keys
         txn = index.begin_write()
         try:
-            keys = list({op.key for pending in group for op in pending.ops})
-            existing = index.lookup_many(txn, keys)
-            build = self._build_group(group, existing)
-            current = self._current
-            header = current.header
-            live = [p for p in group if not p.done]
-            if not live:
-                txn.abort()
-                return
+            existing = index.lookup_many(txn, ordered)
+            _supersede(build, existing, unique=len(latest) == len(cols.keys))
             edge = self._edge
             root = header.root
-            if build.cols.seqs:
-                edge = edge.append(build.out, build.cols)
+            if cols.seqs:
+                edge = edge.append(build.out, cols)
                 root = edge.write_root(build.out)
             meta_pos = header.meta
             if build.meta is not None:
                 meta_pos = build.out.add_chunk(fmt.encode_meta(build.meta))
-            new_header = fmt.Header(
-                store_uuid=header.store_uuid,
-                generation=header.generation,
+            new_header = header_with(
+                header,
                 commit_no=header.commit_no + 1,
                 last_seq=max(header.last_seq, build.last_seq),
                 root=root,
-                prev_header=-1,  # filled by _write_commit
-                region_start=0,
-                region_crc=0,
-                entry_count=header.entry_count + len(build.cols.seqs),
+                entry_count=header.entry_count + len(cols.seqs),
                 payload_bytes=header.payload_bytes + build.payload_bytes,
-                superseded_count=header.superseded_count + build.superseded_count,
+                superseded_count=header.superseded_count + len(build.supersede),
                 superseded_bytes=header.superseded_bytes + build.superseded_bytes,
                 meta=meta_pos,
-                min_rollback_seq=header.min_rollback_seq,
                 timestamp_ms=int(self._clock.now_s() * 1000),
-                file_overhead=header.file_overhead,
             )
-            new_header = self._write_commit(build.out, new_header)
-            # Durable. Successors first, so a reader of the new header never sees both versions.
+            # Grown before the write: once the commit is durable, installing it must not fail.
             succ = index.succ
             succ.ensure(new_header.last_seq)
-            for old_seq, new_seq in build.supersede:
-                succ.set(old_seq, new_seq)
+            new_header = self._write_commit(build.out, new_header)
+            # Durable. Successors first, so a reader of the new header never sees both versions.
+            succ.set_many(build.supersede)
             meta = build.meta if build.meta is not None else current.meta
             self._current = _Current(current.file, new_header, meta)
             self._edge = edge
-            index.write_latest(
-                txn, ((k, s, z) for k, (s, z) in build.latest.items()), (), new_header.last_seq
-            )
+            index.write_latest(txn, latest, (), new_header.last_seq, ordered=ordered)
             index.commit(txn, new_header.last_seq)
         except BaseException:
             txn.abort()
@@ -969,9 +1125,7 @@ class ShardStore:
         txn = self._index.begin_write()
         try:
             removed = [key for key in first_prev if key not in restored]
-            self._index.write_latest(
-                txn, ((k, s, z) for k, (s, z) in restored.items()), removed, seq
-            )
+            self._index.write_latest(txn, restored, removed, seq)
             self._index.commit(txn, seq)
         except BaseException:
             txn.abort()
@@ -1026,6 +1180,79 @@ class ShardStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _seq_problem(pending: _Pending, next_seq: int) -> str | None:
+    """Why a batch's explicit seqs or last_seq no longer fit above ``next_seq - 1``, if so."""
+    if pending.seqs and pending.seqs[0] < next_seq:
+        return f"explicit seq {pending.seqs[0]} is not above last seq {next_seq - 1}"
+    if pending.last_seq is not None and pending.last_seq < next_seq:
+        return f"last_seq {pending.last_seq} is not above last seq {next_seq - 1}"
+    return None
+
+
+def _add_stored_values(out: btree.Appender, values: Sequence[bytes | None], cols: fmt.Leaf) -> None:
+    """Appends a batch's values and flags to the leaf columns as stored: a delete as None, a
+    large value as the position of the value chunk written for it."""
+    inline_max = limits.value_inline_bytes_max
+    for value in values:
+        if value is None:
+            cols.vals.append(None)
+            cols.flags.append(fmt.FLAG_DELETE)
+        elif len(value) > inline_max:
+            cols.vals.append(out.add_chunk(fmt.frame_chunk(fmt.CHUNK_VALUE, value)))
+            cols.flags.append(fmt.FLAG_VALUE_OUT_OF_LINE)
+        else:
+            cols.vals.append(value)
+            cols.flags.append(0)
+
+
+def _extend_column(
+    column: list[Any] | None, part: Sequence[Any] | None, start: int, count: int, fill: Any
+) -> list[Any] | None:
+    """An optional leaf column (None: all ``start`` entries so far hold ``fill``) with a batch's
+    ``count`` entries appended (``part`` None: all ``fill``)."""
+    if part is None:
+        if column is not None:
+            column += repeat(fill, count)
+        return column
+    if column is None:
+        column = [fill] * start
+    column += part
+    return column
+
+
+def _supersede(build: _GroupBuild, existing: dict[bytes, tuple[int, int]], *, unique: bool) -> None:
+    """Fills the leaf's prevs and the supersessions: each entry supersedes the newest earlier
+    version of its key, in the group or (``existing``) in the store. When no key repeats within
+    the group only the keys found in the store are visited."""
+    cols = build.cols
+    count = len(cols.keys)
+    prevs = [0] * count
+    supersede = build.supersede
+    superseded_bytes = 0
+    if unique:
+        if existing:
+            found = list(map(existing.get, cols.keys))
+            seqs = cols.seqs
+            for index in itertools.compress(range(count), found):
+                prev_seq, prev_size = found[index]  # type: ignore[misc]
+                prevs[index] = prev_seq
+                supersede.append((prev_seq, seqs[index]))
+                superseded_bytes += prev_size
+    else:
+        running: dict[bytes, tuple[int, int]] = {}
+        for index, (key, seq, size) in enumerate(
+            zip(cols.keys, cols.seqs, cols.sizes, strict=True)
+        ):
+            previous = running.get(key) or existing.get(key)
+            if previous is not None:
+                prevs[index] = previous[0]
+                supersede.append((previous[0], seq))
+                superseded_bytes += previous[1]
+            running[key] = (seq, size)
+    cols.prevs = prevs
+    build.superseded_bytes = superseded_bytes
 
 
 def header_with(header: fmt.Header, **changes: Any) -> fmt.Header:
@@ -1127,7 +1354,22 @@ class Snapshot:
         ``as_of`` (at most the boundary) reads the versions that were current at that earlier
         seq instead: a consumer paging through ``(hwm, B]`` over several requests passes
         ``as_of=B`` and gets one consistent view even from newer snapshots, as long as the
-        versions superseded since B are still in the file (the rollback window keeps them)."""
+        versions superseded since B are still in the file (the rollback window keeps them).
+
+        Refuses a ``page_entries`` below 1 when called (no page could ever be handed out)."""
+        if page_entries < 1:
+            raise InvalidRequest(f"page_entries must be at least 1, not {page_entries}")
+        return self._pages(after_seq, upto_seq, page_entries, now_ms, include_expired, as_of)
+
+    def _pages(
+        self,
+        after_seq: int,
+        upto_seq: int | None,
+        page_entries: int,
+        now_ms: int | None,
+        include_expired: bool,
+        as_of: int | None,
+    ) -> Iterator[list[Entry]]:
         data_file = self._check()
         reader = data_file.reader
         boundary = self.boundary if as_of is None else min(as_of, self.boundary)

@@ -27,7 +27,7 @@ import msgpack
 from kayos import limits
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Mapping, Sequence
 
 LATEST_ROW = struct.Struct(">QI")  # key -> (seq, size) rows of the latest database
 SEGMENT_SHIFT = 20  # 1 Mi entries (8 MiB) per mapped segment
@@ -82,6 +82,12 @@ class SuccessorMap:
     def set(self, seq: int, value: int) -> None:
         self.ensure(seq)
         self.segments[seq >> SEGMENT_SHIFT][seq & SEGMENT_MASK] = value
+
+    def set_many(self, pairs: Iterable[tuple[int, int]]) -> None:
+        """``set`` for each (seq, value); every seq must be addressable (``ensure``) already."""
+        segments = self.segments
+        for seq, value in pairs:
+            segments[seq >> SEGMENT_SHIFT][seq & SEGMENT_MASK] = value
 
     def clear_from(self, seq: int) -> None:
         """Zeroes every entry at or above ``seq`` (after a rollback those seqs will be reused)."""
@@ -191,30 +197,35 @@ class DerivedIndex:
     def begin_write(self) -> lmdb.Transaction:
         return self._env.begin(write=True, db=self._latest)
 
-    def lookup_many(self, txn: lmdb.Transaction, keys: list[bytes]) -> dict[bytes, tuple[int, int]]:
-        """(seq, size) of the newest version of each of ``keys`` that exists. Sorted lookups keep
-        lmdb's cursor moving forward."""
-        found: dict[bytes, tuple[int, int]] = {}
-        if not keys:
-            return found
-        unpack = LATEST_ROW.unpack
-        for key, raw in txn.cursor().getmulti(sorted(keys)):
-            found[bytes(key)] = unpack(raw)
-        return found
+    def lookup_many(
+        self, txn: lmdb.Transaction, ordered_keys: Iterable[bytes]
+    ) -> dict[bytes, tuple[int, int]]:
+        """(seq, size) of the newest version of each of ``ordered_keys`` (sorted, so lmdb's
+        cursor only moves forward) that exists."""
+        found = txn.cursor().getmulti(ordered_keys)
+        if not found:
+            return {}
+        keys, rows = zip(*found, strict=True)
+        return dict(zip(map(bytes, keys), map(LATEST_ROW.unpack, rows), strict=True))
 
     # writes -----------------------------------------------------------------------------------
 
     def write_latest(
         self,
         txn: lmdb.Transaction,
-        items: Iterable[tuple[bytes, int, int]],
+        latest: Mapping[bytes, tuple[int, int]],
         removed: Iterable[bytes],
         applied_seq: int,
+        *,
+        ordered: Sequence[bytes] | None = None,
     ) -> None:
-        pack = LATEST_ROW.pack
-        rows = sorted((key, pack(seq, size)) for key, seq, size in items)
-        if rows:
-            txn.cursor().putmulti(rows)
+        """Sets the (seq, size) of each key of ``latest`` (``ordered``: its keys sorted, if the
+        caller has them) and deletes the ``removed`` keys."""
+        if ordered is None:
+            ordered = sorted(latest)
+        if ordered:
+            rows = map(LATEST_ROW.pack, *zip(*map(latest.__getitem__, ordered), strict=True))
+            txn.cursor().putmulti(zip(ordered, rows, strict=True))
         for key in removed:
             txn.delete(key)
         txn.put(b"applied_seq", str(applied_seq).encode(), db=self._meta)
