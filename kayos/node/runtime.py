@@ -36,6 +36,7 @@ from kayos.errors import (
 from kayos.replication import frames as fr
 from kayos.replication.replica import (
     PROTOCOL_VERSION,
+    Columns,
     FrameStream,
     ShardReplica,
     UpstreamLink,
@@ -43,7 +44,7 @@ from kayos.replication.replica import (
     queue_prefix,
     serve_downstream,
 )
-from kayos.storage import Delete, Entry, Op, Put
+from kayos.storage import Entry
 from kayos.storage.format import FLAG_DELETE
 from kayos.topology import Topology, check_queue_name
 
@@ -241,17 +242,11 @@ class Node:
     ) -> tuple[int, int]:
         """Commits one all-or-nothing batch at the head; answers per ``acks`` (0, 1, -1)."""
         replica = self.replica_for(queue, want="head")
-        ops, stored_keys = build_ops(queue, keys, values, expiries_ms, headers)
-        columns = (
-            stored_keys,
-            tuple(values),
-            None if expiries_ms is None else tuple(expiries_ms),
-            None if headers is None else tuple(headers),
-        )
+        columns = build_columns(queue, keys, values, expiries_ms, headers)
         if acks == 0:
-            self._spawn(_logged(replica.commit_ops(ops, columns)))
+            self._spawn(_logged(replica.commit_ops(columns)))
             return 0, 0
-        result = await replica.commit_ops(ops, columns)
+        result = await replica.commit_ops(columns)
         if acks == -1:
             await self._await_committed(replica, result.last_seq)
         return result.first_seq, result.last_seq
@@ -476,15 +471,15 @@ async def _logged(coro: Any) -> None:
         log.warning("acks=0 produce failed: %s", exc)
 
 
-def build_ops(
+def build_columns(
     queue: str,
     keys: Sequence[bytes],
     values: Sequence[bytes | None],
     expiries_ms: Sequence[int] | None,
     headers: Sequence[dict[str, bytes] | None] | None,
-) -> tuple[list[Op], tuple[bytes, ...]]:
-    """Validates a produce batch and turns it into store operations on prefixed keys; returns
-    them with the stored (prefixed) keys."""
+) -> Columns:
+    """Checks a produce batch's item bounds and returns its columns on stored (prefixed) keys,
+    for the store and the chain alike (``commit_ops`` checks the store's bounds)."""
     count = len(keys)
     if count == 0:
         raise InvalidRequest("empty batch")
@@ -496,20 +491,12 @@ def build_ops(
         raise InvalidRequest("keys and headers differ in length")
     if not all(keys) or max(map(len, keys)) > limits.item_key_bytes_max:
         raise LimitExceeded(f"every key must be 1 to {limits.item_key_bytes_max} bytes")
-    prefix = queue_prefix(queue)
-    stored = tuple([prefix + key for key in keys])
-    if expiries_ms is None and headers is None and None not in values:
-        return [Put(k, v) for k, v in zip(stored, values, strict=True)], stored  # type: ignore[arg-type]
-    ops: list[Op] = []
-    for index, key in enumerate(stored):
-        value = values[index]
-        if value is None:
-            ops.append(Delete(key))
-            continue
-        expiry = expiries_ms[index] if expiries_ms is not None else 0
-        header_map = headers[index] if headers is not None else None
-        ops.append(Put(key, value, expiry, header_map))
-    return ops, stored
+    return (
+        tuple(map(queue_prefix(queue).__add__, keys)),
+        tuple(values),
+        None if expiries_ms is None else tuple(expiries_ms),
+        None if headers is None else tuple(headers),
+    )
 
 
 def read_page(

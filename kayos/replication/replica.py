@@ -25,7 +25,7 @@ import shutil
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -44,9 +44,9 @@ from kayos.errors import (
 )
 from kayos.replication import chain
 from kayos.replication import frames as fr
-from kayos.storage import CommitResult, Delete, Entry, Op, Put, ShardStore
+from kayos.storage import CommitResult, Entry, ShardStore
 from kayos.storage import format as fmt
-from kayos.storage.engine import validate_ops
+from kayos.storage.engine import prepare_columns
 from kayos.topology import ShardChain, Topology
 
 log = logging.getLogger("kayos.replication")
@@ -214,9 +214,12 @@ def merge_batches(batches: list[fr.Batch]) -> fr.Batch:
     )
 
 
+# The columns of a commit without entries (metadata only).
+_NO_COLUMNS: Columns = ((), (), None, None)
+
+
 @dataclass(slots=True)
 class _Write:
-    ops: Sequence[Op]
     columns: Columns
     payload: int
     future: asyncio.Future[CommitResult]
@@ -400,17 +403,18 @@ class ShardReplica:
         self._recent_order.clear()
         self._recent_bytes = 0
 
-    async def commit_ops(self, ops: Sequence[Op], columns: Columns) -> CommitResult:
+    async def commit_ops(self, columns: Columns) -> CommitResult:
         """Commits one all-or-nothing batch at the head and returns its seq range.
 
         Batches that arrive while the store is busy are committed together in one store commit
         (the node's group commit: one worker thread, one fsync, one ``BATCH`` downstream); each
         keeps its own consecutive seq range. ``columns`` (stored keys, values, expiries,
-        headers) are forwarded down the chain as they are, without a read-back."""
+        headers) go to the store and down the chain as they are, without a read-back."""
         self.check_head()
-        payload = validate_ops(ops)  # a bad batch fails alone, before it joins a group
+        # A bad batch fails alone, before it joins a group; the store need not check it again.
+        payload = prepare_columns(*columns).payload_bytes
         future: asyncio.Future[CommitResult] = asyncio.get_running_loop().create_future()
-        self._writes.append(_Write(ops, columns, payload, future))
+        self._writes.append(_Write(columns, payload, future))
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write_loop())
         return await future
@@ -419,19 +423,20 @@ class ShardReplica:
         writes = self._writes
         while writes:
             group = [writes.popleft()]
-            entries = len(group[0].ops)
+            entries = len(group[0].columns[0])
             payload = group[0].payload
+            # Within the store's batch bounds, so the merged batch needs no second check.
             while writes and (
-                entries + len(writes[0].ops) <= limits.batch_entries_max
+                entries + len(writes[0].columns[0]) <= limits.batch_entries_max
                 and payload + writes[0].payload <= limits.batch_bytes_max
             ):
                 write = writes.popleft()
                 group.append(write)
-                entries += len(write.ops)
+                entries += len(write.columns[0])
                 payload += write.payload
-            ops = group[0].ops if len(group) == 1 else [op for w in group for op in w.ops]
+            columns = concat_columns([w.columns for w in group])
             try:
-                result = await self.timed_commit(ops, inline=not writes)
+                result = await self.timed_commit(columns, inline=not writes, validated=True)
             except Exception as exc:  # every batch of the group failed with it
                 for write in group:
                     if not write.future.done():
@@ -444,14 +449,14 @@ class ShardReplica:
                 result.last_seq,
                 True,
                 tuple(range(result.first_seq, result.last_seq + 1)),
-                *concat_columns([w.columns for w in group]),
+                *columns,
                 None,
             )
             self.remember(batch, payload)
             self.local_commit_done()
             first = result.first_seq
             for write in group:
-                count = len(write.ops)
+                count = len(write.columns[0])
                 if not write.future.done():
                     write.future.set_result(
                         CommitResult(first, first + count - 1, result.commit_no)
@@ -459,15 +464,16 @@ class ShardReplica:
                 first += count
 
     async def timed_commit(
-        self, ops: Sequence[Op], *, inline: bool = False, **options: Any
+        self, columns: Columns, *, inline: bool = False, **options: Any
     ) -> CommitResult:
-        """A store commit in a worker thread; ``inline`` runs a small one on the event loop
-        instead (when nothing else waits, the thread hand-off costs more than the commit)."""
+        """A store commit of ``columns`` (``ShardStore.commit_columns``, which ``options`` go
+        to) in a worker thread; ``inline`` runs a small one on the event loop instead (when
+        nothing else waits, the thread hand-off costs more than the commit)."""
         started = time.perf_counter()
-        if inline and len(ops) <= limits.inline_commit_entries_max:
-            result = self.store.commit(ops, **options)
+        if inline and len(columns[0]) <= limits.inline_commit_entries_max:
+            result = self.store.commit_columns(*columns, **options)
         else:
-            result = await asyncio.to_thread(self.store.commit, ops, **options)
+            result = await asyncio.to_thread(self.store.commit_columns, *columns, **options)
         if self.commit_observer is not None:
             self.commit_observer(time.perf_counter() - started)
         return result
@@ -476,7 +482,7 @@ class ShardReplica:
         """A metadata-only write (a consumer high-water mark) with a seq of its own, so it rides
         the replication stream like any other commit."""
         self.check_head()
-        result = await self.timed_commit([], meta=meta, claim_seq=True)
+        result = await self.timed_commit(_NO_COLUMNS, meta=meta, claim_seq=True)
         batch = fr.Batch(
             self.shard_id, result.first_seq, result.last_seq, True, (), (), (), None, None, meta
         )
@@ -526,25 +532,6 @@ class ShardReplica:
 
 
 # --- the downstream side of a link: follow the upstream ---------------------------------------
-
-
-def batch_to_ops(prefix_free: fr.Batch) -> list[Op]:
-    ops: list[Op] = []
-    expiries = prefix_free.expiries_ms
-    headers = prefix_free.headers
-    for index, (key, value) in enumerate(zip(prefix_free.keys, prefix_free.values, strict=True)):
-        if value is None:
-            ops.append(Delete(key))
-        else:
-            ops.append(
-                Put(
-                    key,
-                    value,
-                    expiries[index] if expiries is not None else 0,
-                    headers[index] if headers is not None else None,
-                )
-            )
-    return ops
 
 
 class UpstreamLink:
@@ -695,8 +682,7 @@ class UpstreamLink:
                     break
                 group.append(nxt)
                 entries += len(nxt.seqs)
-            ops: list[Op] = []
-            seqs: list[int] = []
+            merged = merge_batches(group)
             meta: dict[str, Any] = {}
             if first_batch:
                 # The link's first batch holds the upstream's whole replicated metadata: keys it
@@ -707,22 +693,19 @@ class UpstreamLink:
                     if not name.startswith(_LOCAL_META_PREFIXES) and name not in full:
                         meta[name] = None
             for batch in group:
-                ops.extend(batch_to_ops(batch))
-                seqs.extend(batch.seqs)
                 if batch.meta:
                     meta.update(batch.meta)
+            # The merged batch's columns are the store commit's: no object per entry.
             await replica.timed_commit(
-                ops,
+                (merged.keys, merged.values, merged.expiries_ms, merged.headers),
                 inline=batches.empty(),
-                seqs=seqs,
-                last_seq=group[-1].last_seq,
+                seqs=merged.seqs,
+                last_seq=merged.last_seq,
                 meta=meta or None,
             )
-            for batch in group:
-                if batch.seqs:
-                    replica.last_entry_seq = max(replica.last_entry_seq, batch.seqs[-1])
-            merged = merge_batches(group)
-            size = sum(map(len, merged.keys)) + sum(len(v) for v in merged.values if v)
+            if merged.seqs:
+                replica.last_entry_seq = max(replica.last_entry_seq, merged.seqs[-1])
+            size = sum(map(len, merged.keys)) + sum(map(len, filter(None, merged.values)))
             replica.remember(merged, size)
             if replica.catching_up and replica.store.last_seq >= catch_up_target:
                 replica.catching_up = False
