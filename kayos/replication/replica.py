@@ -413,6 +413,12 @@ class ShardReplica:
         self.check_head()
         # A bad batch fails alone, before it joins a group; the store need not check it again.
         payload = prepare_columns(*columns).payload_bytes
+        idle = (self._writer is None or self._writer.done()) and not self._writes
+        if idle and len(columns[0]) <= limits.inline_commit_entries_max:
+            # Nothing to group with: commit right here, without a hop through the write loop.
+            result = self._commit_now(columns, validated=True)
+            self._committed(columns, payload, result)
+            return result
         future: asyncio.Future[CommitResult] = asyncio.get_running_loop().create_future()
         self._writes.append(_Write(columns, payload, future))
         if self._writer is None or self._writer.done():
@@ -442,18 +448,7 @@ class ShardReplica:
                     if not write.future.done():
                         write.future.set_exception(exc)
                 continue
-            self.last_entry_seq = max(self.last_entry_seq, result.last_seq)
-            batch = fr.Batch(
-                self.shard_id,
-                result.first_seq,
-                result.last_seq,
-                True,
-                tuple(range(result.first_seq, result.last_seq + 1)),
-                *columns,
-                None,
-            )
-            self.remember(batch, payload)
-            self.local_commit_done()
+            self._committed(columns, payload, result)
             first = result.first_seq
             for write in group:
                 count = len(write.columns[0])
@@ -463,17 +458,39 @@ class ShardReplica:
                     )
                 first += count
 
+    def _committed(self, columns: Columns, payload: int, result: CommitResult) -> None:
+        """After a head commit: keep it ready for the links as a ``BATCH``, step the progress."""
+        self.last_entry_seq = max(self.last_entry_seq, result.last_seq)
+        batch = fr.Batch(
+            self.shard_id,
+            result.first_seq,
+            result.last_seq,
+            True,
+            tuple(range(result.first_seq, result.last_seq + 1)),
+            *columns,
+            None,
+        )
+        self.remember(batch, payload)
+        self.local_commit_done()
+
+    def _commit_now(self, columns: Columns, **options: Any) -> CommitResult:
+        """A store commit on the event loop (small ones only: it blocks for one fsync)."""
+        started = time.perf_counter()
+        result = self.store.commit_columns(*columns, **options)
+        if self.commit_observer is not None:
+            self.commit_observer(time.perf_counter() - started)
+        return result
+
     async def timed_commit(
         self, columns: Columns, *, inline: bool = False, **options: Any
     ) -> CommitResult:
         """A store commit of ``columns`` (``ShardStore.commit_columns``, which ``options`` go
         to) in a worker thread; ``inline`` runs a small one on the event loop instead (when
         nothing else waits, the thread hand-off costs more than the commit)."""
-        started = time.perf_counter()
         if inline and len(columns[0]) <= limits.inline_commit_entries_max:
-            result = self.store.commit_columns(*columns, **options)
-        else:
-            result = await asyncio.to_thread(self.store.commit_columns, *columns, **options)
+            return self._commit_now(columns, **options)
+        started = time.perf_counter()
+        result = await asyncio.to_thread(self.store.commit_columns, *columns, **options)
         if self.commit_observer is not None:
             self.commit_observer(time.perf_counter() - started)
         return result
