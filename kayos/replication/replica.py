@@ -68,21 +68,22 @@ def queue_prefix(queue: str) -> bytes:
 
 
 class Pulse:
-    """Wakes every waiter on ``notify``; waiters re-check their condition (no lost wake-ups:
-    a notify between the check and the wait is kept in the current future)."""
+    """Wakes every waiter on ``notify``; waiters re-check their condition. Each waiter has a
+    future of its own, so cancelling one wait never disturbs another."""
 
     def __init__(self) -> None:
-        self._future: asyncio.Future[None] | None = None
+        self._waiters: list[asyncio.Future[None]] = []
 
     def notify(self) -> None:
-        if self._future is not None and not self._future.done():
-            self._future.set_result(None)
-        self._future = None
+        waiters, self._waiters = self._waiters, []
+        for future in waiters:
+            if not future.done():
+                future.set_result(None)
 
     def waiter(self) -> asyncio.Future[None]:
-        if self._future is None:
-            self._future = asyncio.get_running_loop().create_future()
-        return self._future
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(future)
+        return future
 
 
 class FrameStream:
@@ -318,15 +319,16 @@ class ShardReplica:
                 self._carry_out(action)
 
     def _carry_out(self, action: chain.Action) -> None:
-        if isinstance(action, chain.SendAck | chain.SendCommitted):
+        if isinstance(action, chain.SendCommitted):
             stream = self.upstream_stream
             if stream is not None:
-                frame: fr.Frame = (
-                    fr.Ack(self.shard_id, action.seq)
-                    if isinstance(action, chain.SendAck)
-                    else fr.Committed(self.shard_id, action.seq)
-                )
-                stream.send(frame)
+                stream.send(fr.Committed(self.shard_id, action.seq))
+        elif isinstance(action, chain.SendAck):
+            # An ACK only feeds the upstream's flow control, so it goes after this turn of the
+            # event loop: the link senders woken by the same commit forward the batch first.
+            stream = self.upstream_stream
+            if stream is not None:
+                asyncio.get_running_loop().call_soon(self._send_ack, stream, action.seq)
         elif isinstance(action, chain.CommittedAdvanced):
             self._release_waiters(action.seq)
         elif isinstance(action, chain.Violation):
@@ -335,10 +337,15 @@ class ShardReplica:
             if bad is not None:
                 bad.close()
 
+    def _send_ack(self, stream: FrameStream, seq: int) -> None:
+        if self.upstream_stream is stream:
+            stream.send(fr.Ack(self.shard_id, seq))
+
     def local_commit_done(self) -> None:
-        """The store committed more: step the progress and wake the link senders."""
-        self._apply_events(chain.Durable(self.store.last_seq))
+        """The store committed more: wake the link senders, step the progress. Senders are
+        woken first so that they forward the batch before anything the step sends upstream."""
         self.durable_pulse.notify()
+        self._apply_events(chain.Durable(self.store.last_seq))
 
     def downstream_event(self, event: chain.Event) -> None:
         self._apply_events(event)
@@ -370,7 +377,7 @@ class ShardReplica:
             if remaining <= 0:
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self.durable_pulse.waiter()), remaining)
+                await asyncio.wait_for(self.durable_pulse.waiter(), remaining)
 
     # --- writes at the head --------------------------------------------------------------------
 
@@ -868,12 +875,11 @@ async def _send_loop(
     meta_sent: dict[str, Any] | None = None
     while True:
         upto = replica.durable
-        # Shielded: the pulse's future is shared, and cancelling this task must not cancel it.
         if upto <= sent:
-            await asyncio.shield(replica.durable_pulse.waiter())
+            await replica.durable_pulse.waiter()
             continue
         if not window.can_send():
-            await asyncio.shield(acked.waiter())
+            await acked.waiter()
             continue
         recent = replica.recent_batch(sent + 1) if meta_sent is not None else None
         if recent is not None and meta_sent is not None and recent.last_seq <= upto:
