@@ -14,13 +14,16 @@ The mapping (docs/kestrel-compat.md, "Persistence"):
   which is Kestrel's at-least-once.
 
 The front never reads a log except at start-up (recovery); everything else is served from memory.
-Implementations must keep appends to one log in call order.
+Implementations must keep appends to one log in call order. A backend whose calls never wait
+(they finish without suspending, as ``MemoryBackend``'s do) may say so with a class attribute
+``completes_at_once = True``: the front then makes its calls in the caller, outside any task
+(``kestrel_compat.persist``), which saves a task and a turn of the event loop per ``set``.
 """
 
 from __future__ import annotations
 
-import bisect
 import struct
+from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -118,6 +121,8 @@ def encode_removed(hwm: int, removed: list[int]) -> bytes:
     highest are left out: after a crash those items come back once more (at-least-once), which
     is the same promise an open read gets, and far better than an unbounded write per commit.
     """
+    if not removed:
+        return _EMPTY_BLOB
     seqs = sorted(seq for seq in removed if seq > hwm)
     body = bytearray()
     previous = hwm
@@ -130,6 +135,9 @@ def encode_removed(hwm: int, removed: list[int]) -> bytes:
         previous = seq
         count += 1
     return _HEADER.pack(_BLOB_VERSION, count) + bytes(body)
+
+
+_EMPTY_BLOB = _HEADER.pack(_BLOB_VERSION, 0)
 
 
 def decode_removed(hwm: int, blob: bytes) -> set[int]:
@@ -172,9 +180,12 @@ class MemoryBackend:
     call raise ``BackendError`` (tests).
     """
 
+    # Every call finishes without waiting: the front may call it outside a task.
+    completes_at_once = True
+
     def __init__(self) -> None:
         self._seq = 0
-        self._logs: dict[str, list[Entry]] = {}
+        self._logs: dict[str, deque[Entry]] = {}
         self._last_seq: dict[str, int] = {}
         self._groups: dict[str, dict[str, GroupState]] = {}
         self.fail_next = False
@@ -189,7 +200,9 @@ class MemoryBackend:
 
     async def append(self, log: str, entries: list[NewEntry]) -> list[int]:
         self._check()
-        stored = self._logs.setdefault(log, [])
+        stored = self._logs.get(log)
+        if stored is None:
+            stored = self._logs[log] = deque()
         seqs = []
         for new in entries:
             self._seq += 1
@@ -202,19 +215,22 @@ class MemoryBackend:
     async def read(self, log: str, after_seq: int, limit: int) -> list[Entry]:
         self._check()
         assert limit > 0
-        return [entry for entry in self._logs.get(log, []) if entry.seq > after_seq][:limit]
+        return [entry for entry in self._logs.get(log, ()) if entry.seq > after_seq][:limit]
 
     async def commit_group(self, log: str, group: str, state: GroupState) -> None:
         self._check()
         assert len(state.blob) <= limits.group_blob_bytes_max
-        self._groups.setdefault(log, {})[group] = state
-        self._logs.setdefault(log, [])
+        groups = self._groups.setdefault(log, {})
+        groups[group] = state
+        stored = self._logs.get(log)
+        if stored is None:
+            stored = self._logs[log] = deque()
         # Entries every group has passed are garbage, as Kayos compaction would find them. The
-        # log is in seq order: drop a prefix, without copying the log on every commit.
-        floor = min(item.hwm for item in self._groups[log].values())
-        stored = self._logs[log]
-        if stored and stored[0].seq <= floor:
-            del stored[: bisect.bisect_right(stored, floor, key=lambda entry: entry.seq)]
+        # log is in seq order: drop its head, one entry at a time, never copying the rest.
+        if stored:
+            floor = state.hwm if len(groups) == 1 else min(item.hwm for item in groups.values())
+            while stored and stored[0].seq <= floor:
+                stored.popleft()
 
     async def load_group(self, log: str, group: str) -> GroupState | None:
         self._check()

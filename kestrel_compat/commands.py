@@ -56,10 +56,15 @@ ERROR_CLASSES: tuple[ErrorClass, ...] = (
 # Integer.parseInt: an optional sign, then one or more ASCII digits; nothing else (no spaces, no
 # underscores, no other scripts' digits, which Python's int() would all accept).
 _JAVA_INT_PATTERN = re.compile(r"[+-]?[0-9]+")
+# Unsigned digit strings this long or shorter are always Java ints (the largest has 10 digits).
+_SAFE_DIGITS = 9
+assert limits.java_int_max >= 10**_SAFE_DIGITS - 1
 
 
 def parse_java_int(token: str) -> int | None:
     """``token`` read the way Kestrel reads every number; None where Java would throw."""
+    if 0 < len(token) <= _SAFE_DIGITS and token.isascii() and token.isdigit():
+        return int(token)  # The common case: a few ASCII digits, always in range.
     if _JAVA_INT_PATTERN.fullmatch(token) is None:
         return None
     value = int(token)

@@ -120,6 +120,9 @@ class GroupLedger:
         self._live: set[int] = set()
         self._heap: list[int] = []
         self.commit_queued = False
+        # The state the backend last took, so an unchanged one is not sent again (a `set` to a
+        # queue that already holds items changes nothing the backend keeps).
+        self.committed: GroupState | None = None
 
     def live(self, seq: int) -> None:
         assert seq > self.hwm, "a live seq is above the hwm"
@@ -135,12 +138,17 @@ class GroupLedger:
         return seq <= self.hwm or seq in self._removed
 
     def state(self, tail_seq: int) -> GroupState:
-        while self._heap and self._heap[0] not in self._live:
-            heapq.heappop(self._heap)
-        hwm = self._heap[0] - 1 if self._heap else tail_seq
-        hwm = max(hwm, self.hwm)
-        self.hwm = hwm
-        self._removed = {seq for seq in self._removed if seq > hwm}
+        heap, live = self._heap, self._live
+        while heap and heap[0] not in live:
+            heapq.heappop(heap)
+        hwm = heap[0] - 1 if heap else tail_seq
+        if hwm > self.hwm:
+            self.hwm = hwm
+            if self._removed:
+                self._removed = {seq for seq in self._removed if seq > hwm}
+        # Every removed seq is above the hwm: `gone` keeps only those, and a rising hwm drops the
+        # rest above.
+        hwm = self.hwm
         return GroupState(hwm=hwm, blob=encode_removed(hwm, sorted(self._removed)))
 
 

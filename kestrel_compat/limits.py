@@ -38,6 +38,11 @@ value_bytes_max = kayos_limits.value_bytes_max
 # The two bytes after a storage payload (normally CRLF). Kestrel skips them without looking.
 payload_terminator_bytes = 2
 
+# GET keys whose parsed request the codec keeps, least recently used dropped first. Clients read
+# a few queues with a few option sets each (`q/open`, `q/close`, `q/t=500`); each kept key costs
+# a key of at most line_bytes_max and one small event, for the whole process.
+get_key_cache_entries_max = 1024
+
 assert java_int_max == 2_147_483_647, "Java's Integer.MAX_VALUE"
 assert 1024 <= line_bytes_max <= 64 * 1024, "a request line is a command, a key and a few numbers"
 assert line_bytes_max < value_bytes_max, "a request line is never allowed to outgrow an item"
@@ -126,6 +131,16 @@ group_blob_bytes_max = 64 * 1024
 append_batch_entries_max = 1024
 recovery_read_entries = 4096
 
+# A failed group commit (the backend down, e.g. a Kayos cluster outage longer than a node's 30 s
+# commit bound) is retried after a backoff whose ceiling doubles from the min to the max, in ms,
+# with jitter. The min is a few backend round trips, so a passing fault costs little; the max is
+# how late the end of an outage is noticed, at one commit per failing queue per retry. Retries go
+# on while the queue exists: giving up would leave a confirmed removal only in memory, to come
+# back after a crash.
+commit_retry_delay_ms_min = 100
+commit_retry_delay_ms_max = 10_000
+
 assert pending_requests_max >= 1
+assert 0 < commit_retry_delay_ms_min <= commit_retry_delay_ms_max
 assert waiter_resolution_ms < shutdown_grace_ms
 assert append_batch_entries_max <= kayos_limits.batch_entries_max, "one append is one Kayos batch"

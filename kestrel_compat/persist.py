@@ -1,21 +1,31 @@
 """Carries the collection's persistence operations out against a ``Backend``, one log at a time.
 
 The collection (``kestrel_compat.engine``) records what the backend must learn, in order: appends,
-group commits, group and log deletions. ``Persister.kick`` routes them to one worker task per log,
-which runs them strictly in order, batching consecutive appends into one ``append`` call (a group
-commit). A ``set`` waits for its own appends (``wait_stored``) before answering ``STORED``; group
-commits are not waited for (a removal lost in a crash only brings an item back: at-least-once).
+group commits, group and log deletions. ``Persister.kick`` routes them to one worker per log, which
+runs them strictly in order, batching consecutive appends into one ``append`` call (a group
+commit). A worker starts on the next turn of the event loop, so the operations of every request
+served in one turn go out together. With a backend that ``completes_at_once`` (``MemoryBackend``)
+a worker runs in a plain callback (``kestrel_compat.eager``), and a ``set`` that waits for its own
+appends (``wait_stored``) before answering ``STORED`` runs its log's worker itself, at once: no
+task at all. Group commits are not waited for (a removal lost in a crash only brings an
+item back: at-least-once), but a failed one is retried with a bounded exponential backoff
+(``limits.commit_retry_*``), so a removal confirmed during a backend outage is stored once the
+backend is back even if the queue never changes again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from collections import deque
+from collections.abc import Callable
+from typing import Protocol
 
 from kayos.errors import KayosError
 from kestrel_compat import limits
 from kestrel_compat.backend import Backend, BackendError, decode_removed
+from kestrel_compat.eager import start_eagerly
 from kestrel_compat.engine import (
     AppendOp,
     CommitOp,
@@ -31,34 +41,98 @@ from kestrel_compat.engine import (
 log = logging.getLogger("kestrel_compat.persist")
 
 
+class Timer(Protocol):
+    def cancel(self) -> None: ...
+
+
+# Starts a timer: ``loop.call_later`` by default, a fake in tests.
+CallLater = Callable[[float, Callable[[], None]], Timer]
+
+
+def commit_retry_delay_s(retry: int, rng: random.Random) -> float:
+    """The wait before retry number ``retry`` (1 for the first) of a failed group commit: the
+    ceiling doubles from ``commit_retry_delay_ms_min`` up to ``commit_retry_delay_ms_max``, and
+    the wait is the ceiling's upper half, drawn uniformly (never zero, never above the ceiling)."""
+    assert retry >= 1, retry
+    ceiling_ms = min(
+        limits.commit_retry_delay_ms_max, limits.commit_retry_delay_ms_min << min(retry - 1, 30)
+    )
+    delay_ms = ceiling_ms / 2 + rng.random() * ceiling_ms / 2
+    assert 0 < delay_ms <= limits.commit_retry_delay_ms_max
+    return delay_ms / 1000
+
+
 class Persister:
-    def __init__(self, backend: Backend, collection: QueueCollection) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        collection: QueueCollection,
+        *,
+        rng: random.Random | None = None,
+        call_later: CallLater | None = None,
+    ) -> None:
         self.backend = backend
         self.collection = collection
+        self._rng = rng if rng is not None else random.Random()  # noqa: S311 - backoff jitter
+        self._call_later = call_later
+        # A backend whose calls never wait (``completes_at_once``) runs outside any task, in the
+        # caller; others may need one (aiohttp's timeouts do), so their workers are tasks.
+        self._at_once = bool(getattr(backend, "completes_at_once", False))
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._ops: dict[str, deque[PersistOp]] = {}
-        self._workers: dict[str, asyncio.Task[None]] = {}
+        # A log is here while its worker is scheduled or running; the task, once it waits.
+        self._workers: dict[str, asyncio.Task[None] | None] = {}
+        self._scheduled: dict[str, asyncio.Handle] = {}
         self._stored: dict[LogEntry, asyncio.Future[None]] = {}
+        # Failed group commits: the retries made so far and the timer of the next, per queue.
+        self._commit_retries: dict[KestrelQueue, int] = {}
+        self._retry_timers: dict[KestrelQueue, Timer] = {}
         self._idle = asyncio.Event()
         self._idle.set()
 
     # --- routing ---
 
     def kick(self) -> None:
-        """Queue every operation the collection recorded and make sure a worker runs for each
-        log that has work."""
+        """Queue every operation the collection recorded; a log with work and no worker gets one,
+        which starts on the next turn of the event loop."""
+        if not self.collection.outbox:
+            return
         for op in self.collection.take_outbox():
             name = op.entry.log if isinstance(op, AppendOp) else _op_log(op)
-            self._ops.setdefault(name, deque()).append(op)
+            ops = self._ops.get(name)
+            if ops is None:
+                ops = self._ops[name] = deque()
+            ops.append(op)
             if name not in self._workers:
                 self._idle.clear()
-                self._workers[name] = asyncio.get_running_loop().create_task(
-                    self._run(name), name=f"kestrel-persist-{name}"
-                )
+                loop = self._running_loop()
+                if self._at_once:
+                    self._workers[name] = None
+                    self._scheduled[name] = loop.call_soon(self._start, name)
+                else:
+                    self._workers[name] = loop.create_task(
+                        self._run(name), name=f"kestrel-persist-{name}"
+                    )
+
+    def _start(self, name: str) -> None:
+        """Run the log's scheduled worker now (a backend that completes at once); should the
+        backend wait after all, the rest of the worker runs as a task."""
+        handle = self._scheduled.pop(name, None)
+        if handle is None:
+            return  # Already started.
+        handle.cancel()
+        started = start_eagerly(
+            self._run(name), name=f"kestrel-persist-{name}", loop=self._running_loop()
+        )
+        if isinstance(started, asyncio.Task):
+            self._workers[name] = started
 
     async def wait_stored(self, entries: list[LogEntry]) -> None:
         """Until every entry is durably appended; ``BackendError`` if one failed."""
         self.kick()
-        loop = asyncio.get_running_loop()
+        for entry in entries:
+            if entry.seq is None and entry.log in self._scheduled:
+                self._start(entry.log)
         futures = []
         for entry in entries:
             if entry.seq is not None:
@@ -67,11 +141,19 @@ class Persister:
                 continue
             future = self._stored.get(entry)
             if future is None:
-                future = loop.create_future()
+                future = self._running_loop().create_future()
                 self._stored[entry] = future
             futures.append(future)
         for future in futures:
             await asyncio.shield(future)
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        # Kept: asyncio.get_running_loop() costs a getpid system call, and kick runs per request.
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        assert loop.is_running()
+        return loop
 
     async def drain(self) -> None:
         """Until every recorded operation has been carried out (or failed)."""
@@ -79,6 +161,13 @@ class Persister:
         while self._workers:
             await self._idle.wait()
             self.kick()
+
+    def close(self) -> None:
+        """The server stops: no more retries of failed group commits."""
+        for timer in self._retry_timers.values():
+            timer.cancel()
+        self._retry_timers.clear()
+        self._commit_retries.clear()
 
     # --- the per-log worker ---
 
@@ -138,21 +227,60 @@ class Persister:
             future.set_exception(error)
 
     async def _apply(self, name: str, op: PersistOp) -> None:
+        if isinstance(op, CommitOp):
+            await self._commit(name, op.queue)
+            return
         try:
-            if isinstance(op, CommitOp):
-                if op.queue.closed or self.collection.queues.get(op.queue.name) is not op.queue:
-                    op.queue.ledger.commit_queued = False
-                    return
-                state = self.collection.group_state(op.queue)
-                await self.backend.commit_group(name, op.queue.name, state)
-            elif isinstance(op, DeleteGroupOp):
+            if isinstance(op, DeleteGroupOp):
                 await self.backend.delete_group(op.log, op.group)
             elif isinstance(op, DeleteLogOp) and not any(
                 queue.log == name for queue in self.collection.queues.values()
             ):
                 await self.backend.delete_log(op.log)
-        except Exception as error:  # The backend boundary; the next change retries the commit.
+        except Exception as error:  # The backend boundary.
             log.error("persisting %r on %r failed: %r", op, name, error)
+
+    async def _commit(self, name: str, queue: KestrelQueue) -> None:
+        if not self._is_live(queue):
+            queue.ledger.commit_queued = False
+            return
+        state = self.collection.group_state(queue)
+        if state == queue.ledger.committed:
+            return
+        try:
+            await self.backend.commit_group(name, queue.name, state)
+        except Exception as error:  # The backend boundary; retried after a backoff.
+            log.error("committing group %r of %r failed: %r", queue.name, name, error)
+            self._schedule_commit_retry(queue)
+            return
+        queue.ledger.committed = state
+        if self._commit_retries:
+            self._commit_retries.pop(queue, None)
+
+    def _is_live(self, queue: KestrelQueue) -> bool:
+        return not queue.closed and self.collection.queues.get(queue.name) is queue
+
+    # --- retries of failed group commits ---
+
+    def _schedule_commit_retry(self, queue: KestrelQueue) -> None:
+        # A removal confirmed while the backend fails is in the ledger only; without a retry it
+        # would reach the backend only with the queue's next change, and an idle queue would
+        # serve it again after a crash. One timer per queue at a time; the delay is bounded.
+        if queue in self._retry_timers:
+            return
+        retry = self._commit_retries.get(queue, 0) + 1
+        self._commit_retries[queue] = retry
+        delay_s = commit_retry_delay_s(retry, self._rng)
+        call_later = self._call_later or self._running_loop().call_later
+        self._retry_timers[queue] = call_later(delay_s, lambda: self._retry_commit(queue))
+
+    def _retry_commit(self, queue: KestrelQueue) -> None:
+        self._retry_timers.pop(queue, None)
+        if not self._is_live(queue):
+            self._commit_retries.pop(queue, None)
+            return
+        self.collection.mark_dirty(queue)
+        self.kick()
 
     # --- start-up ---
 

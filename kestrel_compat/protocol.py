@@ -23,6 +23,7 @@ sent, and the handler turns them into deadlines.
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import ClassVar, TypeAlias
@@ -272,11 +273,18 @@ def split_line(line: str) -> list[str]:
 
 
 def _build_get(arguments: list[str]) -> Event:
+    return _get_event(arguments[0])
+
+
+@functools.lru_cache(maxsize=limits.get_key_cache_entries_max)
+def _get_event(key: str) -> Event:
+    # Clients repeat a handful of keys (`q/open`, `q/close`), and the event of a key depends on
+    # nothing else and never changes, so the parsed events are kept.
     try:
-        key = parse_get_key(arguments[0])
+        parsed = parse_get_key(key)
     except GetOptionsError as error:
-        return ErrorReply.of(error.error_class, f"get {arguments[0]!r}: {error}")
-    return Get(queue=key.queue, options=key.options)
+        return ErrorReply.of(error.error_class, f"get {key!r}: {error}")
+    return Get(queue=parsed.queue, options=parsed.options)
 
 
 def _build_monitor(arguments: list[str]) -> Event:
@@ -363,6 +371,9 @@ def _finish_storage(line: _StorageLine, data: bytes | None) -> Event:
 
 
 # --- the connection ------------------------------------------------------------------------------
+
+
+_CR = 0x0D
 
 
 class _State(enum.Enum):
@@ -452,11 +463,11 @@ class MemcacheConnection:
                 )
             self._scan_from = len(self._buffer)
             return None
-        line = bytes(self._buffer[self._start : end])
-        self._consume(end + 1 - self._start)
-        if line.endswith(b"\r"):
-            line = line[:-1]
-        return self._dispatch(line.decode("latin-1"))
+        buffer, start = self._buffer, self._start
+        line_end = end - 1 if end > start and buffer[end - 1] == _CR else end
+        line = buffer[start:line_end].decode("latin-1")
+        self._consume(end + 1 - start)
+        return self._dispatch(line)
 
     def _read_payload(self) -> _Step:
         storage_line = self._storage_line

@@ -5,14 +5,17 @@ same queues, as in Kestrel: memcache (``server.port``, 22133), text (``server.te
 and thrift (``server.thrift_port``, 2229); a ``Front`` pairs each port with its sans-IO codec and
 its session class. Every connection is served the same way, whatever its protocol.
 
-Each connection runs two tasks. The reader feeds socket bytes to the front's sans-IO codec
-(``MemcacheConnection``, ``TextConnection``, ``ThriftConnection``) and queues the decoded events,
-at most ``limits.pending_requests_max`` of them (then it stops reading: back-pressure). The
-processor serves the events one at a time through the front's session and writes each reply,
-waiting for the transport to drain past ``limits.write_buffer_bytes_max``. When the client closes
-its side, events already received are still served, but a fetch that would wait gives up without
-taking an item; when the processor ends, the session settles its open reads (memcache and text
-abort them; thrift leaves them to their auto-abort timers) and the socket closes.
+Each connection is an ``asyncio.BufferedProtocol`` (``_Connection``). What the socket delivers
+goes to the front's sans-IO codec (``MemcacheConnection``, ``TextConnection``,
+``ThriftConnection``), and the decoded events are served one at a time through the front's
+session, in the same callback, as long as none of them waits; the replies to one read go out in
+one write. A request that waits (a blocked fetch, an append the backend has not confirmed) goes
+on as a task and the events behind it queue, at most ``limits.pending_requests_max`` of them
+(then the connection stops reading: back-pressure). Writes wait for the transport to drain past
+``limits.write_buffer_bytes_max``. When the client closes its side, events already received are
+still served, but a fetch that would wait gives up without taking an item; when the last one is
+served, the session settles its open reads (memcache and text abort them; thrift leaves them to
+their auto-abort timers) and the socket closes.
 
 ``KestrelServer.stop`` is graceful: stop listening, close every queue (blocked fetches answer
 ``END``), close the connections, then let the backend take the last group commits.
@@ -21,8 +24,9 @@ abort them; thrift leaves them to their auto-abort timers) and the socket closes
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import enum
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -31,6 +35,7 @@ from kayos.clock import SYSTEM_CLOCK, Clock
 from kestrel_compat import limits
 from kestrel_compat.backend import Backend, MemoryBackend
 from kestrel_compat.config import KestrelConfig
+from kestrel_compat.eager import start_eagerly
 from kestrel_compat.handler import ClientGone, KestrelService, Session
 from kestrel_compat.protocol import MemcacheConnection
 from kestrel_compat.text_handler import TextSession
@@ -95,10 +100,9 @@ class KestrelServer:
         self.thrift_reads = ThriftReads()
         self.fronts = self._fronts()
         self._servers: dict[str, asyncio.Server] = {}
-        self._connections: set[asyncio.Task[None]] = set()
-        self._writers: set[asyncio.StreamWriter] = set()
+        self.connections: set[_Connection[Any]] = set()
         self._stop_requested = asyncio.Event()
-        self._stopped = False
+        self.stopped = False
         self._sweeper: asyncio.Task[None] | None = None
 
     def _fronts(self) -> list[Front[Any]]:
@@ -131,8 +135,8 @@ class KestrelServer:
         await self.service.start()
         server = self.config.server
         for front in self.fronts:
-            self._servers[front.name] = await asyncio.start_server(
-                self._connection_handler(front),
+            self._servers[front.name] = await asyncio.get_running_loop().create_server(
+                self._connection_factory(front),
                 host=server.host,
                 port=front.port,
                 reuse_address=True,
@@ -157,9 +161,9 @@ class KestrelServer:
         await self.stop()
 
     async def stop(self) -> None:
-        if self._stopped:
+        if self.stopped:
             return
-        self._stopped = True
+        self.stopped = True
         self._stop_requested.set()
         if self._sweeper is not None:
             self._sweeper.cancel()
@@ -167,14 +171,14 @@ class KestrelServer:
             listener.close()
         self.service.collection.shutdown()
         self.thrift_reads.cancel_timers()
-        for writer in list(self._writers):
-            writer.close()
-        if self._connections:
-            _, pending = await asyncio.wait(
-                self._connections, timeout=limits.shutdown_grace_ms / 1000
-            )
-            for task in pending:
-                task.cancel()
+        connections = list(self.connections)
+        for connection in connections:
+            connection.close()
+        if connections:
+            finished = {connection.finished: connection for connection in connections}
+            _, pending = await asyncio.wait(finished, timeout=limits.shutdown_grace_ms / 1000)
+            for future in pending:
+                finished[future].abort()
             if pending:
                 await asyncio.wait(pending, timeout=limits.shutdown_grace_ms / 1000)
         for listener in self._servers.values():
@@ -186,108 +190,284 @@ class KestrelServer:
             await asyncio.sleep(period_s)
             self.service.sweep()
 
-    # --- one connection ---
+    # --- connections ---
 
-    def _connection_handler(
-        self, front: Front[EventT]
-    ) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
-        async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await self._on_connection(front, reader, writer)
+    def _connection_factory(self, front: Front[EventT]) -> Callable[[], _Connection[EventT]]:
+        def make() -> _Connection[EventT]:
+            return _Connection(self, front)
 
-        return on_connection
+        return make
 
-    async def _on_connection(
-        self, front: Front[EventT], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        if self._stopped:
-            writer.close()
+
+class _Ended:
+    """The client is gone (EOF, idle, a lost connection): serve what came before, then close."""
+
+
+_ENDED = _Ended()
+
+
+class _Connection(asyncio.BufferedProtocol, Generic[EventT]):
+    """One connection of any front: socket bytes into the codec, its events served in order by
+    the session, the replies written back.
+
+    Requests are served in ``data_received`` itself (``buffer_updated``) as long as they finish
+    without waiting (``kestrel_compat.eager``), and the replies of everything one read delivered
+    go out in one write. A request that waits becomes a task; the requests behind it wait in
+    ``_events`` and are served when it ends, so a connection still serves one request at a time.
+    While a request waits its replies are written as they come (MONITOR streams items).
+    """
+
+    def __init__(self, server: KestrelServer, front: Front[EventT]) -> None:
+        self._server = server
+        self._front = front
+        self._loop = asyncio.get_running_loop()
+        self._stats = server.service.collection.stats
+        self._codec = front.codec()
+        self._session: ProtocolSession[EventT] | None = None
+        self._transport: asyncio.Transport | None = None
+        self._read_buffer = memoryview(bytearray(limits.read_chunk_bytes))
+        self._events: deque[EventT | _Ended] = deque()
+        self._request: asyncio.Task[bool] | None = None  # The request that waits, if any.
+        self._replies: list[bytes] = []  # Written at the end of the batch being served.
+        self._replies_bytes = 0
+        self._batching = False
+        self._reading = _Reading.ON
+        self._left = False
+        self._lost = False
+        self._done = False
+        self._writing_paused = False
+        self._drained: asyncio.Future[None] | None = None
+        timeout_ms = server.config.server.client_timeout_ms
+        self._idle_s = None if timeout_ms is None else timeout_ms / 1000
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._last_read_s = 0.0
+        self.finished: asyncio.Future[None] = self._loop.create_future()
+
+    # --- asyncio.BufferedProtocol ---
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        if self._server.stopped:
+            self._done = True
+            self.finished.set_result(None)
+            transport.close()
             return
-        self._connections.add(task)
-        self._writers.add(writer)
-        writer.transport.set_write_buffer_limits(high=limits.write_buffer_bytes_max)
-        session = front.session(self.service)
+        self._server.connections.add(self)
+        transport.set_write_buffer_limits(high=limits.write_buffer_bytes_max)
+        self._session = self._front.session(self._server.service)
+        if self._idle_s is not None:
+            self._last_read_s = self._loop.time()
+            self._idle_timer = self._loop.call_later(self._idle_s, self._check_idle)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._read_buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._done or self._reading is not _Reading.ON:
+            return
+        self._stats.bytes_read += nbytes
+        if self._idle_s is not None:
+            self._last_read_s = self._loop.time()
+        self._events.extend(self._codec.receive_data(bytes(self._read_buffer[:nbytes])))
+        if self._codec.closed:
+            self._stop_reading(_Reading.ENDED)
+        elif len(self._events) >= limits.pending_requests_max:
+            self._stop_reading(_Reading.PAUSED)  # Back-pressure until the session catches up.
+        self._serve()
+
+    def eof_received(self) -> bool:
+        self._client_left()
+        self._serve()
+        return True  # Keep the transport open: the replies to what was sent still go out.
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None:
+            log.debug("connection lost: %s", exc)
+        self._lost = True
+        drained = self._drained
+        if drained is not None and not drained.done():
+            drained.set_exception(ConnectionResetError("Connection lost"))
+        self._client_left()
+        self._serve()
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        drained = self._drained
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    # --- reading ---
+
+    def _stop_reading(self, reading: _Reading) -> None:
+        if self._reading is _Reading.ON and self._transport is not None and not self._lost:
+            self._transport.pause_reading()
+        if self._reading is not _Reading.ENDED:
+            self._reading = reading
+
+    def _resume_reading(self) -> None:
+        if self._reading is _Reading.PAUSED and len(self._events) < limits.pending_requests_max:
+            self._reading = _Reading.ON
+            self._last_read_s = self._loop.time()
+            assert self._transport is not None
+            if not self._lost:
+                self._transport.resume_reading()
+
+    def _client_left(self) -> None:
+        """EOF, an idle timeout or a lost connection: nothing more will be read."""
+        if self._left or self._done or self._session is None:
+            return
+        self._left = True
+        codec_closed = self._reading is _Reading.ENDED
+        self._stop_reading(_Reading.ENDED)
+        if not codec_closed:
+            # A closing event already ends the events; otherwise the session learns the client
+            # left (a fetch that would wait gives up) and the connection ends after what it sent.
+            self._session.client_left()
+            self._events.append(_ENDED)
+
+    def _check_idle(self) -> None:
+        self._idle_timer = None
+        if self._done or self._left or self._idle_s is None:
+            return
+        now_s = self._loop.time()
+        if self._reading is _Reading.PAUSED:
+            self._last_read_s = now_s  # Not waiting for the client but for the session.
+        due_s = self._last_read_s + self._idle_s
+        if now_s < due_s:
+            self._idle_timer = self._loop.call_later(due_s - now_s, self._check_idle)
+            return
+        log.debug("closing an idle connection")
+        self._client_left()
+        self._serve()
+
+    # --- serving ---
+
+    def _serve(self) -> None:
+        """Serve queued events until one waits (it becomes a task) or the connection ends."""
+        if self._request is not None or self._done:
+            return
+        session = self._session
+        assert session is not None
+        self._batching = True
         try:
-            await self._serve_connection(front, session, reader, writer)
-        finally:
-            session.finish()
-            self._connections.discard(task)
-            self._writers.discard(writer)
-            writer.close()
-            with contextlib.suppress(OSError, asyncio.CancelledError):
-                await asyncio.wait_for(writer.wait_closed(), limits.shutdown_grace_ms / 1000)
-
-    async def _serve_connection(
-        self,
-        front: Front[EventT],
-        session: ProtocolSession[EventT],
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-    ) -> None:
-        events: asyncio.Queue[EventT | None] = asyncio.Queue(maxsize=limits.pending_requests_max)
-        loop = asyncio.get_running_loop()
-        reader_task = loop.create_task(self._read(front.codec(), session, reader, events))
-        try:
-            await self._process(session, writer, events)
-        finally:
-            reader_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader_task
-
-    async def _read(
-        self,
-        codec: Codec[EventT],
-        session: ProtocolSession[EventT],
-        reader: asyncio.StreamReader,
-        events: asyncio.Queue[EventT | None],
-    ) -> None:
-        stats = self.service.collection.stats
-        timeout_ms = self.config.server.client_timeout_ms
-        timeout_s = None if timeout_ms is None else timeout_ms / 1000
-        try:
-            while not codec.closed:
-                try:
-                    data = await asyncio.wait_for(reader.read(limits.read_chunk_bytes), timeout_s)
-                except TimeoutError:
-                    log.debug("closing an idle connection")
-                    break
-                if not data:
-                    break
-                stats.bytes_read += len(data)
-                for event in codec.receive_data(data):
-                    await events.put(event)
-        except OSError as error:
-            log.debug("connection read failed: %s", error)
-        if not codec.closed:
-            session.client_left()
-            await events.put(None)
-
-    async def _process(
-        self,
-        session: ProtocolSession[EventT],
-        writer: asyncio.StreamWriter,
-        events: asyncio.Queue[EventT | None],
-    ) -> None:
-        stats = self.service.collection.stats
-
-        async def send(data: bytes) -> None:
-            stats.bytes_written += len(data)
-            writer.write(data)
-            await writer.drain()
-
-        while True:
-            event = await events.get()
-            if event is None:
-                return
-            try:
-                if await session.handle(event, send):
+            while self._events:
+                event = self._events.popleft()
+                if isinstance(event, _Ended):
+                    self._finish()
                     return
-            except ClientGone:
+                try:
+                    started = start_eagerly(
+                        session.handle(event, self._send), name="kestrel-request", loop=self._loop
+                    )
+                except Exception as error:  # Any failure ends this connection.
+                    self._failed(error)
+                    return
+                if isinstance(started, asyncio.Task):
+                    self._request = started
+                    started.add_done_callback(self._request_done)
+                    return
+                if started.value:
+                    self._finish()
+                    return
+        finally:
+            self._batching = False
+            self._flush()
+            if not self._done:
+                self._resume_reading()
+
+    def _request_done(self, task: asyncio.Task[bool]) -> None:
+        self._request = None
+        if task.cancelled():
+            self._finish()
+            return
+        error = task.exception()
+        if error is not None:
+            self._failed(error)
+        elif task.result():
+            self._finish()
+        else:
+            self._serve()
+
+    def _failed(self, error: BaseException) -> None:
+        if isinstance(error, ClientGone):
+            pass
+        elif isinstance(error, OSError):
+            log.debug("connection write failed: %s", error)
+        else:
+            log.error("request failed", exc_info=error)
+        self._finish()
+
+    def abort(self) -> None:
+        """Stop: the waiting request is cancelled, the connection ends."""
+        if self._request is not None:
+            self._request.cancel()
+        else:
+            self._finish()
+
+    def close(self) -> None:
+        """Stop: close the socket; the session sees the client leave."""
+        if self._transport is not None:
+            self._transport.close()
+
+    def _finish(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._stop_reading(_Reading.ENDED)
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        self._flush()
+        try:
+            assert self._session is not None
+            self._session.finish()
+        finally:
+            self._server.connections.discard(self)
+            assert self._transport is not None
+            self._transport.close()
+            self.finished.set_result(None)
+
+    # --- writing ---
+
+    async def _send(self, data: bytes) -> None:
+        if self._lost:
+            raise ConnectionResetError("Connection lost")
+        self._stats.bytes_written += len(data)
+        if self._batching:
+            self._replies.append(data)
+            self._replies_bytes += len(data)
+            if self._replies_bytes < limits.write_buffer_bytes_max:
                 return
-            except (OSError, ConnectionError) as error:
-                log.debug("connection write failed: %s", error)
-                return
+            self._flush()
+        else:
+            assert self._transport is not None
+            self._transport.write(data)
+        if self._writing_paused:
+            # Wait for the client to read its replies, as StreamWriter.drain does.
+            if self._drained is None or self._drained.done():
+                self._drained = self._loop.create_future()
+            await self._drained
+
+    def _flush(self) -> None:
+        replies = self._replies
+        if not replies:
+            return
+        self._replies = []
+        self._replies_bytes = 0
+        if self._lost:
+            return
+        assert self._transport is not None
+        self._transport.write(replies[0] if len(replies) == 1 else b"".join(replies))
+
+
+class _Reading(enum.Enum):
+    ON = "on"
+    PAUSED = "paused"  # Back-pressure: too many requests queued.
+    ENDED = "ended"  # The codec closed or the client left: nothing more is read.
 
 
 async def run_server(

@@ -128,5 +128,6 @@ class KestrelService:
     async def close(self) -> None:
         """Stop: every queue closes (waiters answer END), then the last commits are written."""
         self.collection.shutdown()
+        self.persister.close()
         await self.persister.drain()
         await self.backend.close()

@@ -159,11 +159,13 @@ class SessionBase:
         self, queue: KestrelQueue, deadline: float | None, *, transactional: bool, peek: bool
     ) -> Item | None:
         """Fetch now, or wait until ``deadline`` (loop time) for an add or abort to wake us."""
+        item = self.collection.fetch(queue, transactional=transactional, peek=peek)
+        if item is not None or deadline is None or queue.closed or queue.paused:
+            return item
+        # Only a fetch that may wait asks for the loop: asyncio.get_running_loop() costs a getpid
+        # system call, a good part of a request that does not wait.
         loop = asyncio.get_running_loop()
         while True:
-            item = self.collection.fetch(queue, transactional=transactional, peek=peek)
-            if item is not None or deadline is None or queue.closed or queue.paused:
-                return item
             remaining_s = deadline - loop.time()
             if remaining_s <= 0:
                 return None
@@ -186,8 +188,9 @@ class SessionBase:
                 raise ClientGone("the client left while its fetch waited")
             if not woken.done():
                 return None  # Timed out.
-            if loop.time() >= deadline:
-                return self.collection.fetch(queue, transactional=transactional, peek=peek)
+            item = self.collection.fetch(queue, transactional=transactional, peek=peek)
+            if item is not None or loop.time() >= deadline or queue.closed or queue.paused:
+                return item
 
     @staticmethod
     def _cancelled() -> bool:
