@@ -167,6 +167,12 @@ replica_recent_bytes_max = 64 * 1024 * 1024
 # thread hand-offs it saves cost in latency.
 inline_commit_entries_max = 16
 
+# How often a node looks at its stores' garbage ratios to start a background compaction: often
+# enough that a busy shard's file never grows far past the ratio, rare enough to cost nothing.
+compaction_check_interval_ms = 5_000
+# A node compacts a store again only after its log moved on by this fraction of the rollback window
+# (1/N of it): what compaction may drop grows only as seqs leave the window.
+compaction_window_fraction = 10
 # A node's garbage-collector thresholds (generation 0 allocations, then collections of the younger
 # generation before an older one is collected). CPython's default (700, 10, 10) walks the node's
 # cache of recent batches many times a second; this keeps cycle collection rare and short.

@@ -45,6 +45,7 @@ from kayos.replication.replica import (
     serve_downstream,
 )
 from kayos.storage import Entry
+from kayos.storage.compact import compact
 from kayos.storage.format import FLAG_DELETE
 from kayos.topology import Topology, check_queue_name
 
@@ -179,10 +180,37 @@ class Node:
                 link = UpstreamLink(replica)
                 self._links.append(link)
                 self._spawn(link.run())
+        self._spawn(self._compaction_loop())
         self._server = await asyncio.start_server(
             self._on_connection, self.address.host, self.address.bin_port, limit=2**20
         )
         self.ready = True
+
+    async def _compaction_loop(self) -> None:
+        """Compacts a replica's store in the background once its garbage ratio calls for it
+        (pauseless: commits and snapshot readers go on during the copy)."""
+        compacted_at: dict[int, int] = {}  # shard -> its last seq at its last compaction
+        while True:
+            await asyncio.sleep(limits.compaction_check_interval_ms / 1000)
+            for replica in list(self.replicas.values()):
+                store = replica.store
+                window = store.options.rollback_window_seqs
+                # Versions superseded within the rollback window survive compaction, so another
+                # one pays only once the log has moved on by a part of the window.
+                moved_on = store.last_seq - compacted_at.get(replica.shard_id, 0)
+                if not (
+                    store.compaction_due()
+                    and store.last_seq > window
+                    and moved_on >= window // limits.compaction_window_fraction
+                ):
+                    continue
+                compacted_at[replica.shard_id] = store.last_seq
+                try:
+                    result = await asyncio.to_thread(compact, store)
+                except KayosError as exc:
+                    log.warning("shard %s: compaction failed: %s", replica.shard_id, exc)
+                    continue
+                log.info("shard %s: compacted: %s", replica.shard_id, result)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
