@@ -361,11 +361,16 @@ class ShardReplica:
         if self.progress.committed >= seq or timeout_s <= 0:
             return self.progress.committed
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiters, (seq, next(self._waiter_ids), _Waiter(seq, future)))
+        entry = (seq, next(self._waiter_ids), _Waiter(seq, future))
+        heapq.heappush(self._waiters, entry)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(future), timeout_s)
         if not future.done():
             future.cancel()
+            # A seq that never commits would otherwise keep its entry for ever.
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(entry)
+                heapq.heapify(self._waiters)
         return self.progress.committed
 
     async def wait_durable_past(self, seq: int, timeout_s: float) -> None:
@@ -530,6 +535,10 @@ class ShardReplica:
 
     async def rollback(self, seq: int) -> None:
         self.forget_recent()
+        # The links below were fed the history being dropped: they must subscribe again, so
+        # that each downstream rolls back too instead of stacking the new history on the old.
+        for stream in list(self.downstream_streams.values()):
+            stream.close()
         if seq == 0:
             await self._reset_store()
             return
@@ -624,6 +633,9 @@ class UpstreamLink:
             )
             replica.catching_up = behind
             catch_up_target = subscribed.last_seq
+            # A commit the last link's applier was cancelled in landed without being counted:
+            # step the progress and wake the senders before reporting to the new upstream.
+            replica.local_commit_done()
             replica.upstream_stream = stream
             replica.downstream_event(chain.UpstreamLinked())
             self.connected.set()
@@ -730,7 +742,10 @@ class UpstreamLink:
             if merged.seqs:
                 replica.last_entry_seq = max(replica.last_entry_seq, merged.seqs[-1])
             size = sum(map(len, merged.keys)) + sum(map(len, filter(None, merged.values)))
-            replica.remember(merged, size)
+            if (meta or None) == merged.meta:
+                replica.remember(merged, size)
+            # Else this commit also deleted metadata on its own (a link's first batch): forwarded
+            # from memory, the batch would not carry the deletes, so the senders read it back.
             if replica.catching_up and replica.store.last_seq >= catch_up_target:
                 replica.catching_up = False
                 log.info("shard %s: caught up at %s", replica.shard_id, replica.store.last_seq)

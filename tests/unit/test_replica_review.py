@@ -1,0 +1,189 @@
+"""Review findings in kayos/replication/replica.py, each pinned by a test: in-process nodes on
+loopback (free ports), driven through ``Node`` and ``ShardReplica``. Every wait is a bounded poll
+of a condition; seeds are printed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import shutil
+import threading
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kayos import limits
+from kayos.launcher import free_ports
+from kayos.node.runtime import HWM_META, Node
+from kayos.replication.replica import ShardReplica, UpstreamLink
+from kayos.storage import ShardStore
+from kayos.topology import NodeAddr, ShardChain, Topology
+
+SEED = 20261122
+WAIT_S = 30.0
+
+
+def _topology(ids: list[str]) -> Topology:
+    ports = free_ports(2 * len(ids))
+    nodes = {
+        node: NodeAddr(node, "127.0.0.1", ports[i], ports[len(ids) + i])
+        for i, node in enumerate(ids)
+    }
+    return Topology(1, nodes, {0: ShardChain(0, tuple(ids), ())})
+
+
+async def _until(condition: Callable[[], Any], what: str) -> Any:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT_S
+    while True:
+        value = condition()
+        if value:
+            return value
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)  # a bounded poll of a condition
+
+
+def _node(topology: Topology, node_id: str, base: Path) -> Node:
+    return Node(topology, node_id, str(base / node_id), rng=random.Random(SEED))
+
+
+@contextlib.asynccontextmanager
+async def _chain(base: Path) -> AsyncIterator[tuple[Topology, dict[str, Node]]]:
+    """Nodes a -> b -> c of one shard; ``nodes`` may be changed (a node restarted) inside."""
+    topology = _topology(["a", "b", "c"])
+    nodes = {n: _node(topology, n, base) for n in "abc"}
+    for node in nodes.values():
+        await node.start()
+    try:
+        yield topology, nodes
+    finally:
+        for node in nodes.values():
+            await node.stop()
+
+
+def _stored_keys(replica: ShardReplica) -> set[bytes]:
+    with replica.store.snapshot() as snap:
+        return {
+            e.key
+            for page in snap.pages(0, snap.boundary, include_expired=True, as_of=snap.boundary)
+            for e in page
+            if not e.deleted
+        }
+
+
+@pytest.mark.asyncio
+async def test_timed_out_waiters_do_not_pile_up(tmp_path: Path) -> None:
+    """A WAIT_COMMITTED for a seq that never commits must not leave its heap entry behind: a
+    client polling with short timeouts would grow the head's memory without bound."""
+    print("seed", SEED)
+    topology = _topology(["a", "b"])
+    replica = ShardReplica(
+        node_id="a",
+        topology=topology,
+        shard=topology.shards[0],
+        store_path=str(tmp_path / "a"),
+        clock=_node(topology, "a", tmp_path).clock,
+        rng=random.Random(SEED),
+    )
+    try:
+        for _ in range(50):
+            assert await replica.wait_committed(10**12, 0.001) == 0
+        assert len(replica._waiters) == 0
+    finally:
+        replica.close()
+
+
+@pytest.mark.asyncio
+async def test_group_delete_missed_by_a_middle_reaches_the_tail(tmp_path: Path) -> None:
+    """A middle that missed a group delete while its upstream link was down learns it from the
+    first batch of the new link (the full metadata). Its tail, linked all along, must learn the
+    delete too, also when the middle forwards that batch from memory."""
+    print("seed", SEED)
+    async with _chain(tmp_path) as (topology, nodes):
+        head, middle, tail = (nodes[n].replicas[0] for n in "abc")
+        queue = "q"
+        assert topology.chain_for(queue).id == 0
+        await nodes["a"].produce(queue, [b"k1"], [b"v1"], None, None, acks=-1)
+        await nodes["a"].commit_group(queue, "g", 1, None)
+        key = f"{HWM_META}{queue}/g"
+        await _until(lambda: tail.store.meta.get(key) == 1, "the hwm on the tail")
+        # Cut the middle from the head, for good: its link must not come back by itself.
+        old_link = next(link for link in nodes["b"]._links if link.replica is middle)
+        old_link.stop()
+        assert middle.upstream_stream is not None
+        middle.upstream_stream.close()
+        await _until(lambda: middle.upstream_stream is None, "the middle's link down")
+        delete = asyncio.create_task(nodes["a"].delete_group(queue, "g"))
+        await _until(lambda: key not in head.store.meta, "the delete on the head")
+        assert key in middle.store.meta
+        link = UpstreamLink(middle)
+        nodes["b"]._links.append(link)
+        nodes["b"]._spawn(link.run())
+        await asyncio.wait_for(delete, WAIT_S)
+        assert key not in middle.store.meta
+        assert key not in tail.store.meta, "the tail kept a group every other member deleted"
+
+
+@pytest.mark.asyncio
+async def test_a_middle_that_resets_resubscribes_its_tail(tmp_path: Path) -> None:
+    """The head comes back with an empty store (lost disk): the middle shares no history with it
+    and resets. Its tail, still linked to the middle, must not keep the old history under the
+    new one."""
+    print("seed", SEED)
+    async with _chain(tmp_path) as (topology, nodes):
+        queue = "q"
+        for i in range(5):
+            await nodes["a"].produce(queue, [f"old-{i}".encode()], [b"v"], None, None, acks=-1)
+        await nodes["a"].stop()
+        shutil.rmtree(tmp_path / "a")
+        nodes["a"] = _node(topology, "a", tmp_path)
+        await nodes["a"].start()
+        head, middle, tail = (nodes[n].replicas[0] for n in "abc")
+        for i in range(8):
+            await nodes["a"].produce(queue, [f"new-{i}".encode()], [b"v"], None, None, acks=-1)
+        await _until(lambda: tail.durable == head.durable, "the tail level with the head")
+        assert _stored_keys(middle) == _stored_keys(head)
+        assert _stored_keys(tail) == _stored_keys(head), "the tail kept the old history"
+
+
+@pytest.mark.asyncio
+async def test_a_commit_cut_off_by_a_link_failure_is_still_forwarded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The link to the upstream fails while the middle's store commit of a batch runs in a worker
+    thread: the commit lands, but the cancelled applier never steps the progress. The next link
+    must count it (wake the senders, report it), or the tail never gets the batch and an acks=all
+    producer of it times out unless more traffic happens to follow."""
+    print("seed", SEED)
+    async with _chain(tmp_path) as (_, nodes):
+        middle, tail = (nodes[n].replicas[0] for n in "bc")
+        queue = "q"
+        await nodes["a"].produce(queue, [b"first"], [b"v"], None, None, acks=-1)
+        entered = threading.Event()
+        release = threading.Event()
+        real_commit = ShardStore.commit_columns
+
+        def commit_columns(store: ShardStore, *args: Any, **kwargs: Any) -> Any:
+            result = real_commit(store, *args, **kwargs)
+            if store is middle.store and len(args[0]) > limits.inline_commit_entries_max:
+                entered.set()
+                assert release.wait(WAIT_S)
+            return result
+
+        monkeypatch.setattr(ShardStore, "commit_columns", commit_columns)
+        count = limits.inline_commit_entries_max + 4
+        keys = [f"k{i}".encode() for i in range(count)]
+        _, last = await nodes["a"].produce(queue, keys, [b"v"] * count, None, None, acks=1)
+        await _until(entered.is_set, "the middle's commit in its worker thread")
+        stream = middle.upstream_stream
+        assert stream is not None
+        stream.close()
+        await _until(lambda: middle.upstream_stream is not stream, "the link down")
+        release.set()
+        committed = await nodes["a"].wait_committed(0, last, 10_000)
+        assert committed >= last, f"committed {committed} never reached {last}"
+        assert tail.durable >= last
