@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
     from kayos.storage.fileops import FileHandle
+    from kayos.storage.format import Ptr
 
 # Bytes msgpack spends per leaf entry beyond its payload (seq, prev, flags, size, bin headers).
 _ENTRY_OVERHEAD_BYTES = 24
@@ -199,26 +200,79 @@ def _ptr_for_children(children: list[fmt.Ptr], pos: int) -> fmt.Ptr:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _PackedLevel:
+    """The finalized children of one edge level, packed once for every commit that rewrites
+    the level's open node: each interior column's msgpack items (no array header) and the sums
+    a parent pointer needs. ``first_pos``/``last_pos`` tell whether it still matches the level
+    (positions only grow within a file, and a level only gains children or is emptied)."""
+
+    count: int
+    first_pos: int
+    last_pos: int
+    columns: tuple[bytes, bytes, bytes, bytes]
+    entries: int
+    payload_bytes: int
+
+
+def _pack_level(children: list[Ptr]) -> _PackedLevel:
+    return _PackedLevel(
+        len(children),
+        children[0].pos,
+        children[-1].pos,
+        fmt.pack_interior_columns(children),
+        sum(c.count for c in children),
+        sum(c.payload_bytes for c in children),
+    )
+
+
 @dataclass(slots=True)
 class Edge:
     """The right edge of the tree. ``levels[i]`` holds the finalized children (of height i + 1)
-    of the rightmost node of height i + 2. Treat as immutable: ``append`` returns a new Edge."""
+    of the rightmost node of height i + 2. Treat as immutable: ``append`` returns a new Edge.
+
+    Two caches spare each commit from re-measuring the open leaf and re-packing the finalized
+    children of the edge's interior nodes; both are derived from ``leaf`` and ``levels`` and
+    rebuilt when they no longer match them."""
 
     leaf: fmt.Leaf = field(default_factory=fmt.empty_leaf)
     levels: list[list[fmt.Ptr]] = field(default_factory=list)
+    # Packed bytes of ``leaf`` (sizes plus _ENTRY_OVERHEAD_BYTES each) and the leaf they measure.
+    _leaf_bytes: tuple[fmt.Leaf, int] | None = field(default=None, repr=False, compare=False)
+    _packed: list[_PackedLevel | None] = field(default_factory=list, repr=False, compare=False)
 
     def copy(self) -> Edge:
-        return Edge(self.leaf, [list(level) for level in self.levels])
+        return Edge(
+            self.leaf, [list(level) for level in self.levels], self._leaf_bytes, list(self._packed)
+        )
+
+    def leaf_bytes(self) -> int:
+        """The open leaf's running size, as ``append`` measures it for cutting."""
+        cached = self._leaf_bytes
+        if cached is not None and cached[0] is self.leaf:
+            return cached[1]
+        size = _leaf_bytes(self.leaf, 0, len(self.leaf.seqs))
+        self._leaf_bytes = (self.leaf, size)
+        return size
 
     def append(self, out: Appender, entries: fmt.Leaf) -> Edge:
         """Adds entries (seqs above every seq already in the tree), writing each leaf that fills.
 
         A leaf is cut after the first entry that brings its packed size to leaf_bytes_target,
-        found by bisecting the running sizes (no per-entry step in Python)."""
+        found by bisecting the running sizes (no per-entry step in Python). When no entry but
+        the last could reach the target (every commit but the one that fills a leaf), nothing is
+        cut and only the new entries are measured."""
+        target = limits.leaf_bytes_target
+        sizes = entries.sizes
+        added = sum(sizes) + _ENTRY_OVERHEAD_BYTES * len(sizes)
+        open_bytes = self.leaf_bytes()
         edge = self.copy()
+        if not sizes or open_bytes + added - sizes[-1] - _ENTRY_OVERHEAD_BYTES < target:
+            edge.leaf = concat_leaves(edge.leaf, entries)
+            edge._leaf_bytes = (edge.leaf, open_bytes + added)
+            return edge
         leaf = concat_leaves(edge.leaf, entries)
         total = len(leaf.seqs)
-        target = limits.leaf_bytes_target
         ends = list(accumulate(map(_ENTRY_OVERHEAD_BYTES.__add__, leaf.sizes)))
         start = 0
         base = 0  # the running size before the current leaf's first entry
@@ -232,6 +286,7 @@ class Edge:
             start = index + 1
             base = ends[index]
         edge.leaf = slice_leaf(leaf, start, total) if start else leaf
+        edge._leaf_bytes = (edge.leaf, ends[-1] - base)
         return edge
 
     def _push(self, out: Appender, level: int, ptr: fmt.Ptr) -> None:
@@ -247,6 +302,21 @@ class Edge:
             pos = out.add_chunk(fmt.encode_interior(full))
             self._push(out, level + 1, _ptr_for_children(full, pos))
 
+    def _packed_level(self, index: int) -> _PackedLevel:
+        level = self.levels[index]
+        packed = self._packed
+        while len(packed) <= index:
+            packed.append(None)
+        cached = packed[index]
+        if (
+            cached is None
+            or cached.count != len(level)
+            or cached.first_pos != level[0].pos
+            or cached.last_pos != level[-1].pos
+        ):
+            cached = packed[index] = _pack_level(level)
+        return cached
+
     def write_root(self, out: Appender) -> fmt.Root | None:
         """Writes the edge (open leaf, then each rightmost interior node) and returns the root."""
         current: fmt.Ptr | None = None
@@ -254,16 +324,32 @@ class Edge:
         if self.leaf.seqs:
             current = _ptr_for_leaf(self.leaf, out.add_chunk(fmt.encode_leaf(self.leaf)))
             height = 1
-        for level_index, level in enumerate(self.levels):
-            children = level + ([current] if current is not None else [])
-            higher_empty = not any(self.levels[level_index + 1 :])
-            if not children:
+        levels = self.levels
+        # The highest level holding a child: above it the edge is a chain of single children.
+        top = len(levels) - 1
+        while top >= 0 and not levels[top]:
+            top -= 1
+        for level_index, level in enumerate(levels):
+            if not level:
+                if current is None:
+                    continue
+                if level_index >= top:
+                    break  # the open child is the root
+                chunk = fmt.encode_interior([current])
+                current = _ptr_for_children([current], out.add_chunk(chunk))
+                height = level_index + 2
                 continue
-            if len(children) == 1 and higher_empty:
-                current = children[0]
+            if current is None and len(level) == 1 and level_index >= top:
+                current = level[0]
                 height = level_index + 1
                 break
-            current = _ptr_for_children(children, out.add_chunk(fmt.encode_interior(children)))
+            packed = self._packed_level(level_index)
+            pos = out.add_chunk(fmt.encode_interior_packed(packed.count, packed.columns, current))
+            entries, payload_bytes = packed.entries, packed.payload_bytes
+            if current is not None:
+                entries += current.count
+                payload_bytes += current.payload_bytes
+            current = fmt.Ptr(level[0].first_seq, pos, entries, payload_bytes)
             height = level_index + 2
         if current is None:
             return None

@@ -51,6 +51,8 @@ _REGION_READ_BYTES = 1 << 20
 # Each retry needs a whole compaction to swap files between two reads of _current; the bound
 # only turns a livelock bug into an error.
 _PIN_ATTEMPTS_MAX = 100
+# The zero padding before a header block, for its CRC (a view: no copy per commit).
+_ZERO_BLOCK = memoryview(bytes(fmt.BLOCK))
 
 
 # --- public value types -------------------------------------------------------------------------
@@ -943,7 +945,7 @@ class ShardStore:
         assert region_start == handle.size(), "a commit starts at the end of the file"
         body = out.take()
         pad = -out.pos % fmt.BLOCK
-        region_crc = fmt.crc32c(bytes(pad), fmt.crc32c(body))
+        region_crc = fmt.crc32c(_ZERO_BLOCK[:pad], fmt.crc32c(body))
         previous_block = self._last_header_block
         header = header_with(
             header, prev_header=previous_block, region_start=region_start, region_crc=region_crc
@@ -972,10 +974,12 @@ class ShardStore:
             log.error("%s: could not truncate a failed commit: %s", handle.path, exc)
 
     def _maybe_checkpoint(self) -> None:
+        """Every ``index_checkpoint_commits`` commits, asks the background thread to flush the
+        derived index (kayos.storage.index: a bound on dirty pages, not a durability point)."""
         self._commits_since_checkpoint += 1
         if self._commits_since_checkpoint >= self.options.index_checkpoint_commits:
             self._commits_since_checkpoint = 0
-            self._index.checkpoint()
+            self._index.request_checkpoint()
 
     # --- reads ----------------------------------------------------------------------------------
 
@@ -1255,8 +1259,12 @@ def _supersede(build: _GroupBuild, existing: dict[bytes, tuple[int, int]], *, un
     build.superseded_bytes = superseded_bytes
 
 
+_HEADER_FIELDS: tuple[str, ...] = fmt.Header.__slots__
+_header_values = attrgetter(*_HEADER_FIELDS)
+
+
 def header_with(header: fmt.Header, **changes: Any) -> fmt.Header:
-    fields = {name: getattr(header, name) for name in fmt.Header.__slots__}
+    fields = dict(zip(_HEADER_FIELDS, _header_values(header), strict=True))
     fields.update(changes)
     return fmt.Header(**fields)
 

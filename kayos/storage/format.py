@@ -49,13 +49,18 @@ def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
 # --- chunks -------------------------------------------------------------------------------------
 
 
+_TYPE_BYTES = {chunk_type: bytes((chunk_type,)) for chunk_type in _CHUNK_TYPES}
+_TYPE_CRCS = {chunk_type: crc32c(type_byte) for chunk_type, type_byte in _TYPE_BYTES.items()}
+
+
 def frame_chunk(chunk_type: int, payload: bytes) -> bytes:
     """Length + CRC32C + body, where body = type byte + payload."""
-    assert chunk_type in _CHUNK_TYPES
-    body = bytes((chunk_type,)) + payload
-    if len(body) > limits.chunk_bytes_max:
-        raise ValueError(f"chunk of {len(body)} bytes exceeds {limits.chunk_bytes_max}")
-    return _PREFIX.pack(len(body), crc32c(body)) + body
+    type_byte = _TYPE_BYTES[chunk_type]
+    length = len(payload) + 1
+    if length > limits.chunk_bytes_max:
+        raise ValueError(f"chunk of {length} bytes exceeds {limits.chunk_bytes_max}")
+    crc = int(_crc32c.crc32c(payload, _TYPE_CRCS[chunk_type]))
+    return b"".join((_PREFIX.pack(length, crc), type_byte, payload))
 
 
 def parse_chunk_prefix(prefix: bytes, *, path: str, offset: int) -> tuple[int, int]:
@@ -276,6 +281,50 @@ def encode_interior(children: list[Ptr]) -> bytes:
         use_bin_type=True,
     )
     return frame_chunk(CHUNK_INTERIOR, payload)
+
+
+def _array_header(count: int) -> bytes:
+    """The msgpack array header for ``count`` items, as ``msgpack.packb`` writes it."""
+    if count < 16:
+        return bytes((0x90 | count,))
+    if count < 1 << 16:
+        return b"\xdc" + count.to_bytes(2, "big")
+    return b"\xdd" + count.to_bytes(4, "big")
+
+
+def pack_interior_columns(children: list[Ptr]) -> tuple[bytes, bytes, bytes, bytes]:
+    """The packed items (no array header) of each interior column of ``children``."""
+    columns = (
+        [c.first_seq for c in children],
+        [c.pos for c in children],
+        [c.count for c in children],
+        [c.payload_bytes for c in children],
+    )
+    skip = len(_array_header(len(children)))
+    first, positions, counts, sizes = (msgpack.packb(column)[skip:] for column in columns)
+    return first, positions, counts, sizes
+
+
+_INTERIOR_ARRAY = _array_header(4)
+
+
+def encode_interior_packed(
+    count: int, columns: tuple[bytes, bytes, bytes, bytes], extra: Ptr | None
+) -> bytes:
+    """``encode_interior`` of ``count`` children given as ``pack_interior_columns`` packed them,
+    plus ``extra`` after them if given: byte for byte the same chunk, without re-packing."""
+    if extra is None:
+        header = _array_header(count)
+        parts = [_INTERIOR_ARRAY]
+        for column in columns:
+            parts += (header, column)
+    else:
+        header = _array_header(count + 1)
+        values = (extra.first_seq, extra.pos, extra.count, extra.payload_bytes)
+        parts = [_INTERIOR_ARRAY]
+        for column, value in zip(columns, values, strict=True):
+            parts += (header, column, msgpack.packb(value))
+    return frame_chunk(CHUNK_INTERIOR, b"".join(parts))
 
 
 def _unpack(payload: bytes | memoryview, *, path: str, offset: int) -> Any:

@@ -10,15 +10,24 @@ live on disk so that memory stays bounded by configuration, not by key or messag
   plain array lookup, not a database call.
 
 The store updates both only after its file fsync, so they are never ahead of the file.
+
+Nothing here is synced on the commit path. While a store is open its ``state`` file says
+"unclean", and an unclean stop under another boot id (an OS crash, where unsynced pages may be
+lost) wipes and rebuilds the index on open; after a process crash the page cache still holds
+every page written. The periodic checkpoint (``request_checkpoint``, run by one background
+thread) only limits how many dirty pages build up between kernel writebacks; a clean close
+syncs everything before it marks the state clean.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import mmap
 import os
 import shutil
 import struct
+import threading
 from typing import TYPE_CHECKING, Any
 
 import lmdb
@@ -28,6 +37,8 @@ from kayos import limits
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
+
+log = logging.getLogger("kayos.storage")
 
 LATEST_ROW = struct.Struct(">QI")  # key -> (seq, size) rows of the latest database
 SEGMENT_SHIFT = 20  # 1 Mi entries (8 MiB) per mapped segment
@@ -99,8 +110,9 @@ class SuccessorMap:
             del segment
 
     def flush(self) -> None:
-        for segment_map in self._maps:
-            segment_map.flush()
+        """Writes the mapped segments' dirty pages to disk. fdatasync of the file does what an
+        msync of every segment does (the mappings are shared), and releases the GIL."""
+        os.fdatasync(self._fd)
 
     def close(self) -> None:
         for view in self.segments:
@@ -113,12 +125,54 @@ class SuccessorMap:
         os.close(self._fd)
 
 
+class _Checkpointer:
+    """One daemon thread that runs the checkpoints stores request, off their commit paths.
+    A checkpoint requested while one for the same index is still queued is not queued again."""
+
+    def __init__(self) -> None:
+        self._wake = threading.Condition()
+        self._due: dict[DerivedIndex, None] = {}  # queued indexes, oldest first
+        self._thread: threading.Thread | None = None
+
+    def request(self, index: DerivedIndex) -> None:
+        with self._wake:
+            self._due[index] = None
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="kayos-index-checkpoint", daemon=True
+                )
+                self._thread.start()
+            self._wake.notify()
+
+    def forget(self, index: DerivedIndex) -> None:
+        with self._wake:
+            self._due.pop(index, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._due:
+                    self._wake.wait()
+                index = next(iter(self._due))
+                del self._due[index]
+            try:
+                index.checkpoint()
+            except Exception:  # a failed flush only means the kernel writes the pages back later
+                log.exception("%s: index checkpoint failed", index.directory)
+
+
+_CHECKPOINTER = _Checkpointer()
+
+
 class DerivedIndex:
     """The ``derived/`` directory of a store."""
 
     def __init__(self, directory: str, store_uuid: bytes) -> None:
         self.directory = directory
         self.store_uuid = store_uuid
+        # Serializes checkpoints (run on the background thread) with close.
+        self._checkpoint_lock = threading.Lock()
+        self._closed = False
         os.makedirs(directory, exist_ok=True)
         state = self._read_state()
         stale = (
@@ -235,9 +289,17 @@ class DerivedIndex:
         self.applied_seq = applied_seq
 
     def checkpoint(self) -> None:
-        """Forces derived state to disk; bounds what an OS crash could tear."""
-        self.succ.flush()
-        self._env.sync(True)
+        """Forces derived state to disk (nothing if the index is closed). Not needed for
+        correctness (see the module docstring): it bounds the dirty pages that build up."""
+        with self._checkpoint_lock:
+            if self._closed:
+                return
+            self.succ.flush()
+            self._env.sync(True)
+
+    def request_checkpoint(self) -> None:
+        """``checkpoint`` soon, on the background checkpoint thread."""
+        _CHECKPOINTER.request(self)
 
     def iter_latest(self) -> Iterable[tuple[bytes, int, int]]:
         with self._env.begin(db=self._latest) as txn:
@@ -250,9 +312,12 @@ class DerivedIndex:
             return int(txn.stat(self._latest)["entries"])
 
     def close(self, *, clean: bool) -> None:
+        _CHECKPOINTER.forget(self)
         if clean:
             self.checkpoint()
-        self.succ.close()
-        self._env.close()
+        with self._checkpoint_lock:
+            self._closed = True
+            self.succ.close()
+            self._env.close()
         if clean:
             self._write_state(clean=True)
