@@ -706,18 +706,31 @@ class UpstreamLink:
         if replica.store.last_seq >= catch_up_target:
             replica.catching_up = False
         first_batch = True
+        # A batch taken from the queue that would have made the merge too big: the next group's
+        # first.
+        carried: fr.Batch | None = None
         while True:
-            first = await batches.get()
+            first = carried if carried is not None else await batches.get()
+            carried = None
             if first is None:
                 return
             group = [first]
             entries = len(first.seqs)
+            payload = _batch_bytes(first)
             while not batches.empty() and entries < limits.batch_entries_max // 2:
                 nxt = batches.get_nowait()
                 if nxt is None:
                     break
+                # The merge is one BATCH downstream: within the bounds of a frame.
+                if (
+                    entries + len(nxt.seqs) > limits.batch_entries_max
+                    or payload + _batch_bytes(nxt) > limits.batch_bytes_max
+                ):
+                    carried = nxt
+                    break
                 group.append(nxt)
                 entries += len(nxt.seqs)
+                payload += _batch_bytes(nxt)
             merged = merge_batches(group)
             meta: dict[str, Any] = {}
             if first_batch:
@@ -753,6 +766,10 @@ class UpstreamLink:
             stream = replica.upstream_stream
             if stream is not None:
                 await stream.drain()
+
+
+def _batch_bytes(batch: fr.Batch) -> int:
+    return sum(map(len, batch.keys)) + sum(map(len, filter(None, batch.values)))
 
 
 # --- the upstream side of a link: feed a downstream -------------------------------------------

@@ -18,6 +18,7 @@ import pytest
 from kayos import limits
 from kayos.launcher import free_ports
 from kayos.node.runtime import HWM_META, Node
+from kayos.replication import frames as fr
 from kayos.replication.replica import ShardReplica, UpstreamLink
 from kayos.storage import ShardStore
 from kayos.topology import NodeAddr, ShardChain, Topology
@@ -63,6 +64,26 @@ async def _chain(base: Path) -> AsyncIterator[tuple[Topology, dict[str, Node]]]:
     finally:
         for node in nodes.values():
             await node.stop()
+
+
+def _hold_commits(
+    monkeypatch: pytest.MonkeyPatch, replica: ShardReplica, entries: int
+) -> tuple[threading.Event, threading.Event]:
+    """Holds the worker thread of each of ``replica``'s store commits of ``entries`` entries,
+    once committed, until ``release`` is set; ``entered`` tells that one is held."""
+    entered = threading.Event()
+    release = threading.Event()
+    real_commit = ShardStore.commit_columns
+
+    def commit_columns(store: ShardStore, *args: Any, **kwargs: Any) -> Any:
+        result = real_commit(store, *args, **kwargs)
+        if store is replica.store and len(args[0]) == entries:
+            entered.set()
+            assert release.wait(WAIT_S)
+        return result
+
+    monkeypatch.setattr(ShardStore, "commit_columns", commit_columns)
+    return entered, release
 
 
 def _stored_keys(replica: ShardReplica) -> set[bytes]:
@@ -163,19 +184,8 @@ async def test_a_commit_cut_off_by_a_link_failure_is_still_forwarded(
         middle, tail = (nodes[n].replicas[0] for n in "bc")
         queue = "q"
         await nodes["a"].produce(queue, [b"first"], [b"v"], None, None, acks=-1)
-        entered = threading.Event()
-        release = threading.Event()
-        real_commit = ShardStore.commit_columns
-
-        def commit_columns(store: ShardStore, *args: Any, **kwargs: Any) -> Any:
-            result = real_commit(store, *args, **kwargs)
-            if store is middle.store and len(args[0]) > limits.inline_commit_entries_max:
-                entered.set()
-                assert release.wait(WAIT_S)
-            return result
-
-        monkeypatch.setattr(ShardStore, "commit_columns", commit_columns)
         count = limits.inline_commit_entries_max + 4
+        entered, release = _hold_commits(monkeypatch, middle, count)
         keys = [f"k{i}".encode() for i in range(count)]
         _, last = await nodes["a"].produce(queue, keys, [b"v"] * count, None, None, acks=1)
         await _until(entered.is_set, "the middle's commit in its worker thread")
@@ -187,3 +197,44 @@ async def test_a_commit_cut_off_by_a_link_failure_is_still_forwarded(
         committed = await nodes["a"].wait_committed(0, last, 10_000)
         assert committed >= last, f"committed {committed} never reached {last}"
         assert tail.durable >= last
+
+
+@pytest.mark.asyncio
+async def test_batches_that_piled_up_merge_within_the_frame_bounds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches that queue up at a middle during a slow commit are merged into one commit and one
+    forwarded BATCH; the merge must stay within ``batch_entries_max`` (a BATCH's column bound),
+    or building it fails and the link drops, again and again under load."""
+    print("seed", SEED)
+    async with _chain(tmp_path) as (_, nodes):
+        middle = nodes["b"].replicas[0]
+        queue = "q"
+        await nodes["a"].produce(queue, [b"first"], [b"v"], None, None, acks=-1)
+        slow = limits.inline_commit_entries_max + 4  # committed in a worker thread
+        entered, release = _hold_commits(monkeypatch, middle, slow)
+        stream = middle.upstream_stream
+        assert stream is not None
+        received: list[int] = []
+        real_recv = stream.recv
+
+        async def recv() -> Any:
+            frame = await real_recv()
+            if isinstance(frame, fr.Batch):
+                received.append(len(frame.seqs))
+            return frame
+
+        stream.recv = recv  # type: ignore[method-assign]
+        await nodes["a"].produce(queue, [b"slow"] * slow, [b"v"] * slow, None, None, acks=1)
+        await _until(entered.is_set, "the middle's slow commit")
+        # The first under half the bound (so a merge starts), both together over it.
+        counts = (limits.batch_entries_max * 2 // 5, limits.batch_entries_max * 7 // 10)
+        last = 0
+        for part, count in enumerate(counts):
+            keys = [f"{part}-{i}".encode() for i in range(count)]
+            _, last = await nodes["a"].produce(queue, keys, [b"v"] * count, None, None, acks=1)
+        await _until(lambda: sum(received) >= sum(counts), "both big batches queued at the middle")
+        release.set()
+        committed = await nodes["a"].wait_committed(0, last, 20_000)
+        assert committed >= last
+        assert middle.upstream_stream is stream, "the middle's link dropped"
