@@ -363,6 +363,10 @@ class Node:
             page = await asyncio.to_thread(
                 read_page, replica, queue, group, hwm, start, upto, limit
             )
+            # A link may have put the replica in catch-up since the request came in (its commits
+            # are what wakes a long-poll): a page read meanwhile may hold part of a batch.
+            if replica.catching_up:
+                raise UnavailableError(f"shard {replica.shard_id} is catching up on {self.node_id}")
             # Long-poll: an empty first page waits for entries of this queue (commits of other
             # queues or of high-water marks move the boundary but bring nothing to read).
             remaining = deadline - loop.time()

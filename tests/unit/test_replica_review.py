@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from kayos import limits
+from kayos.errors import UnavailableError
 from kayos.launcher import free_ports
 from kayos.node.runtime import HWM_META, Node
 from kayos.replication import frames as fr
@@ -238,3 +239,39 @@ async def test_batches_that_piled_up_merge_within_the_frame_bounds(
         committed = await nodes["a"].wait_committed(0, last, 20_000)
         assert committed >= last
         assert middle.upstream_stream is stream, "the middle's link dropped"
+
+
+@pytest.mark.asyncio
+async def test_a_long_poll_parked_before_catch_up_serves_nothing_during_it(
+    tmp_path: Path,
+) -> None:
+    """A replica in catch-up serves no consumers (its store may hold part of an all-or-nothing
+    batch). A consume long-polling on the tail when a new link puts it in catch-up is woken by
+    the catch-up's own commits: it must not read its page from the half-caught-up store."""
+    print("seed", SEED)
+    async with _chain(tmp_path) as (_, nodes):
+        middle, tail = (nodes[n].replicas[0] for n in "bc")
+        queue = "q"
+        await nodes["a"].produce(queue, [b"k0"], [b"v"], None, None, acks=-1)
+        await _until(lambda: tail.durable >= 1 and not tail.catching_up, "the tail level")
+        old_link = next(link for link in nodes["c"]._links if link.replica is tail)
+        old_link.stop()
+        assert tail.upstream_stream is not None
+        tail.upstream_stream.close()
+        await _until(lambda: tail.upstream_stream is None, "the tail's link down")
+        poll = asyncio.create_task(
+            nodes["c"].consume(queue, "g", after=tail.durable, upto=None, limit=10, wait_ms=20_000)
+        )
+        await _until(lambda: tail.durable_pulse._waiters, "the consume parked")
+        # More than one catch-up BATCH (read_range cuts at batch_entries_max // 4 entries).
+        count = limits.batch_entries_max // 10
+        last = 0
+        for part in range(3):
+            keys = [f"{part}-{i}".encode() for i in range(count)]
+            _, last = await nodes["a"].produce(queue, keys, [b"v"] * count, None, None, acks=1)
+        await _until(lambda: middle.durable >= last, "the middle ahead of the tail")
+        link = UpstreamLink(tail)
+        nodes["c"]._links.append(link)
+        nodes["c"]._spawn(link.run())
+        with pytest.raises(UnavailableError):
+            await asyncio.wait_for(poll, WAIT_S)
