@@ -537,8 +537,7 @@ class ShardReplica:
         self.forget_recent()
         # The links below were fed the history being dropped: they must subscribe again, so
         # that each downstream rolls back too instead of stacking the new history on the old.
-        for stream in list(self.downstream_streams.values()):
-            stream.close()
+        self.close_downstream_links()
         if seq == 0:
             await self._reset_store()
             return
@@ -553,9 +552,13 @@ class ShardReplica:
         )
         self._apply_events(chain.Durable(self.store.last_seq))
 
-    def close(self) -> None:
+    def close_downstream_links(self) -> None:
+        """Ends every link below; each downstream subscribes again (and is told what to do)."""
         for stream in list(self.downstream_streams.values()):
             stream.close()
+
+    def close(self) -> None:
+        self.close_downstream_links()
         if self.upstream_stream is not None:
             self.upstream_stream.close()
         for _, _, waiter in self._waiters:
@@ -632,6 +635,10 @@ class UpstreamLink:
                 },
             )
             replica.catching_up = behind
+            if behind:
+                # Catch-up may split an all-or-nothing batch; links below would pass the halves
+                # on to replicas that serve consumers. They resubscribe once this one is whole.
+                replica.close_downstream_links()
             catch_up_target = subscribed.last_seq
             # A commit the last link's applier was cancelled in landed without being counted:
             # step the progress and wake the senders before reporting to the new upstream.
@@ -854,6 +861,11 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
             return
         if not isinstance(frame, fr.Subscribe) or frame.shard != replica.shard_id:
             raise ProtocolError(f"expected SUBSCRIBE, got {type(frame).__name__}")
+        if replica.catching_up:
+            # Its store may hold part of an all-or-nothing batch: nothing of it goes down.
+            raise UnavailableError(
+                f"{replica.node_id} is catching up on shard {replica.shard_id}; retry later"
+            )
         own_table = replica.takeover_table()
         verdict = chain.rollback_point(
             list(frame.takeover_table), own_table, frame.from_seq - 1, replica.durable

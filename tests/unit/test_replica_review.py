@@ -275,3 +275,34 @@ async def test_a_long_poll_parked_before_catch_up_serves_nothing_during_it(
         nodes["c"]._spawn(link.run())
         with pytest.raises(UnavailableError):
             await asyncio.wait_for(poll, WAIT_S)
+
+
+@pytest.mark.asyncio
+async def test_a_replica_in_catch_up_feeds_no_link_below(tmp_path: Path) -> None:
+    """Catch-up may split an all-or-nothing batch (it sends only the newest version of each key),
+    so a middle in catch-up closes its links below and refuses new subscriptions until it is
+    whole again; its tail keeps serving the consistent state it had."""
+    print("seed", SEED)
+    async with _chain(tmp_path) as (topology, nodes):
+        middle = nodes["b"].replicas[0]
+        await _until(lambda: "c" in middle.downstream_streams, "the tail linked")
+        middle.catching_up = True
+        middle.close_downstream_links()
+        address = topology.nodes["b"]
+        reader, writer = await asyncio.open_connection(address.host, address.bin_port)
+        decoder = fr.FrameDecoder()
+        try:
+            writer.write(fr.encode(fr.Hello(1, "c", 0, topology.epoch, "tail")))
+            writer.write(fr.encode(fr.Subscribe(0, 1, ())))
+            frames: list[fr.Frame] = []
+            while len(frames) < 2:
+                data = await asyncio.wait_for(reader.read(65536), WAIT_S)
+                assert data, f"closed after {frames}"
+                frames.extend(decoder.feed(data))
+            assert isinstance(frames[0], fr.HelloOk)
+            assert isinstance(frames[1], fr.ErrorFrame)
+            assert frames[1].code == UnavailableError.code
+        finally:
+            writer.close()
+        middle.catching_up = False
+        await _until(lambda: "c" in middle.downstream_streams, "the tail linked again")
