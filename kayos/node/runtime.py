@@ -575,6 +575,11 @@ def read_page(
             flags += columns[_FLAGS]
             if full:
                 break
+    if after > boundary:
+        # The group's mark can run ahead of this replica (metadata may arrive a moment before the
+        # seqs it names): an empty snapshot that ends where the group is, so that committing its
+        # boundary never moves the mark back.
+        boundary = last_seen = after
     end = last_seen >= boundary
     deletes = list(map(and_, flags, repeat(FLAG_DELETE)))
     return Page(

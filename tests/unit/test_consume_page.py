@@ -131,6 +131,15 @@ def test_a_full_page_ends_at_its_last_message_not_the_boundary(tmp_store: ShardS
     assert (last.seqs, last.next, last.end) == ([], 2, True)
 
 
+def test_a_mark_ahead_of_the_replica_gives_an_empty_snapshot_ending_at_the_mark(
+    tmp_store: ShardStore,
+) -> None:
+    # A high-water mark may reach a replica a moment before the seqs it names.
+    tmp_store.commit([Put(stored(QUEUE, b"a"), b"1")])
+    page = read_page(replica_of(tmp_store), QUEUE, "g", 5, 5, None, 10)
+    assert (page.seqs, page.boundary, page.next, page.end) == ([], 5, 5, True)
+
+
 # --- the reply, byte for byte --------------------------------------------------------------------
 
 
