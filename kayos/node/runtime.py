@@ -501,6 +501,8 @@ async def _logged(coro: Any) -> None:
         await coro
     except KayosError as exc:
         log.warning("acks=0 produce failed: %s", exc)
+    except Exception:  # nobody awaits an acks=0 write: its failure is logged, never lost silently
+        log.exception("acks=0 produce failed")
 
 
 def build_columns(
