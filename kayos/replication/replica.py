@@ -797,28 +797,42 @@ def _meta_changes(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, 
 
 
 def read_range(
-    store: ShardStore, after: int, upto: int, entries_max: int
+    store: ShardStore,
+    after: int,
+    upto: int,
+    *,
+    entries_max: int = limits.batch_entries_max,
+    bytes_max: int = limits.batch_bytes_max,
 ) -> tuple[list[Entry], int, dict[str, Any], int]:
-    """Entries in ``(after, upto]`` as of ``upto``, at most about ``entries_max`` of them, cut
-    after an entry that ends a producer's batch where possible. Returns the entries, the last
-    seq the range covers, the snapshot's metadata and its boundary."""
+    """Entries in ``(after, upto]`` as of ``upto`` that fit one ``BATCH`` frame: at most
+    ``entries_max`` of them and ``bytes_max`` bytes of keys, values and headers (the bounds of one
+    commit; ``limits.frame_bytes_max`` leaves room for their framing). When the range does not
+    fit, it is cut
+    after the last entry that ends a commit, so an all-or-nothing write is never split (one commit
+    never exceeds these bounds); only when that entry was superseded since is there no such point,
+    and the cut falls at the bound. Returns the entries, the last seq the range covers, the
+    snapshot's metadata and its boundary."""
     entries: list[Entry] = []
+    size = 0
+    through_last_end = 0  # how many of ``entries`` end at a commit boundary
     with store.snapshot() as snap:
-        covered = upto
         for page in snap.pages(
             after, upto, page_entries=_SEND_PAGE_ENTRIES, include_expired=True, as_of=upto
         ):
-            entries.extend(page)
-            if len(entries) >= entries_max:
-                cut = len(entries)
-                for index in range(len(entries) - 1, -1, -1):
-                    if entries[index].flags & _BATCH_END:
-                        cut = index + 1
-                        break
-                entries = entries[:cut]
-                covered = entries[-1].seq
-                break
-        return entries, covered, snap.meta, snap.boundary
+            for entry in page:
+                entry_size = len(entry.key)
+                if entry.value is not None:
+                    entry_size += len(entry.value)
+                if entry.headers:
+                    entry_size += sum(len(k) + len(v) for k, v in entry.headers.items())
+                if entries and (len(entries) >= entries_max or size + entry_size > bytes_max):
+                    entries = entries[: through_last_end or len(entries)]
+                    return entries, entries[-1].seq, snap.meta, snap.boundary
+                entries.append(entry)
+                size += entry_size
+                if entry.flags & _BATCH_END:
+                    through_last_end = len(entries)
+        return entries, upto, snap.meta, snap.boundary
 
 
 _BATCH_END = fmt.FLAG_BATCH_END
@@ -937,11 +951,9 @@ async def _send_loop(
                         meta_sent[name] = value
         else:
             if upto - sent > _SEND_PAGE_ENTRIES:
-                result = await asyncio.to_thread(
-                    read_range, replica.store, sent, upto, limits.batch_entries_max // 4
-                )
+                result = await asyncio.to_thread(read_range, replica.store, sent, upto)
             else:
-                result = read_range(replica.store, sent, upto, limits.batch_entries_max // 4)
+                result = read_range(replica.store, sent, upto)
             entries, covered, meta, _boundary = result
             # Metadata as of the snapshot, which may run a little ahead of the range read: a
             # high-water mark arriving early is harmless, one never sent would be lost (later

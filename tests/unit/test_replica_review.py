@@ -263,8 +263,8 @@ async def test_a_long_poll_parked_before_catch_up_serves_nothing_during_it(
             nodes["c"].consume(queue, "g", after=tail.durable, upto=None, limit=10, wait_ms=20_000)
         )
         await _until(lambda: tail.durable_pulse._waiters, "the consume parked")
-        # More than one catch-up BATCH (read_range cuts at batch_entries_max // 4 entries).
-        count = limits.batch_entries_max // 10
+        # More than one catch-up BATCH: a frame holds at most batch_entries_max entries.
+        count = limits.batch_entries_max // 2
         last = 0
         for part in range(3):
             keys = [f"{part}-{i}".encode() for i in range(count)]
@@ -306,3 +306,23 @@ async def test_a_replica_in_catch_up_feeds_no_link_below(tmp_path: Path) -> None
             writer.close()
         middle.catching_up = False
         await _until(lambda: "c" in middle.downstream_streams, "the tail linked again")
+
+
+def test_reads_for_a_link_fit_one_frame_and_cut_only_between_commits(tmp_path: Path) -> None:
+    """A link reading back from the store (catch-up, a cache miss) sends frames within the frame
+    bounds, and ends a frame only where a commit ended, so an all-or-nothing write stays whole."""
+    from kayos.replication.replica import read_range
+    from kayos.storage import Put
+
+    value = b"v" * 1000
+    with ShardStore.open(str(tmp_path / "s")) as store:
+        for commit in range(10):  # 10 commits of 3 entries of ~1 KB
+            store.commit([Put(b"k%d-%d" % (commit, i), value) for i in range(3)])
+        entries, covered, _, _ = read_range(store, 0, store.last_seq, bytes_max=7_500)
+        assert [e.seq for e in entries] == [1, 2, 3, 4, 5, 6]  # two whole commits (~6 KB)
+        assert covered == 6
+        entries, covered, _, _ = read_range(store, 6, store.last_seq, entries_max=4)
+        assert covered == 9, "cut after the commit that ends at seq 9, not at the 4th entry"
+        entries, covered, _, _ = read_range(store, 0, store.last_seq)
+        assert covered == store.last_seq == 30
+        assert len(entries) == 30
