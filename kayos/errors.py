@@ -111,3 +111,32 @@ class UnavailableError(KayosError):
     """No node that can serve the request is reachable right now; retry later."""
 
     code = "unavailable"
+
+
+# --- the wire ------------------------------------------------------------------------------------
+
+# Every error class by its wire code, built from this module, so a new class is mapped at once.
+_CLASS_BY_CODE: dict[str, type[KayosError]] = {
+    cls.code: cls
+    for cls in list(globals().values())
+    if isinstance(cls, type) and issubclass(cls, KayosError)
+}
+
+
+def error_from_code(
+    code: str,
+    message: str,
+    *,
+    redirect: str | None = None,
+    epoch: int = 0,
+) -> KayosError:
+    """The Kayos error for a wire ``code`` (an ``ERROR`` frame, an HTTP error body); an unknown
+    code is a plain ``KayosError`` that keeps the code in its message (a newer peer may add
+    codes)."""
+    cls = _CLASS_BY_CODE.get(code)
+    if cls is WrongRoleError:
+        return WrongRoleError(message, redirect=redirect, epoch=epoch)
+    if cls is None or cls is CorruptionError:
+        # CorruptionError takes keyword arguments a wire reply does not carry.
+        return (cls or KayosError)(f"{code}: {message}" if cls is None else message)
+    return cls(message)

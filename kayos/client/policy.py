@@ -13,34 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from kayos import errors, limits
-from kayos.errors import KayosError, WrongRoleError
+from kayos.errors import KayosError, WrongRoleError, error_from_code
 from kayos.replication.frames import ErrorFrame
-
-# Every concrete error class, by its wire code. Built from the tree itself so a class added to
-# kayos/errors.py is mapped without an edit here.
-_CLASS_BY_CODE: Final[dict[str, type[KayosError]]] = {
-    cls.code: cls
-    for cls in vars(errors).values()
-    if isinstance(cls, type) and issubclass(cls, KayosError)
-}
-
-
-def error_from_code(
-    code: str,
-    message: str,
-    *,
-    redirect: str | None = None,
-    epoch: int = 0,
-) -> KayosError:
-    """The Kayos error for a wire ``code``; an unknown code is a plain ``KayosError`` that keeps
-    the code in its message (a newer node may add codes)."""
-    cls = _CLASS_BY_CODE.get(code)
-    if cls is WrongRoleError:
-        return WrongRoleError(message, redirect=redirect, epoch=epoch)
-    if cls is None or cls is errors.CorruptionError:
-        # CorruptionError takes keyword arguments a wire reply does not carry.
-        return (cls or KayosError)(f"{code}: {message}" if cls is None else message)
-    return cls(message)
 
 
 def error_from_frame(frame: ErrorFrame) -> KayosError:

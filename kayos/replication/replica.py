@@ -34,13 +34,13 @@ import msgpack
 from kayos import limits
 from kayos.clock import Clock
 from kayos.errors import (
-    InvalidRequest,
     KayosError,
     ProtocolError,
     ReplicationError,
     RollbackTooFarError,
     UnavailableError,
     WrongRoleError,
+    error_from_code,
 )
 from kayos.replication import chain
 from kayos.replication import frames as fr
@@ -146,12 +146,7 @@ def error_frame(exc: KayosError, request_id: int | None, epoch: int) -> fr.Error
 
 
 def raise_error_frame(frame: fr.ErrorFrame) -> None:
-    if frame.code == WrongRoleError.code:
-        raise WrongRoleError(frame.message, redirect=frame.redirect, epoch=frame.epoch)
-    for cls in (RollbackTooFarError, ProtocolError, InvalidRequest, UnavailableError):
-        if frame.code == cls.code:
-            raise cls(frame.message)
-    raise ReplicationError(f"{frame.code}: {frame.message}")
+    raise error_from_code(frame.code, frame.message, redirect=frame.redirect, epoch=frame.epoch)
 
 
 def pack_takeover(table: chain.TakeoverTable) -> bytes:
