@@ -8,7 +8,6 @@ of the front or the nodes.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
 import signal
@@ -24,6 +23,7 @@ from kayos.launcher import (
     _die_with_parent,
     _log_tail,
     poll_interval_s,
+    stop_process,
 )
 
 # The front connects to the cluster (topology, group list) and recovers every queue before it
@@ -163,13 +163,7 @@ class KestrelFront:
         process = self.process
         if process is None:
             return None
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(sig)
-        try:
-            code = process.wait(timeout=self.stop_timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            code = process.wait(timeout=self.stop_timeout_s)
+        code = stop_process(process, sig, self.stop_timeout_s)
         self.process = None
         if self._log is not None:
             self._log.close()

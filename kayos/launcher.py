@@ -134,6 +134,24 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         pass
 
 
+def stop_process(
+    process: subprocess.Popen[bytes],
+    sig: int | None,
+    timeout_s: float,
+    kill_timeout_s: float | None = None,
+) -> int:
+    """Sends ``sig`` (None: nothing, it was sent already) and waits up to ``timeout_s`` for the
+    exit; past that, SIGKILL and wait again. Returns the exit code."""
+    if sig is not None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(sig)
+    try:
+        return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait(timeout=timeout_s if kill_timeout_s is None else kill_timeout_s)
+
+
 class LocalCluster:
     """``nodes`` node processes on ``host``, one directory each under ``base_dir``.
 
@@ -262,14 +280,7 @@ class LocalCluster:
 
     def kill(self, node: str, sig: int = signal.SIGKILL) -> int:
         """Sends ``sig`` to one node and waits for it to exit; returns its exit code."""
-        process = self.processes.pop(node)
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(sig)
-        try:
-            code = process.wait(timeout=self.stop_timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            code = process.wait(timeout=self.stop_timeout_s)
+        code = stop_process(self.processes.pop(node), sig, self.stop_timeout_s)
         self._close_log(node)
         return code
 
@@ -282,11 +293,9 @@ class LocalCluster:
         deadline = time.monotonic() + self.stop_timeout_s
         codes: dict[str, int] = {}
         for node, process in list(self.processes.items()):
-            try:
-                codes[node] = process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                codes[node] = process.wait(timeout=self.stop_timeout_s)
+            codes[node] = stop_process(
+                process, None, max(0.0, deadline - time.monotonic()), self.stop_timeout_s
+            )
             del self.processes[node]
             self._close_log(node)
         return codes
