@@ -58,8 +58,9 @@ _SEQ, _KEY, _VALUE, _EXPIRY, _HEADERS, _FLAGS = (
 
 HWM_META = "hwm/"
 GROUP_STATE_META = "gstate/"
-# Worker threads for store commits: each produce in flight waits in one while its group commits,
-# so this bounds how many batches one group commit can gather.
+# Worker threads for blocking store work: each shard's head write loop and replica apply (one
+# commit at a time each), metadata commits, link read-backs and consume pages. A busy node uses a
+# handful; the bound only keeps a burst of consume requests from queueing behind each other.
 _COMMIT_THREADS = 64
 
 

@@ -954,11 +954,9 @@ async def _send_loop(
             # high-water mark arriving early is harmless, one never sent would be lost (later
             # batches may come from memory). The first batch on a link carries all of it, and
             # the downstream replaces its own with it.
-            changes = (
-                _meta_changes(meta_sent, meta)
-                if meta_sent is None
-                else (_meta_changes(meta_sent, meta) or None)
-            )
+            changes: dict[str, Any] | None = _meta_changes(meta_sent, meta)
+            if not changes and meta_sent is not None:
+                changes = None  # an empty map only marks a link's first batch
             meta_sent = dict(meta)
             batch = build_batch(replica.shard_id, sent + 1, covered, entries, changes)
         size = stream.send(batch)
