@@ -129,8 +129,10 @@ takeover_table_entries_max = 64
 frame_meta_entries_max = 10_000
 # Unacknowledged BATCH frames per replication link: bounds what a slow downstream pins upstream and
 # the work redone after a link reset, yet lets the upstream keep streaming while the downstream
-# fsyncs (it acknowledges only after each commit).
-link_in_flight_batches_max = 16
+# fsyncs (it acknowledges only after each commit). Members forward each accepted batch at once
+# (one per producer request at a head), so a window must cover every request a group commit can
+# gather: the bytes bound below is the one that matters for memory.
+link_in_flight_batches_max = 256
 # ... and their bytes; one maximal batch must always fit, or a link could never send it.
 link_in_flight_bytes_max = 2 * frame_bytes_max
 # Requests a client connection may have awaiting a reply before the node stops reading its socket.
@@ -169,6 +171,11 @@ replica_recent_bytes_max = 64 * 1024 * 1024
 # worker thread: it blocks the loop for about one fdatasync (~0.3 ms here), less than the two
 # thread hand-offs it saves cost in latency.
 inline_commit_entries_max = 16
+
+# A member below the head writes its commit point (what a tail may show consumers) into its local
+# metadata at most this often: a restarted tail serves what was committed up to about this long
+# before it stopped, and the rest once its upstream tells it. Rarer means fewer metadata writes.
+commit_point_persist_interval_ms = 1000
 
 # How often a node looks at its stores' garbage ratios to start a background compaction: often
 # enough that a busy shard's file never grows far past the ratio, rare enough to cost nothing.

@@ -347,7 +347,7 @@ class _Collector:
         for shard_id, replica in self._node.replicas.items():
             key = [str(shard_id), str(replica.role)]
             last.add_metric(key, replica.durable)
-            committed.add_metric(key, replica.committed)
+            committed.add_metric(key, replica.commit_point)
             size.add_metric(key, replica.store.file_bytes())
             for name, hwm in replica.store.meta.items():
                 if name.startswith(HWM_META) and isinstance(hwm, int):

@@ -334,7 +334,7 @@ class Node:
         meta = replica.store.meta
         hwm = int(meta.get(f"{HWM_META}{queue}/{group}", 0))
         state = meta.get(f"{GROUP_STATE_META}{queue}/{group}")
-        boundary = replica.durable
+        boundary = replica.commit_point
         return {
             "shard": replica.shard_id,
             "hwm": hwm,
@@ -373,7 +373,7 @@ class Node:
             remaining = deadline - loop.time()
             if page.seqs or upto is not None or remaining <= 0:
                 return page
-            await replica.wait_durable_past(page.boundary, remaining)
+            await replica.wait_visible_past(page.boundary, remaining)
 
     async def wait_committed(self, shard: int, seq: int, timeout_ms: int) -> int:
         replica = self.replicas.get(shard)
@@ -391,7 +391,7 @@ class Node:
                 str(shard_id): {
                     "role": replica.role,
                     "last_seq": replica.durable,
-                    "committed_seq": replica.committed,
+                    "committed_seq": replica.commit_point,
                     "catching_up": replica.catching_up,
                     "upstream_linked": replica.upstream_stream is not None,
                     "downstreams_linked": sorted(replica.downstream_streams),
@@ -556,7 +556,9 @@ def read_page(
     headers: list[dict[str, bytes] | None] = []
     flags: list[int] = []
     with replica.store.snapshot() as snap:
-        boundary = snap.boundary if upto is None else min(upto, snap.boundary)
+        # Up to the commit point only: what this tail holds past it is not yet on every member.
+        visible = min(snap.boundary, replica.commit_point)
+        boundary = visible if upto is None else min(upto, visible)
         last_seen = boundary
         for entries in snap.pages(after, boundary, as_of=boundary):
             if not entries:

@@ -21,14 +21,21 @@ from kayos import limits
 class Progress:
     """One replica's view of its shard's commit progress.
 
-    ``durable`` is its own store's last seq; ``committed`` the seq durable on it and on every
-    member below it (for a head: the shard's committed seq). Neither ever decreases.
+    ``durable`` is its own store's last seq; ``accepted`` the last seq it has taken in and may have
+    forwarded (at least ``durable``: members forward before they persist); ``committed`` the seq
+    durable on it and on every member below it (for a head: the shard's committed seq);
+    ``commit_point`` the shard's committed seq as this member knows it, which consumers may see.
+    ``upstream_point`` is the last commit point the upstream sent. None of them ever decreases,
+    except ``accepted``, which ``Discarded`` brings back to ``durable``.
     """
 
     has_upstream: bool
     downstreams: tuple[str, ...]
     durable: int = 0
+    accepted: int = 0
     committed: int = 0
+    commit_point: int = 0
+    upstream_point: int = 0
     acked: dict[str, int] = field(default_factory=dict)
     downstream_committed: dict[str, int] = field(default_factory=dict)
 
@@ -42,6 +49,19 @@ class Durable:
     """The replica's own store committed (fsynced) through ``seq``."""
 
     seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """The replica took in a batch through ``seq`` (seqs assigned at a head, received below it)."""
+
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Discarded:
+    """What was accepted but is not durable will never be: the upstream link ended, or a head's
+    commit failed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +88,23 @@ class UpstreamLinked:
     """The link to the upstream is (re)established: tell it where this replica stands."""
 
 
-Event: TypeAlias = Durable | DownstreamAck | DownstreamCommitted | DownstreamLinked | UpstreamLinked
+@dataclass(frozen=True, slots=True)
+class UpstreamCommitPoint:
+    """The upstream sent the shard's commit point (``COMMIT_POINT``)."""
+
+    seq: int
+
+
+Event: TypeAlias = (
+    Durable
+    | Accepted
+    | Discarded
+    | DownstreamAck
+    | DownstreamCommitted
+    | DownstreamLinked
+    | UpstreamLinked
+    | UpstreamCommitPoint
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +118,16 @@ class SendCommitted:
 
 
 @dataclass(frozen=True, slots=True)
-class CommittedAdvanced:
-    """Answer the producers and waiters whose seqs are now covered."""
+class SendCommitPoint:
+    """Tell ``node`` (None: every downstream) the commit point."""
+
+    seq: int
+    node: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CommitPointAdvanced:
+    """Answer the producers and waiters whose seqs are now covered; consumers may see more."""
 
     seq: int
 
@@ -96,16 +140,32 @@ class Violation:
     reason: str
 
 
-Action: TypeAlias = SendAck | SendCommitted | CommittedAdvanced | Violation
+Action: TypeAlias = SendAck | SendCommitted | SendCommitPoint | CommitPointAdvanced | Violation
 
 
-def _advance(progress: Progress, candidate: int, actions: list[Action]) -> Progress:
-    if candidate <= progress.committed:
+def _advance_point(progress: Progress, candidate: int, actions: list[Action]) -> Progress:
+    if candidate <= progress.commit_point:
         return progress
-    actions.append(CommittedAdvanced(candidate))
+    actions.append(CommitPointAdvanced(candidate))
+    if progress.downstreams:
+        actions.append(SendCommitPoint(candidate))
+    return replace(progress, commit_point=candidate)
+
+
+def _advance(progress: Progress, actions: list[Action]) -> Progress:
+    """Moves ``committed`` to what this member and every member below it hold, and the commit
+    point with it: a head's is its committed seq, another member's what its upstream said (never
+    past what it holds itself)."""
+    candidate = min(_below(progress), progress.durable)
+    if candidate > progress.committed:
+        progress = replace(progress, committed=candidate)
+        if progress.has_upstream:
+            actions.append(SendCommitted(candidate))
     if progress.has_upstream:
-        actions.append(SendCommitted(candidate))
-    return replace(progress, committed=candidate)
+        point = min(progress.upstream_point, progress.durable)
+    else:
+        point = progress.committed
+    return _advance_point(progress, point, actions)
 
 
 def _below(progress: Progress) -> int:
@@ -120,10 +180,15 @@ def step(progress: Progress, event: Event) -> tuple[Progress, list[Action]]:
     if isinstance(event, Durable):
         if event.seq <= progress.durable:
             return progress, actions
-        progress = replace(progress, durable=event.seq)
+        progress = replace(progress, durable=event.seq, accepted=max(progress.accepted, event.seq))
         if progress.has_upstream and not progress.is_tail:
             actions.append(SendAck(event.seq))
-        progress = _advance(progress, min(_below(progress), progress.durable), actions)
+        progress = _advance(progress, actions)
+    elif isinstance(event, Accepted):
+        if event.seq > progress.accepted:
+            progress = replace(progress, accepted=event.seq)
+    elif isinstance(event, Discarded):
+        progress = replace(progress, accepted=progress.durable)
     elif isinstance(event, DownstreamAck | DownstreamCommitted):
         table = (
             progress.acked if isinstance(event, DownstreamAck) else progress.downstream_committed
@@ -134,16 +199,16 @@ def step(progress: Progress, event: Event) -> tuple[Progress, list[Action]]:
         if event.seq < table.get(event.node, 0):
             actions.append(Violation(event.node, f"report went back to {event.seq}"))
             return progress, actions
-        if event.seq > progress.durable:
-            # Persist-before-forward: nothing below can be ahead of this replica.
-            actions.append(Violation(event.node, f"report {event.seq} is past {progress.durable}"))
+        if event.seq > progress.accepted:
+            # Nothing below can hold what this replica never took in.
+            actions.append(Violation(event.node, f"report {event.seq} is past {progress.accepted}"))
             return progress, actions
         if isinstance(event, DownstreamAck):
             progress = replace(progress, acked={**progress.acked, event.node: event.seq})
         else:
             reported = {**progress.downstream_committed, event.node: event.seq}
             progress = replace(progress, downstream_committed=reported)
-            progress = _advance(progress, min(_below(progress), progress.durable), actions)
+            progress = _advance(progress, actions)
     elif isinstance(event, DownstreamLinked):
         progress = replace(
             progress,
@@ -152,11 +217,20 @@ def step(progress: Progress, event: Event) -> tuple[Progress, list[Action]]:
                 k: v for k, v in progress.downstream_committed.items() if k != event.node
             },
         )
+        if progress.commit_point and event.node in progress.downstreams:
+            actions.append(SendCommitPoint(progress.commit_point, event.node))
     elif isinstance(event, UpstreamLinked) and progress.has_upstream:
         if not progress.is_tail:
             actions.append(SendAck(progress.durable))
         if progress.committed:
             actions.append(SendCommitted(progress.committed))
+    elif (
+        isinstance(event, UpstreamCommitPoint)
+        and progress.has_upstream
+        and event.seq > progress.upstream_point
+    ):
+        progress = replace(progress, upstream_point=event.seq)
+        progress = _advance(progress, actions)
     return progress, actions
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "ROLES",
     "Ack",
     "Batch",
+    "CommitPoint",
     "Committed",
     "CommittedReply",
     "ErrorFrame",
@@ -63,8 +64,11 @@ __all__ = [
 ]
 
 # The highest protocol version this build speaks, and the lowest it still accepts in a handshake.
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = 2
 PROTOCOL_VERSION_MIN: Final = 1
+# Replication links need both sides at this version or later: version 2 forwards before it
+# persists and carries the commit point down the chain (docs/replication-protocol.md).
+LINK_PROTOCOL_VERSION_MIN: Final = 2
 
 # HELLO's role field: a client, or the connector's role in the shard's chain.
 ROLES: Final = frozenset({"client", "head", "middle", "tail"})
@@ -379,6 +383,14 @@ class Committed(_FrameBase):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class CommitPoint(_FrameBase):
+    """The shard's committed seq as the sender knows it: every member is durable through it."""
+
+    shard: int
+    committed_seq: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Produce(_FrameBase):
     """A client appends items to a queue at the shard's head."""
 
@@ -443,6 +455,7 @@ Frame: TypeAlias = (
     | Batch
     | Ack
     | Committed
+    | CommitPoint
     | Produce
     | Produced
     | WaitCommitted
@@ -557,6 +570,10 @@ FRAME_TABLE: Final[tuple[FrameSpec, ...]] = (
     FrameSpec(20, "COMMITTED", Committed, "downstream -> upstream", 1, (
         _f("shard", _U32),
         _f("committed_seq", _U64),
+    )),
+    FrameSpec(21, "COMMIT_POINT", CommitPoint, "upstream -> downstream", 2, (
+        FieldSpec("shard", _U32, 2),
+        FieldSpec("committed_seq", _U64, 2),
     )),
     FrameSpec(32, "PRODUCE", Produce, "client -> head", 1, (
         _f("request_id", _U64),

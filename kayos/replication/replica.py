@@ -4,18 +4,23 @@ A thin asyncio driver around the pure decisions of ``kayos.replication.chain``. 
 in worker threads (they fsync); everything else runs on the event loop. See
 docs/replication-protocol.md for the frames and rules this follows.
 
+- A member forwards each batch as soon as it takes it in and persists it at the same time
+  (forward, then persist): the fsyncs of a chain overlap. Consumers see only what the shard has
+  committed (the commit point), never what one member alone holds.
 - ``UpstreamLink`` (the downstream side of a link) connects to the upstream, handshakes,
-  subscribes (rolling back first when told to), applies ``BATCH`` frames as store commits
-  (merging those that queued up while the previous commit was fsyncing) and reports ``ACK`` /
-  ``COMMITTED`` upstream.
-- ``serve_downstream`` (the upstream side) answers ``SUBSCRIBE`` and streams ``BATCH`` frames
-  read back from its store, within the link's flow-control window.
+  subscribes (rolling back first when told to), forwards and applies ``BATCH`` frames as store
+  commits (merging those that queued up while the previous commit was fsyncing) and reports
+  ``ACK`` / ``COMMITTED`` upstream; ``COMMIT_POINT`` frames tell it what consumers may see.
+- ``serve_downstream`` (the upstream side) answers ``SUBSCRIBE`` and streams ``BATCH`` frames,
+  from memory as they are accepted or read back from its store, within the link's flow-control
+  window.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import heapq
 import itertools
 import logging
@@ -34,10 +39,12 @@ import msgpack
 from kayos import limits
 from kayos.clock import Clock
 from kayos.errors import (
+    InvalidRequest,
     KayosError,
     ProtocolError,
     ReplicationError,
     RollbackTooFarError,
+    StorageError,
     UnavailableError,
     WrongRoleError,
     error_from_code,
@@ -51,13 +58,17 @@ from kayos.topology import ShardChain, Topology
 
 log = logging.getLogger("kayos.replication")
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = fr.PROTOCOL_VERSION
 TAKEOVER_META_KEY = "takeover"
 # Metadata that belongs to one replica, never sent down a link.
 # The seq a replica in catch-up must reach before its store holds only whole batches again; kept
 # in its own metadata so a replica that restarts mid catch-up still serves no consumers.
 CATCH_UP_META_KEY = "catchup"
-_LOCAL_META_PREFIXES = (TAKEOVER_META_KEY, CATCH_UP_META_KEY)
+# The commit point a member below the head last wrote down (every
+# limits.commit_point_persist_interval_ms): what a restarted tail may serve consumers before its
+# upstream tells it more.
+COMMIT_POINT_META_KEY = "commit_point"
+_LOCAL_META_PREFIXES = (TAKEOVER_META_KEY, CATCH_UP_META_KEY, COMMIT_POINT_META_KEY)
 # Entries read back per store page when building a BATCH; a page is also the unit a sender reads
 # before yielding the event loop.
 _SEND_PAGE_ENTRIES = 2_000
@@ -190,33 +201,35 @@ def concat_columns(parts: list[Columns]) -> Columns:
     return keys, values, expiries, headers
 
 
-def merge_batches(batches: list[fr.Batch]) -> fr.Batch:
-    """Consecutive batches of one link as one (a replica forwards what it committed at once)."""
-    if len(batches) == 1:
-        return batches[0]
-    meta: dict[str, Any] | None = None
-    for batch in batches:
-        if batch.meta is not None:
-            meta = {**(meta or {}), **batch.meta}
-    first = batches[0]
-    return fr.Batch(
-        first.shard,
-        first.first_seq,
-        batches[-1].last_seq,
-        any(b.txn for b in batches),
-        tuple(itertools.chain.from_iterable(b.seqs for b in batches)),
-        *concat_columns([(b.keys, b.values, b.expiries_ms, b.headers) for b in batches]),
-        meta,
+def _commit_args(
+    batches: list[fr.Batch], *, validated: bool, extra_meta: dict[str, Any] | None = None
+) -> tuple[Columns, dict[str, Any]]:
+    """The one store commit of consecutive accepted batches: their columns, their explicit seqs,
+    the log range they cover and their metadata changes in order (``extra_meta`` last)."""
+    columns = concat_columns([(b.keys, b.values, b.expiries_ms, b.headers) for b in batches])
+    seqs = (
+        batches[0].seqs
+        if len(batches) == 1
+        else tuple(itertools.chain.from_iterable(b.seqs for b in batches))
     )
-
-
-# The columns of a commit without entries (metadata only).
-_NO_COLUMNS: Columns = ((), (), None, None)
+    meta: dict[str, Any] = {}
+    for batch in batches:
+        if batch.meta:
+            meta.update(batch.meta)
+    if extra_meta:
+        meta.update(extra_meta)
+    options = {
+        "seqs": seqs,
+        "last_seq": batches[-1].last_seq,
+        "meta": meta or None,
+        "validated": validated,
+    }
+    return columns, options
 
 
 @dataclass(slots=True)
 class _Write:
-    columns: Columns
+    batch: fr.Batch
     payload: int
     future: asyncio.Future[CommitResult]
 
@@ -255,7 +268,9 @@ class ShardReplica:
             has_upstream=self.upstream is not None,
             downstreams=self.downstreams,
         )
-        self.durable_pulse = Pulse()
+        # Notified whenever the accepted, durable or commit-point seq moves: link senders and
+        # long-polling consumers re-check their condition.
+        self.changed = Pulse()
         self._waiters: list[tuple[int, int, _Waiter]] = []
         self._waiter_ids = itertools.count()
         # A head serves at once; a replica below it until its first catch-up is done serves no
@@ -264,6 +279,7 @@ class ShardReplica:
         self.catching_up = isinstance(target, int) and self.store.last_seq < target
         self.upstream_stream: FrameStream | None = None
         self.downstream_streams: dict[str, FrameStream] = {}
+        self._links: dict[str, _LinkSender] = {}
         # Recently committed ranges as ready BATCH frames, by first seq: links forward these
         # instead of reading their entries back from the store. Bounded; a miss falls back to
         # the store, so what is kept here is an optimisation, never the truth.
@@ -272,12 +288,22 @@ class ShardReplica:
         self._recent_bytes = 0
         self._writes: deque[_Write] = deque()
         self._writer: asyncio.Task[None] | None = None
+        # The head's next seq: seqs are given out when a batch is accepted, before its commit.
+        self._next_seq = self.store.last_seq + 1
+        # Set when a head commit failed: no seq is given out until a new takeover entry is down.
+        self._write_failure: BaseException | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        point = self.store.meta.get(COMMIT_POINT_META_KEY, 0)
+        self._point_persisted = point if isinstance(point, int) else 0
+        self._point_persisted_at = clock.monotonic_s()
         # The highest seq that holds an entry (metadata-only commits take seqs too); the consumer
         # lag counts up to here. Unknown after a restart, so it starts at the last seq.
         self.last_entry_seq = self.store.last_seq
         # Told the duration of every store commit, in seconds (the node's latency histogram).
         self.commit_observer: Callable[[float], None] | None = None
-        self._apply_events(chain.Durable(self.store.last_seq))
+        self._apply_events(
+            chain.Durable(self.store.last_seq), chain.UpstreamCommitPoint(self._point_persisted)
+        )
 
     @property
     def shard_id(self) -> int:
@@ -295,6 +321,11 @@ class ShardReplica:
     def durable(self) -> int:
         return self.progress.durable
 
+    @property
+    def commit_point(self) -> int:
+        """The shard's committed seq as this member knows it: what consumers may see here."""
+        return self.progress.commit_point
+
     def takeover_table(self) -> chain.TakeoverTable:
         return unpack_takeover(self.store.meta.get(TAKEOVER_META_KEY))
 
@@ -304,6 +335,7 @@ class ShardReplica:
         await asyncio.to_thread(
             self.store.commit, [], meta={TAKEOVER_META_KEY: pack_takeover(table)}
         )
+        self._next_seq = self.store.last_seq + 1
 
     # --- progress ------------------------------------------------------------------------------
 
@@ -324,8 +356,16 @@ class ShardReplica:
             stream = self.upstream_stream
             if stream is not None:
                 asyncio.get_running_loop().call_soon(self._send_ack, stream, action.seq)
-        elif isinstance(action, chain.CommittedAdvanced):
+        elif isinstance(action, chain.SendCommitPoint):
+            frame = fr.CommitPoint(self.shard_id, action.seq)
+            if action.node is None:
+                for stream in self.downstream_streams.values():
+                    stream.send(frame)
+            elif (one := self.downstream_streams.get(action.node)) is not None:
+                one.send(frame)
+        elif isinstance(action, chain.CommitPointAdvanced):
             self._release_waiters(action.seq)
+            self.changed.notify()
         elif isinstance(action, chain.Violation):
             log.warning("shard %s: downstream %s: %s", self.shard_id, action.node, action.reason)
             bad = self.downstream_streams.pop(action.node, None)
@@ -337,10 +377,43 @@ class ShardReplica:
             stream.send(fr.Ack(self.shard_id, seq))
 
     def local_commit_done(self) -> None:
-        """The store committed more: wake the link senders, step the progress. Senders are
-        woken first so that they forward the batch before anything the step sends upstream."""
-        self.durable_pulse.notify()
+        """The store committed more: wake the link senders, step the progress."""
+        self.changed.notify()
         self._apply_events(chain.Durable(self.store.last_seq))
+
+    def accept(self, batch: fr.Batch, size_bytes: int) -> None:
+        """Takes a batch into the pipeline before its store commit: keeps it for the links and
+        forwards it at once on every link that is due for it (forward, then persist)."""
+        self.remember(batch, size_bytes)
+        self._apply_events(chain.Accepted(batch.last_seq))
+        for link in self._links.values():
+            link.offer(batch)
+        self.changed.notify()
+
+    def point_to_persist(self) -> int:
+        """The commit point to write down with the next commit, or 0 when it is not due
+        (``limits.commit_point_persist_interval_ms``)."""
+        point = self.progress.commit_point
+        if point <= self._point_persisted:
+            return 0
+        elapsed_s = self.clock.monotonic_s() - self._point_persisted_at
+        if elapsed_s * 1000 < limits.commit_point_persist_interval_ms:
+            return 0
+        return point
+
+    def point_persisted(self, point: int) -> None:
+        self._point_persisted = point
+        self._point_persisted_at = self.clock.monotonic_s()
+
+    def discard_unpersisted(self) -> None:
+        """The upstream link ended: what was accepted but is not durable may never be (the
+        upstream may have lost it). The links below may hold it, so they subscribe again and the
+        divergence rule rolls them back to what this replica holds."""
+        self.local_commit_done()  # a commit cut off with its link may have landed meanwhile
+        if self.progress.accepted > self.progress.durable:
+            self._apply_events(chain.Discarded())
+            self.forget_recent()
+            self.close_downstream_links()
 
     def downstream_event(self, event: chain.Event) -> None:
         self._apply_events(event)
@@ -352,9 +425,9 @@ class ShardReplica:
                 waiter.future.set_result(seq)
 
     async def wait_committed(self, seq: int, timeout_s: float) -> int:
-        """The committed seq once it reaches ``seq``, or whatever it is after ``timeout_s``."""
-        if self.progress.committed >= seq or timeout_s <= 0:
-            return self.progress.committed
+        """The commit point once it reaches ``seq``, or whatever it is after ``timeout_s``."""
+        if self.progress.commit_point >= seq or timeout_s <= 0:
+            return self.progress.commit_point
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         entry = (seq, next(self._waiter_ids), _Waiter(seq, future))
         heapq.heappush(self._waiters, entry)
@@ -366,18 +439,18 @@ class ShardReplica:
             with contextlib.suppress(ValueError):
                 self._waiters.remove(entry)
                 heapq.heapify(self._waiters)
-        return self.progress.committed
+        return self.progress.commit_point
 
-    async def wait_durable_past(self, seq: int, timeout_s: float) -> None:
-        """Returns once the durable seq is past ``seq`` or after ``timeout_s``."""
+    async def wait_visible_past(self, seq: int, timeout_s: float) -> None:
+        """Returns once the commit point is past ``seq`` or after ``timeout_s``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while self.progress.durable <= seq:
+        while self.progress.commit_point <= seq:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.durable_pulse.waiter(), remaining)
+                await asyncio.wait_for(self.changed.waiter(), remaining)
 
     # --- writes at the head --------------------------------------------------------------------
 
@@ -410,24 +483,64 @@ class ShardReplica:
         self._recent_order.clear()
         self._recent_bytes = 0
 
-    async def commit_ops(self, columns: Columns) -> CommitResult:
-        """Commits one all-or-nothing batch at the head and returns its seq range.
+    def _check_writable(self) -> None:
+        if self._write_failure is not None:
+            raise StorageError(
+                f"shard {self.shard_id}: a commit failed on head {self.node_id} "
+                f"({self._write_failure}); writes resume once it starts a new history"
+            )
 
-        Batches that arrive while the store is busy are committed together in one store commit
-        (the node's group commit: one worker thread, one fsync, one ``BATCH`` downstream); each
-        keeps its own consecutive seq range. ``columns`` (stored keys, values, expiries,
-        headers) go to the store and down the chain as they are, without a read-back."""
+    def _take_seqs(self, count: int) -> tuple[int, int]:
+        first = self._next_seq
+        self._next_seq = first + count
+        return first, first + count - 1
+
+    async def commit_ops(self, columns: Columns) -> CommitResult:
+        """Commits one all-or-nothing batch at the head and returns its seq range once it is
+        durable here.
+
+        The batch gets its seqs and goes down the chain at once; its store commit runs at the
+        same time. Batches that arrive while the store is busy are committed together in one
+        store commit (the node's group commit: one worker thread, one fsync); each keeps its own
+        consecutive seq range. ``columns`` (stored keys, values, expiries, headers) go to the
+        store and down the chain as they are, without a read-back."""
         self.check_head()
-        # A bad batch fails alone, before it joins a group; the store need not check it again.
+        self._check_writable()
+        # A bad batch fails alone, before it takes seqs; the store need not check it again.
         payload = prepare_columns(*columns).payload_bytes
+        if not columns[0]:
+            raise InvalidRequest("a batch needs at least one entry")
+        first, last = self._take_seqs(len(columns[0]))
+        batch = fr.Batch(
+            self.shard_id, first, last, True, tuple(range(first, last + 1)), *columns, None
+        )
+        return await self._head_write(batch, payload)
+
+    async def commit_meta(self, meta: dict[str, Any]) -> CommitResult:
+        """A metadata-only write (a consumer high-water mark) with a seq of its own, so it rides
+        the replication stream like any other commit."""
+        self.check_head()
+        self._check_writable()
+        seq, _ = self._take_seqs(1)
+        batch = fr.Batch(self.shard_id, seq, seq, True, (), (), (), None, None, meta)
+        return await self._head_write(batch, 64 * len(meta))
+
+    async def _head_write(self, batch: fr.Batch, payload: int) -> CommitResult:
+        self.accept(batch, payload)
         idle = (self._writer is None or self._writer.done()) and not self._writes
-        if idle and len(columns[0]) <= limits.inline_commit_entries_max:
-            # Nothing to group with: commit right here, without a hop through the write loop.
-            result = self._commit_now(columns, validated=True)
-            self._committed(columns, payload, result)
-            return result
+        if idle and len(batch.seqs) <= limits.inline_commit_entries_max:
+            # Nothing to group with: commit right here (the batch is on its way down already).
+            columns, options = _commit_args([batch], validated=True)
+            try:
+                result = self._commit_now(columns, **options)
+            except Exception as exc:
+                self._head_commit_failed(exc)
+                raise
+            self.last_entry_seq = max(self.last_entry_seq, batch.last_seq)
+            self.local_commit_done()
+            return CommitResult(batch.first_seq, batch.last_seq, result.commit_no)
         future: asyncio.Future[CommitResult] = asyncio.get_running_loop().create_future()
-        self._writes.append(_Write(columns, payload, future))
+        self._writes.append(_Write(batch, payload, future))
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._write_loop())
         return await future
@@ -436,49 +549,72 @@ class ShardReplica:
         writes = self._writes
         while writes:
             group = [writes.popleft()]
-            entries = len(group[0].columns[0])
+            entries = len(group[0].batch.seqs)
             payload = group[0].payload
             # Within the store's batch bounds, so the merged batch needs no second check.
             while writes and (
-                entries + len(writes[0].columns[0]) <= limits.batch_entries_max
+                entries + len(writes[0].batch.seqs) <= limits.batch_entries_max
                 and payload + writes[0].payload <= limits.batch_bytes_max
             ):
                 write = writes.popleft()
                 group.append(write)
-                entries += len(write.columns[0])
+                entries += len(write.batch.seqs)
                 payload += write.payload
-            columns = concat_columns([w.columns for w in group])
+            columns, options = _commit_args([w.batch for w in group], validated=True)
             try:
-                result = await self.timed_commit(columns, inline=not writes, validated=True)
+                result = await self.timed_commit(columns, inline=not writes, **options)
             except Exception as exc:  # every batch of the group failed with it
+                self._head_commit_failed(exc)
                 for write in group:
                     if not write.future.done():
                         write.future.set_exception(exc)
                 continue
-            self._committed(columns, payload, result)
-            first = result.first_seq
+            self.last_entry_seq = max(self.last_entry_seq, group[-1].batch.last_seq)
+            self.local_commit_done()
             for write in group:
-                count = len(write.columns[0])
                 if not write.future.done():
                     write.future.set_result(
-                        CommitResult(first, first + count - 1, result.commit_no)
+                        CommitResult(write.batch.first_seq, write.batch.last_seq, result.commit_no)
                     )
-                first += count
 
-    def _committed(self, columns: Columns, payload: int, result: CommitResult) -> None:
-        """After a head commit: keep it ready for the links as a ``BATCH``, step the progress."""
-        self.last_entry_seq = max(self.last_entry_seq, result.last_seq)
-        batch = fr.Batch(
-            self.shard_id,
-            result.first_seq,
-            result.last_seq,
-            True,
-            tuple(range(result.first_seq, result.last_seq + 1)),
-            *columns,
-            None,
-        )
-        self.remember(batch, payload)
+    def _head_commit_failed(self, exc: BaseException) -> None:
+        """A head commit failed after its batch went down the chain: the seqs given out since the
+        last durable one are lost here but may be held below. No seq is given out again until a
+        new takeover entry marks where the new history starts, so the divergence rule rolls the
+        downstreams back; every write queued behind fails with this one."""
+        if self._write_failure is not None:
+            return
+        log.error("shard %s: head commit failed: %s", self.shard_id, exc)
+        self._write_failure = exc
+        while self._writes:
+            write = self._writes.popleft()
+            if not write.future.done():
+                write.future.set_exception(exc)
+        self._apply_events(chain.Discarded())
+        self.forget_recent()
+        self.close_downstream_links()
+        task = asyncio.get_running_loop().create_task(self._start_new_history())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _start_new_history(self) -> None:
+        writer = self._writer
+        if writer is not None and writer is not asyncio.current_task():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(writer)
+        try:
+            await self.become_head()
+        except Exception as exc:
+            log.error(
+                "shard %s: head cannot start a new history (%s); writes stay refused until the "
+                "node restarts",
+                self.shard_id,
+                exc,
+            )
+            return
         self.local_commit_done()
+        self._write_failure = None
+        log.warning("shard %s: head resumes writes at seq %s", self.shard_id, self._next_seq)
 
     def _commit_now(self, columns: Columns, **options: Any) -> CommitResult:
         """A store commit on the event loop (small ones only: it blocks for one fsync)."""
@@ -502,18 +638,6 @@ class ShardReplica:
             self.commit_observer(time.perf_counter() - started)
         return result
 
-    async def commit_meta(self, meta: dict[str, Any]) -> CommitResult:
-        """A metadata-only write (a consumer high-water mark) with a seq of its own, so it rides
-        the replication stream like any other commit."""
-        self.check_head()
-        result = await self.timed_commit(_NO_COLUMNS, meta=meta, claim_seq=True)
-        batch = fr.Batch(
-            self.shard_id, result.first_seq, result.last_seq, True, (), (), (), None, None, meta
-        )
-        self.remember(batch, 64 * len(meta))
-        self.local_commit_done()
-        return result
-
     # --- the store below the links -------------------------------------------------------------
 
     async def _reset_store(self) -> None:
@@ -523,10 +647,19 @@ class ShardReplica:
         await asyncio.to_thread(shutil.rmtree, self.store_path, True)
         os.makedirs(self.store_path, exist_ok=True)
         self.store = ShardStore.open(self.store_path, clock=self.clock)
+        self._point_persisted = 0
+        self._restart_progress()
+
+    def _restart_progress(self) -> None:
+        """Progress afresh from the store (after a rollback or reset: the links restart). The
+        commit point stays what the upstream said, within what the store now holds."""
+        upstream_point = self.progress.upstream_point
         self.progress = chain.Progress(
             has_upstream=self.upstream is not None, downstreams=self.downstreams
         )
-        self._apply_events(chain.Durable(self.store.last_seq))
+        self._apply_events(
+            chain.Durable(self.store.last_seq), chain.UpstreamCommitPoint(upstream_point)
+        )
 
     async def rollback(self, seq: int) -> None:
         self.forget_recent()
@@ -542,17 +675,18 @@ class ShardReplica:
             await self._reset_store()
             return
         # Progress never goes back on a live link; the links restart after a rollback.
-        self.progress = chain.Progress(
-            has_upstream=self.upstream is not None, downstreams=self.downstreams
-        )
-        self._apply_events(chain.Durable(self.store.last_seq))
+        self._restart_progress()
 
     def close_downstream_links(self) -> None:
         """Ends every link below; each downstream subscribes again (and is told what to do)."""
+        for link in self._links.values():
+            link.closed = True
         for stream in list(self.downstream_streams.values()):
             stream.close()
 
     def close(self) -> None:
+        for task in self._background:
+            task.cancel()
         self.close_downstream_links()
         if self.upstream_stream is not None:
             self.upstream_stream.close()
@@ -679,6 +813,7 @@ class UpstreamLink:
         applier = asyncio.create_task(self._apply(batches, catch_up_target))
         applier.add_done_callback(_close_with(stream))
         expected = replica.store.last_seq + 1
+        first_batch = True
         try:
             while True:
                 frame = await recv_or_companion_failure(stream, applier)
@@ -690,7 +825,14 @@ class UpstreamLink:
                             f"BATCH {frame.first_seq}..{frame.last_seq} where {expected} was due"
                         )
                     expected = frame.last_seq + 1
+                    if first_batch:
+                        first_batch = False
+                        frame = _with_meta_deletes(frame, replica.store.meta)
+                    # Forward first, persist next: the batch goes down before its commit.
+                    replica.accept(frame, _batch_bytes(frame))
                     batches.put_nowait(frame)
+                elif isinstance(frame, fr.CommitPoint):
+                    replica.downstream_event(chain.UpstreamCommitPoint(frame.committed_seq))
                 elif isinstance(frame, fr.Ping):
                     stream.send(fr.Pong(frame.nonce))
                 elif isinstance(frame, fr.ErrorFrame):
@@ -701,13 +843,13 @@ class UpstreamLink:
             applier.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await applier
+            replica.discard_unpersisted()
 
     async def _apply(self, batches: asyncio.Queue[fr.Batch | None], catch_up_target: int) -> None:
-        """Applies queued batches, merging what piled up during the previous commit."""
+        """Commits accepted batches, merging what piled up during the previous commit."""
         replica = self.replica
         if replica.store.last_seq >= catch_up_target:
             replica.catching_up = False
-        first_batch = True
         # A batch taken from the queue that would have made the merge too big: the next group's
         # first.
         carried: fr.Batch | None = None
@@ -723,7 +865,7 @@ class UpstreamLink:
                 nxt = batches.get_nowait()
                 if nxt is None:
                     break
-                # The merge is one BATCH downstream: within the bounds of a frame.
+                # One store commit: within the bounds of one batch.
                 if (
                     entries + len(nxt.seqs) > limits.batch_entries_max
                     or payload + _batch_bytes(nxt) > limits.batch_bytes_max
@@ -733,34 +875,17 @@ class UpstreamLink:
                 group.append(nxt)
                 entries += len(nxt.seqs)
                 payload += _batch_bytes(nxt)
-            merged = merge_batches(group)
-            meta: dict[str, Any] = {}
-            if first_batch:
-                # The link's first batch holds the upstream's whole replicated metadata: keys it
-                # lacks were deleted upstream while this replica was away.
-                first_batch = False
-                full = group[0].meta or {}
-                for name in replica.store.meta:
-                    if not name.startswith(_LOCAL_META_PREFIXES) and name not in full:
-                        meta[name] = None
-            for batch in group:
-                if batch.meta:
-                    meta.update(batch.meta)
-            # The merged batch's columns are the store commit's: no object per entry.
-            await replica.timed_commit(
-                (merged.keys, merged.values, merged.expiries_ms, merged.headers),
-                inline=batches.empty(),
-                seqs=merged.seqs,
-                last_seq=merged.last_seq,
-                meta=meta or None,
+            point = replica.point_to_persist()
+            columns, options = _commit_args(
+                group,
+                validated=False,
+                extra_meta={COMMIT_POINT_META_KEY: point} if point else None,
             )
-            if merged.seqs:
-                replica.last_entry_seq = max(replica.last_entry_seq, merged.seqs[-1])
-            size = sum(map(len, merged.keys)) + sum(map(len, filter(None, merged.values)))
-            if (meta or None) == merged.meta:
-                replica.remember(merged, size)
-            # Else this commit also deleted metadata on its own (a link's first batch): forwarded
-            # from memory, the batch would not carry the deletes, so the senders read it back.
+            await replica.timed_commit(columns, inline=batches.empty(), **options)
+            if point:
+                replica.point_persisted(point)
+            last_entry = max((b.seqs[-1] for b in group if b.seqs), default=0)
+            replica.last_entry_seq = max(replica.last_entry_seq, last_entry)
             if replica.catching_up and replica.store.last_seq >= catch_up_target:
                 replica.catching_up = False
                 log.info("shard %s: caught up at %s", replica.shard_id, replica.store.last_seq)
@@ -768,6 +893,21 @@ class UpstreamLink:
             stream = replica.upstream_stream
             if stream is not None:
                 await stream.drain()
+
+
+def _with_meta_deletes(batch: fr.Batch, own_meta: dict[str, Any]) -> fr.Batch:
+    """A link's first batch holds the upstream's whole replicated metadata: keys this replica
+    holds that it lacks were deleted upstream while the link was down. The batch as committed
+    and forwarded says so with explicit deletes."""
+    full = batch.meta or {}
+    deletes = {
+        name: None
+        for name in own_meta
+        if not name.startswith(_LOCAL_META_PREFIXES) and name not in full
+    }
+    if not deletes:
+        return batch
+    return dataclasses.replace(batch, meta={**full, **deletes})
 
 
 def _batch_bytes(batch: fr.Batch) -> int:
@@ -855,6 +995,11 @@ def build_batch(
 async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr.Hello) -> None:
     """Runs the upstream side of one replication link until it breaks."""
     node = hello.node_id
+    if hello.protocol_version < fr.LINK_PROTOCOL_VERSION_MIN:
+        raise ProtocolError(
+            f"replication links need protocol version {fr.LINK_PROTOCOL_VERSION_MIN} "
+            f"(forward, then persist); {node} speaks {hello.protocol_version}"
+        )
     expected_role = replica.shard.role_of(node)
     if replica.shard.upstream_of(node) != replica.node_id or hello.role != expected_role:
         upstream = replica.shard.upstream_of(node)
@@ -885,11 +1030,11 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
     old = replica.downstream_streams.pop(node, None)
     if old is not None:
         old.close()
+    link = _LinkSender(replica, stream, frame.from_seq - 1)
     replica.downstream_streams[node] = stream
+    replica._links[node] = link
     replica.downstream_event(chain.DownstreamLinked(node))
-    window = chain.LinkWindow()
-    acked = Pulse()
-    sender = asyncio.create_task(_send_loop(replica, stream, frame.from_seq - 1, window, acked))
+    sender = asyncio.create_task(link.run())
     sender.add_done_callback(_close_with(stream))
     try:
         while True:
@@ -898,8 +1043,10 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
                 return
             if isinstance(reply, fr.Ack | fr.Committed):
                 seq = reply.durable_seq if isinstance(reply, fr.Ack) else reply.committed_seq
-                window.acknowledged(seq)
-                acked.notify()
+                if seq > link.sent:
+                    raise ProtocolError(f"{node} reports {seq}, past {link.sent} sent to it")
+                link.window.acknowledged(seq)
+                link.acked.notify()
                 event: chain.Event = (
                     chain.DownstreamAck(node, seq)
                     if isinstance(reply, fr.Ack)
@@ -911,55 +1058,86 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
             elif not isinstance(reply, fr.Pong):
                 raise ProtocolError(f"unexpected {type(reply).__name__} from a downstream")
     finally:
+        link.closed = True
         sender.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await sender
         if replica.downstream_streams.get(node) is stream:
             del replica.downstream_streams[node]
+        if replica._links.get(node) is link:
+            del replica._links[node]
 
 
-async def _send_loop(
-    replica: ShardReplica,
-    stream: FrameStream,
-    sent: int,
-    window: chain.LinkWindow,
-    acked: Pulse,
-) -> None:
-    meta_sent: dict[str, Any] | None = None
-    while True:
-        upto = replica.durable
-        if upto <= sent:
-            await replica.durable_pulse.waiter()
-            continue
-        if not window.can_send():
-            await acked.waiter()
-            continue
-        recent = replica.recent_batch(sent + 1) if meta_sent is not None else None
-        if recent is not None and meta_sent is not None and recent.last_seq <= upto:
-            # The fast path: forward the batch as committed, no read-back.
-            batch = recent
-            if batch.meta:
-                for name, value in batch.meta.items():
-                    if value is None:
-                        meta_sent.pop(name, None)
-                    else:
-                        meta_sent[name] = value
-        else:
-            if upto - sent > _SEND_PAGE_ENTRIES:
-                result = await asyncio.to_thread(read_range, replica.store, sent, upto)
+class _LinkSender:
+    """The sending side of one replication link: what was sent, its flow-control window, and
+    the metadata the downstream has been told.
+
+    Batches go down two ways: ``offer`` sends an accepted batch at once, from the code that
+    accepted it (no task switch between accepting and forwarding), when the link is due for it
+    and has room; ``run`` sends whatever ``offer`` could not, from memory while the batch is
+    remembered, else read back from the store (durable seqs only)."""
+
+    def __init__(self, replica: ShardReplica, stream: FrameStream, sent: int) -> None:
+        self.replica = replica
+        self.stream = stream
+        self.sent = sent
+        self.window = chain.LinkWindow()
+        self.acked = Pulse()
+        # None until the link's first batch, which is read from the store and carries all of it.
+        self.meta_sent: dict[str, Any] | None = None
+        self.closed = False
+
+    def offer(self, batch: fr.Batch) -> None:
+        if (
+            not self.closed
+            and self.meta_sent is not None
+            and batch.first_seq == self.sent + 1
+            and self.window.can_send()
+        ):
+            self._send(batch)
+
+    def _send(self, batch: fr.Batch) -> None:
+        if batch.meta and self.meta_sent is not None:
+            for name, value in batch.meta.items():
+                if value is None:
+                    self.meta_sent.pop(name, None)
+                else:
+                    self.meta_sent[name] = value
+        size = self.stream.send(batch)
+        self.window.sent(batch.last_seq, size)
+        self.sent = batch.last_seq
+
+    async def run(self) -> None:
+        replica = self.replica
+        while True:
+            if self.sent >= replica.progress.accepted:
+                await replica.changed.waiter()
+                continue
+            if not self.window.can_send():
+                await self.acked.waiter()
+                continue
+            recent = replica.recent_batch(self.sent + 1) if self.meta_sent is not None else None
+            if recent is not None:
+                # The fast path: forward the batch as accepted, no read-back.
+                self._send(recent)
             else:
-                result = read_range(replica.store, sent, upto)
-            entries, covered, meta, _boundary = result
-            # Metadata as of the snapshot, which may run a little ahead of the range read: a
-            # high-water mark arriving early is harmless, one never sent would be lost (later
-            # batches may come from memory). The first batch on a link carries all of it, and
-            # the downstream replaces its own with it.
-            changes: dict[str, Any] | None = _meta_changes(meta_sent, meta)
-            if not changes and meta_sent is not None:
-                changes = None  # an empty map only marks a link's first batch
-            meta_sent = dict(meta)
-            batch = build_batch(replica.shard_id, sent + 1, covered, entries, changes)
-        size = stream.send(batch)
-        window.sent(batch.last_seq, size)
-        sent = batch.last_seq
-        await stream.drain()
+                upto = replica.durable
+                if upto <= self.sent:
+                    # Accepted but not yet durable, and not in memory: wait for the store.
+                    await replica.changed.waiter()
+                    continue
+                if upto - self.sent > _SEND_PAGE_ENTRIES:
+                    result = await asyncio.to_thread(read_range, replica.store, self.sent, upto)
+                else:
+                    result = read_range(replica.store, self.sent, upto)
+                entries, covered, meta, _boundary = result
+                # Metadata as of the snapshot, which may run a little ahead of the range read: a
+                # high-water mark arriving early is harmless, one never sent would be lost (later
+                # batches may come from memory). The first batch on a link carries all of it,
+                # and the downstream replaces its own with it.
+                changes: dict[str, Any] | None = _meta_changes(self.meta_sent, meta)
+                if not changes and self.meta_sent is not None:
+                    changes = None  # an empty map only marks a link's first batch
+                self.meta_sent = dict(meta)
+                self._send(build_batch(replica.shard_id, self.sent + 1, covered, entries, changes))
+            await self.stream.drain()

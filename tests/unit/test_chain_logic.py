@@ -7,7 +7,9 @@ import pytest
 from kayos import limits
 from kayos.replication import chain
 from kayos.replication.chain import (
-    CommittedAdvanced,
+    Accepted,
+    CommitPointAdvanced,
+    Discarded,
     DownstreamAck,
     DownstreamCommitted,
     DownstreamLinked,
@@ -15,7 +17,9 @@ from kayos.replication.chain import (
     LinkWindow,
     Progress,
     SendAck,
+    SendCommitPoint,
     SendCommitted,
+    UpstreamCommitPoint,
     UpstreamLinked,
     Violation,
     rollback_point,
@@ -33,25 +37,43 @@ def run(progress: Progress, *events: chain.Event) -> tuple[Progress, list[chain.
 
 def test_a_lone_head_commits_what_it_makes_durable() -> None:
     progress, actions = run(Progress(has_upstream=False, downstreams=()), Durable(5))
-    assert progress.committed == 5
-    assert actions == [CommittedAdvanced(5)]
+    assert (progress.committed, progress.commit_point) == (5, 5)
+    assert actions == [CommitPointAdvanced(5)]
 
 
-def test_a_tail_reports_committed_not_ack() -> None:
-    progress, actions = run(Progress(has_upstream=True, downstreams=()), Durable(7))
-    assert actions == [CommittedAdvanced(7), SendCommitted(7)]
-    assert progress.committed == 7
+def test_a_tail_reports_committed_but_shows_only_the_commit_point_it_is_told() -> None:
+    tail, actions = run(Progress(has_upstream=True, downstreams=()), Durable(7))
+    assert actions == [SendCommitted(7)]
+    assert (tail.committed, tail.commit_point) == (7, 0), "durable here is not committed"
+    tail, actions = run(tail, UpstreamCommitPoint(5))
+    assert actions == [CommitPointAdvanced(5)]
+    tail, actions = run(tail, UpstreamCommitPoint(9))
+    assert actions == [CommitPointAdvanced(7)], "never past what it holds itself"
+    tail, actions = run(tail, Durable(12))
+    assert actions == [SendCommitted(12), CommitPointAdvanced(9)]
 
 
-def test_a_middle_acks_its_durable_seq_and_relays_the_tails_committed() -> None:
+def test_a_middle_acks_its_durable_seq_relays_committed_up_and_the_commit_point_down() -> None:
     middle = Progress(has_upstream=True, downstreams=("c",))
-    middle, actions = run(middle, Durable(10))
+    middle, actions = run(middle, Accepted(10), Durable(10))
     assert actions == [SendAck(10)]
     assert middle.committed == 0, "nothing is committed until the tail says so"
     middle, actions = run(middle, DownstreamCommitted("c", 8))
-    assert actions == [CommittedAdvanced(8), SendCommitted(8)]
+    assert actions == [SendCommitted(8)]
     middle, actions = run(middle, DownstreamAck("c", 10), DownstreamCommitted("c", 8))
     assert actions == [], "repeating a report changes nothing"
+    middle, actions = run(middle, UpstreamCommitPoint(8))
+    assert actions == [CommitPointAdvanced(8), SendCommitPoint(8)]
+
+
+def test_forward_then_persist_a_downstream_may_report_what_its_upstream_only_accepted() -> None:
+    head = Progress(has_upstream=False, downstreams=("b",))
+    head, _ = run(head, Durable(10), Accepted(20))
+    head, actions = run(head, DownstreamAck("b", 20), DownstreamCommitted("b", 20))
+    assert (head.committed, head.commit_point) == (10, 10), "committed waits for the head too"
+    assert actions == [CommitPointAdvanced(10), SendCommitPoint(10)]
+    head, actions = run(head, Durable(20))
+    assert actions == [CommitPointAdvanced(20), SendCommitPoint(20)]
 
 
 def test_a_head_with_fanout_waits_for_every_tail() -> None:
@@ -59,31 +81,41 @@ def test_a_head_with_fanout_waits_for_every_tail() -> None:
     head, _ = run(head, Durable(100), DownstreamCommitted("t1", 100))
     assert head.committed == 0
     head, actions = run(head, DownstreamCommitted("t2", 60))
-    assert actions == [CommittedAdvanced(60)]
+    assert actions == [CommitPointAdvanced(60), SendCommitPoint(60)]
     head, actions = run(head, DownstreamCommitted("t2", 100))
-    assert actions == [CommittedAdvanced(100)]
+    assert actions == [CommitPointAdvanced(100), SendCommitPoint(100)]
 
 
 @pytest.mark.parametrize(
     ("events", "reason"),
     [
         ((DownstreamCommitted("c", 5), DownstreamCommitted("c", 4)), "went back"),
-        ((DownstreamAck("c", 11),), "past"),
+        ((DownstreamAck("c", 13),), "past"),
         ((DownstreamCommitted("x", 1),), "not a downstream"),
     ],
 )
 def test_a_downstream_that_breaks_the_rules_is_dropped(
     events: tuple[chain.Event, ...], reason: str
 ) -> None:
-    head = Progress(has_upstream=False, downstreams=("c",), durable=10)
+    head = Progress(has_upstream=False, downstreams=("c",), durable=10, accepted=12)
     head, actions = run(head, *events)
     assert isinstance(actions[-1], Violation)
     assert reason in actions[-1].reason
 
 
+def test_what_was_discarded_can_no_longer_be_reported() -> None:
+    middle = Progress(has_upstream=True, downstreams=("c",))
+    middle, _ = run(middle, Durable(10), Accepted(15), Discarded())
+    assert middle.accepted == 10
+    middle, actions = run(middle, DownstreamAck("c", 12))
+    assert isinstance(actions[-1], Violation)
+
+
 def test_committed_never_decreases_and_a_new_link_starts_its_reports_afresh() -> None:
     head = Progress(has_upstream=False, downstreams=("c",))
-    head, _ = run(head, Durable(10), DownstreamCommitted("c", 10), DownstreamLinked("c"))
+    head, _ = run(head, Durable(10), DownstreamCommitted("c", 10))
+    head, actions = run(head, DownstreamLinked("c"))
+    assert actions == [SendCommitPoint(10, "c")], "a new link learns the commit point at once"
     head, actions = run(head, DownstreamCommitted("c", 4))
     assert actions == []
     assert head.committed == 10
@@ -96,6 +128,16 @@ def test_a_relinked_replica_tells_its_upstream_where_it_stands() -> None:
     assert run(tail, UpstreamLinked())[1] == [SendCommitted(9)]
 
 
+def test_a_head_ignores_commit_points_and_a_commit_point_never_goes_back() -> None:
+    head = Progress(has_upstream=False, downstreams=())
+    head, actions = run(head, UpstreamCommitPoint(5))
+    assert (head.commit_point, actions) == (0, [])
+    tail = Progress(has_upstream=True, downstreams=(), durable=9)
+    tail, _ = run(tail, UpstreamCommitPoint(8))
+    tail, actions = run(tail, UpstreamCommitPoint(6))
+    assert (tail.commit_point, actions) == (8, [])
+
+
 X, Y, Z = b"X" * 16, b"Y" * 16, b"Z" * 16
 
 
@@ -106,7 +148,7 @@ X, Y, Z = b"X" * 16, b"Y" * 16, b"Z" * 16
         ([(X, 0)], [(X, 0), (Y, 2900)], 3000, 3400, 2900),
         ([(X, 0), (Z, 3000)], [(X, 0), (Y, 2900)], 3000, 3400, 2900),
         ([(X, 0)], [(X, 0), (Y, 2900)], 2800, 3400, None),  # a prefix: no rollback
-        ([(X, 0)], [(X, 0)], 500, 400, 400),  # cannot be ahead of its upstream
+        ([(X, 0)], [(X, 0)], 500, 400, 400),  # holds what its upstream lost: dropped
         ([(Z, 0)], [(X, 0)], 10, 400, 0),  # nothing in common: full reset
         ([(Z, 0)], [(X, 0)], 0, 400, None),  # empty downstream
     ],

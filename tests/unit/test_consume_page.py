@@ -5,7 +5,6 @@ decoding of those bytes (docs/node-api.md, Consume)."""
 from __future__ import annotations
 
 import random
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
 
 import msgpack
@@ -27,9 +26,24 @@ QUEUE = "q"
 OTHER = "q2"  # another queue of the same shard; its prefix is not a prefix of QUEUE's
 
 
-def replica_of(store: ShardStore, shard: int = 3) -> ShardReplica:
-    """What read_page needs of a replica: its store and shard id."""
-    return cast(ShardReplica, SimpleNamespace(store=store, shard_id=shard))
+class _Tail:
+    """What read_page needs of a replica: its store, shard id and commit point (all of the store
+    unless ``commit_point`` says less)."""
+
+    def __init__(self, store: ShardStore, shard: int, commit_point: int | None) -> None:
+        self.store = store
+        self.shard_id = shard
+        self._commit_point = commit_point
+
+    @property
+    def commit_point(self) -> int:
+        return self.store.last_seq if self._commit_point is None else self._commit_point
+
+
+def replica_of(
+    store: ShardStore, shard: int = 3, *, commit_point: int | None = None
+) -> ShardReplica:
+    return cast(ShardReplica, _Tail(store, shard, commit_point))
 
 
 def stored(queue: str, key: bytes) -> bytes:
@@ -129,6 +143,20 @@ def test_a_full_page_ends_at_its_last_message_not_the_boundary(tmp_store: ShardS
     assert (page.seqs, page.next, page.end, page.boundary) == ([1], 1, False, 2)
     last = read_page(replica_of(tmp_store), QUEUE, "g", 0, 1, 2, 1)
     assert (last.seqs, last.next, last.end) == ([], 2, True)
+
+
+def test_a_snapshot_ends_at_the_commit_point_not_at_what_the_tail_holds(
+    tmp_store: ShardStore,
+) -> None:
+    # Forward, then persist: a tail may hold seqs the chain has not committed; nobody sees them.
+    for key in (b"a", b"b", b"c"):
+        tmp_store.commit([Put(stored(QUEUE, key), b"v")])
+    page = read_page(replica_of(tmp_store, commit_point=2), QUEUE, "g", 0, 0, None, 10)
+    assert (page.seqs, page.boundary, page.next, page.end) == ([1, 2], 2, 2, True)
+    asked_past = read_page(replica_of(tmp_store, commit_point=2), QUEUE, "g", 0, 0, 3, 10)
+    assert (asked_past.seqs, asked_past.boundary) == ([1, 2], 2)
+    nothing = read_page(replica_of(tmp_store, commit_point=0), QUEUE, "g", 0, 0, None, 10)
+    assert (nothing.seqs, nothing.boundary, nothing.end) == ([], 0, True)
 
 
 def test_a_mark_ahead_of_the_replica_gives_an_empty_snapshot_ending_at_the_mark(

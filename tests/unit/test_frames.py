@@ -85,6 +85,7 @@ GOLDEN: list[tuple[f.Frame, str]] = [
     ),
     (f.Ack(shard=3, durable_seq=1000), "00000006 13 92 03 cd03e8"),
     (f.Committed(shard=7, committed_seq=103), "00000004 14 92 07 67"),
+    (f.CommitPoint(shard=7, committed_seq=103), "00000004 15 92 07 67"),
     (
         f.Produce(
             request_id=8,
@@ -158,14 +159,15 @@ def test_table_matches_protocol_document() -> None:
         18: "BATCH",
         19: "ACK",
         20: "COMMITTED",
+        21: "COMMIT_POINT",
         32: "PRODUCE",
         33: "PRODUCED",
         34: "WAIT_COMMITTED",
         35: "COMMITTED_REPLY",
     }
     for spec in f.FRAME_TABLE:
-        assert spec.since_version == 1
-        assert all(field.since_version == 1 for field in spec.fields)
+        assert spec.since_version == (2 if spec.name == "COMMIT_POINT" else 1)
+        assert all(field.since_version == spec.since_version for field in spec.fields)
 
 
 # --- golden bytes, both ways ---------------------------------------------------------------------
@@ -322,6 +324,7 @@ any_frame: st.SearchStrategy[f.Frame] = st.one_of(
     batches(),
     st.builds(f.Ack, u32, u64),
     st.builds(f.Committed, u32, u64),
+    st.builds(f.CommitPoint, u32, u64),
     produces(),
     produced(),
     st.builds(f.WaitCommitted, u64, u32, u64, u32),
@@ -352,7 +355,7 @@ def test_round_trip_stream_in_random_chunks(frame_list: list[f.Frame], data: st.
 # --- malformed input -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", [0, 6, 15, 21, 31, 36, 255])
+@pytest.mark.parametrize("kind", [0, 6, 15, 22, 31, 36, 255])
 def test_unknown_kind(kind: int) -> None:
     decode_fails(raw_frame(kind, raw_body([5])), match=f"unknown frame kind {kind}")
 

@@ -262,7 +262,7 @@ async def test_a_long_poll_parked_before_catch_up_serves_nothing_during_it(
         poll = asyncio.create_task(
             nodes["c"].consume(queue, "g", after=tail.durable, upto=None, limit=10, wait_ms=20_000)
         )
-        await _until(lambda: tail.durable_pulse._waiters, "the consume parked")
+        await _until(lambda: tail.changed._waiters, "the consume parked")
         # More than one catch-up BATCH: a frame holds at most batch_entries_max entries.
         count = limits.batch_entries_max // 2
         last = 0
@@ -292,7 +292,7 @@ async def test_a_replica_in_catch_up_feeds_no_link_below(tmp_path: Path) -> None
         reader, writer = await asyncio.open_connection(address.host, address.bin_port)
         decoder = fr.FrameDecoder()
         try:
-            writer.write(fr.encode(fr.Hello(1, "c", 0, topology.epoch, "tail")))
+            writer.write(fr.encode(fr.Hello(fr.PROTOCOL_VERSION, "c", 0, topology.epoch, "tail")))
             writer.write(fr.encode(fr.Subscribe(0, 1, ())))
             frames: list[fr.Frame] = []
             while len(frames) < 2:
