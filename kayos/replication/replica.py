@@ -227,6 +227,27 @@ def _commit_args(
     return columns, options
 
 
+def merge_batches(batches: list[fr.Batch]) -> fr.Batch:
+    """Consecutive batches of one link as one ``BATCH`` (applied downstream as one commit, so
+    every all-or-nothing write in it stays whole)."""
+    if len(batches) == 1:
+        return batches[0]
+    meta: dict[str, Any] | None = None
+    for batch in batches:
+        if batch.meta is not None:
+            meta = {**(meta or {}), **batch.meta}
+    first = batches[0]
+    return fr.Batch(
+        first.shard,
+        first.first_seq,
+        batches[-1].last_seq,
+        any(b.txn for b in batches),
+        tuple(itertools.chain.from_iterable(b.seqs for b in batches)),
+        *concat_columns([(b.keys, b.values, b.expiries_ms, b.headers) for b in batches]),
+        meta,
+    )
+
+
 @dataclass(slots=True)
 class _Write:
     batch: fr.Batch
@@ -283,7 +304,7 @@ class ShardReplica:
         # Recently committed ranges as ready BATCH frames, by first seq: links forward these
         # instead of reading their entries back from the store. Bounded; a miss falls back to
         # the store, so what is kept here is an optimisation, never the truth.
-        self._recent: dict[int, fr.Batch] = {}
+        self._recent: dict[int, tuple[fr.Batch, int]] = {}
         self._recent_order: deque[tuple[int, int]] = deque()
         self._recent_bytes = 0
         self._writes: deque[_Write] = deque()
@@ -464,7 +485,7 @@ class ShardReplica:
             )
 
     def remember(self, batch: fr.Batch, size_bytes: int) -> None:
-        self._recent[batch.first_seq] = batch
+        self._recent[batch.first_seq] = (batch, size_bytes)
         self._recent_order.append((batch.first_seq, size_bytes))
         self._recent_bytes += size_bytes
         while self._recent_order and (
@@ -476,7 +497,26 @@ class ShardReplica:
             self._recent_bytes -= size
 
     def recent_batch(self, first_seq: int) -> fr.Batch | None:
-        return self._recent.get(first_seq)
+        found = self._recent.get(first_seq)
+        return found[0] if found is not None else None
+
+    def recent_run(self, first_seq: int) -> list[fr.Batch]:
+        """Remembered batches from ``first_seq`` on, consecutive, as many as one ``BATCH`` frame
+        holds (at least one, if ``first_seq`` is remembered at all)."""
+        run: list[fr.Batch] = []
+        entries = size = 0
+        while (found := self._recent.get(first_seq)) is not None:
+            batch, batch_size = found
+            if run and (
+                entries + len(batch.seqs) > limits.batch_entries_max
+                or size + batch_size > limits.batch_bytes_max
+            ):
+                break
+            run.append(batch)
+            entries += len(batch.seqs)
+            size += batch_size
+            first_seq = batch.last_seq + 1
+        return run
 
     def forget_recent(self) -> None:
         self._recent.clear()
@@ -1088,11 +1128,13 @@ class _LinkSender:
         self.closed = False
 
     def offer(self, batch: fr.Batch) -> None:
+        # Only on an idle link: under load, batches accepted meanwhile go down merged, one frame
+        # for several (fewer frames, wake-ups and reports per message), from ``run``.
         if (
             not self.closed
             and self.meta_sent is not None
             and batch.first_seq == self.sent + 1
-            and self.window.can_send()
+            and not self.window.in_flight
         ):
             self._send(batch)
 
@@ -1116,10 +1158,10 @@ class _LinkSender:
             if not self.window.can_send():
                 await self.acked.waiter()
                 continue
-            recent = replica.recent_batch(self.sent + 1) if self.meta_sent is not None else None
-            if recent is not None:
-                # The fast path: forward the batch as accepted, no read-back.
-                self._send(recent)
+            recent = replica.recent_run(self.sent + 1) if self.meta_sent is not None else []
+            if recent:
+                # The fast path: forward what was accepted, merged, no read-back.
+                self._send(merge_batches(recent))
             else:
                 upto = replica.durable
                 if upto <= self.sent:
