@@ -24,7 +24,7 @@ import itertools
 import operator
 import struct
 from collections.abc import Callable
-from typing import Final, TypeAlias
+from typing import Final, Self, TypeAlias
 
 import msgpack
 
@@ -256,6 +256,17 @@ class _FrameBase:
     def _relation_problem(self) -> str | None:
         """Name the first broken rule between fields, or None; frames with such rules override."""
         return None
+
+    @classmethod
+    def unchecked(cls, *values: object) -> Self:
+        """A frame built from parts already checked (a head's batch from columns the store's
+        checks passed, a merge of such batches), without running the checks again: they cost
+        as much per entry as the rest of the hot path. Every peer still checks what it decodes.
+        Never for anything that came from outside the process."""
+        frame = object.__new__(cls)
+        for name, value in zip(_FIELD_NAMES_BY_TYPE[cls], values, strict=True):
+            object.__setattr__(frame, name, value)
+        return frame
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -607,7 +618,9 @@ FRAME_TABLE: Final[tuple[FrameSpec, ...]] = (
 _SPEC_BY_KIND: Final[dict[int, FrameSpec]] = {spec.kind: spec for spec in FRAME_TABLE}
 _SPEC_BY_TYPE: Final[dict[type, FrameSpec]] = {spec.frame_type: spec for spec in FRAME_TABLE}
 # Fixed per kind, so the decoder looks them up instead of recomputing them per frame.
-_FIELD_NAMES_BY_TYPE: Final = {spec.frame_type: spec.field_names for spec in FRAME_TABLE}
+_FIELD_NAMES_BY_TYPE: Final[dict[type, tuple[str, ...]]] = {
+    spec.frame_type: spec.field_names for spec in FRAME_TABLE
+}
 _BUDGET_BY_KIND: Final = {spec.kind: (spec.arrays_max, spec.maps_max) for spec in FRAME_TABLE}
 
 

@@ -237,7 +237,9 @@ def merge_batches(batches: list[fr.Batch]) -> fr.Batch:
         if batch.meta is not None:
             meta = {**(meta or {}), **batch.meta}
     first = batches[0]
-    return fr.Batch(
+    # Consecutive valid batches within one frame's bounds (the callers see to it) make a valid
+    # batch: no need to check every entry again.
+    return fr.Batch.unchecked(
         first.shard,
         first.first_seq,
         batches[-1].last_seq,
@@ -253,6 +255,11 @@ class _Write:
     batch: fr.Batch
     payload: int
     future: asyncio.Future[CommitResult]
+
+
+def _expire(future: asyncio.Future[int]) -> None:
+    if not future.done():
+        future.set_result(-1)
 
 
 @dataclass(slots=True)
@@ -449,17 +456,21 @@ class ShardReplica:
         """The commit point once it reaches ``seq``, or whatever it is after ``timeout_s``."""
         if self.progress.commit_point >= seq or timeout_s <= 0:
             return self.progress.commit_point
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[int] = loop.create_future()
         entry = (seq, next(self._waiter_ids), _Waiter(seq, future))
         heapq.heappush(self._waiters, entry)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(future), timeout_s)
-        if not future.done():
-            future.cancel()
-            # A seq that never commits would otherwise keep its entry for ever.
-            with contextlib.suppress(ValueError):
-                self._waiters.remove(entry)
-                heapq.heapify(self._waiters)
+        # A timer instead of wait_for(shield(...)): the release wakes this task in one step.
+        timer = loop.call_later(timeout_s, _expire, future)
+        try:
+            await future
+        finally:
+            timer.cancel()
+            if not future.done() or future.cancelled() or future.result() < seq:
+                # Timed out or cancelled: a seq that never commits would keep its entry for ever.
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(entry)
+                    heapq.heapify(self._waiters)
         return self.progress.commit_point
 
     async def wait_visible_past(self, seq: int, timeout_s: float) -> None:
@@ -504,17 +515,20 @@ class ShardReplica:
         """Remembered batches from ``first_seq`` on, consecutive, as many as one ``BATCH`` frame
         holds (at least one, if ``first_seq`` is remembered at all)."""
         run: list[fr.Batch] = []
-        entries = size = 0
+        entries = size = meta_entries = 0
         while (found := self._recent.get(first_seq)) is not None:
             batch, batch_size = found
+            batch_meta = len(batch.meta) if batch.meta else 0
             if run and (
                 entries + len(batch.seqs) > limits.batch_entries_max
                 or size + batch_size > limits.batch_bytes_max
+                or meta_entries + batch_meta > limits.frame_meta_entries_max
             ):
                 break
             run.append(batch)
             entries += len(batch.seqs)
             size += batch_size
+            meta_entries += batch_meta
             first_seq = batch.last_seq + 1
         return run
 
@@ -551,7 +565,8 @@ class ShardReplica:
         if not columns[0]:
             raise InvalidRequest("a batch needs at least one entry")
         first, last = self._take_seqs(len(columns[0]))
-        batch = fr.Batch(
+        # Unchecked: prepare_columns checked the columns, and the seqs are made right here.
+        batch = fr.Batch.unchecked(
             self.shard_id, first, last, True, tuple(range(first, last + 1)), *columns, None
         )
         return await self._head_write(batch, payload)

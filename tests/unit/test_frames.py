@@ -685,3 +685,16 @@ def test_fuzz_mutated_valid_frames(frame: f.Frame, position: int, noise: bytes) 
     position %= len(data)
     data[position : position + len(noise)] = noise
     feed_expecting_only_protocol_errors(bytes(data))
+
+
+@given(any_frame)
+def test_an_unchecked_frame_equals_the_checked_one_and_encodes_the_same(frame: f.Frame) -> None:
+    fields = [getattr(frame, name) for name in spec_of(frame).field_names]
+    twin = type(frame).unchecked(*fields)
+    assert twin == frame
+    assert f.encode(twin) == f.encode(frame)
+
+
+def test_an_unchecked_frame_needs_every_field() -> None:
+    with pytest.raises(ValueError):
+        f.Ack.unchecked(3)
