@@ -103,20 +103,20 @@ def _bench_report(
 
 
 @bench.command("produce")
-@click.option("--messages", default=300_000, show_default=True, help="Messages to produce.")
-@click.option("--batch", default=100, show_default=True, help="Messages per produce call.")
-@click.option("--in-flight", default=64, show_default=True, help="Batches outstanding at once.")
-@click.option("--replicas", default=3, show_default=True, help="Nodes in the shard's chain.")
-@click.option("--singles", default=2000, show_default=True, help="One-message acks=all samples.")
+@click.option("--messages", type=int, help="Messages to produce.  [default: 300000]")
+@click.option("--batch", type=int, help="Messages per produce call.  [default: 100]")
+@click.option("--in-flight", type=int, help="Batches outstanding at once.  [default: 128]")
+@click.option("--replicas", type=int, help="Nodes in the shard's chain.  [default: 3]")
+@click.option("--singles", type=int, help="One-message acks=all samples.  [default: 2000]")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
 @click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
 def bench_produce_command(
-    messages: int,
-    batch: int,
-    in_flight: int,
-    replicas: int,
-    singles: int,
+    messages: int | None,
+    batch: int | None,
+    in_flight: int | None,
+    replicas: int | None,
+    singles: int | None,
     as_json: bool,
     out: str | None,
     base: str | None,
@@ -124,8 +124,16 @@ def bench_produce_command(
     """A local chain of node processes: produce with acks=all through the client, then consume."""
     from kayos.bench.produce import ProduceBenchParameters, bench_produce
 
+    # Options left out keep the defaults of ProduceBenchParameters (the one place they live).
+    given = {
+        "messages": messages,
+        "batch": batch,
+        "in_flight": in_flight,
+        "replicas": replicas,
+        "singles": singles,
+    }
     try:
-        parameters = ProduceBenchParameters(messages, batch, in_flight, replicas, singles)
+        parameters = ProduceBenchParameters(**{k: v for k, v in given.items() if v is not None})
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     _bench_report(bench_produce(parameters, base), as_json, out)

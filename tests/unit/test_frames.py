@@ -696,5 +696,5 @@ def test_an_unchecked_frame_equals_the_checked_one_and_encodes_the_same(frame: f
 
 
 def test_an_unchecked_frame_needs_every_field() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="shorter"):
         f.Ack.unchecked(3)

@@ -220,3 +220,22 @@ def test_up_exits_1_when_a_node_dies(up_process: subprocess.Popen[str]) -> None:
     assert up_process.wait(timeout=30) == 1
     assert up_process.stdout is not None
     assert "node b exited with code -9" in up_process.stdout.read()
+
+
+def test_the_produce_bench_help_states_the_parameters_defaults() -> None:
+    # The CLI leaves defaults to ProduceBenchParameters; its help text repeats them.
+    from click.testing import CliRunner
+
+    from kayos.bench.produce import ProduceBenchParameters
+    from kayos.cli.main import cli
+
+    text = " ".join(CliRunner().invoke(cli, ["bench", "produce", "--help"]).output.split())
+    defaults = ProduceBenchParameters()
+    for option, value in [
+        ("--messages", defaults.messages),
+        ("--batch", defaults.batch),
+        ("--in-flight", defaults.in_flight),
+        ("--replicas", defaults.replicas),
+        ("--singles", defaults.singles),
+    ]:
+        assert f"[default: {value}]" in text.split(option, 1)[1].split("--", 1)[0]
