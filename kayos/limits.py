@@ -173,8 +173,9 @@ replica_recent_bytes_max = 64 * 1024 * 1024
 inline_commit_entries_max = 16
 
 # A member below the head writes its commit point (what a tail may show consumers) into its local
-# metadata at most this often: a restarted tail serves what was committed up to about this long
-# before it stopped, and the rest once its upstream tells it. Rarer means fewer metadata writes.
+# metadata this often (and when its node stops), if it moved: a tail restarted after a crash
+# serves what was committed up to about this long before, and the rest once its upstream tells
+# it. Rarer means fewer metadata commits (one small fsync each).
 commit_point_persist_interval_ms = 1000
 
 # How often a node looks at its stores' garbage ratios to start a background compaction: often

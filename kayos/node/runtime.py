@@ -182,6 +182,7 @@ class Node:
                 self._links.append(link)
                 self._spawn(link.run())
         self._spawn(self._compaction_loop())
+        self._spawn(self._commit_point_loop())
         self._server = await asyncio.start_server(
             self._on_connection, self.address.host, self.address.bin_port, limit=2**20
         )
@@ -213,6 +214,17 @@ class Node:
                     continue
                 log.info("shard %s: compacted: %s", replica.shard_id, result)
 
+    async def _commit_point_loop(self) -> None:
+        """Writes down each replica's commit point now and then (docs/replication-protocol.md,
+        "Commit progress"), so a restarted tail serves at once what was committed before."""
+        while True:
+            await asyncio.sleep(limits.commit_point_persist_interval_ms / 1000)
+            for replica in list(self.replicas.values()):
+                try:
+                    await replica.persist_commit_point()
+                except KayosError as exc:
+                    log.warning("shard %s: commit point not written: %s", replica.shard_id, exc)
+
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
@@ -230,6 +242,8 @@ class Node:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         for replica in self.replicas.values():
+            with contextlib.suppress(KayosError):
+                await replica.persist_commit_point()
             replica.close()
 
     # --- routing -------------------------------------------------------------------------------

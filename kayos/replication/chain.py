@@ -25,8 +25,9 @@ class Progress:
     forwarded (at least ``durable``: members forward before they persist); ``committed`` the seq
     durable on it and on every member below it (for a head: the shard's committed seq);
     ``commit_point`` the shard's committed seq as this member knows it, which consumers may see.
-    ``upstream_point`` is the last commit point the upstream sent. None of them ever decreases,
-    except ``accepted``, which ``Discarded`` brings back to ``durable``.
+    ``upstream_point`` is the last commit point the upstream sent. None of them ever decreases
+    on one history: ``Discarded`` brings ``accepted`` back to ``durable``, and a rollback starts
+    a new ``Progress``.
     """
 
     has_upstream: bool
@@ -188,7 +189,9 @@ def step(progress: Progress, event: Event) -> tuple[Progress, list[Action]]:
         if event.seq > progress.accepted:
             progress = replace(progress, accepted=event.seq)
     elif isinstance(event, Discarded):
-        progress = replace(progress, accepted=progress.durable)
+        # The links below are being closed: what they reported may name seqs of the lost part,
+        # and must not count for the seqs given out anew (DownstreamLinked starts them afresh).
+        progress = replace(progress, accepted=progress.durable, acked={}, downstream_committed={})
     elif isinstance(event, DownstreamAck | DownstreamCommitted):
         table = (
             progress.acked if isinstance(event, DownstreamAck) else progress.downstream_committed

@@ -321,9 +321,11 @@ class ShardReplica:
         # Set when a head commit failed: no seq is given out until a new takeover entry is down.
         self._write_failure: BaseException | None = None
         self._background: set[asyncio.Task[None]] = set()
+        # The store commit running in a worker thread, if any: cancelling the task that awaits it
+        # does not stop it, so whoever needs the store settled waits for this (``settle``).
+        self._commit_in_flight: asyncio.Future[CommitResult] | None = None
         point = self.store.meta.get(COMMIT_POINT_META_KEY, 0)
         self._point_persisted = point if isinstance(point, int) else 0
-        self._point_persisted_at = clock.monotonic_s()
         # The highest seq that holds an entry (metadata-only commits take seqs too); the consumer
         # lag counts up to here. Unknown after a restart, so it starts at the last seq.
         self.last_entry_seq = self.store.last_seq
@@ -418,26 +420,26 @@ class ShardReplica:
             link.offer(batch)
         self.changed.notify()
 
-    def point_to_persist(self) -> int:
-        """The commit point to write down with the next commit, or 0 when it is not due
-        (``limits.commit_point_persist_interval_ms``)."""
-        point = self.progress.commit_point
-        if point <= self._point_persisted:
-            return 0
-        elapsed_s = self.clock.monotonic_s() - self._point_persisted_at
-        if elapsed_s * 1000 < limits.commit_point_persist_interval_ms:
-            return 0
-        return point
+    def commit_point_to_persist(self) -> int | None:
+        """The commit point to write down now, or None: only members below the head keep one,
+        and only when it moved since it was last written."""
+        if self.upstream is None or self.progress.commit_point <= self._point_persisted:
+            return None
+        return self.progress.commit_point
 
-    def point_persisted(self, point: int) -> None:
-        self._point_persisted = point
-        self._point_persisted_at = self.clock.monotonic_s()
+    async def persist_commit_point(self) -> None:
+        """Writes the commit point into the store's local metadata (no seq, never replicated), so
+        a restarted tail serves what was committed before it stopped."""
+        point = self.commit_point_to_persist()
+        if point is not None:
+            await asyncio.to_thread(self.store.commit, [], meta={COMMIT_POINT_META_KEY: point})
+            self._point_persisted = max(self._point_persisted, point)
 
     def discard_unpersisted(self) -> None:
-        """The upstream link ended: what was accepted but is not durable may never be (the
-        upstream may have lost it). The links below may hold it, so they subscribe again and the
-        divergence rule rolls them back to what this replica holds."""
-        self.local_commit_done()  # a commit cut off with its link may have landed meanwhile
+        """The upstream link ended (and ``settle`` let the last commit land): what was accepted
+        but is not durable may never be (the upstream may have lost it). The links below may
+        hold it, so they subscribe again and the divergence rule rolls them back to what this
+        replica holds."""
         if self.progress.accepted > self.progress.durable:
             self._apply_events(chain.Discarded())
             self.forget_recent()
@@ -536,6 +538,13 @@ class ShardReplica:
         self._recent.clear()
         self._recent_order.clear()
         self._recent_bytes = 0
+
+    @property
+    def starting_new_history(self) -> bool:
+        """A head commit failed and the takeover entry that starts the new history is not down
+        yet: no seq is given out, and no downstream may subscribe (it would record the old
+        takeover table)."""
+        return self._write_failure is not None
 
     def _check_writable(self) -> None:
         if self._write_failure is not None:
@@ -688,10 +697,25 @@ class ShardReplica:
         if inline and len(columns[0]) <= limits.inline_commit_entries_max:
             return self._commit_now(columns, **options)
         started = time.perf_counter()
-        result = await asyncio.to_thread(self.store.commit_columns, *columns, **options)
+        future = asyncio.ensure_future(
+            asyncio.to_thread(self.store.commit_columns, *columns, **options)
+        )
+        self._commit_in_flight = future
+        result = await asyncio.shield(future)
         if self.commit_observer is not None:
             self.commit_observer(time.perf_counter() - started)
         return result
+
+    async def settle(self) -> None:
+        """Returns once no store commit of this replica runs in a worker thread any more (one
+        whose awaiting task was cancelled still lands), and counts what landed."""
+        future = self._commit_in_flight
+        if future is not None:
+            if not future.done():
+                await asyncio.wait([future])
+            if not future.cancelled():
+                future.exception()  # retrieved: its task, if still alive, raised it already
+        self.local_commit_done()
 
     # --- the store below the links -------------------------------------------------------------
 
@@ -807,7 +831,18 @@ class UpstreamLink:
                 raise_error_frame(reply)
             if not isinstance(reply, fr.HelloOk):
                 raise ProtocolError(f"expected HELLO_OK, got {type(reply).__name__}")
-            subscribed = await self._subscribe(stream)
+            if reply.protocol_version < fr.LINK_PROTOCOL_VERSION_MIN:
+                raise ProtocolError(
+                    f"upstream {replica.upstream} speaks protocol version "
+                    f"{reply.protocol_version}; links need {fr.LINK_PROTOCOL_VERSION_MIN}"
+                )
+            subscribed, from_seq = await self._subscribe(stream)
+            if replica.store.last_seq != from_seq - 1:
+                # The store moved after the SUBSCRIBE (a commit landed late): the verdict was
+                # for another log. Subscribe again from where the store is now.
+                raise ReplicationError(
+                    f"store at {replica.store.last_seq} after subscribing from {from_seq}"
+                )
             table = list(subscribed.takeover_table)
             behind = replica.store.last_seq < subscribed.last_seq
             await asyncio.to_thread(
@@ -834,14 +869,12 @@ class UpstreamLink:
         finally:
             stream.close()
 
-    async def _subscribe(self, stream: FrameStream) -> fr.Subscribed:
+    async def _subscribe(self, stream: FrameStream) -> tuple[fr.Subscribed, int]:
+        """The upstream's SUBSCRIBED without a rollback, and the from_seq it answers."""
         replica = self.replica
         for _ in range(3):
-            stream.send(
-                fr.Subscribe(
-                    replica.shard_id, replica.store.last_seq + 1, tuple(replica.takeover_table())
-                )
-            )
+            from_seq = replica.store.last_seq + 1
+            stream.send(fr.Subscribe(replica.shard_id, from_seq, tuple(replica.takeover_table())))
             reply = await stream.recv()
             if isinstance(reply, fr.ErrorFrame):
                 if reply.code == RollbackTooFarError.code:
@@ -851,7 +884,7 @@ class UpstreamLink:
             if not isinstance(reply, fr.Subscribed) or reply.shard != replica.shard_id:
                 raise ProtocolError(f"expected SUBSCRIBED, got {type(reply).__name__}")
             if reply.rollback_to is None:
-                return reply
+                return reply, from_seq
             log.warning(
                 "shard %s: rolling back from %s to %s to follow %s",
                 replica.shard_id,
@@ -898,6 +931,9 @@ class UpstreamLink:
             applier.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await applier
+            # A commit the applier was awaiting still runs in its thread: let it land before
+            # deciding what was lost, and before the next SUBSCRIBE names a from_seq.
+            await replica.settle()
             replica.discard_unpersisted()
 
     async def _apply(self, batches: asyncio.Queue[fr.Batch | None], catch_up_target: int) -> None:
@@ -930,15 +966,8 @@ class UpstreamLink:
                 group.append(nxt)
                 entries += len(nxt.seqs)
                 payload += _batch_bytes(nxt)
-            point = replica.point_to_persist()
-            columns, options = _commit_args(
-                group,
-                validated=False,
-                extra_meta={COMMIT_POINT_META_KEY: point} if point else None,
-            )
+            columns, options = _commit_args(group, validated=False)
             await replica.timed_commit(columns, inline=batches.empty(), **options)
-            if point:
-                replica.point_persisted(point)
             last_entry = max((b.seqs[-1] for b in group if b.seqs), default=0)
             replica.last_entry_seq = max(replica.last_entry_seq, last_entry)
             if replica.catching_up and replica.store.last_seq >= catch_up_target:
@@ -1075,6 +1104,10 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
             raise UnavailableError(
                 f"{replica.node_id} is catching up on shard {replica.shard_id}; retry later"
             )
+        if replica.starting_new_history:
+            raise UnavailableError(
+                f"{replica.node_id} is starting a new history of shard {replica.shard_id}"
+            )
         own_table = replica.takeover_table()
         verdict = chain.rollback_point(
             list(frame.takeover_table), own_table, frame.from_seq - 1, replica.durable
@@ -1096,6 +1129,8 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
             reply = await recv_or_companion_failure(stream, sender)
             if reply is None:
                 return
+            if link.closed:
+                return  # reports still buffered from a link this replica gave up on
             if isinstance(reply, fr.Ack | fr.Committed):
                 seq = reply.durable_seq if isinstance(reply, fr.Ack) else reply.committed_seq
                 if seq > link.sent:

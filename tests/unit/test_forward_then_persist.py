@@ -14,6 +14,7 @@ import pytest
 
 from kayos import limits
 from kayos.errors import ProtocolError, StorageError
+from kayos.replication import chain
 from kayos.replication import frames as fr
 from kayos.replication.replica import ShardReplica
 from kayos.storage import ShardStore
@@ -141,37 +142,54 @@ async def _until_written(node: Any, queue: str) -> tuple[int, int]:
 async def test_a_member_that_lost_its_upstream_with_unpersisted_seqs_relinks_its_tail(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The middle forwarded a batch it had not persisted yet when its upstream link ended: the
-    upstream may have lost it too, so the tail must subscribe again (and be told to roll back if
-    its history went further than the middle's)."""
+    """The middle forwarded batch Y to the tail but had not persisted it (its store was busy
+    with batch X) when its upstream link ended, and the head lost Y. The middle must make its
+    tail subscribe again: the tail then rolls Y back, instead of keeping it under seqs the head
+    gives out anew."""
     print("seed", SEED)
     async with _chain(tmp_path) as (_, nodes):
-        middle, tail = nodes["b"].replicas[0], nodes["c"].replicas[0]
+        head, middle, tail = (nodes[n].replicas[0] for n in "abc")
         queue = "q"
         await nodes["a"].produce(queue, [b"before"], [b"v"], None, None, acks=-1)
-        await _until(lambda: "c" in middle.downstream_streams, "the tail linked")
-        tail_stream = middle.downstream_streams["c"]
-        entered, release = _hold_before_commit(monkeypatch, middle, THREADED)
-        keys = _keys("k", THREADED)
-        _, last = await nodes["a"].produce(queue, keys, [b"v"] * THREADED, None, None, acks=1)
-        try:
-            await _until(entered.is_set, "the middle's commit held")
-            await _until(lambda: tail.durable >= last, "the tail holding what the middle lacks")
-            stream = middle.upstream_stream
-            assert stream is not None
-            stream.close()
-            await _until(lambda: middle.upstream_stream is None, "the middle's link down")
-        finally:
-            # The held commit lands before the middle links again (its retry waits >= 25 ms),
-            # so the middle is not behind its upstream then and no catch-up closes the tail's
-            # link: only the rule under test does.
-            release.set()
+        x_keys, y_keys = _keys("x", THREADED), _keys("y", THREADED + 1)
+        release_x = threading.Event()
+        real_commit = ShardStore.commit_columns
+
+        def commit_columns(store: ShardStore, *args: Any, **kwargs: Any) -> Any:
+            keys = args[0]
+            if store is middle.store and len(keys) == len(x_keys):
+                assert release_x.wait(WAIT_S)  # the middle's store is slow with X
+            if store is head.store and len(keys) == len(y_keys):
+                deadline = WAIT_S
+                while tail.durable < y_last and deadline > 0:
+                    threading.Event().wait(0.01)  # a bounded poll from the worker thread
+                    deadline -= 0.01
+                raise StorageError("simulated: the head's disk failed this commit")
+            return real_commit(store, *args, **kwargs)
+
+        y_last = 1 + len(x_keys) + len(y_keys)
+        monkeypatch.setattr(ShardStore, "commit_columns", commit_columns)
+        await nodes["a"].produce(queue, x_keys, [b"v"] * len(x_keys), None, None, acks=1)
+        with pytest.raises(StorageError):
+            await nodes["a"].produce(queue, y_keys, [b"v"] * len(y_keys), None, None, acks=1)
+        assert middle.progress.accepted == y_last, "the middle took Y in"
+        assert middle.durable < y_last, "and holds it nowhere durable yet"
+        release_x.set()
+        await _until(lambda: not head.starting_new_history, "the head's new history")
+        # New writes only once the middle follows the head again, level with it: no catch-up
+        # (which closes the links below too) can hide the rule under test.
         await _until(
-            lambda: middle.downstream_streams.get("c") is not tail_stream, "the tail's link closed"
+            lambda: "b" in head.downstream_streams and middle.durable == head.durable,
+            "the middle linked again",
         )
-        assert await nodes["a"].wait_committed(0, last, int(WAIT_S * 1000)) >= last
-        await _until(lambda: tail.commit_point >= last, "the tail committed through the batch")
-        assert _stored_keys(tail) == _stored_keys(middle)
+        for i in range(len(y_keys) + 4):
+            await nodes["a"].produce(queue, [f"after-{i}".encode()], [b"v"], None, None, acks=1)
+        await _until(
+            lambda: tail.commit_point >= head.durable and middle.durable == head.durable,
+            "the chain level again",
+        )
+        for replica in (middle, tail):
+            assert _stored_keys(replica) == _stored_keys(head), f"{replica.node_id} diverged"
 
 
 @pytest.mark.asyncio
@@ -194,3 +212,140 @@ async def test_a_version_1_link_is_refused(tmp_path: Path) -> None:
             assert "version 2" in frames[0].message
         finally:
             writer.close()
+
+
+def test_a_discard_forgets_the_reports_of_the_lost_part() -> None:
+    """A downstream may report seqs its head then loses; those reports must not count for the
+    seqs the head gives out anew, or a write held by the head alone would count as committed."""
+    head = chain.Progress(has_upstream=False, downstreams=("b",))
+    head, _ = run_events(
+        head,
+        chain.Durable(1),
+        chain.Accepted(21),
+        chain.DownstreamCommitted("b", 21),
+        chain.Discarded(),
+    )
+    head, _ = run_events(head, chain.Durable(2))  # seq 2 of the new history, on the head alone
+    assert head.commit_point == 1
+
+
+def run_events(
+    progress: chain.Progress, *events: chain.Event
+) -> tuple[chain.Progress, list[chain.Action]]:
+    actions: list[chain.Action] = []
+    for event in events:
+        progress, more = chain.step(progress, event)
+        actions.extend(more)
+    return progress, actions
+
+
+@pytest.mark.asyncio
+async def test_a_stale_report_never_commits_the_new_history(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The middle and tail commit a batch before the head, whose commit then fails. Until the
+    middle links again, the head alone holds its new writes: an acks=all write must wait."""
+    print("seed", SEED)
+    async with _chain(tmp_path) as (_, nodes):
+        head, middle = nodes["a"].replicas[0], nodes["b"].replicas[0]
+        queue = "q"
+        await nodes["a"].produce(queue, [b"before"], [b"v"], None, None, acks=-1)
+        gate = asyncio.Event()  # keeps the middle from linking again
+        link = next(link for link in nodes["b"]._links if link.replica is middle)
+        real_connect = link._connect
+
+        async def gated_connect(*args: Any, **kwargs: Any) -> Any:
+            await gate.wait()
+            return await real_connect(*args, **kwargs)
+
+        link._connect = gated_connect
+        last = 1 + THREADED
+        reported = threading.Event()
+        real_commit = ShardStore.commit_columns
+
+        def commit_columns(store: ShardStore, *args: Any, **kwargs: Any) -> Any:
+            if store is head.store and len(args[0]) == THREADED:
+                assert reported.wait(WAIT_S)
+                raise StorageError("simulated: the head's disk failed this commit")
+            return real_commit(store, *args, **kwargs)
+
+        monkeypatch.setattr(ShardStore, "commit_columns", commit_columns)
+        write = asyncio.create_task(
+            nodes["a"].produce(
+                queue, _keys("doomed", THREADED), [b"v"] * THREADED, None, None, acks=-1
+            )
+        )
+        await _until(
+            lambda: head.progress.downstream_committed.get("b", 0) >= last, "b reporting it"
+        )
+        reported.set()
+        with pytest.raises(StorageError):
+            await asyncio.wait_for(write, WAIT_S)
+        monkeypatch.setattr(ShardStore, "commit_columns", real_commit)
+        await _until(lambda: not head.starting_new_history, "the head's new history")
+        first, _ = await nodes["a"].produce(queue, [b"after"], [b"v"], None, None, acks=1)
+        assert await head.wait_committed(first, 0.2) < first, "committed on the head alone"
+        gate.set()
+        assert await head.wait_committed(first, WAIT_S) >= first
+
+
+@pytest.mark.asyncio
+async def test_a_commit_still_landing_when_the_link_drops_is_rolled_back_with_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The middle's commit of a batch the head then loses is still in its worker thread when the
+    link drops (its awaiting task is cancelled, the thread goes on). It must land before the
+    middle subscribes again, so that the divergence rule sees it and rolls it back; landing after
+    the SUBSCRIBE, it would stay under seqs the head gives out anew."""
+    print("seed", SEED)
+    async with _chain(tmp_path) as (_, nodes):
+        head, middle, tail = (nodes[n].replicas[0] for n in "abc")
+        queue = "q"
+        await nodes["a"].produce(queue, [b"before"], [b"v"], None, None, acks=-1)
+        last = 1 + THREADED
+        release = threading.Event()
+        real_commit = ShardStore.commit_columns
+
+        def commit_columns(store: ShardStore, *args: Any, **kwargs: Any) -> Any:
+            if store is head.store and len(args[0]) == THREADED:
+                deadline = WAIT_S
+                while middle.progress.accepted < last and deadline > 0:
+                    threading.Event().wait(0.01)  # a bounded poll from the worker thread
+                    deadline -= 0.01
+                raise StorageError("simulated: the head's disk failed this commit")
+            if store is middle.store and len(args[0]) == THREADED:
+                assert release.wait(WAIT_S)  # a slow fsync, under way when the link drops
+            return real_commit(store, *args, **kwargs)
+
+        monkeypatch.setattr(ShardStore, "commit_columns", commit_columns)
+        with pytest.raises(StorageError):
+            await nodes["a"].produce(
+                queue, _keys("doomed", THREADED), [b"v"] * THREADED, None, None, acks=1
+            )
+        await _until(lambda: not head.starting_new_history, "the head's new history")
+        for i in range(THREADED + 4):
+            await nodes["a"].produce(queue, [f"after-{i}".encode()], [b"v"], None, None, acks=1)
+        # Give a middle that would subscribe before its commit lands the time to do so (its
+        # retry waits 25-75 ms), then let the commit land.
+        await _within(lambda: "b" in head.downstream_streams, 1.0)
+        release.set()
+        await _until(
+            lambda: tail.commit_point >= head.durable and middle.durable == head.durable,
+            "the chain level again",
+        )
+        for replica in (middle, tail):
+            assert _stored_keys(replica) == _stored_keys(head), f"{replica.node_id} diverged"
+        page = await nodes["c"].consume(queue, "g", after=0, upto=None, limit=100, wait_ms=0)
+        assert not any(key.startswith(b"doomed") for key in page.keys)
+
+
+async def _within(condition: Any, seconds: float) -> bool:
+    """Whether ``condition`` holds within ``seconds`` (a bounded poll; False is no failure)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while True:
+        if condition():
+            return True
+        if loop.time() > deadline:
+            return False
+        await asyncio.sleep(0.01)
