@@ -43,6 +43,22 @@ def _hold_before_commit(
     return entered, release
 
 
+def _fail_head_commit(
+    monkeypatch: pytest.MonkeyPatch, head: ShardReplica, entries: int, when: threading.Event
+) -> None:
+    """``head``'s store refuses its commits of ``entries`` entries, once ``when`` is set: the
+    batch has gone down the chain by then, which is the case forward-then-persist must handle."""
+    real_commit = ShardStore.commit_columns
+
+    def commit_columns(store: ShardStore, *args: Any, **kwargs: Any) -> Any:
+        if store is head.store and len(args[0]) == entries:
+            assert when.wait(WAIT_S)
+            raise StorageError("simulated: the head's disk failed this commit")
+        return real_commit(store, *args, **kwargs)
+
+    monkeypatch.setattr(ShardStore, "commit_columns", commit_columns)
+
+
 def _keys(prefix: str, count: int) -> list[bytes]:
     return [f"{prefix}-{i}".encode() for i in range(count)]
 
@@ -92,15 +108,7 @@ async def test_a_failed_head_commit_is_dropped_everywhere_and_writes_resume(
         await nodes["a"].produce(queue, [b"before"], [b"v"], None, None, acks=-1)
         real_commit = ShardStore.commit_columns
         downstream_has_it = threading.Event()
-
-        def commit_columns(store: ShardStore, *args: Any, **kwargs: Any) -> Any:
-            if store is head.store and len(args[0]) == THREADED:
-                # Fail only once the others hold the batch: the case this rule is for.
-                assert downstream_has_it.wait(WAIT_S)
-                raise StorageError("simulated: the head's disk failed this commit")
-            return real_commit(store, *args, **kwargs)
-
-        monkeypatch.setattr(ShardStore, "commit_columns", commit_columns)
+        _fail_head_commit(monkeypatch, head, THREADED, downstream_has_it)
         doomed = _keys("doomed", THREADED)
         write = asyncio.create_task(
             nodes["a"].produce(queue, doomed, [b"v"] * THREADED, None, None, acks=-1)
@@ -262,14 +270,7 @@ async def test_a_stale_report_never_commits_the_new_history(
         last = 1 + THREADED
         reported = threading.Event()
         real_commit = ShardStore.commit_columns
-
-        def commit_columns(store: ShardStore, *args: Any, **kwargs: Any) -> Any:
-            if store is head.store and len(args[0]) == THREADED:
-                assert reported.wait(WAIT_S)
-                raise StorageError("simulated: the head's disk failed this commit")
-            return real_commit(store, *args, **kwargs)
-
-        monkeypatch.setattr(ShardStore, "commit_columns", commit_columns)
+        _fail_head_commit(monkeypatch, head, THREADED, reported)
         write = asyncio.create_task(
             nodes["a"].produce(
                 queue, _keys("doomed", THREADED), [b"v"] * THREADED, None, None, acks=-1

@@ -193,8 +193,10 @@ async def test_a_commit_cut_off_by_a_link_failure_is_still_forwarded(
         stream = middle.upstream_stream
         assert stream is not None
         stream.close()
-        await _until(lambda: middle.upstream_stream is not stream, "the link down")
+        # The link ends with the commit still in its worker thread; the link waits for it to
+        # land (settle) before it links again, so it is released here, not once the link is down.
         release.set()
+        await _until(lambda: middle.upstream_stream is not stream, "the link down")
         committed = await nodes["a"].wait_committed(0, last, 10_000)
         assert committed >= last, f"committed {committed} never reached {last}"
         assert tail.durable >= last
