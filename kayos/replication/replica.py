@@ -387,12 +387,9 @@ class ShardReplica:
             if stream is not None:
                 asyncio.get_running_loop().call_soon(self._send_ack, stream, action.seq)
         elif isinstance(action, chain.SendCommitPoint):
-            frame = fr.CommitPoint(self.shard_id, action.seq)
-            if action.node is None:
-                for stream in self.downstream_streams.values():
-                    stream.send(frame)
-            elif (one := self.downstream_streams.get(action.node)) is not None:
-                one.send(frame)
+            # After this turn of the event loop: the producers and waiters released by the same
+            # step answer first (a send wakes the downstream, which may take this CPU).
+            asyncio.get_running_loop().call_soon(self._send_commit_point, action)
         elif isinstance(action, chain.CommitPointAdvanced):
             self._release_waiters(action.seq)
             self.changed.notify()
@@ -401,6 +398,18 @@ class ShardReplica:
             bad = self.downstream_streams.pop(action.node, None)
             if bad is not None:
                 bad.close()
+
+    def _send_commit_point(self, action: chain.SendCommitPoint) -> None:
+        # The point as it is when it goes out (it may have moved on since the step that asked).
+        seq = self.progress.commit_point
+        if not seq:
+            return
+        frame = fr.CommitPoint(self.shard_id, seq)
+        if action.node is None:
+            for stream in self.downstream_streams.values():
+                stream.send(frame)
+        elif (one := self.downstream_streams.get(action.node)) is not None:
+            one.send(frame)
 
     def _send_ack(self, stream: FrameStream, seq: int) -> None:
         if self.upstream_stream is stream:
