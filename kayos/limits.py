@@ -151,6 +151,10 @@ assert wait_committed_timeout_ms_max < 2**32, "WAIT_COMMITTED's timeout field is
 consume_wait_ms_max = 60_000
 # Messages in one consume page: a page is built in memory and sent as one reply.
 consume_page_entries_max = 10_000
+# A snapshot's first page at a tail waits at most this long for the tail's commit point to cover
+# what the tail held durably when the request came (read your acks=all writes at the tail: the
+# head answered, its COMMIT_POINT is still on its way down), and only while linked upstream.
+consume_commit_point_wait_ms = 500
 # An acks=all produce is failed with `timeout` after this long without the chain committing it; the
 # write may still commit (the outcome is unknown to the producer).
 produce_commit_timeout_ms = 30_000

@@ -374,6 +374,13 @@ class Node:
         limit = max(1, min(limit, limits.consume_page_entries_max))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(wait_ms, limits.consume_wait_ms_max) / 1000
+        if upto is None:
+            # A new snapshot: everything an acks=all producer was told is committed is durable
+            # here already, and its commit point is on its way down; wait for it (briefly), so
+            # that a consumer reads its own acknowledged writes.
+            await replica.wait_visible_through(
+                replica.durable, limits.consume_commit_point_wait_ms / 1000
+            )
         while True:
             page = await asyncio.to_thread(
                 read_page, replica, queue, group, hwm, start, upto, limit

@@ -484,6 +484,18 @@ class ShardReplica:
                     heapq.heapify(self._waiters)
         return self.progress.commit_point
 
+    async def wait_visible_through(self, seq: int, timeout_s: float) -> None:
+        """Returns once the commit point reaches ``seq``, the link upstream is down (no point is
+        coming), or ``timeout_s`` passed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.progress.commit_point < seq and self.upstream_stream is not None:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.waiter(), remaining)
+
     async def wait_visible_past(self, seq: int, timeout_s: float) -> None:
         """Returns once the commit point is past ``seq`` or after ``timeout_s``."""
         loop = asyncio.get_running_loop()

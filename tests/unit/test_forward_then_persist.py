@@ -350,3 +350,17 @@ async def _within(condition: Any, seconds: float) -> bool:
         if loop.time() > deadline:
             return False
         await asyncio.sleep(0.01)
+
+
+@pytest.mark.asyncio
+async def test_a_consumer_reads_its_acks_all_writes_at_the_tail_at_once(tmp_path: Path) -> None:
+    """The head answers an acks=all producer once the chain is committed, before its
+    COMMIT_POINT reaches the tail; a snapshot opened at the tail right after must still hold the
+    write (the tail waits for its commit point to cover what it holds)."""
+    print("seed", SEED)
+    async with _chain(tmp_path) as (_, nodes):
+        queue = "q"
+        for i in range(30):
+            _, last = await nodes["a"].produce(queue, [b"k%d" % i], [b"v"], None, None, acks=-1)
+            page = await nodes["c"].consume(queue, "g", after=0, upto=None, limit=100, wait_ms=0)
+            assert page.seqs[-1:] == [last], f"write {i} at seq {last} not seen: {page.seqs[-3:]}"
