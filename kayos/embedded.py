@@ -103,7 +103,7 @@ class EmbeddedQueue:
         return first_seq
 
     def produce_batch(
-        self, items: Iterable[ItemLike], *, acks: Acks = 1, txn: bool = True
+        self, items: Iterable[ItemLike], *, acks: Acks = "all", txn: bool = True
     ) -> tuple[int, int]:
         """Appends a batch as one durable, all-or-nothing commit; returns its seq range."""
         acks_code(acks)  # refuse a bad value as the client would

@@ -44,6 +44,9 @@ queue_name_bytes_max = 128
 key_bytes_max = 384
 # One item: Kestrel's practical ceiling and well under chunk_bytes_max.
 value_bytes_max = 16 * 1024 * 1024
+# Seqs, expiries (ms since the Unix epoch) and every other integer a request carries are u64 on the
+# wire (msgpack) and in the store; a larger one is refused where it enters, before it takes a seq.
+u64_max = 2**64 - 1
 # Headers are small metadata, not a second payload.
 headers_bytes_max = 64 * 1024
 # One commit batch, in entries and bytes: bounds the memory a single producer can pin and the
@@ -162,6 +165,13 @@ produce_commit_timeout_ms = 30_000
 group_state_bytes_max = 64 * 1024
 # An HTTP request body: one full batch in JSON (which can double binary-safe sizes) plus slack.
 http_body_bytes_max = 2 * batch_bytes_max
+# Nesting of a JSON request body, checked by a scan before it is parsed (Python's parser recurses
+# per level and would fail with RecursionError near 1,000). The deepest valid body is 4 levels
+# ({"messages": [{"headers": {...}}]}); 32 leaves room for new fields, not for a stack bomb.
+json_depth_max = 32
+# Entries a group's lag reply scans (this queue's entries in (hwm, boundary], counted in a worker
+# thread): ~0.5 s at the storage bench's scan rate. Past it the reply says the count is a floor.
+group_lag_scan_entries_max = 1_000_000
 # Delay before a replica retries its upstream link, doubling up to the max: a restarting upstream
 # comes back within seconds, and a retry storm must not eat the CPU the live chain needs.
 link_retry_delay_ms_min = 50
@@ -194,6 +204,7 @@ compaction_window_fraction = 10
 gc_thresholds = (50_000, 20, 100)
 
 assert consume_page_entries_max <= scan_page_entries_max
+assert 4 <= json_depth_max < 500, "every valid body fits; far below Python's recursion limit"
 assert link_retry_delay_ms_min <= link_retry_delay_ms_max
 
 # --- client (kayos/client/) ----------------------------------------------------------------------

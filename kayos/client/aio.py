@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from kayos import limits
+from kayos.checks import check_u64
 from kayos.client.binary import BinaryConnection
 from kayos.client.http import HttpTransport
 from kayos.client.policy import RetryPolicy, RetryState
@@ -33,6 +34,7 @@ from kayos.client.types import (
     Transaction,
     acks_code,
     acks_param,
+    as_bytes,
     group_from_reply,
     page_from_reply,
     to_columns,
@@ -41,6 +43,7 @@ from kayos.clock import SYSTEM_CLOCK, Clock
 from kayos.errors import (
     InvalidRequest,
     KayosError,
+    LimitExceeded,
     ProtocolError,
     UnavailableError,
     WrongRoleError,
@@ -266,7 +269,7 @@ class AsyncClient:
         return first_seq
 
     async def produce_batch(
-        self, queue: str, items: Iterable[ItemLike], *, acks: Acks = 1, txn: bool = False
+        self, queue: str, items: Iterable[ItemLike], *, acks: Acks = "all", txn: bool = False
     ) -> tuple[int, int]:
         """Produces a batch as one request to the shard's head; returns ``(first_seq,
         last_seq)`` (both 0 under ``acks=0``). ``txn`` makes it all-or-nothing. Retrying is safe:
@@ -298,7 +301,7 @@ class AsyncClient:
         return await self._retrying(attempt)
 
     @contextlib.asynccontextmanager
-    async def transaction(self, queue: str, *, acks: Acks = 1) -> AsyncIterator[Transaction]:
+    async def transaction(self, queue: str, *, acks: Acks = "all") -> AsyncIterator[Transaction]:
         """Collects ``put``/``delete`` calls and produces them on exit as one all-or-nothing
         batch (``txn.result`` is its seq range). Nothing is produced if the block raises."""
         check_queue_name(queue)
@@ -312,8 +315,9 @@ class AsyncClient:
     ) -> bool:
         """True once the shard is committed (durable on every member) through ``seq``; False
         if ``timeout_s`` passes first."""
-        if isinstance(queue_or_shard, bool) or seq < 0 or timeout_s < 0:
-            raise InvalidRequest("wait_committed needs a queue or shard, seq >= 0, timeout >= 0")
+        check_u64(seq, "seq")
+        if isinstance(queue_or_shard, bool) or not timeout_s >= 0:
+            raise InvalidRequest("wait_committed needs a queue or shard and a timeout >= 0")
         if isinstance(queue_or_shard, int):
             shard = queue_or_shard
             if shard not in self.topology.shards:
@@ -355,9 +359,8 @@ class AsyncClient:
         check_queue_name(queue)
         if not group:
             raise InvalidRequest("a consumer group needs a name")
-        if not 1 <= page_size <= limits.consume_page_entries_max:
-            raise InvalidRequest(f"page_size must be 1 .. {limits.consume_page_entries_max}")
-        if wait_s < 0:
+        check_u64(page_size, "page_size", low=1, high=limits.consume_page_entries_max)
+        if not wait_s >= 0:
             raise InvalidRequest("wait_s must be >= 0")
         # columns=1: the node sends each page column by column (docs/node-api.md), which it builds
         # and this client decodes with no object per message until the caller asks for them.
@@ -413,8 +416,11 @@ class AsyncClient:
         """Commits the group's high-water mark (it has consumed every seq <= ``hwm``), with an
         optional opaque ``state``; answered once committed on every member."""
         check_queue_name(queue)
-        if not group or isinstance(hwm, bool) or hwm < 0:
-            raise InvalidRequest("commit needs a group name and hwm >= 0")
+        if not group:
+            raise InvalidRequest("commit needs a group name")
+        check_u64(hwm, "hwm")
+        if state is not None and len(as_bytes(state, "state")) > limits.group_state_bytes_max:
+            raise LimitExceeded(f"group state over {limits.group_state_bytes_max} bytes")
         body: dict[str, Any] = {"hwm": hwm}
         if state is not None:
             body["state"] = state
@@ -453,8 +459,8 @@ class AsyncClient:
         """One page of the queue's live entries after ``after`` as of now, from a tail, without
         a consumer group (for recovery scans of layers that keep their own cursors)."""
         check_queue_name(queue)
-        if after < 0 or not 1 <= limit <= limits.consume_page_entries_max:
-            raise InvalidRequest("read needs after >= 0 and a limit within the page bound")
+        check_u64(after, "after")
+        check_u64(limit, "limit", low=1, high=limits.consume_page_entries_max)
         params = {"group": "_read", "after": str(after), "limit": str(limit)}
         return await self._page(queue, params, 0.0)
 
@@ -492,7 +498,7 @@ class AsyncClient:
         await self._retrying(attempt)
 
     async def produce_http(
-        self, queue: str, items: Iterable[ItemLike], *, acks: Acks = 1, txn: bool = True
+        self, queue: str, items: Iterable[ItemLike], *, acks: Acks = "all", txn: bool = True
     ) -> tuple[int, int]:
         """``produce_batch`` over HTTP instead of the binary port (for tools and tests)."""
         check_queue_name(queue)

@@ -109,12 +109,12 @@ class Client:
         )
 
     def produce_batch(
-        self, queue: str, items: Iterable[ItemLike], *, acks: Acks = 1, txn: bool = False
+        self, queue: str, items: Iterable[ItemLike], *, acks: Acks = "all", txn: bool = False
     ) -> tuple[int, int]:
         return self._run(self._client.produce_batch(queue, list(items), acks=acks, txn=txn))
 
     @contextlib.contextmanager
-    def transaction(self, queue: str, *, acks: Acks = 1) -> Iterator[Transaction]:
+    def transaction(self, queue: str, *, acks: Acks = "all") -> Iterator[Transaction]:
         """As ``AsyncClient.transaction``: produced as one batch on a clean exit."""
         check_queue_name(queue)
         txn = Transaction(queue)
@@ -146,6 +146,20 @@ class Client:
 
     def group(self, queue: str, group: str) -> GroupInfo:
         return self._run(self._client.group(queue, group))
+
+    def read(self, queue: str, *, after: int, limit: int = 1000) -> Page:
+        return self._run(self._client.read(queue, after=after, limit=limit))
+
+    def list_groups(self) -> list[tuple[str, str, int]]:
+        return self._run(self._client.list_groups())
+
+    def delete_group(self, queue: str, group: str) -> None:
+        self._run(self._client.delete_group(queue, group))
+
+    def produce_http(
+        self, queue: str, items: Iterable[ItemLike], *, acks: Acks = "all", txn: bool = True
+    ) -> tuple[int, int]:
+        return self._run(self._client.produce_http(queue, list(items), acks=acks, txn=txn))
 
 
 async def _next(pages: AsyncGenerator[Page, None]) -> Page:

@@ -14,6 +14,7 @@ from operator import eq, lt
 from typing import Any, Literal, NamedTuple, TypeAlias, overload
 
 from kayos import limits
+from kayos.checks import check_expiry_ms, check_item_key
 from kayos.errors import InvalidRequest, LimitExceeded, ProtocolError
 
 Acks: TypeAlias = Literal["all", 0, 1, -1]
@@ -248,6 +249,9 @@ class GroupInfo:
     boundary: int
     lag: int
     state: bytes | None = None
+    # False when the node stopped counting at ``limits.group_lag_scan_entries_max`` entries
+    # (``lag`` is then a floor).
+    lag_complete: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,7 +304,11 @@ class Columns:
         """The HTTP body's ``messages`` list."""
         out: list[dict[str, Any]] = []
         for index, key in enumerate(self.keys):
-            message: dict[str, Any] = {"key": key, "value": self.values[index]}
+            value = self.values[index]
+            if value is None:  # a delete says so (docs/node-api.md); it carries only its key
+                out.append({"key": key, "delete": True})
+                continue
+            message: dict[str, Any] = {"key": key, "value": value}
             if self.expiries_ms is not None and self.expiries_ms[index]:
                 message["expiry_ms"] = self.expiries_ms[index]
             if self.headers is not None and self.headers[index] is not None:
@@ -349,14 +357,11 @@ def to_columns(items: Iterable[ItemLike]) -> Columns:
     headers: list[dict[str, bytes] | None] = []
     for raw in items:
         item = to_item(raw)
-        key = as_bytes(item.key, "a key")
-        if not 1 <= len(key) <= limits.item_key_bytes_max:
-            raise LimitExceeded(f"item key of {len(key)} bytes: 1 to {limits.item_key_bytes_max}")
+        key = check_item_key(as_bytes(item.key, "a key"))
         value = None if item.value is None else as_bytes(item.value, "a value")
         if value is not None and len(value) > limits.value_bytes_max:
             raise LimitExceeded(f"value of {len(value)} bytes over {limits.value_bytes_max}")
-        if type(item.expiry_ms) is not int or item.expiry_ms < 0:
-            raise InvalidRequest(f"expiry_ms must be an int >= 0, not {item.expiry_ms!r}")
+        check_expiry_ms(item.expiry_ms)
         keys.append(key)
         values.append(value)
         expiries.append(item.expiry_ms)
@@ -500,6 +505,7 @@ def group_from_reply(raw: Any) -> GroupInfo:
             boundary=int(raw["boundary"]),
             lag=int(raw["lag"]),
             state=None if state is None else _reply_bytes(state),
+            lag_complete=bool(raw.get("lag_complete", True)),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProtocolError(f"malformed group reply: {exc!r}") from exc

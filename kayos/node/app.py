@@ -8,6 +8,7 @@ and map ``KayosError`` to the documented error reply. Replies are msgpack when t
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -17,6 +18,7 @@ from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 from kayos import limits
+from kayos.checks import check_expiry_ms, check_item_key, check_json_depth, check_u64
 from kayos.errors import (
     InvalidRequest,
     KayosError,
@@ -80,15 +82,33 @@ def error_reply(request: web.Request, exc: KayosError, node: Node) -> web.Respon
 
 
 async def read_body(request: web.Request) -> Any:
-    raw = await request.read()
-    if request.content_type == MSGPACK:
+    return parse_body(await request.read(), request.content_type)
+
+
+def parse_body(raw: bytes, content_type: str) -> Any:
+    """A request body as Python values: msgpack by its content type, else JSON. Nothing in it can
+    make the parser recurse without bound or allocate past the body's size: JSON nesting is
+    checked by a scan first (``limits.json_depth_max``), msgpack's C parser has its own depth
+    bound and is told that no string, array or map is longer than the body."""
+    if content_type == MSGPACK:
+        size = len(raw)
         try:
-            return msgpack.unpackb(raw, raw=False, strict_map_key=True)
+            return msgpack.unpackb(
+                raw,
+                raw=False,
+                strict_map_key=True,
+                max_str_len=size,
+                max_bin_len=size,
+                max_array_len=size,
+                max_map_len=size,
+                max_ext_len=0,
+            )
         except (ValueError, msgpack.UnpackException, TypeError) as exc:
             raise ProtocolError(f"malformed msgpack body: {exc}") from exc
+    check_json_depth(raw)
     try:
         return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ProtocolError(f"malformed JSON body: {exc}") from exc
 
 
@@ -100,11 +120,63 @@ def _as_bytes(value: Any, what: str) -> bytes:
     raise InvalidRequest(f"{what} must be a string or bytes")
 
 
+_PRODUCE_FIELDS = frozenset({"messages", "txn"})
+_MESSAGE_FIELDS = frozenset({"key", "value", "delete", "expiry_ms", "headers"})
+_COMMIT_FIELDS = frozenset({"hwm", "state"})
+
+
+def _refuse_unknown(body: dict[Any, Any], known: frozenset[str], what: str) -> None:
+    unknown = [name for name in body if name not in known]
+    if unknown:
+        raise InvalidRequest(
+            f"unknown field(s) {', '.join(map(repr, unknown[:5]))} in {what}; "
+            f"its fields are {', '.join(sorted(known))}"
+        )
+
+
+def _parse_message(
+    message: Any,
+) -> tuple[bytes, bytes | None, int, dict[str, bytes] | None]:
+    """One message object: a put names its ``value``; a delete says ``"delete": true`` and
+    carries neither value, expiry nor headers (docs/node-api.md)."""
+    if not isinstance(message, dict):
+        raise InvalidRequest("each message must be an object")
+    _refuse_unknown(message, _MESSAGE_FIELDS, "a message")
+    if "key" not in message:
+        raise InvalidRequest("each message needs a 'key'")
+    key = check_item_key(_as_bytes(message["key"], "key"))
+    delete = message.get("delete", False)
+    if type(delete) is not bool:
+        raise InvalidRequest("'delete' must be true or false")
+    if delete:
+        if message.keys() - {"key", "delete"}:
+            raise InvalidRequest("a delete ('delete': true) carries only its key")
+        return key, None, 0, None
+    value = message.get("value")
+    if value is None:
+        raise InvalidRequest(
+            "each message needs a 'value' (to delete the key, send {'key': ..., 'delete': true})"
+        )
+    expiry = check_expiry_ms(message.get("expiry_ms", 0))
+    raw_headers = message.get("headers")
+    if raw_headers is None:
+        headers = None
+    elif isinstance(raw_headers, dict) and all(isinstance(k, str) for k in raw_headers):
+        headers = {k: _as_bytes(v, "header value") for k, v in raw_headers.items()}
+    else:
+        raise InvalidRequest("headers must map names to strings")
+    return key, _as_bytes(value, "value"), expiry, headers
+
+
 def parse_produce(
     body: Any,
 ) -> tuple[list[bytes], list[bytes | None], list[int] | None, list[dict[str, bytes] | None] | None]:
+    """A produce body's columns, every field checked (``InvalidRequest``/``LimitExceeded``)."""
     if not isinstance(body, dict):
         raise InvalidRequest("body must be an object with a 'messages' list")
+    _refuse_unknown(body, _PRODUCE_FIELDS, "the body")
+    if type(body.get("txn", True)) is not bool:
+        raise InvalidRequest("'txn' must be true or false")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("'messages' must be a non-empty list")
@@ -115,22 +187,11 @@ def parse_produce(
     expiries: list[int] = []
     headers: list[dict[str, bytes] | None] = []
     for message in messages:
-        if not isinstance(message, dict):
-            raise InvalidRequest("each message must be an object")
-        keys.append(_as_bytes(message.get("key"), "key"))
-        value = message.get("value")
-        values.append(None if value is None else _as_bytes(value, "value"))
-        expiry = message.get("expiry_ms", 0)
-        if not isinstance(expiry, int) or isinstance(expiry, bool) or expiry < 0:
-            raise InvalidRequest("expiry_ms must be a non-negative integer")
+        key, value, expiry, header = _parse_message(message)
+        keys.append(key)
+        values.append(value)
         expiries.append(expiry)
-        raw_headers = message.get("headers")
-        if raw_headers is None:
-            headers.append(None)
-        elif isinstance(raw_headers, dict) and all(isinstance(k, str) for k in raw_headers):
-            headers.append({k: _as_bytes(v, "header value") for k, v in raw_headers.items()})
-        else:
-            raise InvalidRequest("headers must map names to strings")
+        headers.append(header)
     return (
         keys,
         values,
@@ -139,24 +200,56 @@ def parse_produce(
     )
 
 
-def _int_param(request: web.Request, name: str, default: int | None) -> int | None:
-    raw = request.query.get(name)
+def parse_commit(body: Any) -> tuple[int, bytes | None]:
+    """A group commit body: ``(hwm, state)``; the head checks ``hwm`` against what it holds."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("body must be {'hwm': <integer>, 'state'?: bytes}")
+    _refuse_unknown(body, _COMMIT_FIELDS, "the body")
+    if "hwm" not in body:
+        raise InvalidRequest("body must be {'hwm': <integer>, 'state'?: bytes}")
+    hwm = check_u64(body["hwm"], "hwm")
+    raw_state = body.get("state")
+    state = None if raw_state is None else _as_bytes(raw_state, "state")
+    if state is not None and len(state) > limits.group_state_bytes_max:
+        raise LimitExceeded(f"group state over {limits.group_state_bytes_max} bytes")
+    return hwm, state
+
+
+def int_param(
+    query: Mapping[str, str],
+    name: str,
+    default: int | None,
+    *,
+    low: int = 0,
+    high: int = limits.u64_max,
+) -> int | None:
+    """An integer query parameter in ``[low, high]``, or ``default`` when it is absent."""
+    raw = query.get(name)
     if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError as exc:
-        raise InvalidRequest(f"{name} must be an integer") from exc
-    if value < 0:
-        raise InvalidRequest(f"{name} must be >= 0")
-    return value
+    # int() takes "+1", " 1" and "1_000" and spends quadratic time on thousands of digits.
+    if not raw.isascii() or not raw.isdigit() or len(raw) > len(str(limits.u64_max)):
+        raise InvalidRequest(f"{name} must be an integer in [{low}, {high}], not {raw[:40]!r}")
+    return check_u64(int(raw), name, low=low, high=high)
+
+
+def parse_consume(query: Mapping[str, str]) -> dict[str, Any]:
+    """A consume request's parameters (docs/node-api.md): ``after``/``upto`` seqs are u64s,
+    ``limit`` is 1 to ``limits.consume_page_entries_max``, ``wait_ms`` at most
+    ``limits.consume_wait_ms_max``."""
+    return {
+        "after": int_param(query, "after", None),
+        "upto": int_param(query, "upto", None),
+        "limit": int_param(query, "limit", 1000, low=1, high=limits.consume_page_entries_max),
+        "wait_ms": int_param(query, "wait_ms", 0, high=limits.consume_wait_ms_max),
+    }
 
 
 def _shard_param(request: web.Request) -> int:
-    try:
-        return int(request.match_info["shard"])
-    except ValueError as exc:
-        raise InvalidRequest("shard must be an integer") from exc
+    raw = request.match_info["shard"]
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 10:
+        raise InvalidRequest(f"shard must be an integer, not {raw[:40]!r}")
+    return int(raw)
 
 
 def page_payload(page: Page, *, columns: bool = False) -> dict[str, Any]:
@@ -230,10 +323,7 @@ def make_app(node: Node) -> web.Application:
         page = await node.consume(
             request.match_info["queue"],
             request.query.get("group", ""),
-            after=_int_param(request, "after", None),
-            upto=_int_param(request, "upto", None),
-            limit=_int_param(request, "limit", 1000) or 1,
-            wait_ms=_int_param(request, "wait_ms", 0) or 0,
+            **parse_consume(request.query),
         )
         return _reply(request, page_payload(page, columns=request.query.get("columns") == "1"))
 
@@ -241,12 +331,7 @@ def make_app(node: Node) -> web.Application:
     async def commit_group(request: web.Request) -> web.Response:
         queue = request.match_info["queue"]
         group = request.match_info["group"]
-        body = await read_body(request)
-        hwm = body.get("hwm") if isinstance(body, dict) else None
-        if not isinstance(hwm, int) or isinstance(hwm, bool):
-            raise InvalidRequest("body must be {'hwm': <integer>}")
-        raw_state = body.get("state")
-        state = None if raw_state is None else _as_bytes(raw_state, "state")
+        hwm, state = parse_commit(await read_body(request))
         try:
             seq = await node.commit_group(queue, group, hwm, state)
         except WrongRoleError as exc:
@@ -296,14 +381,15 @@ def make_app(node: Node) -> web.Application:
     @routes.get("/v1/queues/{queue}/groups/{group}")
     async def group_info(request: web.Request) -> web.Response:
         return _reply(
-            request, node.group_info(request.match_info["queue"], request.match_info["group"])
+            request,
+            await node.group_info(request.match_info["queue"], request.match_info["group"]),
         )
 
     @routes.get("/v1/shards/{shard}/committed")
     async def committed(request: web.Request) -> web.Response:
         shard = _shard_param(request)
-        seq = _int_param(request, "seq", 0) or 0
-        timeout_ms = _int_param(request, "timeout_ms", 0) or 0
+        seq = int_param(request.query, "seq", 0) or 0
+        timeout_ms = int_param(request.query, "timeout_ms", 0) or 0
         value = await node.wait_committed(shard, seq, timeout_ms)
         return _reply(request, {"shard": shard, "committed_seq": value})
 
@@ -357,4 +443,12 @@ class _Collector:
         return [last, committed, size, lag]
 
 
-__all__ = ["GROUP_STATE_META", "make_app"]
+__all__ = [
+    "GROUP_STATE_META",
+    "int_param",
+    "make_app",
+    "parse_body",
+    "parse_commit",
+    "parse_consume",
+    "parse_produce",
+]

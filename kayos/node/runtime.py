@@ -23,6 +23,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Histogram
 
 from kayos import limits
+from kayos.checks import check_expiries, check_item_keys
 from kayos.clock import Clock, SystemClock
 from kayos.errors import (
     InvalidRequest,
@@ -342,18 +343,24 @@ class Node:
                 groups.append({"queue": queue, "group": group, "hwm": value})
         return groups
 
-    def group_info(self, queue: str, group: str) -> dict[str, Any]:
+    async def group_info(self, queue: str, group: str) -> dict[str, Any]:
+        """The group's mark, this member's boundary (its commit point) and the lag: the entries of
+        this queue in ``(hwm, boundary]`` a consumer snapshot would return, counted in a worker
+        thread (at most ``limits.group_lag_scan_entries_max`` looked at; ``lag_complete`` is False
+        when the count stopped there). Every member that holds the same commit point answers the
+        same; entries of the shard's other queues and metadata commits do not count."""
         check_group_name(group)
         replica = self.replica_for(queue, want="member")
         meta = replica.store.meta
         hwm = int(meta.get(f"{HWM_META}{queue}/{group}", 0))
         state = meta.get(f"{GROUP_STATE_META}{queue}/{group}")
-        boundary = replica.commit_point
+        boundary, lag, complete = await asyncio.to_thread(count_unread, replica, queue, hwm)
         return {
             "shard": replica.shard_id,
             "hwm": hwm,
             "boundary": boundary,
-            "lag": max(0, min(boundary, replica.last_entry_seq) - hwm),
+            "lag": lag,
+            "lag_complete": complete,
             "state": state if isinstance(state, bytes) else None,
         }
 
@@ -545,14 +552,34 @@ def build_columns(
         raise InvalidRequest("keys, values and expiries differ in length")
     if headers is not None and len(headers) != count:
         raise InvalidRequest("keys and headers differ in length")
-    if not all(keys) or max(map(len, keys)) > limits.item_key_bytes_max:
-        raise LimitExceeded(f"every key must be 1 to {limits.item_key_bytes_max} bytes")
+    # The one place a batch's keys and expiries are checked for every face (HTTP, binary port):
+    # what passes here can be stored and encoded down the chain, so nothing fails after a seq.
+    check_item_keys(keys)
+    check_expiries(expiries_ms)
     return (
         tuple(map(queue_prefix(queue).__add__, keys)),
         tuple(values),
         None if expiries_ms is None else tuple(expiries_ms),
         None if headers is None else tuple(headers),
     )
+
+
+def count_unread(replica: ShardReplica, queue: str, hwm: int) -> tuple[int, int, bool]:
+    """``(boundary, lag, complete)``: the entries of ``queue`` in ``(hwm, boundary]`` as of the
+    boundary (the member's commit point), as ``read_page`` would return them; ``complete`` is
+    False when ``limits.group_lag_scan_entries_max`` entries were looked at first."""
+    prefix = queue_prefix(queue)
+    lag = scanned = 0
+    with replica.store.snapshot() as snap:
+        boundary = min(snap.boundary, replica.commit_point)
+        if hwm >= boundary:
+            return boundary, 0, True
+        for entries in snap.pages(hwm, boundary, as_of=boundary):
+            scanned += len(entries)
+            lag += sum(map(bytes.startswith, map(itemgetter(_KEY), entries), repeat(prefix)))
+            if scanned >= limits.group_lag_scan_entries_max:
+                return boundary, lag, False
+    return boundary, lag, True
 
 
 def read_page(

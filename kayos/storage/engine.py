@@ -381,7 +381,7 @@ def _bounds_hold(
         return False
     if value_bytes and max(value_bytes) > limits.value_bytes_max:
         return False
-    return expiries_ms is None or min(expiries_ms) >= 0
+    return expiries_ms is None or (min(expiries_ms) >= 0 and max(expiries_ms) <= limits.u64_max)
 
 
 def _check_entries(
@@ -391,12 +391,18 @@ def _check_entries(
     headers: Sequence[dict[str, bytes] | None] | None,
 ) -> None:
     """Checks the entries one at a time, in order; raises at the first that breaks a bound. A
-    delete has only a key: its expiry and headers are not looked at."""
+    delete has only a key: its headers are not looked at."""
     for index, key in enumerate(keys):
         if not isinstance(key, bytes) or not key:
             raise InvalidRequest("every key must be non-empty bytes")
         if len(key) > limits.key_bytes_max:
             raise LimitExceeded(f"key of {len(key)} bytes exceeds {limits.key_bytes_max}")
+        # Even a delete's expiry is checked: the column goes down the chain as it is (u64).
+        expiry = expiries_ms[index] if expiries_ms is not None else 0
+        if not isinstance(expiry, int):
+            raise InvalidRequest("expiry_ms must be an int")
+        if not 0 <= expiry <= limits.u64_max:
+            raise InvalidRequest(f"expiry_ms must be in [0, {limits.u64_max}]")
         value = values[index]
         if value is None:
             continue
@@ -404,11 +410,6 @@ def _check_entries(
             raise InvalidRequest("values must be bytes")
         if len(value) > limits.value_bytes_max:
             raise LimitExceeded(f"value of {len(value)} bytes exceeds {limits.value_bytes_max}")
-        expiry = expiries_ms[index] if expiries_ms is not None else 0
-        if not isinstance(expiry, int):
-            raise InvalidRequest("expiry_ms must be an int")
-        if expiry < 0:
-            raise InvalidRequest("expiry_ms must be >= 0")
         header_bytes = _packed_headers_size(headers[index] if headers is not None else None)
         if header_bytes > limits.headers_bytes_max:
             raise LimitExceeded(

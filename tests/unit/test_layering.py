@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("kayos", "kestrel_compat")
 
 FLOORS: list[tuple[int, tuple[str, ...]]] = [
-    (0, ("kayos.errors", "kayos.limits", "kayos.clock")),
+    (0, ("kayos.errors", "kayos.limits", "kayos.clock", "kayos.checks")),
     (1, ("kayos.storage", "kayos.topology", "kayos.replication.frames", "kayos.replication.chain")),
     (2, ("kayos.replication",)),
     (3, ("kayos.node", "kayos.client", "kayos.embedded")),
