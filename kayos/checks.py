@@ -35,7 +35,7 @@ def check_item_key(key: bytes) -> bytes:
     if not key:
         raise InvalidRequest("a key must not be empty")
     if len(key) > limits.item_key_bytes_max:
-        raise LimitExceeded(f"key of {len(key)} bytes over {limits.item_key_bytes_max}")
+        raise LimitExceeded(f"item key of {len(key)} bytes over {limits.item_key_bytes_max}")
     return key
 
 

@@ -47,7 +47,12 @@ def produce(
     txn: bool | None = None,
 ) -> tuple[int, Any]:
     """``POST /v1/queues/{q}/messages``; ``None`` as a value deletes the key."""
-    body: dict[str, Any] = {"messages": [{"key": k, "value": v} for k, v in messages]}
+    body: dict[str, Any] = {
+        "messages": [
+            {"key": k, "delete": True} if v is None else {"key": k, "value": v}
+            for k, v in messages
+        ]
+    }
     if txn is not None:
         body["txn"] = txn
     return http_json(

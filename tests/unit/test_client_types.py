@@ -50,7 +50,7 @@ def test_http_messages_omit_defaults() -> None:
     columns = to_columns([Item("a", "1", 7, {"h": "v"}), ("b", None)])
     assert columns.to_messages() == [
         {"key": b"a", "value": b"1", "expiry_ms": 7, "headers": {"h": b"v"}},
-        {"key": b"b", "value": None},
+        {"key": b"b", "delete": True},
     ]
 
 
@@ -58,7 +58,7 @@ def test_http_messages_omit_defaults() -> None:
     ("items", "error"),
     [
         ([], InvalidRequest),
-        ([("", "v")], LimitExceeded),
+        ([("", "v")], InvalidRequest),
         ([("k" * (limits.item_key_bytes_max + 1), "v")], LimitExceeded),
         ([("k", "v", -1)], InvalidRequest),
         ([(1, "v")], InvalidRequest),
@@ -276,5 +276,5 @@ def test_plain_pairs_take_the_fast_path_with_the_same_result_and_checks() -> Non
     assert to_columns(pairs) == to_columns([Item(b"k1", b"v1"), Item(b"k2", b"")])
     with pytest.raises(LimitExceeded, match="item key"):
         to_columns([(b"k", b"v"), (b"x" * (limits.item_key_bytes_max + 1), b"v")])
-    with pytest.raises(LimitExceeded, match="item key"):
+    with pytest.raises(InvalidRequest, match="empty"):
         to_columns([(b"", b"v")])
