@@ -49,8 +49,7 @@ def produce(
     """``POST /v1/queues/{q}/messages``; ``None`` as a value deletes the key."""
     body: dict[str, Any] = {
         "messages": [
-            {"key": k, "delete": True} if v is None else {"key": k, "value": v}
-            for k, v in messages
+            {"key": k, "delete": True} if v is None else {"key": k, "value": v} for k, v in messages
         ]
     }
     if txn is not None:
