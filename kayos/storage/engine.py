@@ -401,8 +401,10 @@ def _check_entries(
         expiry = expiries_ms[index] if expiries_ms is not None else 0
         if not isinstance(expiry, int):
             raise InvalidRequest("expiry_ms must be an int")
-        if not 0 <= expiry <= limits.u64_max:
-            raise InvalidRequest(f"expiry_ms must be in [0, {limits.u64_max}]")
+        if expiry < 0:
+            raise InvalidRequest("expiry_ms must be >= 0")
+        if expiry > limits.u64_max:
+            raise InvalidRequest(f"expiry_ms must be <= {limits.u64_max} (u64)")
         value = values[index]
         if value is None:
             continue

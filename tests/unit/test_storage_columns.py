@@ -248,6 +248,8 @@ BAD_BATCHES: list[tuple[str, tuple[Any, ...], type[Exception], str]] = [
     ("str value", ([b"a"], ["1"]), InvalidRequest, "values must be bytes"),
     ("big value", ([b"a"], [b"v" * (limits.value_bytes_max + 1)]), LimitExceeded, "value of"),
     ("negative expiry", ([b"a"], [b"1"], [-1]), InvalidRequest, "expiry_ms must be >= 0"),
+    ("u64 expiry", ([b"a"], [b"1"], [2**64]), InvalidRequest, "expiry_ms must be <="),
+    ("delete's u64 expiry", ([b"a"], [None], [2**64]), InvalidRequest, "expiry_ms must be <="),
     ("float expiry", ([b"a"], [b"1"], [1.5]), InvalidRequest, "expiry_ms must be an int"),
     ("big headers", ([b"a"], [b"1"], None, [_BIG_HEADERS]), LimitExceeded, "headers of"),
     ("short values", ([b"a", b"b"], [b"1"]), InvalidRequest, "differ in length"),
