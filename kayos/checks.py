@@ -30,6 +30,27 @@ def check_expiry_ms(value: object) -> int:
     return check_u64(value, "expiry_ms")
 
 
+def encode_text(text: str, what: str) -> bytes:
+    """``text`` as UTF-8; a lone surrogate (JSON's ``"\ud800"``) has no UTF-8 form."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(f"{what} is not valid Unicode text: {exc.reason}") from exc
+
+
+def check_text(text: str, what: str) -> str:
+    """``text`` if it has a UTF-8 form (msgpack packs every str as UTF-8)."""
+    encode_text(text, what)
+    return text
+
+
+def check_group_name(group: str) -> str:
+    """A consumer group: 1-128 printable characters (so UTF-8 text), no '/'."""
+    if not group or len(group) > 128 or "/" in group or not group.isprintable():
+        raise InvalidRequest(f"bad group name {group[:200]!r}: 1-128 printable characters, no '/'")
+    return group
+
+
 def check_item_key(key: bytes) -> bytes:
     """An item key as a producer gives it: 1 to ``limits.item_key_bytes_max`` bytes."""
     if not key:

@@ -193,8 +193,11 @@ def rotated(
 
 def check_queue_name(queue: str) -> str:
     """Queue names: 1-128 of ``A-Z a-z 0-9 _ - .``; '+' is kept for Kestrel fanout names."""
-    if not queue or len(queue.encode()) > limits.queue_name_bytes_max:
-        raise InvalidRequest(f"bad queue name {queue!r}: 1 to {limits.queue_name_bytes_max} bytes")
+    # Characters first: then every character is one byte (and a lone surrogate cannot be encoded).
     if not all(c.isascii() and (c.isalnum() or c in "_-.+") for c in queue):
-        raise InvalidRequest(f"bad queue name {queue!r}: use A-Z a-z 0-9 _ - . +")
+        raise InvalidRequest(f"bad queue name {queue[:200]!r}: use A-Z a-z 0-9 _ - . +")
+    if not queue or len(queue) > limits.queue_name_bytes_max:
+        raise InvalidRequest(
+            f"bad queue name {queue[:200]!r}: 1 to {limits.queue_name_bytes_max} bytes"
+        )
     return queue

@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from kayos import limits
-from kayos.checks import check_u64
+from kayos.checks import check_group_name, check_u64
 from kayos.client.binary import BinaryConnection
 from kayos.client.http import HttpTransport
 from kayos.client.policy import RetryPolicy, RetryState
@@ -357,8 +357,7 @@ class AsyncClient:
         page has ``end=True`` (then ``commit(queue, group, page.boundary)`` acknowledges it).
         With ``wait_s`` and nothing new, the first request long-polls that long."""
         check_queue_name(queue)
-        if not group:
-            raise InvalidRequest("a consumer group needs a name")
+        check_group_name(group)
         check_u64(page_size, "page_size", low=1, high=limits.consume_page_entries_max)
         if not wait_s >= 0:
             raise InvalidRequest("wait_s must be >= 0")
@@ -416,8 +415,7 @@ class AsyncClient:
         """Commits the group's high-water mark (it has consumed every seq <= ``hwm``), with an
         optional opaque ``state``; answered once committed on every member."""
         check_queue_name(queue)
-        if not group:
-            raise InvalidRequest("commit needs a group name")
+        check_group_name(group)
         check_u64(hwm, "hwm")
         if state is not None and len(as_bytes(state, "state")) > limits.group_state_bytes_max:
             raise LimitExceeded(f"group state over {limits.group_state_bytes_max} bytes")
@@ -443,6 +441,7 @@ class AsyncClient:
     async def group(self, queue: str, group: str) -> GroupInfo:
         """The group's high-water mark, the shard's committed boundary and the lag."""
         check_queue_name(queue)
+        check_group_name(group)
 
         async def attempt(redirect: str | None) -> GroupInfo:
             node = redirect or self.topology.chain_for(queue).head
@@ -486,6 +485,7 @@ class AsyncClient:
     async def delete_group(self, queue: str, group: str) -> None:
         """Forgets a consumer group on every member; a missing group is not an error."""
         check_queue_name(queue)
+        check_group_name(group)
 
         async def attempt(redirect: str | None) -> None:
             node = redirect or self.topology.chain_for(queue).head

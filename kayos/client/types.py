@@ -14,7 +14,7 @@ from operator import eq, lt
 from typing import Any, Literal, NamedTuple, TypeAlias, overload
 
 from kayos import limits
-from kayos.checks import check_expiry_ms, check_item_key
+from kayos.checks import check_expiry_ms, check_item_key, check_text, encode_text
 from kayos.errors import InvalidRequest, LimitExceeded, ProtocolError
 
 Acks: TypeAlias = Literal["all", 0, 1, -1]
@@ -266,7 +266,7 @@ def as_bytes(data: Data, what: str) -> bytes:
     if isinstance(data, bytes):
         return data
     if isinstance(data, str):
-        return data.encode()
+        return encode_text(data, what)
     raise InvalidRequest(f"{what} must be bytes or str, not {type(data).__name__}")
 
 
@@ -385,7 +385,7 @@ def _headers(headers: Mapping[str, Data] | None) -> dict[str, bytes] | None:
     for name, value in headers.items():
         if not isinstance(name, str):
             raise InvalidRequest(f"header names are str, not {type(name).__name__}")
-        out[name] = as_bytes(value, f"header {name!r}")
+        out[check_text(name, "a header name")] = as_bytes(value, f"header {name!r}")
     return out
 
 

@@ -18,7 +18,14 @@ from prometheus_client import generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 from kayos import limits
-from kayos.checks import check_expiry_ms, check_item_key, check_json_depth, check_u64
+from kayos.checks import (
+    check_expiry_ms,
+    check_item_key,
+    check_json_depth,
+    check_text,
+    check_u64,
+    encode_text,
+)
 from kayos.errors import (
     InvalidRequest,
     KayosError,
@@ -82,7 +89,13 @@ def error_reply(request: web.Request, exc: KayosError, node: Node) -> web.Respon
 
 
 async def read_body(request: web.Request) -> Any:
-    return parse_body(await request.read(), request.content_type)
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise LimitExceeded(
+            f"request body over http_body_bytes_max={limits.http_body_bytes_max} bytes"
+        ) from exc
+    return parse_body(raw, request.content_type)
 
 
 def parse_body(raw: bytes, content_type: str) -> Any:
@@ -116,7 +129,7 @@ def _as_bytes(value: Any, what: str) -> bytes:
     if isinstance(value, bytes):
         return value
     if isinstance(value, str):
-        return value.encode()
+        return encode_text(value, what)
     raise InvalidRequest(f"{what} must be a string or bytes")
 
 
@@ -162,7 +175,11 @@ def _parse_message(
     if raw_headers is None:
         headers = None
     elif isinstance(raw_headers, dict) and all(isinstance(k, str) for k in raw_headers):
-        headers = {k: _as_bytes(v, "header value") for k, v in raw_headers.items()}
+        # A name must be UTF-8 (JSON's "\ud800" is not): it is packed as text down the chain.
+        headers = {
+            check_text(k, "header name"): _as_bytes(v, "header value")
+            for k, v in raw_headers.items()
+        }
     else:
         raise InvalidRequest("headers must map names to strings")
     return key, _as_bytes(value, "value"), expiry, headers

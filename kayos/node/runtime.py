@@ -23,7 +23,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Histogram
 
 from kayos import limits
-from kayos.checks import check_expiries, check_item_keys
+from kayos.checks import check_expiries, check_group_name, check_item_keys
 from kayos.clock import Clock, SystemClock
 from kayos.errors import (
     InvalidRequest,
@@ -63,12 +63,6 @@ GROUP_STATE_META = "gstate/"
 # commit at a time each), metadata commits, link read-backs and consume pages. A busy node uses a
 # handful; the bound only keeps a burst of consume requests from queueing behind each other.
 _COMMIT_THREADS = 64
-
-
-def check_group_name(group: str) -> str:
-    if not group or len(group) > 128 or "/" in group or not group.isprintable():
-        raise InvalidRequest(f"bad group name {group!r}: 1-128 printable characters, no '/'")
-    return group
 
 
 @dataclass(frozen=True, slots=True)

@@ -101,24 +101,43 @@ json_scalars = (
     | st.integers(min_value=-(2**70), max_value=2**70)
     | st.floats(allow_nan=False)
     | st.text(max_size=12)
+    # Lone surrogates: JSON can carry them ("\\ud800"), UTF-8 cannot.
+    | st.text(st.characters(categories=["Cs", "Ll", "Nd"]), max_size=6)
 )
 json_values = st.recursive(
     json_scalars,
     lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+        st.lists(children, max_size=4)
+        | st.dictionaries(
+            st.text(max_size=8) | st.sampled_from(["\ud800", "h"]), children, max_size=4
+        )
     ),
     max_leaves=24,
 )
 field_names = st.sampled_from(
     ["key", "value", "delete", "expiry_ms", "headers", "valeu", "txn", "messages", "hwm", "state"]
 )
-messages = st.dictionaries(field_names, json_values | json_scalars, max_size=5)
+texts = st.text(max_size=8) | st.text(
+    st.characters(categories=["Cs", "Ll"]), min_size=1, max_size=4
+)
+# Near-valid messages: the right fields, each with a random value (text more often than not).
+near_valid = st.fixed_dictionaries(
+    {"key": texts | json_scalars, "value": texts | json_scalars},
+    optional={
+        "delete": json_scalars,
+        "expiry_ms": st.integers(-(2**65), 2**65) | json_scalars,
+        "headers": st.dictionaries(texts, texts | json_scalars, max_size=3),
+        "valeu": json_scalars,
+    },
+)
+messages = st.dictionaries(field_names, json_values, max_size=5) | near_valid
 produce_bodies = st.one_of(
     json_values,
     st.fixed_dictionaries(
         {"messages": st.lists(messages, max_size=4)},
         optional={"txn": json_values, "extra": json_values},
     ),
+    st.fixed_dictionaries({"messages": st.lists(near_valid, min_size=1, max_size=3)}),
 )
 
 
@@ -129,7 +148,7 @@ def defined(parse: Any, value: Any) -> None:
         pass
 
 
-@SETTINGS
+@settings(SETTINGS, max_examples=1000)
 @given(produce_bodies)
 def test_produce_parser_answers_every_json_value(body: Any) -> None:
     defined(parse_produce, body)
@@ -155,13 +174,15 @@ def test_random_bodies_are_parsed_or_refused(raw: bytes, content_type: str) -> N
 
 
 def _packable(value: Any) -> bool:
-    """msgpack holds ints in [-2^63, 2^64); the rest of a JSON value always packs."""
-    if isinstance(value, bool) or value is None or isinstance(value, float | str):
+    """msgpack holds ints in [-2^63, 2^64) and text with a UTF-8 form."""
+    if isinstance(value, bool) or value is None or isinstance(value, float):
         return True
+    if isinstance(value, str):
+        return value.encode(errors="ignore") == value.encode(errors="surrogatepass")
     if isinstance(value, int):
         return -(2**63) <= value < 2**64
     if isinstance(value, list):
         return all(map(_packable, value))
     if isinstance(value, dict):
-        return all(map(_packable, value.values()))
+        return all(map(_packable, value)) and all(map(_packable, value.values()))
     return False

@@ -116,6 +116,10 @@ def test_parse_produce_puts_and_deletes() -> None:
         ({"key": "k", "delete": 1}, "delete"),
         ({"key": "k", "value": "v", "headers": {"h": 1}}, "header"),
         ({"key": "k", "value": "v", "headers": []}, "headers"),
+        ({"key": "\ud800", "value": "v"}, "Unicode"),
+        ({"key": "k", "value": "\udfff"}, "Unicode"),
+        ({"key": "k", "value": "v", "headers": {"\ud800": "x"}}, "Unicode"),
+        ({"key": "k", "value": "v", "headers": {"h": "\ud800"}}, "Unicode"),
     ],
 )
 def test_parse_produce_refuses(message: dict[str, Any], words: str) -> None:
@@ -203,3 +207,25 @@ def test_json_messages_body_round_trips_through_the_parser() -> None:
     )
     assert (keys, values, expiries) == ([b"a", b"b"], [b"1", None], [7, 0])
     assert parse_produce(json.loads(json.dumps({"messages": [{"key": "k", "value": "v"}]})))
+
+
+def test_lone_surrogates_in_json_are_refused_not_crashed_on() -> None:
+    raw = b'{"messages": [{"key": "\\ud800", "value": "v"}]}'
+    with pytest.raises(InvalidRequest, match="Unicode"):
+        parse_produce(parse_body(raw, "application/json"))
+
+
+@pytest.mark.parametrize("name", ["\ud800", "a\udfffb"])
+def test_names_with_lone_surrogates(name: str) -> None:
+    from kayos.checks import check_group_name
+    from kayos.client.types import Item, to_columns
+    from kayos.topology import check_queue_name
+
+    with pytest.raises(InvalidRequest):
+        check_queue_name(name)
+    with pytest.raises(InvalidRequest):
+        check_group_name(name)
+    with pytest.raises(InvalidRequest, match="Unicode"):
+        to_columns([Item(name, "v")])
+    with pytest.raises(InvalidRequest, match="Unicode"):
+        to_columns([Item("k", "v", 0, {name: "v"})])
