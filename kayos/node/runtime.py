@@ -47,6 +47,7 @@ from kayos.replication.replica import (
 )
 from kayos.storage import Entry
 from kayos.storage.compact import compact
+from kayos.storage.engine import prepare_columns
 from kayos.storage.format import FLAG_DELETE
 from kayos.topology import Topology, check_queue_name
 
@@ -282,6 +283,8 @@ class Node:
         replica = self.replica_for(queue, want="head")
         columns = build_columns(queue, keys, values, expiries_ms, headers)
         if acks == 0:
+            # The store's checks run now, not in the task: "accepted" means the batch is valid.
+            prepare_columns(*columns)
             self._spawn(_logged(replica.commit_ops(columns)))
             return 0, 0
         result = await replica.commit_ops(columns)

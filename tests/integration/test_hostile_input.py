@@ -223,6 +223,31 @@ def test_unknown_or_mistyped_fields(cluster: LocalCluster, body: dict[str, Any])
     )
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"messages": [{"key": "\\ud800", "value": "v"}]}',
+        b'{"messages": [{"key": "k", "value": "v", "headers": {"\\udfff": "x"}}]}',
+    ],
+    ids=["key", "header-name"],
+)
+def test_lone_surrogate_text(cluster: LocalCluster, raw: bytes) -> None:
+    message = assert_harmless(
+        cluster, lambda: http_raw(messages_url(cluster), raw, JSON), 400, "invalid_request"
+    )
+    assert "Unicode" in message
+
+
+def test_acks_0_refuses_what_the_store_would(cluster: LocalCluster) -> None:
+    """An acks=0 produce is answered once the batch is checked, so a bad one is still a 413."""
+    header = "h" * (limits.headers_bytes_max + 1)
+    body = {"messages": [{"key": "k", "value": "v", "headers": {"h": header}}]}
+    url = f"{head_url(cluster)}/v1/queues/{QUEUE}/messages?acks=0"
+    assert_harmless(
+        cluster, lambda: http_json(url, method="POST", body=body), 413, "limit_exceeded"
+    )
+
+
 def test_empty_key_is_a_400(cluster: LocalCluster) -> None:
     body = {"messages": [{"key": "", "value": "v"}]}
     message = assert_harmless(
