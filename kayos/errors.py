@@ -113,6 +113,24 @@ class UnavailableError(KayosError):
     code = "unavailable"
 
 
+class Unauthenticated(KayosError):
+    """A replication peer could not prove the cluster secret, or this node has no identity."""
+
+    code = "unauthenticated"
+
+
+class WrongClusterError(Unauthenticated):
+    """A peer, or a data directory, belongs to another cluster (another cluster id)."""
+
+    code = "wrong_cluster"
+
+
+class WrongPeerError(Unauthenticated):
+    """A peer claims a node id that the topology does not place at the peer's address."""
+
+    code = "wrong_peer"
+
+
 # --- the wire ------------------------------------------------------------------------------------
 
 # Every error class by its wire code, built from this module, so a new class is mapped at once.

@@ -28,6 +28,8 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, Any
 
+from kayos.errors import KayosError
+from kayos.identity import ClusterIdentity, write_private
 from kayos.topology import NodeAddr, ShardChain, Topology, rotated
 
 # A node opens its stores and links before it says ready; a cold start of a few shards takes well
@@ -50,6 +52,14 @@ _ADDRESS_IN_USE = ("address already in use", "errno 98", "eaddrinuse")
 
 class ClusterError(RuntimeError):
     """A node did not start, did not become ready, or died; the message quotes its log."""
+
+
+def existing_identity(path: Path) -> ClusterIdentity | None:
+    """The identity in an earlier run's topology file, if there is a readable one."""
+    try:
+        return Topology.load(str(path)).identity
+    except (OSError, KayosError):
+        return None
 
 
 def node_ids(count: int) -> list[str]:
@@ -194,6 +204,9 @@ class LocalCluster:
         self.topology_path = self.base_dir / "cluster.toml"
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: dict[str, IO[bytes]] = {}
+        # The cluster's id and secret: kept from an earlier run's file in base_dir (its data
+        # directories belong to that cluster), else new.
+        self.identity = existing_identity(self.topology_path) or ClusterIdentity.generate()
         self.topology = self._make_topology()
 
     # --- addresses -----------------------------------------------------------------------------
@@ -212,7 +225,7 @@ class LocalCluster:
         ]
         return build_topology(
             addresses, replicas=self.replicas, shard_count=self.shard_count, fanout=self.fanout
-        )
+        ).with_identity(self.identity)
 
     @property
     def urls(self) -> dict[str, str]:
@@ -255,7 +268,7 @@ class LocalCluster:
         everything again on fresh ports."""
         for attempt in range(1, port_race_attempts_max + 1):
             self.base_dir.mkdir(parents=True, exist_ok=True)
-            self.topology_path.write_text(self.topology.dumps_toml())
+            write_private(str(self.topology_path), self.topology.dumps_toml())
             for node in self.ids:
                 self._spawn(node)
             try:

@@ -140,6 +140,24 @@ link_in_flight_batches_max = 256
 link_in_flight_bytes_max = 2 * frame_bytes_max
 # Requests a client connection may have awaiting a reply before the node stops reading its socket.
 connection_in_flight_requests_max = 1024
+# A connection (binary port) that has not finished its handshake (HELLO, and for a replication link
+# the HMAC challenge) within this is closed: a half-open or silent connection holds a socket and a
+# task, and a genuine peer finishes in one or two round trips.
+handshake_ms_max = 5_000
+# Every connection past its handshake is pinged this often, and a peer heard from (any bytes) not
+# for peer_silence_ms_max is marked down and its connection closed: a paused or partitioned chain
+# member is noticed within seconds instead of blocking producers unseen, and a dead client socket
+# is freed. Six pings fit in the silence bound, so one lost or late PONG never trips it.
+ping_interval_ms = 500
+peer_silence_ms_max = 3_000
+# The HTTP port closes a connection idle this long: between keep-alive requests, and from the
+# connection's start until a request's headers are complete (aiohttp's keepalive_timeout covers
+# both), so half-sent requests and idle keep-alive sockets are dropped within this bound.
+http_idle_ms_max = 10_000
+# Cluster identity: a random shared secret (HMAC-SHA256 key, its own output size) and the nonce each
+# side of a link contributes to the handshake (docs/replication-protocol.md, "Peer authentication").
+cluster_secret_bytes = 32
+auth_nonce_bytes = 32
 # A parked WAIT_COMMITTED is answered after at most this long, so it never pins memory for ever.
 wait_committed_timeout_ms_max = 60_000
 
@@ -235,3 +253,5 @@ assert client_retry_attempts_max >= 1
 assert 0 < client_retry_delay_ms_min <= client_retry_delay_ms_max
 assert client_request_timeout_ms > produce_commit_timeout_ms
 assert client_in_flight_requests_max <= connection_in_flight_requests_max
+assert 0 < ping_interval_ms * 3 <= peer_silence_ms_max
+assert peer_silence_ms_max < produce_commit_timeout_ms

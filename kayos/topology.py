@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from kayos import limits
 from kayos.errors import InvalidRequest
+from kayos.identity import ClusterIdentity
 
 Role = Literal["head", "middle", "tail"]
 
@@ -86,6 +87,9 @@ class Topology:
     epoch: int
     nodes: dict[str, NodeAddr]
     shards: dict[int, ShardChain] = field(default_factory=dict)
+    # The cluster id and shared secret (kayos/identity.py); None in a file that has neither, which
+    # then cannot replicate. Never part of ``to_json``: the HTTP face serves that to anyone.
+    identity: ClusterIdentity | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.epoch < 1:
@@ -143,7 +147,8 @@ class Topology:
                 )
                 for shard in data["shards"]
             }
-            return cls(int(data["epoch"]), nodes, shards)
+            identity = ClusterIdentity.from_data(data)
+            return cls(int(data["epoch"]), nodes, shards, identity)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InvalidRequest(f"bad topology: {exc!r}") from exc
 
@@ -157,8 +162,14 @@ class Topology:
             raise InvalidRequest(f"cannot parse topology file {path}: {exc}") from exc
         return cls.from_json(data)
 
+    def with_identity(self, identity: ClusterIdentity | None) -> Topology:
+        return Topology(self.epoch, self.nodes, self.shards, identity)
+
     def dumps_toml(self) -> str:
-        lines = [f"epoch = {self.epoch}", ""]
+        lines = [f"epoch = {self.epoch}"]
+        if self.identity is not None:
+            lines += self.identity.toml_lines()
+        lines.append("")
         for node in self.nodes.values():
             lines += [
                 f'[nodes."{node.id}"]',

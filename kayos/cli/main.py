@@ -215,6 +215,85 @@ def node(config_path: str, node_id: str, data_dir: str, log_level: str) -> None:
 
 
 @cli.command()
+@click.option(
+    "--out",
+    "out_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The topology file to write (mode 0600).",
+)
+@click.option(
+    "--node",
+    "node_specs",
+    multiple=True,
+    metavar="ID=HOST:HTTP_PORT:BIN_PORT",
+    help="A node; repeat for each (shards get rotated roles: shard i starts at node i).",
+)
+@click.option("--replicas", default=None, type=int, help="Chain length (default: min(3, nodes)).")
+@click.option("--shards", default=None, type=int, help="Shard count (default: one per node).")
+@click.option(
+    "--from",
+    "from_path",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Keep the nodes and shards of this topology file (one without a cluster id and "
+    "secret, say) instead of --node.",
+)
+@click.option("--force", is_flag=True, help="Replace --out if it exists.")
+def init(
+    out_path: str,
+    node_specs: tuple[str, ...],
+    replicas: int | None,
+    shards: int | None,
+    from_path: str | None,
+    force: bool,
+) -> None:
+    """Write a topology file for a hand-made cluster, with a new cluster id and a random shared
+    secret (the nodes prove it to each other on every replication link). Copy the file to every
+    node, readable by the node's user only."""
+    import os
+
+    from kayos.errors import KayosError
+    from kayos.identity import ClusterIdentity, write_private
+    from kayos.topology import NodeAddr, Topology, rotated
+
+    if os.path.exists(out_path) and not force:
+        raise click.ClickException(f"{out_path} exists; pass --force to replace it")
+    if bool(node_specs) == bool(from_path):
+        raise click.UsageError("give either --node (one per node) or --from, not both")
+    try:
+        if from_path is not None:
+            topology = Topology.load(from_path)
+        else:
+            addresses = [_node_address(spec, NodeAddr) for spec in node_specs]
+            count = len(addresses)
+            topology = rotated(
+                addresses,
+                replicas=min(3, count) if replicas is None else replicas,
+                shard_count=shards,
+            )
+        identity = topology.identity
+        if identity is None or identity.is_placeholder:
+            identity = ClusterIdentity.generate()
+        text = topology.with_identity(identity).dumps_toml()
+    except KayosError as exc:
+        raise click.ClickException(str(exc)) from exc
+    write_private(out_path, text)
+    click.echo(f"wrote {out_path}: cluster {identity.cluster_id}, {len(topology.nodes)} nodes")
+
+
+def _node_address(spec: str, make: Any) -> Any:
+    node_id, _, address = spec.partition("=")
+    host, _, ports = address.rpartition(":") if address.count(":") == 2 else ("", "", "")
+    host, _, http_port = host.rpartition(":") if host else ("", "", "")
+    if not (node_id and host and http_port.isdigit() and ports.isdigit()):
+        raise click.BadParameter(
+            f"{spec!r}: expected ID=HOST:HTTP_PORT:BIN_PORT", param_hint="--node"
+        )
+    return make(node_id, host, int(http_port), int(ports))
+
+
+@cli.command()
 @click.option("--data", "data_dir", default="./kayos-data", show_default=True, help="Data root.")
 @click.option("--nodes", default=3, show_default=True, help="Node processes to start.")
 @click.option("--replicas", default=3, show_default=True, help="Chain length of every shard.")

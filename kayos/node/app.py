@@ -34,7 +34,7 @@ from kayos.errors import (
     UnavailableError,
     WrongRoleError,
 )
-from kayos.node.runtime import GROUP_STATE_META, HWM_META, Node, Page
+from kayos.node.runtime import GROUP_STATE_META, HWM_META, Node, Page, link_status
 
 MSGPACK = "application/msgpack"
 
@@ -447,7 +447,27 @@ class _Collector:
             "Last seq holding an entry minus the group's high-water mark",
             labels=["shard", "queue", "group"],
         )
+        link_labels = ["shard", "peer", "direction"]
+        link_up = GaugeMetricFamily(
+            "kayos_link_up", "1 while the replication link is up, else 0", labels=link_labels
+        )
+        link_heard = GaugeMetricFamily(
+            "kayos_link_last_heard_seconds",
+            "Seconds since the link's peer was last heard from (absent: never)",
+            labels=link_labels,
+        )
+        link_lag = GaugeMetricFamily(
+            "kayos_link_lag_entries",
+            "Seqs between this replica and the link's peer (downstream: not yet reported)",
+            labels=link_labels,
+        )
         for shard_id, replica in self._node.replicas.items():
+            for link in link_status(replica):
+                link_key = [str(shard_id), link["peer"], link["direction"]]
+                link_up.add_metric(link_key, 1 if link["up"] else 0)
+                if link["last_heard_s"] is not None:
+                    link_heard.add_metric(link_key, link["last_heard_s"])
+                link_lag.add_metric(link_key, link["lag_entries"])
             key = [str(shard_id), str(replica.role)]
             last.add_metric(key, replica.durable)
             committed.add_metric(key, replica.commit_point)
@@ -457,7 +477,7 @@ class _Collector:
                     queue, _, group = name[len(HWM_META) :].partition("/")
                     behind = max(0, replica.last_entry_seq - hwm)
                     lag.add_metric([str(shard_id), queue, group], behind)
-        return [last, committed, size, lag]
+        return [last, committed, size, lag, link_up, link_heard, link_lag]
 
 
 __all__ = [

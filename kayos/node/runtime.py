@@ -31,10 +31,14 @@ from kayos.errors import (
     LimitExceeded,
     OperationTimeoutError,
     ProtocolError,
+    Unauthenticated,
     UnavailableError,
     WrongRoleError,
 )
+from kayos.identity import check_data_dir
 from kayos.replication import frames as fr
+from kayos.replication.handshake import accept_peer
+from kayos.replication.liveness import Direction, LinkHealth, keep_alive
 from kayos.replication.replica import (
     PROTOCOL_VERSION,
     Columns,
@@ -155,6 +159,21 @@ class Node:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         loop.set_default_executor(ThreadPoolExecutor(_COMMIT_THREADS, "kayos-commit"))
+        identity = self.topology.identity
+        if identity is not None and identity.is_placeholder:
+            raise Unauthenticated(
+                "the topology file holds the example's placeholder secret (all zeros), known to "
+                "everyone; run `kayos init` to write a cluster id and secret of its own"
+            )
+        if identity is not None:
+            # A data directory keeps the cluster it first ran in: never another's chains.
+            await asyncio.to_thread(check_data_dir, self.data_dir, identity)
+        elif any(len(shard.members) > 1 for shard in self.topology.shards_of(self.node_id)):
+            log.error(
+                "%s: the topology file has no cluster_id and secret: this node takes part in no "
+                "replication link; run `kayos init` (or `kayos up`) to write them",
+                self.node_id,
+            )
         for shard in self.topology.shards_of(self.node_id):
             path = os.path.join(self.data_dir, "shards", str(shard.id))
             os.makedirs(path, exist_ok=True)
@@ -420,6 +439,7 @@ class Node:
                     "catching_up": replica.catching_up,
                     "upstream_linked": replica.upstream_stream is not None,
                     "downstreams_linked": sorted(replica.downstream_streams),
+                    "links": link_status(replica),
                 }
                 for shard_id, replica in self.replicas.items()
             },
@@ -430,21 +450,20 @@ class Node:
     async def _on_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        stream = FrameStream(reader, writer)
+        stream = FrameStream(reader, writer, self.clock)
+        pinger: asyncio.Task[None] | None = None
         try:
-            hello = await stream.recv()
+            try:
+                async with asyncio.timeout(limits.handshake_ms_max / 1000):
+                    hello = await self._handshake(stream, writer)
+            except TimeoutError:
+                log.info("closed a connection that sent no complete handshake in time")
+                return
             if hello is None:
                 return
-            if not isinstance(hello, fr.Hello):
-                raise ProtocolError(f"expected HELLO, got {type(hello).__name__}")
-            if hello.epoch and hello.epoch < self.epoch:
-                raise WrongRoleError(
-                    f"epoch {hello.epoch} is older than {self.epoch}",
-                    redirect=None,
-                    epoch=self.epoch,
-                )
-            if hello.epoch > self.epoch:
-                raise UnavailableError(f"epoch {hello.epoch} is newer than {self.epoch}")
+            pinger = asyncio.create_task(
+                keep_alive(stream, self.clock, f"{hello.role} connection from {hello.node_id}")
+            )
             if hello.role == "client":
                 stream.send(fr.HelloOk(PROTOCOL_VERSION, self.node_id, self.epoch))
                 await self._serve_client(stream)
@@ -468,7 +487,43 @@ class Node:
             # error, so a handler ends quietly instead of re-raising.
             pass
         finally:
+            if pinger is not None:
+                pinger.cancel()
             stream.close()
+
+    async def _handshake(
+        self, stream: FrameStream, writer: asyncio.StreamWriter
+    ) -> fr.Hello | None:
+        """Reads HELLO and checks it; a replication link must also prove the cluster secret
+        (docs/replication-protocol.md, "Handshake"). Raises the refusal."""
+        hello = await stream.recv()
+        if hello is None:
+            return None
+        if not isinstance(hello, fr.Hello):
+            raise ProtocolError(f"expected HELLO, got {type(hello).__name__}")
+        if hello.epoch and hello.epoch < self.epoch:
+            raise WrongRoleError(
+                f"epoch {hello.epoch} is older than {self.epoch}",
+                redirect=None,
+                epoch=self.epoch,
+            )
+        if hello.epoch > self.epoch:
+            raise UnavailableError(f"epoch {hello.epoch} is newer than {self.epoch}")
+        if hello.role == "client":
+            return hello
+        if hello.shard is None:
+            raise ProtocolError(f"a {hello.role} HELLO names no shard")
+        if hello.protocol_version < fr.LINK_PROTOCOL_VERSION_MIN:
+            raise ProtocolError(
+                f"replication links need protocol version {fr.LINK_PROTOCOL_VERSION_MIN}; "
+                f"{hello.node_id} speaks {hello.protocol_version}"
+            )
+        peer = writer.get_extra_info("peername")
+        peer_ip = str(peer[0]) if peer else ""
+        await accept_peer(
+            stream, hello, topology=self.topology, node_id=self.node_id, peer_ip=peer_ip
+        )
+        return hello
 
     async def _serve_client(self, stream: FrameStream) -> None:
         slots = asyncio.Semaphore(limits.connection_in_flight_requests_max)
@@ -520,6 +575,19 @@ class Node:
         with contextlib.suppress(Exception):
             stream.send(reply)
             await stream.drain()
+
+
+def link_status(replica: ShardReplica) -> list[dict[str, Any]]:
+    """Every link of the replica's chain position, up or down (docs/node-api.md, "Status")."""
+    peers: list[tuple[str, Direction]] = [(node, "downstream") for node in replica.downstreams]
+    if replica.upstream is not None:
+        peers.insert(0, (replica.upstream, "upstream"))
+    return [
+        replica.link_health.get(peer, LinkHealth(peer, direction)).status(
+            replica.durable, replica.clock
+        )
+        for peer, direction in peers
+    ]
 
 
 async def _logged(coro: Any) -> None:

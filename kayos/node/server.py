@@ -32,7 +32,11 @@ async def serve(
     node = Node(topology, node_id, data_dir)
     await node.start()
     tune_gc()
-    runner = web.AppRunner(make_app(node), access_log=None)
+    # keepalive_timeout also runs from a connection's start until its first request is whole
+    # (aiohttp >= 3.10), so it drops half-sent requests as well as idle keep-alive connections.
+    runner = web.AppRunner(
+        make_app(node), access_log=None, keepalive_timeout=limits.http_idle_ms_max / 1000
+    )
     await runner.setup()
     site = web.TCPSite(runner, node.address.host, node.address.http_port)
     await site.start()

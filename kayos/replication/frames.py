@@ -40,6 +40,9 @@ __all__ = [
     "PROTOCOL_VERSION_MIN",
     "ROLES",
     "Ack",
+    "AuthChallenge",
+    "AuthOk",
+    "AuthProof",
     "Batch",
     "CommitPoint",
     "Committed",
@@ -64,11 +67,12 @@ __all__ = [
 ]
 
 # The highest protocol version this build speaks, and the lowest it still accepts in a handshake.
-PROTOCOL_VERSION: Final = 2
+PROTOCOL_VERSION: Final = 3
 PROTOCOL_VERSION_MIN: Final = 1
 # Replication links need both sides at this version or later: version 2 forwards before it
-# persists and carries the commit point down the chain (docs/replication-protocol.md).
-LINK_PROTOCOL_VERSION_MIN: Final = 2
+# persists and carries the commit point down the chain, version 3 authenticates both sides of a
+# link (docs/replication-protocol.md).
+LINK_PROTOCOL_VERSION_MIN: Final = 3
 
 # HELLO's role field: a client, or the connector's role in the shard's chain.
 ROLES: Final = frozenset({"client", "head", "middle", "tail"})
@@ -87,6 +91,8 @@ _FRAME_BYTES_MIN: Final = 2
 
 _U64_END: Final = 1 << 64
 _UUID_BYTES: Final = 16
+# An HMAC-SHA256 digest.
+MAC_BYTES: Final = 32
 
 TakeoverEntry: TypeAlias = tuple[bytes, int]
 Headers: TypeAlias = dict[str, bytes]
@@ -214,7 +220,17 @@ def _is_meta(value: object) -> bool:
     return all(0 <= item < _U64_END for item in value.values() if type(item) is int)
 
 
+def _exact_bytes(size: int) -> Callable[[object], bool]:
+    def check(value: object) -> bool:
+        return type(value) is bytes and len(value) == size
+
+    return check
+
+
 _U16: Final = WireType("u16", _unsigned(16))
+_UUID: Final = WireType("uuid", _exact_bytes(_UUID_BYTES))
+_NONCE: Final = WireType("nonce", _exact_bytes(limits.auth_nonce_bytes))
+_MAC: Final = WireType("mac", _exact_bytes(MAC_BYTES))
 _U32: Final = WireType("u32", _unsigned(32))
 _U64: Final = WireType("u64", _unsigned(64))
 _BOOL: Final = WireType("bool", _is_bool)
@@ -318,6 +334,30 @@ class Pong(_FrameBase):
     """Answers the ``Ping`` with the same nonce."""
 
     nonce: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AuthChallenge(_FrameBase):
+    """The acceptor of a replication link asks the connector to prove the cluster secret."""
+
+    cluster_id: bytes
+    nonce: bytes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AuthProof(_FrameBase):
+    """The connector's cluster id, its nonce and its HMAC over both nonces and the link."""
+
+    cluster_id: bytes
+    nonce: bytes
+    mac: bytes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AuthOk(_FrameBase):
+    """The acceptor's HMAC: it knows the secret too."""
+
+    mac: bytes
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -461,6 +501,9 @@ Frame: TypeAlias = (
     | ErrorFrame
     | Ping
     | Pong
+    | AuthChallenge
+    | AuthProof
+    | AuthOk
     | Subscribe
     | Subscribed
     | Batch
@@ -551,6 +594,16 @@ FRAME_TABLE: Final[tuple[FrameSpec, ...]] = (
     )),
     FrameSpec(4, "PING", Ping, "any", 1, (_f("nonce", _U64),)),
     FrameSpec(5, "PONG", Pong, "any", 1, (_f("nonce", _U64),)),
+    FrameSpec(6, "AUTH_CHALLENGE", AuthChallenge, "acceptor -> connector", 3, (
+        FieldSpec("cluster_id", _UUID, 3),
+        FieldSpec("nonce", _NONCE, 3),
+    )),
+    FrameSpec(7, "AUTH_PROOF", AuthProof, "connector -> acceptor", 3, (
+        FieldSpec("cluster_id", _UUID, 3),
+        FieldSpec("nonce", _NONCE, 3),
+        FieldSpec("mac", _MAC, 3),
+    )),
+    FrameSpec(8, "AUTH_OK", AuthOk, "acceptor -> connector", 3, (FieldSpec("mac", _MAC, 3),)),
     FrameSpec(16, "SUBSCRIBE", Subscribe, "downstream -> upstream", 1, (
         _f("shard", _U32),
         _f("from_seq", _U64),

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import heapq
 import itertools
 import logging
@@ -37,7 +38,7 @@ from typing import Any, TypeAlias
 import msgpack
 
 from kayos import limits
-from kayos.clock import Clock
+from kayos.clock import Clock, SystemClock
 from kayos.errors import (
     InvalidRequest,
     KayosError,
@@ -49,7 +50,8 @@ from kayos.errors import (
     WrongRoleError,
     error_from_code,
 )
-from kayos.replication import chain
+from kayos.replication import auth as link_auth
+from kayos.replication import chain, handshake, liveness
 from kayos.replication import frames as fr
 from kayos.storage import CommitResult, Entry, ShardStore
 from kayos.storage import format as fmt
@@ -100,9 +102,17 @@ class Pulse:
 class FrameStream:
     """Frames over an asyncio stream pair: ``send`` encodes and writes, ``recv`` decodes."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        clock: Clock | None = None,
+    ) -> None:
         self.reader = reader
         self.writer = writer
+        # When bytes last came in (the clock's monotonic time): liveness closes a silent link.
+        self.clock = clock or SystemClock()
+        self.heard_at = self.clock.monotonic_s()
         self._decoder = fr.FrameDecoder()
         self._ready: list[fr.Frame] = []
 
@@ -118,6 +128,7 @@ class FrameStream:
         """The next frame, or None at a clean end of stream."""
         while not self._ready:
             data = await self.reader.read(256 * 1024)
+            self.heard_at = self.clock.monotonic_s()
             if not data:
                 if self._decoder.buffered_bytes:
                     raise ProtocolError("stream ended inside a frame")
@@ -308,6 +319,8 @@ class ShardReplica:
         self.upstream_stream: FrameStream | None = None
         self.downstream_streams: dict[str, FrameStream] = {}
         self._links: dict[str, _LinkSender] = {}
+        # Every link this replica had, by peer: up or down, last heard, lag (status, metrics).
+        self.link_health: dict[str, liveness.LinkHealth] = {}
         # Recently committed ranges as ready BATCH frames, by first seq: links forward these
         # instead of reading their entries back from the store. Bounded; a miss falls back to
         # the store, so what is kept here is an optimisation, never the truth.
@@ -804,7 +817,12 @@ class UpstreamLink:
 
     def __init__(self, replica: ShardReplica, *, connect: Callable[..., Any] | None = None) -> None:
         self.replica = replica
-        self._connect = connect or asyncio.open_connection
+        # A link leaves from this node's own topology host: the upstream checks the source
+        # address against it (docs/replication-protocol.md, "Peer authentication").
+        own_host = replica.topology.nodes[replica.node_id].host
+        self._connect = connect or functools.partial(
+            asyncio.open_connection, local_addr=(own_host, 0)
+        )
         self._stopped = False
         self.connected = asyncio.Event()
 
@@ -835,19 +853,29 @@ class UpstreamLink:
         replica = self.replica
         assert replica.upstream is not None
         address = replica.topology.nodes[replica.upstream]
-        reader, writer = await self._connect(address.host, address.bin_port)
-        stream = FrameStream(reader, writer)
+        identity = replica.topology.identity
+        if identity is None or identity.is_placeholder:
+            raise handshake.no_identity_error(replica.node_id)
+        role = "tail" if replica.shard.is_tail(replica.node_id) else "middle"
+        claim = link_auth.LinkClaim(
+            replica.node_id, replica.upstream, replica.shard_id, replica.epoch, role
+        )
+        handshake_s = limits.handshake_ms_max / 1000
+        async with asyncio.timeout(handshake_s):
+            reader, writer = await self._connect(address.host, address.bin_port)
+        stream = FrameStream(reader, writer, replica.clock)
+        health = replica.link_health.setdefault(
+            replica.upstream, liveness.LinkHealth(replica.upstream, "upstream")
+        )
+        pinger: asyncio.Task[None] | None = None
         try:
-            stream.send(
-                fr.Hello(
-                    PROTOCOL_VERSION,
-                    replica.node_id,
-                    replica.shard_id,
-                    replica.epoch,
-                    "tail" if replica.shard.is_tail(replica.node_id) else "middle",
+            async with asyncio.timeout(handshake_s):
+                hello = fr.Hello(
+                    PROTOCOL_VERSION, replica.node_id, replica.shard_id, replica.epoch, role
                 )
-            )
-            reply = await stream.recv()
+                stream.send(hello)
+                await handshake.prove_to_upstream(stream, identity, claim)
+                reply = await stream.recv()
             if isinstance(reply, fr.ErrorFrame):
                 raise_error_frame(reply)
             if not isinstance(reply, fr.HelloOk):
@@ -880,6 +908,13 @@ class UpstreamLink:
                 # on to replicas that serve consumers. They resubscribe once this one is whole.
                 replica.close_downstream_links()
             catch_up_target = subscribed.last_seq
+            health.heard(subscribed.last_seq)
+            health.attach(stream)
+            pinger = asyncio.create_task(
+                liveness.keep_alive(
+                    stream, replica.clock, f"shard {replica.shard_id}: upstream {replica.upstream}"
+                )
+            )
             # A commit the last link's applier was cancelled in landed without being counted:
             # step the progress and wake the senders before reporting to the new upstream.
             replica.local_commit_done()
@@ -888,6 +923,9 @@ class UpstreamLink:
             self.connected.set()
             await self._follow(stream, catch_up_target)
         finally:
+            if pinger is not None:
+                pinger.cancel()
+            health.detach(stream)
             stream.close()
 
     async def _subscribe(self, stream: FrameStream) -> tuple[fr.Subscribed, int]:
@@ -934,6 +972,9 @@ class UpstreamLink:
                             f"BATCH {frame.first_seq}..{frame.last_seq} where {expected} was due"
                         )
                     expected = frame.last_seq + 1
+                    health = replica.link_health.get(replica.upstream or "")
+                    if health is not None:
+                        health.heard(frame.last_seq)
                     if first_batch:
                         first_batch = False
                         frame = _with_meta_deletes(frame, replica.store.meta)
@@ -1143,6 +1184,9 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
     replica.downstream_streams[node] = stream
     replica._links[node] = link
     replica.downstream_event(chain.DownstreamLinked(node))
+    health = replica.link_health.setdefault(node, liveness.LinkHealth(node, "downstream"))
+    health.peer_seq = frame.from_seq - 1
+    health.attach(stream)
     sender = asyncio.create_task(link.run())
     sender.add_done_callback(_close_with(stream))
     try:
@@ -1158,6 +1202,7 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
                     raise ProtocolError(f"{node} reports {seq}, past {link.sent} sent to it")
                 link.window.acknowledged(seq)
                 link.acked.notify()
+                health.heard(seq)
                 event: chain.Event = (
                     chain.DownstreamAck(node, seq)
                     if isinstance(reply, fr.Ack)
@@ -1169,6 +1214,7 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
             elif not isinstance(reply, fr.Pong):
                 raise ProtocolError(f"unexpected {type(reply).__name__} from a downstream")
     finally:
+        health.detach(stream)
         link.closed = True
         sender.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -18,7 +18,16 @@ PACKAGES = ("kayos", "kestrel_compat")
 
 FLOORS: list[tuple[int, tuple[str, ...]]] = [
     (0, ("kayos.errors", "kayos.limits", "kayos.clock", "kayos.checks")),
-    (1, ("kayos.storage", "kayos.topology", "kayos.replication.frames", "kayos.replication.chain")),
+    (
+        1,
+        (
+            "kayos.storage",
+            "kayos.topology",
+            "kayos.identity",
+            "kayos.replication.frames",
+            "kayos.replication.chain",
+        ),
+    ),
     (2, ("kayos.replication",)),
     (3, ("kayos.node", "kayos.client", "kayos.embedded")),
     (4, ("kayos.cli", "kayos.bench", "kayos.launcher", "kayos.kestrel_process", "kayos.__main__")),
@@ -26,7 +35,13 @@ FLOORS: list[tuple[int, tuple[str, ...]]] = [
 ]
 # What a face may import from below the client floor: the store's public package (the storage
 # benchmark and `kayos check` work on a store directly) and the node's entry point.
-FACE_ALLOWED_LOW = ("kayos.storage", "kayos.storage.check", "kayos.node.server", "kayos.topology")
+FACE_ALLOWED_LOW = (
+    "kayos.storage",
+    "kayos.storage.check",
+    "kayos.node.server",
+    "kayos.topology",
+    "kayos.identity",
+)
 # Names `kayos/__init__.py` exports lazily from the client floor.
 LAZY_CLIENT_EXPORTS = {"Client", "AsyncClient", "open_queue", "Page", "Item", "Message"}
 

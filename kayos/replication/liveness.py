@@ -1,0 +1,94 @@
+"""Liveness of connections: PING every ``limits.ping_interval_ms``, and a peer silent past
+``limits.peer_silence_ms_max`` is marked down and its connection closed; the per-link health that
+``GET /v1/status`` and ``/metrics`` show (docs/replication-protocol.md, "Liveness")."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from kayos import limits
+from kayos.clock import Clock
+from kayos.replication import frames as fr
+
+log = logging.getLogger("kayos.replication")
+
+Direction = Literal["upstream", "downstream"]
+
+
+class HeardStream(Protocol):
+    """A frame stream that knows when it last received bytes (``clock.monotonic_s`` time)."""
+
+    heard_at: float
+
+    def send(self, frame: fr.Frame) -> int: ...
+
+    def close(self) -> None: ...
+
+
+def silent_for(stream: HeardStream, clock: Clock) -> float:
+    return clock.monotonic_s() - stream.heard_at
+
+
+async def keep_alive(stream: HeardStream, clock: Clock, describe: str) -> None:
+    """Pings ``stream`` until it ends; closes it (and returns) once the peer has been silent past
+    the bound. Run as a task beside the reader: closing the stream ends the reader's wait."""
+    interval_s = limits.ping_interval_ms / 1000
+    silence_s = limits.peer_silence_ms_max / 1000
+    nonce = 0
+    while True:
+        await asyncio.sleep(interval_s)
+        silent = silent_for(stream, clock)
+        if silent > silence_s:
+            log.warning(
+                "%s: peer silent for %.1f s (bound %d ms): marked down, connection closed",
+                describe,
+                silent,
+                limits.peer_silence_ms_max,
+            )
+            stream.close()
+            return
+        nonce += 1
+        try:
+            stream.send(fr.Ping(nonce))
+        except Exception:  # the connection is gone already; its reader ends it
+            return
+
+
+@dataclass(slots=True)
+class LinkHealth:
+    """One link of one replica as this node sees it. ``peer_seq``: for a downstream, the highest
+    seq it reported (ACK or COMMITTED); for the upstream, the highest seq it is known to hold."""
+
+    peer: str
+    direction: Direction
+    stream: HeardStream | None = None
+    heard_at: float | None = None
+    peer_seq: int = 0
+
+    def attach(self, stream: HeardStream) -> None:
+        self.stream = stream
+
+    def detach(self, stream: HeardStream) -> None:
+        if self.stream is stream:
+            self.heard_at = stream.heard_at
+            self.stream = None
+
+    def heard(self, seq: int) -> None:
+        self.peer_seq = max(self.peer_seq, seq)
+
+    def status(self, own_durable: int, clock: Clock) -> dict[str, Any]:
+        heard_at = self.stream.heard_at if self.stream is not None else self.heard_at
+        if self.direction == "downstream":
+            lag = max(0, own_durable - self.peer_seq)
+        else:
+            lag = max(0, self.peer_seq - own_durable)
+        return {
+            "peer": self.peer,
+            "direction": self.direction,
+            "up": self.stream is not None,
+            "last_heard_s": None if heard_at is None else round(clock.monotonic_s() - heard_at, 3),
+            "lag_entries": lag,
+        }
