@@ -202,8 +202,8 @@ async def test_a_member_that_lost_its_upstream_with_unpersisted_seqs_relinks_its
 
 @pytest.mark.asyncio
 async def test_a_version_1_link_is_refused(tmp_path: Path) -> None:
-    """Version 1 persisted before it forwarded and knew no COMMIT_POINT: a chain must not mix
-    the two rules, so a link handshake below version 2 fails with protocol_error."""
+    """Version 1 persisted before it forwarded and knew no COMMIT_POINT, version 2 did not
+    authenticate links: a link handshake below version 3 fails with protocol_error."""
     async with _chain(tmp_path) as (topology, _):
         address = topology.nodes["b"]
         reader, writer = await asyncio.open_connection(address.host, address.bin_port)
@@ -217,7 +217,7 @@ async def test_a_version_1_link_is_refused(tmp_path: Path) -> None:
                 frames.extend(decoder.feed(data))
             assert isinstance(frames[0], fr.ErrorFrame)
             assert frames[0].code == ProtocolError.code
-            assert "version 2" in frames[0].message
+            assert f"version {fr.LINK_PROTOCOL_VERSION_MIN}" in frames[0].message
         finally:
             writer.close()
 

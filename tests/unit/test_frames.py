@@ -22,6 +22,7 @@ from kayos.replication import frames as f
 
 UUID_A = bytes(range(16))
 UUID_B = bytes(range(16, 32))
+CLUSTER = UUID_B
 
 # One frame of each kind and its exact bytes, written as "length kind body".
 GOLDEN: list[tuple[f.Frame, str]] = [
@@ -105,6 +106,21 @@ GOLDEN: list[tuple[f.Frame, str]] = [
         "00000008 22 94 09 07 66 cd01f4",
     ),
     (f.CommittedReply(request_id=9, shard=7, committed_seq=102), "00000005 23 93 09 07 66"),
+    # The authentication frames of version 3 (appended, so the indexes above stay put).
+    (
+        f.AuthChallenge(cluster_id=CLUSTER, nonce=b"\xaa" * 32),
+        "00000036 06 92 c410 101112131415161718191a1b1c1d1e1f c420" + "aa" * 32,
+    ),
+    (
+        f.AuthProof(cluster_id=CLUSTER, nonce=b"\xcc" * 32, mac=bytes(range(32))),
+        "00000058 07 93 c410 101112131415161718191a1b1c1d1e1f c420"
+        + "cc" * 32
+        + " c420 000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f",
+    ),
+    (
+        f.AuthOk(mac=bytes(range(32, 64))),
+        "00000024 08 91 c420 202122232425262728292a2b2c2d2e2f303132333435363738393a3b3c3d3e3f",
+    ),
 ]
 
 GOLDEN_FRAMES = [frame for frame, _ in GOLDEN]
@@ -154,6 +170,9 @@ def test_table_matches_protocol_document() -> None:
         3: "ERROR",
         4: "PING",
         5: "PONG",
+        6: "AUTH_CHALLENGE",
+        7: "AUTH_PROOF",
+        8: "AUTH_OK",
         16: "SUBSCRIBE",
         17: "SUBSCRIBED",
         18: "BATCH",
@@ -166,7 +185,8 @@ def test_table_matches_protocol_document() -> None:
         35: "COMMITTED_REPLY",
     }
     for spec in f.FRAME_TABLE:
-        assert spec.since_version == (2 if spec.name == "COMMIT_POINT" else 1)
+        since = {"COMMIT_POINT": 2, "AUTH_CHALLENGE": 3, "AUTH_PROOF": 3, "AUTH_OK": 3}
+        assert spec.since_version == since.get(spec.name, 1)
         assert all(field.since_version == spec.since_version for field in spec.fields)
 
 
@@ -355,7 +375,7 @@ def test_round_trip_stream_in_random_chunks(frame_list: list[f.Frame], data: st.
 # --- malformed input -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", [0, 6, 15, 22, 31, 36, 255])
+@pytest.mark.parametrize("kind", [0, 9, 15, 22, 31, 36, 255])
 def test_unknown_kind(kind: int) -> None:
     decode_fails(raw_frame(kind, raw_body([5])), match=f"unknown frame kind {kind}")
 
@@ -400,6 +420,9 @@ BAD_VALUES: dict[str, list[Any]] = {
     "u32 | nil": [-1, 2**32, True, "7"],
     "u64 | nil": [-1, True, "9", b""],
     "str": [b"node", 5, None, True],
+    "uuid": [UUID_A[:15], UUID_A + b"\x00", "0123456789abcdef", None, 16],
+    "nonce": [b"\x00" * 31, b"\x00" * 33, "a" * 32, None, [0] * 32],
+    "mac": [b"\x00" * 31, b"\x00" * 33, "m" * 32, None, 0],
     "str | nil": [b"node", 5, False],
     "role": ["leader", "", b"tail", 1, None],
     "bool": [0, 1, None, "true"],
@@ -583,9 +606,9 @@ def test_configured_frame_bound() -> None:
 
 def test_decoder_stays_dead() -> None:
     # After one error every feed raises, even of valid bytes or of nothing (h11's ERROR state).
-    decoder = decode_fails(raw_frame(6, raw_body([1])), match="unknown frame kind")
+    decoder = decode_fails(raw_frame(9, raw_body([1])), match="unknown frame kind")
     for data in (b"", GOLDEN_STREAM):
-        with pytest.raises(ProtocolError, match="decoder failed earlier: unknown frame kind 6"):
+        with pytest.raises(ProtocolError, match="decoder failed earlier: unknown frame kind 9"):
             decoder.feed(data)
 
 

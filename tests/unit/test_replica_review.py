@@ -19,10 +19,12 @@ from kayos import limits
 from kayos.errors import UnavailableError
 from kayos.launcher import free_ports
 from kayos.node.runtime import HWM_META, Node
+from kayos.replication import auth
 from kayos.replication import frames as fr
 from kayos.replication.replica import ShardReplica, UpstreamLink
 from kayos.storage import ShardStore
 from kayos.topology import NodeAddr, ShardChain, Topology
+from tests.linkauth import TEST_IDENTITY, RawLink, answer_challenge, link_hello
 
 SEED = 20261122
 WAIT_S = 30.0
@@ -34,7 +36,7 @@ def _topology(ids: list[str]) -> Topology:
         node: NodeAddr(node, "127.0.0.1", ports[i], ports[len(ids) + i])
         for i, node in enumerate(ids)
     }
-    return Topology(1, nodes, {0: ShardChain(0, tuple(ids), ())})
+    return Topology(1, nodes, {0: ShardChain(0, tuple(ids), ())}, TEST_IDENTITY)
 
 
 async def _until(condition: Callable[[], Any], what: str) -> Any:
@@ -291,21 +293,23 @@ async def test_a_replica_in_catch_up_feeds_no_link_below(tmp_path: Path) -> None
         middle.catching_up = True
         middle.close_downstream_links()
         address = topology.nodes["b"]
-        reader, writer = await asyncio.open_connection(address.host, address.bin_port)
-        decoder = fr.FrameDecoder()
-        try:
-            writer.write(fr.encode(fr.Hello(fr.PROTOCOL_VERSION, "c", 0, topology.epoch, "tail")))
-            writer.write(fr.encode(fr.Subscribe(0, 1, ())))
-            frames: list[fr.Frame] = []
-            while len(frames) < 2:
-                data = await asyncio.wait_for(reader.read(65536), WAIT_S)
-                assert data, f"closed after {frames}"
-                frames.extend(decoder.feed(data))
-            assert isinstance(frames[0], fr.HelloOk)
-            assert isinstance(frames[1], fr.ErrorFrame)
-            assert frames[1].code == UnavailableError.code
-        finally:
-            writer.close()
+
+        def subscribe_as_the_tail() -> list[fr.Frame | None]:
+            link = RawLink.open(address.host, address.bin_port)
+            try:
+                link.send(link_hello("c", 0, topology.epoch, "tail"))
+                claim = auth.LinkClaim("c", "b", 0, topology.epoch, "tail")
+                accepted = answer_challenge(link, TEST_IDENTITY, claim)
+                link.send(fr.Subscribe(0, 1, ()))
+                return [accepted, link.next(), link.next()]
+            finally:
+                link.close()
+
+        frames = await asyncio.to_thread(subscribe_as_the_tail)
+        assert isinstance(frames[0], fr.AuthOk)
+        assert isinstance(frames[1], fr.HelloOk)
+        assert isinstance(frames[2], fr.ErrorFrame)
+        assert frames[2].code == UnavailableError.code
         middle.catching_up = False
         await _until(lambda: "c" in middle.downstream_streams, "the tail linked again")
 

@@ -1,0 +1,85 @@
+"""Raw-socket replication handshakes for tests: what a genuine member sends (the right identity),
+an impostor (no secret, another cluster's, a lie about its node id), and what came back.
+
+Blocking sockets with a bounded timeout, so both async unit tests (in a thread) and the
+process-level integration tests use them the same way.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+from dataclasses import dataclass, field
+
+from kayos import limits
+from kayos.identity import ClusterIdentity
+from kayos.replication import auth
+from kayos.replication import frames as fr
+
+# A fixed identity for in-process tests (never a real cluster's).
+TEST_IDENTITY = ClusterIdentity("00000000-0000-4000-8000-000000000001", bytes(range(1, 33)))
+READ_TIMEOUT_S = 30.0
+
+
+@dataclass
+class RawLink:
+    """One blocking connection speaking frames; ``frames`` holds everything decoded so far."""
+
+    sock: socket.socket
+    decoder: fr.FrameDecoder = field(default_factory=fr.FrameDecoder)
+    frames: list[fr.Frame] = field(default_factory=list)
+    closed: bool = False
+
+    @classmethod
+    def open(cls, host: str, port: int, *, source: str | None = None) -> RawLink:
+        sock = socket.create_connection(
+            (host, port), timeout=READ_TIMEOUT_S, source_address=(source, 0) if source else None
+        )
+        return cls(sock)
+
+    def send(self, *frames: fr.Frame) -> None:
+        self.sock.sendall(b"".join(fr.encode(frame) for frame in frames))
+
+    def next(self) -> fr.Frame | None:
+        """The next frame, or None once the peer closed the connection."""
+        while not self.frames:
+            if self.closed:
+                return None
+            try:
+                data = self.sock.recv(65536)
+            except ConnectionResetError:
+                data = b""
+            if not data:
+                self.closed = True
+                return None
+            self.frames.extend(self.decoder.feed(data))
+        return self.frames.pop(0)
+
+    def wait_closed(self) -> None:
+        """Reads (and drops) frames until the peer closes; a timeout fails the caller."""
+        while self.next() is not None:
+            pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def link_hello(node: str, shard: int, epoch: int, role: str) -> fr.Hello:
+    return fr.Hello(fr.PROTOCOL_VERSION, node, shard, epoch, role)
+
+
+def answer_challenge(
+    link: RawLink,
+    identity: ClusterIdentity,
+    claim: auth.LinkClaim,
+    *,
+    cluster_uuid: bytes | None = None,
+) -> fr.Frame | None:
+    """Reads the AUTH_CHALLENGE, answers it as ``identity`` would (claiming ``cluster_uuid``,
+    by default the identity's own), and returns the acceptor's next frame."""
+    challenge = link.next()
+    assert isinstance(challenge, fr.AuthChallenge), challenge
+    nonce = secrets.token_bytes(limits.auth_nonce_bytes)
+    mac = auth.proof(identity, auth.CONNECTOR_PROVES, claim, challenge.nonce, nonce)
+    link.send(fr.AuthProof(cluster_uuid or identity.cluster_uuid, nonce, mac))
+    return link.next()
