@@ -3,6 +3,7 @@ exist with the options they pass."""
 
 from __future__ import annotations
 
+import asyncio
 import configparser
 import re
 import shlex
@@ -12,6 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from kayos.cli.main import cli
+from kayos.errors import Unauthenticated
+from kayos.node.runtime import Node
 from kayos.topology import Topology
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -28,6 +31,35 @@ def test_topologies_load_with_rotated_roles(path: str) -> None:
             "middle",
             "tail",
         }
+
+
+@pytest.mark.parametrize("path", ["cluster.example.toml", "docker/cluster.toml"])
+def test_topologies_hold_a_placeholder_identity_that_kayos_init_replaces(
+    path: str, tmp_path: Path
+) -> None:
+    example = Topology.load(str(DEPLOY / path))
+    assert example.identity is not None
+    assert example.identity.is_placeholder  # known to everyone: refused by every node
+    out = tmp_path / "cluster.toml"
+    result = CliRunner().invoke(cli, ["init", "--from", str(DEPLOY / path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    real = Topology.load(str(out))
+    assert real.identity is not None
+    assert not real.identity.is_placeholder
+    assert real.nodes == example.nodes
+    assert real.shards == example.shards
+
+
+def test_a_node_refuses_the_placeholder_identity(tmp_path: Path) -> None:
+    example = Topology.load(str(DEPLOY / "cluster.example.toml"))
+    node = Node(example, "a", str(tmp_path / "a"))
+
+    async def start() -> None:
+        await node.start()
+
+    with pytest.raises(Unauthenticated, match="placeholder"):
+        asyncio.run(start())
+    assert not (tmp_path / "a" / "cluster_id").exists()
 
 
 def options_of(command: str) -> set[str]:
