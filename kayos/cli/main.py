@@ -209,9 +209,9 @@ def node(config_path: str, node_id: str, data_dir: str, log_level: str) -> None:
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         topology = Topology.load(config_path)
-    except KayosError as exc:
-        raise click.ClickException(str(exc)) from exc
-    asyncio.run(serve(topology, node_id, data_dir))
+        asyncio.run(serve(topology, node_id, data_dir))
+    except KayosError as exc:  # refused at start: a bad file, another cluster's data directory
+        raise click.ClickException(f"{exc.code}: {exc}") from exc
 
 
 @cli.command()
