@@ -128,11 +128,11 @@ class FrameStream:
         """The next frame, or None at a clean end of stream."""
         while not self._ready:
             data = await self.reader.read(256 * 1024)
-            self.heard_at = self.clock.monotonic_s()
             if not data:
                 if self._decoder.buffered_bytes:
                     raise ProtocolError("stream ended inside a frame")
                 return None
+            self.heard_at = self.clock.monotonic_s()
             self._ready.extend(self._decoder.feed(data))
             self._ready.reverse()
         return self._ready.pop()
