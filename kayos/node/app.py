@@ -41,6 +41,7 @@ MSGPACK = "application/msgpack"
 STATUS_FOR_CODE = {
     "invalid_request": 400,
     "protocol_error": 400,
+    "unauthenticated": 401,
     "limit_exceeded": 413,
     "wrong_role": 421,
     "timeout": 504,
