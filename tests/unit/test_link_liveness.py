@@ -1,0 +1,107 @@
+"""Link liveness without sockets: the pinger against a fake stream and a manual clock, and the
+per-link health that status and metrics show."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import pytest
+
+from kayos import limits
+from kayos.clock import ManualClock
+from kayos.replication import frames as fr
+from kayos.replication.liveness import LinkHealth, keep_alive
+
+SILENCE_S = limits.peer_silence_ms_max / 1000
+# Real time the pinger may take to act: a few ping intervals on a busy machine.
+WAIT_S = 10.0
+
+
+@dataclass
+class FakeStream:
+    heard_at: float
+    sent: list[fr.Frame] = field(default_factory=list)
+    closed: bool = False
+
+    def send(self, frame: fr.Frame) -> int:
+        assert not self.closed
+        self.sent.append(frame)
+        return 1
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def until(condition: object, what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT_S
+    while not callable(condition) or not condition():
+        assert loop.time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)  # a bounded poll of a condition
+
+
+@pytest.mark.asyncio
+async def test_pings_a_live_peer_and_closes_a_silent_one() -> None:
+    clock = ManualClock()
+    stream = FakeStream(heard_at=clock.monotonic_s())
+    task = asyncio.create_task(keep_alive(stream, clock, "test link"))
+    try:
+        await until(lambda: len(stream.sent) >= 2, "two pings")
+        nonces = [frame.nonce for frame in stream.sent if isinstance(frame, fr.Ping)]
+        assert nonces == sorted(set(nonces)), "nonces grow strictly"
+        # Heard from just inside the bound: still up.
+        clock.advance(SILENCE_S - 0.1)
+        await until(lambda: len(stream.sent) >= len(nonces) + 1, "a ping inside the bound")
+        assert not stream.closed
+        # Silent past the bound: closed, and the pinger ends.
+        clock.advance(0.2)
+        await asyncio.wait_for(task, WAIT_S)
+        assert stream.closed
+    finally:
+        task.cancel()
+
+
+@pytest.mark.asyncio
+async def test_a_peer_heard_again_stays_up() -> None:
+    clock = ManualClock()
+    stream = FakeStream(heard_at=clock.monotonic_s())
+    task = asyncio.create_task(keep_alive(stream, clock, "test link"))
+    try:
+        for _ in range(3):
+            clock.advance(SILENCE_S - 0.5)
+            stream.heard_at = clock.monotonic_s()  # bytes came in
+            sent = len(stream.sent)
+            await until(lambda sent=sent: len(stream.sent) > sent, "the next ping")
+        assert not stream.closed
+    finally:
+        task.cancel()
+
+
+def test_link_health_status() -> None:
+    clock = ManualClock()
+    down = LinkHealth("b", "downstream")
+    assert down.status(10, clock) == {
+        "peer": "b",
+        "direction": "downstream",
+        "up": False,
+        "last_heard_s": None,
+        "lag_entries": 10,
+    }
+    stream = FakeStream(heard_at=clock.monotonic_s())
+    down.attach(stream)
+    down.heard(7)
+    down.heard(4)  # reports never move it back
+    clock.advance(1.5)
+    assert down.status(10, clock)["up"] is True
+    assert down.status(10, clock)["lag_entries"] == 3
+    assert down.status(10, clock)["last_heard_s"] == 1.5
+    down.detach(stream)
+    clock.advance(2.0)
+    status = down.status(10, clock)
+    assert status["up"] is False
+    assert status["last_heard_s"] == 3.5
+    up = LinkHealth("a", "upstream")
+    up.heard(25)
+    assert up.status(20, clock)["lag_entries"] == 5
+    assert up.status(30, clock)["lag_entries"] == 0
