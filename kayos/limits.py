@@ -154,6 +154,10 @@ peer_silence_ms_max = 3_000
 # connection's start until a request's headers are complete (aiohttp's keepalive_timeout covers
 # both), so half-sent requests and idle keep-alive sockets are dropped within this bound.
 http_idle_ms_max = 10_000
+# A request body (at most http_body_bytes_max) must arrive within this once its headers have: a
+# body trickled in or never finished would pin the handler and its buffer. 128 MiB at 100 Mbit/s
+# takes about 11 s.
+http_body_read_ms_max = 30_000
 # Cluster identity: a random shared secret (HMAC-SHA256 key, its own output size) and the nonce each
 # side of a link contributes to the handshake (docs/replication-protocol.md, "Peer authentication").
 cluster_secret_bytes = 32

@@ -7,6 +7,7 @@ and map ``KayosError`` to the documented error reply. Replies are msgpack when t
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -91,7 +92,12 @@ def error_reply(request: web.Request, exc: KayosError, node: Node) -> web.Respon
 
 async def read_body(request: web.Request) -> Any:
     try:
-        raw = await request.read()
+        async with asyncio.timeout(limits.http_body_read_ms_max / 1000):
+            raw = await request.read()
+    except TimeoutError as exc:  # a half-sent body: nothing was done with it
+        raise InvalidRequest(
+            f"request body not received within {limits.http_body_read_ms_max} ms"
+        ) from exc
     except web.HTTPRequestEntityTooLarge as exc:
         raise LimitExceeded(
             f"request body over http_body_bytes_max={limits.http_body_bytes_max} bytes"
