@@ -457,7 +457,11 @@ class Node:
                 async with asyncio.timeout(limits.handshake_ms_max / 1000):
                     hello = await self._handshake(stream, writer)
             except TimeoutError:
-                log.info("closed a connection that sent no complete handshake in time")
+                log.info(
+                    "closed the connection from %s: no complete handshake within %d ms",
+                    writer.get_extra_info("peername"),
+                    limits.handshake_ms_max,
+                )
                 return
             if hello is None:
                 return
