@@ -22,7 +22,8 @@ from kayos.errors import (
     WrongPeerError,
     error_from_code,
 )
-from kayos.identity import ClusterIdentity, check_data_dir
+from kayos.identity import ClusterIdentity, check_data_dir, write_private
+from kayos.launcher import LocalCluster
 from kayos.replication import auth
 from kayos.replication import frames as fr
 from kayos.topology import NodeAddr, Topology, rotated
@@ -240,3 +241,14 @@ def test_kayos_init_from_an_old_file_keeps_its_chains(tmp_path: Path) -> None:
     new = Topology.load(str(out))
     assert new.identity is not None
     assert new.shards == Topology.load(str(old)).shards
+
+
+def test_kayos_up_keeps_the_identity_of_its_data_root(tmp_path: Path) -> None:
+    """A second `kayos up` on the same data root is the same cluster (its data directories
+    recorded that cluster's id), so the launcher keeps the id and secret of the file it finds."""
+    first = LocalCluster(tmp_path)
+    write_private(str(first.topology_path), first.topology.dumps_toml())
+    assert stat.S_IMODE(os.stat(first.topology_path).st_mode) == 0o600
+    again = LocalCluster(tmp_path)
+    assert again.identity == first.identity
+    assert LocalCluster(tmp_path / "elsewhere").identity != first.identity
