@@ -54,8 +54,8 @@ from kayos.replication import auth as link_auth
 from kayos.replication import chain, handshake, liveness
 from kayos.replication import frames as fr
 from kayos.storage import CommitResult, Entry, ShardStore
-from kayos.storage import format as fmt
 from kayos.storage.engine import prepare_columns
+from kayos.storage.readback import read_back
 from kayos.topology import ShardChain, Topology
 
 log = logging.getLogger("kayos.replication")
@@ -1085,38 +1085,18 @@ def read_range(
     entries_max: int = limits.batch_entries_max,
     bytes_max: int = limits.batch_bytes_max,
 ) -> tuple[list[Entry], int, dict[str, Any], int]:
-    """Entries in ``(after, upto]`` as of ``upto`` that fit one ``BATCH`` frame: at most
-    ``entries_max`` of them and ``bytes_max`` bytes of keys, values and headers (the bounds of one
-    commit; ``limits.frame_bytes_max`` leaves room for their framing). When the range does not
-    fit, it is cut
-    after the last entry that ends a commit, so an all-or-nothing write is never split (one commit
-    never exceeds these bounds); only when that entry was superseded since is there no such point,
-    and the cut falls at the bound. Returns the entries, the last seq the range covers, the
-    snapshot's metadata and its boundary."""
-    entries: list[Entry] = []
-    size = 0
-    through_last_end = 0  # how many of ``entries`` end at a commit boundary
+    """The store's state as of the end of the longest piece of ``(after, upto]`` that fits one
+    ``BATCH`` frame: at most ``entries_max`` entries and ``bytes_max`` payload bytes (the bounds of
+    one commit; ``limits.frame_bytes_max`` leaves room for their framing). A piece ends only at a
+    commit boundary, found from the commit-end flags of every version in the range (superseded
+    entries and compaction's markers included: kayos.storage.readback), so an all-or-nothing write
+    is never split, even when the entry that ended it was superseded since. Returns the entries,
+    the last seq the piece covers, the snapshot's metadata and its boundary."""
     with store.snapshot() as snap:
-        for page in snap.pages(
-            after, upto, page_entries=_SEND_PAGE_ENTRIES, include_expired=True, as_of=upto
-        ):
-            for entry in page:
-                entry_size = len(entry.key)
-                if entry.value is not None:
-                    entry_size += len(entry.value)
-                if entry.headers:
-                    entry_size += sum(len(k) + len(v) for k, v in entry.headers.items())
-                if entries and (len(entries) >= entries_max or size + entry_size > bytes_max):
-                    entries = entries[: through_last_end or len(entries)]
-                    return entries, entries[-1].seq, snap.meta, snap.boundary
-                entries.append(entry)
-                size += entry_size
-                if entry.flags & _BATCH_END:
-                    through_last_end = len(entries)
-        return entries, upto, snap.meta, snap.boundary
-
-
-_BATCH_END = fmt.FLAG_BATCH_END
+        entries, covered = read_back(
+            snap, after, upto, entries_max=entries_max, bytes_max=bytes_max
+        )
+        return entries, covered, snap.meta, snap.boundary
 
 
 def build_batch(

@@ -226,20 +226,68 @@ def _bulk_copy(
     """Copies the snapshot's entries, dropping versions superseded at or below ``floor``."""
     segments = store.succ_segments
     dropped = dropped_bytes = 0
+    # Commit boundaries outlive the entries that ended them (docs/storage-format.md, "Commit
+    # boundaries"): a dropped entry that ended a commit moves its flag to the commit's last kept
+    # entry, or leaves a marker when that entry sits in a leaf already written; a commit dropped
+    # whole needs neither (cutting at the boundary before it is the same cut).
+    last_boundary = 0  # seq of the last commit boundary walked, as the new file will know it
+    last_kept = 0  # seq of the last entry kept (markers aside)
     for leaf in btree.iter_leaves(copier.source.reader, header.root, 0, header.last_seq):
         keep: list[int] = []
+        ends: list[int] = []  # kept entries that now end their commit
+        markers: list[int] = []
         segment_count = len(segments)
         for index, seq in enumerate(leaf.seqs):
+            flag = leaf.flags[index]
+            if flag & fmt.FLAG_COMMIT_MARKER:
+                keep.append(index)
+                last_boundary = seq
+                continue
             segment = seq >> SEGMENT_SHIFT
             successor = segments[segment][seq & SEGMENT_MASK] if segment < segment_count else 0
             if successor and successor <= floor:
-                dropped += 1
                 dropped_bytes += leaf.sizes[index]
-            else:
-                keep.append(index)
+                if flag & fmt.FLAG_BATCH_END:
+                    if last_kept > last_boundary:  # part of this commit is kept
+                        if keep and leaf.seqs[keep[-1]] == last_kept:
+                            ends.append(keep[-1])
+                        else:
+                            markers.append(index)
+                            keep.append(index)
+                            last_boundary = seq
+                            continue  # a marker stays an entry (of no bytes)
+                    last_boundary = seq
+                dropped += 1
+                continue
+            keep.append(index)
+            last_kept = seq
+            if flag & fmt.FLAG_BATCH_END:
+                last_boundary = seq
+        if ends or markers:
+            leaf = _with_boundaries(leaf, ends, markers)
         copier.add(leaf, keep)
-    # Every dropped entry was superseded, so superseded counters drop by the same amounts.
+    # Every dropped entry was superseded, so superseded counters drop by the same amounts (a
+    # marker stays a superseded entry of no bytes).
     return dropped, dropped_bytes, dropped, dropped_bytes
+
+
+def _with_boundaries(leaf: fmt.Leaf, ends: list[int], markers: list[int]) -> fmt.Leaf:
+    """The leaf with the entries at ``ends`` flagged as ending a commit and those at ``markers``
+    turned into commit-end markers (seq, key and prev kept; no value, size, expiry or headers)."""
+    vals, flags, sizes = list(leaf.vals), list(leaf.flags), list(leaf.sizes)
+    expiries = None if leaf.expiries is None else list(leaf.expiries)
+    headers = None if leaf.headers is None else list(leaf.headers)
+    for index in ends:
+        flags[index] |= fmt.FLAG_BATCH_END
+    for index in markers:
+        vals[index] = None
+        flags[index] = fmt.COMMIT_MARKER_FLAGS
+        sizes[index] = 0
+        if expiries is not None:
+            expiries[index] = 0
+        if headers is not None:
+            headers[index] = None
+    return fmt.Leaf(leaf.seqs, leaf.keys, vals, leaf.prevs, flags, sizes, expiries, headers)
 
 
 def _finish(

@@ -646,11 +646,11 @@ class ShardStore:
                 keys = [k for s, k in zip(leaf.seqs, leaf.keys, strict=True) if s > after]
                 existing = index.lookup_many(txn, sorted(keys))
                 latest: dict[bytes, tuple[int, int]] = {}
-                for seq, key, prev, size in zip(
-                    leaf.seqs, leaf.keys, leaf.prevs, leaf.sizes, strict=True
+                for seq, key, prev, size, flag in zip(
+                    leaf.seqs, leaf.keys, leaf.prevs, leaf.sizes, leaf.flags, strict=True
                 ):
-                    if seq <= after:
-                        continue
+                    if seq <= after or flag & fmt.FLAG_COMMIT_MARKER:
+                        continue  # a marker is no version of its key; its successor exists
                     current = latest.get(key) or existing.get(key)
                     if current is not None and current[0] >= seq:
                         continue  # already applied before the stop
@@ -1273,6 +1273,7 @@ def header_with(header: fmt.Header, **changes: Any) -> fmt.Header:
 
 
 _new_entry = tuple.__new__
+_MARKER_OR_OUT_OF_LINE = fmt.FLAG_COMMIT_MARKER | fmt.FLAG_VALUE_OUT_OF_LINE
 
 
 def _successors(segments: list[memoryview], seqs: list[int], lo: int, hi: int) -> list[int]:
@@ -1342,6 +1343,21 @@ class Snapshot:
                 f"a rollback went below this snapshot's boundary {self.boundary}"
             )
         return self._file
+
+    def leaves(self, after_seq: int, upto_seq: int) -> Iterator[fmt.Leaf]:
+        """The leaves holding seqs in ``(after_seq, min(upto_seq, boundary)]`` as stored: every
+        version, superseded ones and commit-end markers included (kayos.storage.readback reads
+        commit boundaries off them). Call ``check`` after use, as ``pages`` does."""
+        reader = self._check().reader
+        return btree.iter_leaves(reader, self.header.root, after_seq, min(upto_seq, self.boundary))
+
+    def entry_at(self, leaf: fmt.Leaf, index: int) -> Entry:
+        """Entry ``index`` of a leaf from ``leaves``, its out-of-line value read."""
+        return _entry_at(self._check().reader, leaf, index)
+
+    def check(self) -> None:
+        """Raises if the snapshot was released or a rollback went below its boundary."""
+        self._check()
 
     def scan(
         self, after_seq: int = 0, upto_seq: int | None = None, *, now_ms: int | None = None
@@ -1415,7 +1431,9 @@ class Snapshot:
                     continue
                 if expiry and skip_expired and expiry <= now_ms:
                     continue
-                if flag & fmt.FLAG_VALUE_OUT_OF_LINE:
+                if flag & _MARKER_OR_OUT_OF_LINE:  # one test for both: a live entry's cost is flat
+                    if flag & fmt.FLAG_COMMIT_MARKER:
+                        continue  # not a version of its key (docs/storage-format.md)
                     value = reader.read_value(value)
                 page.append(_new_entry(Entry, (seq, key, value, expiry, header_map, prev, flag)))
             if len(page) >= page_entries:

@@ -29,11 +29,17 @@ CHUNK_HEADER = 0x05
 _CHUNK_TYPES = frozenset({CHUNK_LEAF, CHUNK_INTERIOR, CHUNK_VALUE, CHUNK_META, CHUNK_HEADER})
 
 MAGIC = "KAYOS"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Versions a store opens: version 1 files simply hold no commit-end markers.
+FORMAT_VERSIONS_READ = (1, 2)
 
 FLAG_DELETE = 1
 FLAG_VALUE_OUT_OF_LINE = 2
-FLAG_BATCH_END = 4
+FLAG_BATCH_END = 4  # the entry ends a commit: its seq is a commit boundary
+# A commit-end marker (version 2): compaction's stand-in for a superseded entry that ended a
+# commit. Not a version of its key: reads skip it. Always set together with FLAG_BATCH_END.
+FLAG_COMMIT_MARKER = 8
+COMMIT_MARKER_FLAGS = FLAG_BATCH_END | FLAG_COMMIT_MARKER
 
 _PREFIX = struct.Struct(">II")
 PREFIX_BYTES = _PREFIX.size
@@ -437,7 +443,7 @@ def decode_header(payload: bytes, *, path: str, offset: int) -> Header:
         raise CorruptionError("malformed header", path=path, offset=offset)
     if obj[0] != MAGIC:
         raise CorruptionError("bad header magic", path=path, offset=offset)
-    if obj[1] != FORMAT_VERSION:
+    if obj[1] not in FORMAT_VERSIONS_READ:
         raise CorruptionError(f"unsupported format version {obj[1]}", path=path, offset=offset)
     raw_root = obj[6]
     try:

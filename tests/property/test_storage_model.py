@@ -27,7 +27,7 @@ import itertools
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgpack
@@ -168,6 +168,9 @@ class StoreMachine(RuleBasedStateMachine):
         self.boundaries: list[int] = [0]
         self.last_seq = 0
         self.min_rollback_seq = 0
+        # Commit-end markers compaction left (docs/storage-format.md, "Commit boundaries"): no
+        # read returns them; the header counts them as superseded entries of no bytes.
+        self.markers: set[int] = set()
         self.meta: dict[str, Any] = {}
         self.snapshots: list[PinnedSnapshot] = []
 
@@ -384,12 +387,48 @@ class StoreMachine(RuleBasedStateMachine):
             if version.key in newest:
                 successor[newest[version.key].seq] = version.seq
             newest[version.key] = version
-        kept = [v for v in self.versions if not (0 < successor.get(v.seq, 0) <= floor)]
         result = compact(self.store)
         assert result.min_rollback_seq == floor
-        assert result.entries_dropped == len(self.versions) - len(kept)
+        stored = self._stored_flags()
+        # A dropped entry that ended a commit whose other entries are partly kept hands its
+        # boundary on: a marker in its place, or the flag on the commit's last kept entry (which
+        # of the two depends on the leaf layout: read it from the store, check it is one of them).
+        kept: list[Version] = []
+        new_markers: set[int] = set()
+        last_boundary = 0
+        for version in sorted(self.versions + [_marker_slot(m) for m in self.markers], key=_seq):
+            if version.seq in self.markers:
+                last_boundary = version.seq
+                continue
+            if 0 < successor.get(version.seq, 0) <= floor:
+                if version.batch_end:
+                    if kept and kept[-1].seq > last_boundary:
+                        if stored.get(version.seq) == fmt.COMMIT_MARKER_FLAGS:
+                            new_markers.add(version.seq)
+                        else:
+                            assert stored[kept[-1].seq] & fmt.FLAG_BATCH_END
+                            kept[-1] = replace(kept[-1], batch_end=True)
+                    last_boundary = version.seq
+                continue
+            kept.append(version)
+            if version.batch_end:
+                last_boundary = version.seq
+        assert {s for s, f in stored.items() if f & fmt.FLAG_COMMIT_MARKER} == (
+            self.markers | new_markers
+        )
+        assert result.entries_dropped == len(self.versions) - len(kept) - len(new_markers)
         self.versions = kept
+        self.markers |= new_markers
         self.min_rollback_seq = floor
+
+    def _stored_flags(self) -> dict[int, int]:
+        """seq -> flags of every entry in the store's tree, markers included."""
+        with self.store.snapshot() as snap:
+            return {
+                seq: flag
+                for leaf in snap.leaves(0, self.last_seq)
+                for seq, flag in zip(leaf.seqs, leaf.flags, strict=True)
+            }
 
     @rule(data=st.data())
     def rollback(self, data: st.DataObject) -> None:
@@ -405,6 +444,7 @@ class StoreMachine(RuleBasedStateMachine):
             return
         self.versions = [v for v in self.versions if v.seq <= target]
         self.boundaries = [b for b in self.boundaries if b <= target]
+        assert all(m <= target for m in self.markers), "markers lie at or below the floor"
         self.last_seq = target
         for pinned in self.snapshots:
             if pinned.boundary > target:
@@ -419,12 +459,21 @@ class StoreMachine(RuleBasedStateMachine):
         superseded = [v for v in self.versions if newest[v.key] is not v]
         assert stats["last_seq"] == self.last_seq
         assert stats["min_rollback_seq"] == self.min_rollback_seq
-        assert stats["entry_count"] == len(self.versions)
+        assert stats["entry_count"] == len(self.versions) + len(self.markers)
         assert stats["payload_bytes"] == sum(v.size for v in self.versions)
-        assert stats["superseded_count"] == len(superseded)
+        assert stats["superseded_count"] == len(superseded) + len(self.markers)
         assert stats["superseded_bytes"] == sum(v.size for v in superseded)
         assert stats["keys"] == len(newest)
         assert self.store.meta == self.meta
+
+
+def _seq(version: Version) -> int:
+    return version.seq
+
+
+def _marker_slot(seq: int) -> Version:
+    """A stand-in for a marker in the walk: only its seq is read."""
+    return Version(seq, b"", None, None, 0, True, 0)
 
 
 class RealNodeSizesMachine(StoreMachine):

@@ -197,10 +197,10 @@ HEADER = fmt.Header(
 )
 HEADER_CHUNK = golden(
     """
-    0000004b bbfb7ab8 05  # length 75, CRC32C, type header
+    0000004b 9dc68e61 05  # length 75, CRC32C, type header
     dc0012                # array of 18 fields
     a54b41594f53          # "KAYOS"
-    01                    # format version 1
+    02                    # format version 2
     c410 000102030405060708090a0b0c0d0e0f  # store uuid (bin 16)
     02 05 09              # generation, commit_no, last_seq
     95 cd206c 03 1e 01 02 # root: position, count, bytes, first seq, height
@@ -216,9 +216,24 @@ HEADER_CHUNK = golden(
 )
 
 
+# The same header as the version 1 code wrote it: still read (docs/storage-format.md, "Versions").
+HEADER_CHUNK_V1 = HEADER_CHUNK[:4] + bytes.fromhex("bbfb7ab8") + HEADER_CHUNK[8:18] + b"\x01"
+HEADER_CHUNK_V1 += HEADER_CHUNK[19:]
+
+
 def test_header_golden() -> None:
     assert fmt.encode_header(HEADER) == HEADER_CHUNK
     assert fmt.decode_header(HEADER_CHUNK[9:], path="golden", offset=0) == HEADER
+
+
+def test_version_1_header_is_read() -> None:
+    length, crc = fmt.parse_chunk_prefix(HEADER_CHUNK_V1[:8], path="golden", offset=0)
+    body = HEADER_CHUNK_V1[8:]
+    assert length == len(body)
+    chunk_type, payload = fmt.check_chunk_body(body, crc, path="golden", offset=0)
+    assert chunk_type == fmt.CHUNK_HEADER
+    assert payload[18 - 9] == 1  # the version byte
+    assert fmt.decode_header(payload, path="golden", offset=0) == HEADER
 
 
 def _header_payload(**changes: object) -> bytes:
@@ -233,7 +248,8 @@ def _header_payload(**changes: object) -> bytes:
     ("changes", "message"),
     [
         ({"magic": "KAYOZ"}, "magic"),
-        ({"version": 2}, "unsupported format version 2"),
+        ({"version": 3}, "unsupported format version 3"),
+        ({"version": [1]}, "unsupported format version"),
         ({"uuid": b"short"}, "uuid"),
         ({"root": [1, 2, 3]}, "malformed header"),
     ],
@@ -259,8 +275,8 @@ def test_header_block_pads_to_the_next_block() -> None:
 EMPTY_STORE_FILE = golden(
     """
     01                    # block type: header
-    0000003c a698aa7e 05  # length 60, CRC32C, type header
-    dc0012 a54b41594f53 01
+    0000003c 8171c654 05  # length 60, CRC32C, type header
+    dc0012 a54b41594f53 02
     c410 000102030405060708090a0b0c0d0e0f
     01 00 00              # generation 1, commit_no 0, last_seq 0
     c0                    # root nil: empty tree
