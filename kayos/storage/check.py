@@ -1,7 +1,9 @@
 """Offline verifier of a shard store (``kayos check PATH``).
 
 Reads without writing: block type bytes, the header chain, every reachable chunk's CRC, tree
-order and counts, the metadata chunk, and agreement of the derived index with the tree. Stops at
+order and counts, commit-end markers (they hold nothing but a boundary, lie at or below the
+compaction floor and never are the newest version of their key), the metadata chunk, and agreement
+of the derived index with the tree. Stops at
 the first problem and reports its file offset.
 """
 
@@ -124,7 +126,11 @@ def _check_tree(
             raise CorruptionError("header counts entries but has no root")
         return latest
     state = {"previous_seq": 0}
-    count, payload = _walk(reader, root.pos, root.height, root.first_seq, latest, state, report)
+    markers: list[tuple[bytes, int, int]] = []
+    count, payload = _walk(
+        reader, root.pos, root.height, root.first_seq, latest, state, report, markers
+    )
+    _check_markers(markers, latest, header)
     if count != header.entry_count or count != root.count:
         raise CorruptionError(
             f"tree holds {count} entries, header says {header.entry_count}", offset=root.pos
@@ -148,6 +154,7 @@ def _walk(
     latest: dict[bytes, tuple[int, int, int]],
     state: dict[str, int],
     report: CheckReport,
+    markers: list[tuple[bytes, int, int]],
 ) -> tuple[int, int]:
     node = reader.read_node(pos)
     report.nodes += 1
@@ -160,9 +167,14 @@ def _walk(
             if seq <= state["previous_seq"]:
                 raise CorruptionError(f"seq {seq} out of order", offset=pos)
             state["previous_seq"] = seq
-            if node.flags[index] & fmt.FLAG_VALUE_OUT_OF_LINE:
+            flags = node.flags[index]
+            if flags & fmt.FLAG_COMMIT_MARKER:
+                _check_marker(node, index, pos)
+                markers.append((node.keys[index], seq, pos))
+                continue  # not a version of its key
+            if flags & fmt.FLAG_VALUE_OUT_OF_LINE:
                 reader.read_value(node.vals[index])
-            latest[node.keys[index]] = (seq, node.sizes[index], node.flags[index])
+            latest[node.keys[index]] = (seq, node.sizes[index], flags)
         return len(node.seqs), sum(node.sizes)
     if not isinstance(node, fmt.Interior):
         raise CorruptionError("expected an interior node", offset=pos)
@@ -171,13 +183,48 @@ def _walk(
     total_count = total_bytes = 0
     for child in node.children:
         count, payload = _walk(
-            reader, child.pos, height - 1, child.first_seq, latest, state, report
+            reader, child.pos, height - 1, child.first_seq, latest, state, report, markers
         )
         if count != child.count or payload != child.payload_bytes:
             raise CorruptionError("child counts disagree with its pointer", offset=child.pos)
         total_count += count
         total_bytes += payload
     return total_count, total_bytes
+
+
+def _check_marker(leaf: fmt.Leaf, index: int, pos: int) -> None:
+    """A commit-end marker holds nothing but its seq, key and prev (docs/storage-format.md,
+    "Commit boundaries")."""
+    if (
+        leaf.flags[index] != fmt.COMMIT_MARKER_FLAGS
+        or leaf.vals[index] is not None
+        or leaf.sizes[index] != 0
+        or (leaf.expiries is not None and leaf.expiries[index] != 0)
+        or (leaf.headers is not None and leaf.headers[index] is not None)
+    ):
+        raise CorruptionError(
+            f"commit-end marker at seq {leaf.seqs[index]} holds more than a boundary", offset=pos
+        )
+
+
+def _check_markers(
+    markers: list[tuple[bytes, int, int]],
+    latest: dict[bytes, tuple[int, int, int]],
+    header: fmt.Header,
+) -> None:
+    """Every marker lies at or below the compaction floor and a newer version of its key exists
+    (compaction leaves one only for a superseded entry)."""
+    for key, seq, pos in markers:
+        if seq > header.min_rollback_seq:
+            raise CorruptionError(
+                f"commit-end marker at seq {seq} above min_rollback_seq {header.min_rollback_seq}",
+                offset=pos,
+            )
+        newest = latest.get(key)
+        if newest is None or newest[0] <= seq:
+            raise CorruptionError(
+                f"commit-end marker at seq {seq} is the newest version of its key", offset=pos
+            )
 
 
 def _check_index(

@@ -134,6 +134,32 @@ def test_leaf_golden() -> None:
         assert decoded == leaf
 
 
+# Version 2: a commit-end marker (seq 3 ended a commit and was dropped by compaction) before the
+# entry that superseded it (docs/storage-format.md, "Commit boundaries").
+MARKER_LEAF = fmt.Leaf(
+    [3, 4], [b"c", b"c"], [None, b"v4"], [0, 3], [fmt.COMMIT_MARKER_FLAGS, 4], [0, 3], None, None
+)
+MARKER_LEAF_CHUNK = golden(
+    """
+    0000001d 3801cfd4 01  # length 29, CRC32C, type leaf
+    98 92 03 04           # seqs
+    92 c40163 c40163      # keys
+    92 c0 c4027634        # vals: nil (a marker has none), b"v4"
+    92 00 03              # prevs
+    92 0c 04              # flags: batch end | marker (12), batch end
+    92 00 03              # sizes: a marker holds no payload
+    c0 c0                 # no expiries, no headers
+    """
+)
+
+
+def test_marker_leaf_golden() -> None:
+    assert fmt.COMMIT_MARKER_FLAGS == 12
+    assert fmt.encode_leaf(MARKER_LEAF) == MARKER_LEAF_CHUNK
+    decoded = fmt.decode_node(fmt.CHUNK_LEAF, MARKER_LEAF_CHUNK[9:], path="golden", offset=0)
+    assert decoded == MARKER_LEAF
+
+
 INTERIOR = [fmt.Ptr(1, 1, 64, 640), fmt.Ptr(65, 8300, 3, 30)]
 INTERIOR_CHUNK = golden(
     """
