@@ -11,7 +11,9 @@ and the tail committed and served that part.
 
 Two checks: a reader polling consumer snapshots at the tail while it catches up never gets a
 boundary inside a transaction, nor a transaction with entries missing; and after the run the
-tail's own store has no commit that ends inside a transaction (the cut it was sent)."""
+tail's own store has no commit that ends inside a transaction (the cut it was sent). Should the stop
+outlast `limits.peer_silence_ms_max` (a slow box), the middle drops the link and the tail catches
+up on a new one instead, serving no consumers meanwhile; the check of its store still holds."""
 
 from __future__ import annotations
 
