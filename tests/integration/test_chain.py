@@ -189,10 +189,10 @@ def test_acks_all_returns_only_after_the_tail_has_it(start_cluster: StartCluster
         seqs = shard_seqs(cluster, node, 0)
         assert seqs is not None
         assert seqs[0] >= last, f"{node} lacks an acknowledged message: {seqs}"
-    # The head comes back on its data and the chain carries on by itself. Only then may the tail
-    # show the writes: a head that died before its commit point reached the tail may also have
-    # died before its own store held them (members forward before they persist), so until the
-    # head is back no survivor can tell committed writes from ones the head will discard.
+    # The head comes back on its data and the chain carries on by itself. Only then must the tail
+    # show the writes: the head may die before its commit point reaches the tail, and members
+    # forward before they persist, so until the head is back no survivor can tell the writes it
+    # acknowledged from ones its store never held (and that a restarted head discards).
     cluster.start(chain.head)
     cluster.wait_replicated()
     snapshot = read_snapshot(cluster.url(chain.tails[0]), queue, "g")
