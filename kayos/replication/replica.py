@@ -344,9 +344,18 @@ class ShardReplica:
         self.last_entry_seq = self.store.last_seq
         # Told the duration of every store commit, in seconds (the node's latency histogram).
         self.commit_observer: Callable[[float], None] | None = None
-        self._apply_events(
-            chain.Durable(self.store.last_seq), chain.UpstreamCommitPoint(self._point_persisted)
-        )
+        # Seqs this replica's rollbacks and resets dropped since the node started, and of those
+        # the ones at or below the commit point it knew then (committed: must stay 0).
+        self.rolled_back_entries = 0
+        self.rolled_back_committed_entries = 0
+        # The constructor may run in a worker thread (the node opens stores off its event loop),
+        # so it steps the progress without carrying out the actions: nothing is linked and
+        # nothing waits yet, and a downstream learns the commit point when it subscribes.
+        for event in (
+            chain.Durable(self.store.last_seq),
+            chain.UpstreamCommitPoint(self._point_persisted),
+        ):
+            self.progress, _ = chain.step(self.progress, event)
 
     @property
     def shard_id(self) -> int:
