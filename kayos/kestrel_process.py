@@ -248,6 +248,29 @@ class LocalClusterWithKestrel(LocalCluster):
         codes.update(super().stop())
         return codes
 
+    def members(self) -> list[str]:
+        return [*super().members(), KESTREL]
+
+    def start(self, node: str, *, wait: bool = True) -> None:
+        """As ``LocalCluster.start``; ``"kestrel"`` starts the front again on its ports (it
+        always waits until the front listens)."""
+        if node != KESTREL:
+            super().start(node, wait=wait)
+        elif self.kestrel is not None:
+            self.kestrel.start()
+
+    def kill(self, node: str, sig: int = signal.SIGKILL) -> int:
+        if node != KESTREL:
+            return super().kill(node, sig)
+        code = self.kestrel.kill(sig) if self.kestrel is not None else None
+        return -1 if code is None else code
+
+    def pid(self, node: str) -> int | None:
+        if node != KESTREL:
+            return super().pid(node)
+        process = self.kestrel.process if self.kestrel is not None else None
+        return process.pid if process is not None and process.poll() is None else None
+
     def exited(self) -> dict[str, int]:
         codes = super().exited()
         if self.kestrel is not None:

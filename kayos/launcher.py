@@ -30,6 +30,7 @@ from typing import IO, Any
 
 from kayos.errors import KayosError
 from kayos.identity import ClusterIdentity, write_private
+from kayos.supervisor import GiveUp, Supervisor
 from kayos.topology import NodeAddr, ShardChain, Topology, rotated
 
 # A node opens its stores and links before it says ready; a cold start of a few shards takes well
@@ -284,12 +285,23 @@ class LocalCluster:
                     raise
                 self.topology = self._make_topology()
 
-    def start(self, node: str) -> None:
-        """(Re)starts one node on its data directory and waits until it is ready."""
+    def start(self, node: str, *, wait: bool = True) -> None:
+        """(Re)starts one node on its data directory and waits until it is ready (unless
+        ``wait`` is false: ``kayos up`` restarting a node that died polls it itself)."""
         if self.running(node):
             raise ClusterError(f"node {node} is already running")
         self._spawn(node)
-        self.wait_ready([node])
+        if wait:
+            self.wait_ready([node])
+
+    def members(self) -> list[str]:
+        """What ``kayos up`` supervises: every node (and, in a subclass, other processes)."""
+        return list(self.ids)
+
+    def pid(self, node: str) -> int | None:
+        """The process id of a running node, else None."""
+        process = self.processes.get(node)
+        return process.pid if process is not None and process.poll() is None else None
 
     def kill(self, node: str, sig: int = signal.SIGKILL) -> int:
         """Sends ``sig`` to one node and waits for it to exit; returns its exit code."""
@@ -439,7 +451,7 @@ class LocalCluster:
         """One line per node and per shard chain, for ``kayos up`` and test logs."""
         lines = [
             f"node {node}: {address.http_url}  (binary {address.host}:{address.bin_port})  "
-            f"data {self.data_dir(node)}  log {self.log_path(node)}"
+            f"data {self.data_dir(node)}  log {self.log_path(node)}  pid {self.pid(node)}"
             for node, address in self.topology.nodes.items()
         ]
         for shard in self.topology.shards.values():
@@ -469,9 +481,47 @@ def example_commands(cluster: LocalCluster, queue: str = "demo") -> list[str]:
     ]
 
 
+def _supervise(cluster: LocalCluster, stop: threading.Event, echo: Callable[[str], None]) -> int:
+    """Until ``stop``: starts again, after a backoff (``kayos.supervisor``), each member of
+    ``cluster`` that dies. Returns 0, or 1 once a member died too often in a row."""
+    supervisor = Supervisor()
+    for member in cluster.members():
+        supervisor.started(member, time.monotonic())
+    while not stop.wait(poll_interval_s * 10):
+        died = [(member, f"exited with code {code}") for member, code in cluster.exited().items()]
+        for member in supervisor.due(time.monotonic()):
+            if stop.is_set():
+                break
+            try:
+                cluster.start(member, wait=False)
+            except ClusterError as exc:
+                died.append((member, f"did not start: {exc}"))
+                continue
+            supervisor.started(member, time.monotonic())
+            echo(f"kayos up: {member} started again (pid {cluster.pid(member)})")
+        for member, why in died:
+            if cluster.pid(member) is None:
+                cluster.kill(member)  # reaps it and closes its log
+            decision = supervisor.exited(member, time.monotonic())
+            if isinstance(decision, GiveUp):
+                echo(
+                    f"kayos up: {member} {why}; it died {decision.deaths} times in a row soon "
+                    f"after starting: giving up. Log tail:"
+                )
+                echo(_log_tail(cluster.log_path(member)))
+                return 1
+            echo(
+                f"kayos up: {member} {why}; starting it again in {decision.delay_s:.2f}s "
+                f"(restart {decision.attempt} in a row; log {cluster.log_path(member)})"
+            )
+    return 0
+
+
 def run_foreground(cluster: LocalCluster, echo: Callable[[str], None]) -> int:
     """``kayos up``: starts ``cluster``, prints where it is, and runs until SIGINT or SIGTERM,
-    then stops every node. Returns the exit code: 0 after a signal, 1 if a node failed."""
+    then stops every node. A node that dies meanwhile is started again after a bounded backoff
+    (``kayos.supervisor``), each restart printed. Returns the exit code: 0 after a signal, 1 if
+    the cluster did not start or a node kept dying."""
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -498,14 +548,7 @@ def run_foreground(cluster: LocalCluster, echo: Callable[[str], None]) -> int:
         for line in example_commands(cluster):
             echo(f"    {line}")
         echo("  Ctrl-C to stop.")
-        while not stop.wait(poll_interval_s * 10):
-            failed = cluster.exited()
-            if failed:
-                for node, code in failed.items():
-                    echo(f"kayos up: node {node} exited with code {code}; log tail:")
-                    echo(_log_tail(cluster.log_path(node)))
-                return 1
-        return 0
+        return _supervise(cluster, stop, echo)
     finally:
         codes = cluster.stop()
         unclean = {node: code for node, code in codes.items() if code != 0}

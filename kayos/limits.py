@@ -229,6 +229,24 @@ assert consume_page_entries_max <= scan_page_entries_max
 assert 4 <= json_depth_max < 500, "every valid body fits; far below Python's recursion limit"
 assert link_retry_delay_ms_min <= link_retry_delay_ms_max
 
+# --- local supervision (`kayos up`, kayos/supervisor.py) -----------------------------------------
+
+# Before `kayos up` starts a node (or its Kestrel front) that died, doubling from the min to the
+# max with each death in a row: a node killed by accident is back within a second, and one that
+# dies at once on every start (a bad data directory) does not spin the CPU the others need.
+node_restart_delay_ms_min = 250
+node_restart_delay_ms_max = 30_000
+# A node that ran this long before it died was healthy: its next restart waits the min again.
+node_restart_healthy_ms = 60_000
+# Deaths in a row (each within node_restart_healthy_ms of its start) after which `kayos up` stops
+# restarting and stops the cluster: with the delays above, about two minutes of trying, long
+# enough for a full disk or a held port to clear and short enough that a broken node is reported.
+node_restarts_max = 10
+
+assert 0 < node_restart_delay_ms_min <= node_restart_delay_ms_max
+assert node_restart_healthy_ms > node_restart_delay_ms_max
+assert node_restarts_max >= 1
+
 # --- client (kayos/client/) ----------------------------------------------------------------------
 
 # Attempts of one client operation against `unavailable` and connection failures (the first try

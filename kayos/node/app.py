@@ -16,7 +16,7 @@ import aiohttp
 import msgpack
 from aiohttp import web
 from prometheus_client import generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from kayos import limits
 from kayos.checks import (
@@ -436,7 +436,7 @@ class _Collector:
     def __init__(self, node: Node) -> None:
         self._node = node
 
-    def collect(self) -> list[GaugeMetricFamily]:
+    def collect(self) -> list[GaugeMetricFamily | CounterMetricFamily]:
         labels = ["shard", "role"]
         last = GaugeMetricFamily(
             "kayos_shard_last_seq", "Durable last seq of the replica", labels=labels
@@ -468,6 +468,16 @@ class _Collector:
             "Seqs between this replica and the link's peer (downstream: not yet reported)",
             labels=link_labels,
         )
+        rolled_back = CounterMetricFamily(
+            "kayos_shard_rolled_back_entries",
+            "Seqs the replica's rollbacks dropped since the node started",
+            labels=labels,
+        )
+        rolled_back_committed = CounterMetricFamily(
+            "kayos_shard_rolled_back_committed_entries",
+            "Of those, seqs at or below the commit point the replica knew (a bug if not 0)",
+            labels=labels,
+        )
         for shard_id, replica in self._node.replicas.items():
             for link in link_status(replica):
                 link_key = [str(shard_id), link["peer"], link["direction"]]
@@ -479,12 +489,24 @@ class _Collector:
             last.add_metric(key, replica.durable)
             committed.add_metric(key, replica.commit_point)
             size.add_metric(key, replica.store.file_bytes())
+            rolled_back.add_metric(key, replica.rolled_back_entries)
+            rolled_back_committed.add_metric(key, replica.rolled_back_committed_entries)
             for name, hwm in replica.store.meta.items():
                 if name.startswith(HWM_META) and isinstance(hwm, int):
                     queue, _, group = name[len(HWM_META) :].partition("/")
                     behind = max(0, replica.last_entry_seq - hwm)
                     lag.add_metric([str(shard_id), queue, group], behind)
-        return [last, committed, size, lag, link_up, link_heard, link_lag]
+        return [
+            last,
+            committed,
+            size,
+            lag,
+            link_up,
+            link_heard,
+            link_lag,
+            rolled_back,
+            rolled_back_committed,
+        ]
 
 
 __all__ = [

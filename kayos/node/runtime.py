@@ -440,6 +440,9 @@ class Node:
                     "upstream_linked": replica.upstream_stream is not None,
                     "downstreams_linked": sorted(replica.downstream_streams),
                     "links": link_status(replica),
+                    "commit_point_persisted": replica.commit_point_persisted,
+                    "rolled_back_entries": replica.rolled_back_entries,
+                    "rolled_back_committed_entries": replica.rolled_back_committed_entries,
                 }
                 for shard_id, replica in self.replicas.items()
             },

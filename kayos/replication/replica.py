@@ -378,6 +378,11 @@ class ShardReplica:
         """The shard's committed seq as this member knows it: what consumers may see here."""
         return self.progress.commit_point
 
+    @property
+    def commit_point_persisted(self) -> int:
+        """The commit point last written to the store (members below the head; 0 at a head)."""
+        return self._point_persisted
+
     def takeover_table(self) -> chain.TakeoverTable:
         return unpack_takeover(self.store.meta.get(TAKEOVER_META_KEY))
 
@@ -784,6 +789,18 @@ class ShardReplica:
         )
 
     async def rollback(self, seq: int) -> None:
+        dropped = max(0, self.store.last_seq - seq)
+        committed = max(0, min(self.progress.commit_point, self.store.last_seq) - seq)
+        self.rolled_back_entries += dropped
+        self.rolled_back_committed_entries += committed
+        if committed:
+            log.error(
+                "shard %s: rolling back %s committed entries (commit point %s, to %s)",
+                self.shard_id,
+                committed,
+                self.progress.commit_point,
+                seq,
+            )
         self.forget_recent()
         # The links below were fed the history being dropped: they must subscribe again, so
         # that each downstream rolls back too instead of stacking the new history on the old.
@@ -902,6 +919,7 @@ class UpstreamLink:
                     f"store at {replica.store.last_seq} after subscribing from {from_seq}"
                 )
             table = list(subscribed.takeover_table)
+            table_changed = table != replica.takeover_table()
             behind = replica.store.last_seq < subscribed.last_seq
             await asyncio.to_thread(
                 replica.store.commit,
@@ -912,6 +930,11 @@ class UpstreamLink:
                 },
             )
             replica.catching_up = behind
+            if table_changed:
+                # The links below recorded the old table, which does not name the masters of
+                # what comes now: with it, their next SUBSCRIBE would look diverged and roll back
+                # committed entries. They subscribe again and record this one.
+                replica.close_downstream_links()
             if behind:
                 # Catch-up may split an all-or-nothing batch; links below would pass the halves
                 # on to replicas that serve consumers. They resubscribe once this one is whole.

@@ -8,7 +8,8 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import pytest
@@ -210,16 +211,30 @@ def test_up_runs_until_a_signal_then_stops_every_node(
         assert f"stub {node} on" in log
 
 
-def test_up_exits_1_when_a_node_dies(up_process: subprocess.Popen[str]) -> None:
+def test_up_starts_a_killed_node_again(
+    tmp_path: Path, up_process: subprocess.Popen[str]
+) -> None:
     import psutil
 
-    _read_until(up_process, "Ctrl-C to stop")
+    printed = _read_until(up_process, "Ctrl-C to stop")
     nodes = psutil.Process(up_process.pid).children()
     victim = next(node for node in nodes if node.cmdline()[-4:-1] == ["--id", "b", "--data"])
+    assert f"pid {victim.pid}" in printed, "kayos up prints each node's pid"
     victim.kill()
-    assert up_process.wait(timeout=30) == 1
-    assert up_process.stdout is not None
-    assert "node b exited with code -9" in up_process.stdout.read()
+    printed = _read_until(up_process, "b started again")
+    assert "b exited with code -9; starting it again in 0.25s (restart 1 in a row" in printed
+    assert up_process.poll() is None, "the cluster keeps running"
+    starts = tmp_path / "up" / "b" / "starts"
+    wait_until_true(lambda: starts.read_text() == "xx", "the stub b to start a second time")
+    up_process.send_signal(signal.SIGTERM)
+    assert up_process.wait(timeout=30) == 0
+
+
+def wait_until_true(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)  # a bounded poll of a condition
 
 
 def test_the_produce_bench_help_states_the_parameters_defaults() -> None:

@@ -30,7 +30,17 @@ FLOORS: list[tuple[int, tuple[str, ...]]] = [
     ),
     (2, ("kayos.replication",)),
     (3, ("kayos.node", "kayos.client", "kayos.embedded")),
-    (4, ("kayos.cli", "kayos.bench", "kayos.launcher", "kayos.kestrel_process", "kayos.__main__")),
+    (
+        4,
+        (
+            "kayos.cli",
+            "kayos.bench",
+            "kayos.launcher",
+            "kayos.supervisor",
+            "kayos.kestrel_process",
+            "kayos.__main__",
+        ),
+    ),
     (4, ("kestrel_compat",)),
 ]
 # What a face may import from below the client floor: the store's public package (the storage
