@@ -441,6 +441,7 @@ class Node:
                     "downstreams_linked": sorted(replica.downstream_streams),
                     "links": link_status(replica),
                     "commit_point_persisted": replica.commit_point_persisted,
+                    "takeover": [[master.hex(), seq] for master, seq in replica.takeover_table()],
                     "rolled_back_entries": replica.rolled_back_entries,
                     "rolled_back_committed_entries": replica.rolled_back_committed_entries,
                 }

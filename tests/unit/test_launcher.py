@@ -211,9 +211,7 @@ def test_up_runs_until_a_signal_then_stops_every_node(
         assert f"stub {node} on" in log
 
 
-def test_up_starts_a_killed_node_again(
-    tmp_path: Path, up_process: subprocess.Popen[str]
-) -> None:
+def test_up_starts_a_killed_node_again(tmp_path: Path, up_process: subprocess.Popen[str]) -> None:
     import psutil
 
     printed = _read_until(up_process, "Ctrl-C to stop")

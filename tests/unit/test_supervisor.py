@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from kayos import limits
 from kayos.supervisor import GiveUp, Restart, Supervisor
 
@@ -35,7 +37,7 @@ def test_deaths_in_a_row_double_the_delay_up_to_the_max_then_give_up() -> None:
         supervisor.started("a", now)
     assert delays[:3] == [MIN_S, 2 * MIN_S, 4 * MIN_S]
     assert max(delays) == MAX_S
-    assert all(b >= a for a, b in zip(delays, delays[1:], strict=False))
+    assert all(b >= a for a, b in itertools.pairwise(delays))
     assert supervisor.exited("a", now + 0.1) == GiveUp("a", limits.node_restarts_max + 1)
     assert supervisor.due(now + MAX_S + 1) == []
 
