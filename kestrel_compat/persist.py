@@ -258,7 +258,11 @@ class Persister:
             self._commit_retries.pop(queue, None)
 
     def _is_live(self, queue: KestrelQueue) -> bool:
-        return not queue.closed and self.collection.queues.get(queue.name) is queue
+        if self.collection.queues.get(queue.name) is not queue:
+            return False  # deleted (or deleted and made anew)
+        # A stop closes every queue before the last commits are drained: removals confirmed
+        # just before it must still be written, or a restart would serve them again.
+        return not queue.closed or self.collection.shutting_down
 
     # --- retries of failed group commits ---
 

@@ -121,14 +121,14 @@ def assert_consumed_in_order(
         assert seqs == sorted(seqs)
 
 
-def persisted_through(cluster: LocalCluster, seq: int) -> bool:
-    """Every member below a head has written down a commit point at or past ``seq``."""
+def persisted_through(cluster: LocalCluster, seqs: dict[int, int]) -> bool:
+    """Every member below a head has written down a commit point at or past ``seqs[shard]``."""
     for shard in cluster.topology.shards.values():
         for node in shard.members:
             if node == shard.head:
                 continue
             replica = replica_status(cluster, node, shard.id)
-            if replica is None or int(replica["commit_point_persisted"]) < seq:
+            if replica is None or int(replica["commit_point_persisted"]) < seqs[shard.id]:
                 return False
     return True
 
@@ -142,7 +142,7 @@ def restart_case(cluster: LocalCluster, node: str, sig: int, persisted: bool) ->
     commit_group(cluster.url(cluster.head_of(queue)), queue, "g", first_last)
     second, last = produce_batch(cluster, queue, BATCH)
     if persisted:
-        wait_until(lambda: persisted_through(cluster, last), "the commit points written down")
+        wait_until(lambda: persisted_through(cluster, {0: last}), "the commit points written down")
     else:
         replica = replica_status(cluster, node)
         assert replica is not None
@@ -196,7 +196,11 @@ def test_whole_cluster_restarts(tmp_path: Path, how: str) -> None:
                 keys, _ = produce_batch(cluster, queue, len(written[queue]))
                 written[queue] += keys
             if round_ == 1:
-                wait_until(lambda: persisted_through(cluster, 1), "some commit point written down")
+                seqs = cluster.wait_replicated()
+                wait_until(
+                    lambda: persisted_through(cluster, seqs),  # noqa: B023 - called at once
+                    "the commit points written down",
+                )
             if how == "sigterm":
                 assert set(cluster.stop().values()) == {0}
             else:

@@ -5,12 +5,14 @@ not serve the item a second time. Timers are a fake and the jitter a seeded RNG:
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Callable
 
 import pytest
 
 from kestrel_compat import limits
+from kestrel_compat.backend import GroupState, MemoryBackend
 from kestrel_compat.persist import Persister, commit_retry_delay_s
 from kestrel_compat.protocol import END, STORED
 from tests.unit.test_kestrel_support import Harness, set_request, value
@@ -118,3 +120,55 @@ async def test_no_retry_for_a_deleted_queue_or_after_close() -> None:
     assert len(timers.pending()) == 1
     await harness.service.close()
     assert timers.pending() == []
+
+
+class GatedBackend(MemoryBackend):
+    """Group commits wait until ``gate`` is set: one can be held in flight."""
+
+    completes_at_once = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.held = 0
+
+    async def commit_group(self, log: str, group: str, state: GroupState) -> None:
+        if not self.gate.is_set():
+            self.held += 1
+            await self.gate.wait()
+        await super().commit_group(log, group, state)
+
+
+async def turns_until(condition: Callable[[], bool]) -> None:
+    """Turns of the event loop until ``condition`` holds (bounded; fails past the bound)."""
+    for _ in range(10_000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the condition never held")
+
+
+@pytest.mark.asyncio
+async def test_a_stop_writes_the_removals_confirmed_just_before_it() -> None:
+    # The stop closes every queue before it drains the last group commits: a removal whose
+    # commit was still queued (behind one in flight) must be written all the same, or the
+    # restarted front serves it again.
+    backend = GatedBackend()
+    harness = await Harness(backend=backend).start()
+    client = harness.client()
+    assert await client.send(set_request("q", b"x") + set_request("q", b"y")) == STORED + STORED
+    backend.gate.clear()
+    # The first removal's commit is held; the second's queues behind it. (The harness's client
+    # waits for every commit after a request, so the requests go in a task of their own.)
+    first = client.start(b"get q\r\n")
+    await turns_until(lambda: backend.held == 1)
+    second = harness.client().start(b"get q\r\n")
+    await turns_until(lambda: harness.service.collection.current_items() == 0)
+    closing = asyncio.ensure_future(harness.service.close())
+    backend.gate.set()
+    await closing
+    assert await first == value("q", b"x")
+    assert await second == value("q", b"y")
+    restarted = await harness.restart()
+    assert await restarted.client().send(b"get q\r\n") == END
