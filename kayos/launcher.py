@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -463,17 +465,33 @@ class LocalCluster:
         return lines
 
 
+def kayos_command() -> str:
+    """This installation's ``kayos`` as a user pastes it into the shell ``kayos up`` runs in:
+    ``kayos`` when that is on PATH, else the script's path (relative below the current
+    directory, e.g. ``.venv/bin/kayos`` under ``make run``)."""
+    script = Path(sys.executable).parent / "kayos"
+    if not script.exists():
+        return f"{shlex.quote(sys.executable)} -m kayos"
+    found = shutil.which("kayos")
+    if found is not None and Path(found).absolute() == script.absolute():
+        return "kayos"
+    relative = os.path.relpath(script)
+    return shlex.quote(str(script) if relative.startswith("..") else relative)
+
+
 def example_commands(cluster: LocalCluster, queue: str = "demo") -> list[str]:
-    """Commands that work against ``cluster``: produce with acks=all, then read a snapshot as
-    a consumer group; with the ``kayos`` client and with curl (at the queue's head and tail)."""
+    """Commands that work against ``cluster`` when pasted as they are: produce with acks=all,
+    then read a snapshot as a consumer group; with the ``kayos`` client and with curl (at the
+    queue's head and tail)."""
     first = cluster.url(cluster.ids[0])
     seed = "" if first == "http://127.0.0.1:7101" else f" --seed {first}"  # the CLI's default
     head = cluster.url(cluster.head_of(queue))
     tail = cluster.url(cluster.tails_of(queue)[0])
     body = '{"messages": [{"key": "k1", "value": "hello"}, {"key": "k2", "value": "world"}]}'
+    kayos = kayos_command()
     return [
-        f"kayos produce {queue} hello world{seed}",
-        f"kayos consume {queue} --group g{seed}",
+        f"{kayos} produce {queue} hello world{seed}",
+        f"{kayos} consume {queue} --group g{seed}",
         "or with curl:",
         f"curl -s -XPOST '{head}/v1/queues/{queue}/messages?acks=all' "
         f"-H 'Content-Type: application/json' -d '{body}'",

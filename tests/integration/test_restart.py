@@ -302,6 +302,29 @@ def _up_ports() -> int:
     raise AssertionError("no free run of ports for kayos up")
 
 
+def run_try_lines(printed: list[str]) -> None:
+    """Runs the commands ``kayos up`` printed under "try:", pasted as they are into a shell in
+    its directory (with no virtualenv on PATH, as in a fresh terminal)."""
+    start = next(i for i, line in enumerate(printed) if line.strip() == "try:")
+    commands = []
+    for line in printed[start + 1 :]:
+        if "Ctrl-C to stop" in line:
+            break
+        if line.strip() != "or with curl:":
+            commands.append(line.strip())
+    assert len(commands) == 4, printed
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+    outputs = []
+    for command in commands:
+        done = subprocess.run(
+            ["/bin/sh", "-c", command], capture_output=True, text=True, env=env, timeout=60
+        )
+        assert done.returncode == 0, (command, done.stdout, done.stderr)
+        outputs.append(done.stdout)
+    assert '"hello"' in outputs[1], outputs  # the consume shows the produced message
+    assert '"k2"' in outputs[3], outputs
+
+
 def test_kayos_up_starts_a_killed_node_again(tmp_path: Path) -> None:
     """``kayos up`` (the real command, real nodes): kill -9 of a node is followed by its restart,
     printed; the chain resumes and acknowledged messages are all consumed."""
@@ -316,8 +339,9 @@ def test_kayos_up_starts_a_killed_node_again(tmp_path: Path) -> None:
         reader.start()
         try:
             wait_until(lambda: any("Ctrl-C to stop" in line for line in lines), "kayos up ready")
+            run_try_lines(lines)
             url = f"http://127.0.0.1:{base}"
-            queue = "demo"
+            queue = "restarted"
             cluster_view = LocalCluster(tmp_path / "view", nodes=3, replicas=3, base_port=base)
             head = cluster_view.url(cluster_view.head_of(queue))
             produce_ok(head, queue, [("k0", "v-k0")])
