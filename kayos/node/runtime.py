@@ -549,6 +549,8 @@ class Node:
                     task.add_done_callback(lambda _: slots.release())
                 elif isinstance(frame, fr.Ping):
                     stream.send(fr.Pong(frame.nonce))
+                elif isinstance(frame, fr.Pong):
+                    pass  # the answer to this node's own PING; recv() noted that the peer lives
                 else:
                     raise ProtocolError(f"{type(frame).__name__} is not a client request")
         finally:

@@ -27,6 +27,7 @@ from tests.integration.conftest import (
     read_snapshot,
     wait_until,
 )
+from tests.linkauth import RawLink
 
 SHARD = 0
 SILENCE_S = limits.peer_silence_ms_max / 1000
@@ -188,3 +189,34 @@ def test_half_sent_http_requests_and_idle_binary_connections_are_closed(
         for sock in sockets:
             with contextlib.suppress(OSError):
                 sock.close()
+
+
+def test_a_client_that_answers_pings_keeps_its_connection(
+    start_cluster: Callable[..., LocalCluster],
+) -> None:
+    """A client connection that answers every PING with its PONG outlives the silence bound and
+    still serves requests (a node once took the PONG for a bad client request and closed)."""
+    cluster = start_cluster(nodes=1, replicas=1)
+    address = cluster.topology.nodes[cluster.ids[0]]
+    link = RawLink.open(address.host, address.bin_port)
+    try:
+        link.send(fr.Hello(fr.PROTOCOL_VERSION, "pinged", None, 0, "client"))
+        assert isinstance(link.next(), fr.HelloOk)
+        pongs = 0
+        outlive_s = SILENCE_S + SLACK_S
+        deadline = time.monotonic() + outlive_s
+        while time.monotonic() < deadline:
+            frame = link.next()
+            assert isinstance(frame, fr.Ping), f"expected a PING, got {frame!r}"
+            link.send(fr.Pong(frame.nonce))
+            pongs += 1
+        assert pongs >= 2, "the node pinged an idle client"
+        link.send(fr.Produce(7, "q", (b"k",), (b"v",), None, None, 1, False))
+        reply = link.next()
+        while isinstance(reply, fr.Ping):
+            link.send(fr.Pong(reply.nonce))
+            reply = link.next()
+        assert isinstance(reply, fr.Produced), reply
+        assert (reply.request_id, reply.first_seq) == (7, 1)
+    finally:
+        link.close()
