@@ -82,8 +82,11 @@ def check_expiries(expiries_ms: Sequence[int] | None) -> None:
         check_expiry_ms(expiry)
 
 
-# A JSON string (its escapes included), matched possessively: strings may hold brackets.
-_JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
+# A JSON string (its escapes included), matched possessively: strings may hold brackets. An
+# unterminated string runs to the end of the text (a lone backslash included): were the closing
+# quote required, every quote of a long unterminated run of escapes would start a scan to the end,
+# and a 32 KB body would hold the event loop for seconds (quadratic).
+_JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+(?:"|\\?\Z)', re.DOTALL)
 _BRACKETS = b"[]{}"
 _NOT_BRACKETS = bytes(sorted(set(range(256)) - set(_BRACKETS)))
 _STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}

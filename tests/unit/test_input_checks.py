@@ -64,6 +64,17 @@ def test_json_depth_counts_nesting_not_brackets_in_strings(text: bytes, depth: i
         assert json_depth(text) <= limits.json_depth_max
 
 
+@pytest.mark.timeout(60)
+def test_json_depth_of_an_unterminated_run_of_escapes_is_linear() -> None:
+    # A 1 MB body of escaped quotes that never closes: with the closing quote required, the string
+    # pattern rescanned to the end from every quote (about 50 minutes here); now one pass.
+    hostile = b"[" * (limits.json_depth_max + 1) + b'"' + b'\\"' * 500_000
+    assert json_depth(hostile) == limits.json_depth_max + 1
+    with pytest.raises(InvalidRequest, match="json_depth_max"):
+        check_json_depth(hostile)
+    assert json_depth(b"[" * 40 + b'"abc\\') == 40  # a lone backslash at the end
+
+
 def test_json_depth_bound() -> None:
     check_json_depth(b"[" * limits.json_depth_max + b"]" * limits.json_depth_max)
     with pytest.raises(InvalidRequest, match="json_depth_max"):
