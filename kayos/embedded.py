@@ -172,7 +172,14 @@ class EmbeddedQueue:
         hwm = int(meta.get(hwm_key(group), 0))
         boundary = self._store.last_seq
         state = meta.get(state_key(group))
-        return GroupInfo(hwm, boundary, boundary - hwm, state if isinstance(state, bytes) else None)
+        # An embedded queue keeps no time index: the age of an unread message is unknown.
+        return GroupInfo(
+            hwm,
+            boundary,
+            boundary - hwm,
+            state if isinstance(state, bytes) else None,
+            lag_seconds=0.0 if boundary == hwm else None,
+        )
 
 
 def open_queue(

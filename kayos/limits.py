@@ -194,6 +194,16 @@ json_depth_max = 32
 # Entries a group's lag reply scans (this queue's entries in (hwm, boundary], counted in a worker
 # thread): ~0.5 s at the storage bench's scan rate. Past it the reply says the count is a floor.
 group_lag_scan_entries_max = 1_000_000
+# A replica's time index (lag in seconds, kayos/replication/timeindex.py) notes the first seq it
+# accepts in each interval of this many ms: a group's lag_seconds is at most this much too old,
+# and the produce path pays one compare per batch in between.
+time_index_interval_ms = 1_000
+# Samples one replica keeps (16 bytes each, in memory and in its file: 1 MiB): at one a second,
+# 18 hours of non-stop writes (an idle shard takes none). Older messages have an unknown age.
+time_index_samples_max = 65_536
+# How often a replica writes its time index file, when it changed: what a crash loses becomes
+# unknown (never wrong); rarer means fewer whole-file writes off the produce path.
+time_index_persist_interval_ms = 10_000
 # Delay before a replica retries its upstream link, doubling up to the max: a restarting upstream
 # comes back within seconds, and a retry storm must not eat the CPU the live chain needs.
 link_retry_delay_ms_min = 50

@@ -252,6 +252,10 @@ class GroupInfo:
     # False when the node stopped counting at ``limits.group_lag_scan_entries_max`` entries
     # (``lag`` is then a floor).
     lag_complete: bool = True
+    # Age in seconds of the oldest unread message as the answering member's time index gives it
+    # (at most ``limits.time_index_interval_ms`` too old); 0.0 when nothing is unread, None when
+    # the member does not know when that message came (docs/node-api.md, "Lag").
+    lag_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -506,9 +510,18 @@ def group_from_reply(raw: Any) -> GroupInfo:
             lag=int(raw["lag"]),
             state=None if state is None else _reply_bytes(state),
             lag_complete=bool(raw.get("lag_complete", True)),
+            lag_seconds=_reply_seconds(raw.get("lag_seconds")),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProtocolError(f"malformed group reply: {exc!r}") from exc
+
+
+def _reply_seconds(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ValueError(f"lag_seconds must be a number >= 0 or null, not {value!r}")
+    return float(value)
 
 
 def _reply_bytes(value: Any) -> bytes:

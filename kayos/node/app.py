@@ -36,6 +36,7 @@ from kayos.errors import (
     WrongRoleError,
 )
 from kayos.node.runtime import GROUP_STATE_META, HWM_META, Node, Page, link_status
+from kayos.node.runtime import lag_seconds as lag_seconds_of
 
 MSGPACK = "application/msgpack"
 
@@ -454,6 +455,12 @@ class _Collector:
             "Last seq holding an entry minus the group's high-water mark",
             labels=["shard", "queue", "group"],
         )
+        lag_seconds = GaugeMetricFamily(
+            "kayos_group_lag_seconds",
+            "Seconds since this replica took in the first seq past the group's high-water mark, "
+            "by its time index (absent: unknown)",
+            labels=["shard", "queue", "group"],
+        )
         link_labels = ["shard", "peer", "direction"]
         link_up = GaugeMetricFamily(
             "kayos_link_up", "1 while the replication link is up, else 0", labels=link_labels
@@ -478,6 +485,7 @@ class _Collector:
             "Of those, seqs at or below the commit point the replica knew (a bug if not 0)",
             labels=labels,
         )
+        now_s = self._node.clock.now_s()
         for shard_id, replica in self._node.replicas.items():
             for link in link_status(replica):
                 link_key = [str(shard_id), link["peer"], link["direction"]]
@@ -496,11 +504,15 @@ class _Collector:
                     queue, _, group = name[len(HWM_META) :].partition("/")
                     behind = max(0, replica.last_entry_seq - hwm)
                     lag.add_metric([str(shard_id), queue, group], behind)
+                    since = lag_seconds_of(replica, hwm + 1 if behind else None, now_s)
+                    if since is not None:
+                        lag_seconds.add_metric([str(shard_id), queue, group], since)
         return [
             last,
             committed,
             size,
             lag,
+            lag_seconds,
             link_up,
             link_heard,
             link_lag,

@@ -13,7 +13,7 @@ import functools
 import logging
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import compress, repeat
@@ -239,6 +239,7 @@ class Node:
                     await replica.persist_commit_point()
                 except KayosError as exc:
                     log.warning("shard %s: commit point not written: %s", replica.shard_id, exc)
+                await replica.persist_time_index()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -259,6 +260,7 @@ class Node:
         for replica in self.replicas.values():
             with contextlib.suppress(KayosError):
                 await replica.persist_commit_point()
+            await replica.persist_time_index(force=True)
             replica.close()
 
     # --- routing -------------------------------------------------------------------------------
@@ -364,19 +366,24 @@ class Node:
         this queue in ``(hwm, boundary]`` a consumer snapshot would return, counted in a worker
         thread (at most ``limits.group_lag_scan_entries_max`` looked at; ``lag_complete`` is False
         when the count stopped there). Every member that holds the same commit point answers the
-        same; entries of the shard's other queues and metadata commits do not count."""
+        same; entries of the shard's other queues and metadata commits do not count.
+
+        ``lag_seconds`` is the age of the oldest unread entry as this member's time index gives
+        it (at most ``limits.time_index_interval_ms`` too old), 0 when nothing is unread, None
+        when its time is unknown here (docs/node-api.md, "Lag")."""
         check_group_name(group)
         replica = self.replica_for(queue, want="member")
         meta = replica.store.meta
         hwm = int(meta.get(f"{HWM_META}{queue}/{group}", 0))
         state = meta.get(f"{GROUP_STATE_META}{queue}/{group}")
-        boundary, lag, complete = await asyncio.to_thread(count_unread, replica, queue, hwm)
+        boundary, lag, complete, oldest = await asyncio.to_thread(count_unread, replica, queue, hwm)
         return {
             "shard": replica.shard_id,
             "hwm": hwm,
             "boundary": boundary,
             "lag": lag,
             "lag_complete": complete,
+            "lag_seconds": lag_seconds(replica, oldest, self.clock.now_s()),
             "state": state if isinstance(state, bytes) else None,
         }
 
@@ -639,22 +646,43 @@ def build_columns(
     )
 
 
-def count_unread(replica: ShardReplica, queue: str, hwm: int) -> tuple[int, int, bool]:
-    """``(boundary, lag, complete)``: the entries of ``queue`` in ``(hwm, boundary]`` as of the
-    boundary (the member's commit point), as ``read_page`` would return them; ``complete`` is
-    False when ``limits.group_lag_scan_entries_max`` entries were looked at first."""
+def count_unread(replica: ShardReplica, queue: str, hwm: int) -> tuple[int, int, bool, int | None]:
+    """``(boundary, lag, complete, oldest)``: the entries of ``queue`` in ``(hwm, boundary]`` as
+    of the boundary (the member's commit point), as ``read_page`` would return them; ``complete``
+    is False when ``limits.group_lag_scan_entries_max`` entries were looked at first; ``oldest``
+    is the seq of the first of them (None when there is none)."""
     prefix = queue_prefix(queue)
     lag = scanned = 0
+    oldest: int | None = None
     with replica.store.snapshot() as snap:
         boundary = min(snap.boundary, replica.commit_point)
         if hwm >= boundary:
-            return boundary, 0, True
+            return boundary, 0, True, None
         for entries in snap.pages(hwm, boundary, as_of=boundary):
             scanned += len(entries)
-            lag += sum(map(bytes.startswith, map(itemgetter(_KEY), entries), repeat(prefix)))
+            mine: Iterator[bool] = map(
+                bytes.startswith, map(itemgetter(_KEY), entries), repeat(prefix)
+            )
+            if oldest is None:
+                flags = list(mine)
+                with contextlib.suppress(ValueError):
+                    oldest = entries[flags.index(True)].seq
+                mine = iter(flags)
+            lag += sum(mine)
             if scanned >= limits.group_lag_scan_entries_max:
-                return boundary, lag, False
-    return boundary, lag, True
+                return boundary, lag, False, oldest
+    return boundary, lag, True, oldest
+
+
+def lag_seconds(replica: ShardReplica, oldest: int | None, now_s: float) -> float | None:
+    """The age in seconds of the entry ``oldest`` (the oldest unread one) by ``replica``'s time
+    index: 0.0 when there is none, None when its time is unknown here."""
+    if oldest is None:
+        return 0.0
+    accepted_ms = replica.time_index.time_of(oldest)
+    if accepted_ms is None:
+        return None
+    return round(max(0.0, now_s - accepted_ms / 1000), 3)
 
 
 def read_page(

@@ -51,7 +51,7 @@ from kayos.errors import (
     error_from_code,
 )
 from kayos.replication import auth as link_auth
-from kayos.replication import chain, handshake, liveness
+from kayos.replication import chain, handshake, liveness, timeindex
 from kayos.replication import frames as fr
 from kayos.storage import CommitResult, Entry, ShardStore
 from kayos.storage.engine import prepare_columns
@@ -348,6 +348,9 @@ class ShardReplica:
         # the ones at or below the commit point it knew then (committed: must stay 0).
         self.rolled_back_entries = 0
         self.rolled_back_committed_entries = 0
+        # When this member took its entries in, sampled (a group's lag in seconds).
+        self.time_index = timeindex.load(store_path, self.store.last_seq)
+        self._time_index_written_s = clock.monotonic_s()
         # The constructor may run in a worker thread (the node opens stores off its event loop),
         # so it steps the progress without carrying out the actions: nothing is linked and
         # nothing waits yet, and a downstream learns the commit point when it subscribes.
@@ -447,9 +450,14 @@ class ShardReplica:
         self.changed.notify()
         self._apply_events(chain.Durable(self.store.last_seq))
 
-    def accept(self, batch: fr.Batch, size_bytes: int) -> None:
+    def accept(self, batch: fr.Batch, size_bytes: int, *, live: bool = True) -> None:
         """Takes a batch into the pipeline before its store commit: keeps it for the links and
-        forwards it at once on every link that is due for it (forward, then persist)."""
+        forwards it at once on every link that is due for it (forward, then persist). A batch
+        not ``live`` (an old one, caught up on) gets no time in the time index."""
+        if live:
+            self.time_index.note(batch.first_seq, batch.last_seq, self.clock.now_s())
+        else:
+            self.time_index.unknown_from(batch.first_seq, batch.last_seq)
         self.remember(batch, size_bytes)
         self._apply_events(chain.Accepted(batch.last_seq))
         for link in self._links.values():
@@ -471,12 +479,27 @@ class ShardReplica:
             await asyncio.to_thread(self.store.commit, [], meta={COMMIT_POINT_META_KEY: point})
             self._point_persisted = max(self._point_persisted, point)
 
+    async def persist_time_index(self, *, force: bool = False) -> None:
+        """Writes the time index file when it changed, at most every
+        ``limits.time_index_persist_interval_ms`` unless ``force``d (the node stops)."""
+        now = self.clock.monotonic_s()
+        due = now - self._time_index_written_s >= limits.time_index_persist_interval_ms / 1000
+        if self.time_index.dirty and (force or due):
+            self._time_index_written_s = now
+            raw = self.time_index.encode()
+            try:
+                await asyncio.to_thread(timeindex.write, self.store_path, raw)
+            except OSError as exc:
+                self.time_index.dirty = True
+                log.warning("shard %s: time index not written: %s", self.shard_id, exc)
+
     def discard_unpersisted(self) -> None:
         """The upstream link ended (and ``settle`` let the last commit land): what was accepted
         but is not durable may never be (the upstream may have lost it). The links below may
         hold it, so they subscribe again and the divergence rule rolls them back to what this
         replica holds."""
         if self.progress.accepted > self.progress.durable:
+            self.time_index.truncate_after(self.store.last_seq)
             self._apply_events(chain.Discarded())
             self.forget_recent()
             self.close_downstream_links()
@@ -702,6 +725,7 @@ class ShardReplica:
             write = self._writes.popleft()
             if not write.future.done():
                 write.future.set_exception(exc)
+        self.time_index.truncate_after(self.store.last_seq)
         self._apply_events(chain.Discarded())
         self.forget_recent()
         self.close_downstream_links()
@@ -775,6 +799,7 @@ class ShardReplica:
         os.makedirs(self.store_path, exist_ok=True)
         self.store = ShardStore.open(self.store_path, clock=self.clock)
         self._point_persisted = 0
+        self.time_index.clear()
         self._restart_progress()
 
     def _restart_progress(self) -> None:
@@ -813,6 +838,7 @@ class ShardReplica:
         except RollbackTooFarError:
             await self._reset_store()
             return
+        self.time_index.truncate_after(seq)
         # Progress never goes back on a live link; the links restart after a rollback.
         self._restart_progress()
 
@@ -1011,7 +1037,10 @@ class UpstreamLink:
                         first_batch = False
                         frame = _with_meta_deletes(frame, replica.store.meta)
                     # Forward first, persist next: the batch goes down before its commit.
-                    replica.accept(frame, _batch_bytes(frame))
+                    # What the upstream held when this link subscribed is old: its time is unknown.
+                    replica.accept(
+                        frame, _batch_bytes(frame), live=frame.last_seq > catch_up_target
+                    )
                     batches.put_nowait(frame)
                 elif isinstance(frame, fr.CommitPoint):
                     replica.downstream_event(chain.UpstreamCommitPoint(frame.committed_seq))
