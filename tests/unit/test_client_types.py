@@ -237,6 +237,17 @@ def test_group_reply() -> None:
         group_from_reply({"hwm": 3})
 
 
+def test_group_reply_lag_seconds() -> None:
+    reply = {"shard": 0, "hwm": 3, "boundary": 9, "lag": 6}
+    assert group_from_reply(reply).lag_seconds is None, "an older node: unknown"
+    assert group_from_reply({**reply, "lag_seconds": None}).lag_seconds is None
+    assert group_from_reply({**reply, "lag_seconds": 2.5}).lag_seconds == 2.5
+    assert group_from_reply({**reply, "lag_seconds": 0}).lag_seconds == 0.0
+    for bad in (-1, "2", True):
+        with pytest.raises(ProtocolError):
+            group_from_reply({**reply, "lag_seconds": bad})
+
+
 def test_transaction_collects_puts_and_deletes() -> None:
     txn = Transaction("q")
     txn.put("a", "1", expiry_ms=5)

@@ -143,3 +143,24 @@ def test_a_bad_file_reads_as_an_empty_index(tmp_path: Path, damage: str) -> None
     loaded.note(56, 56, clock.now_s())
     assert loaded.time_of(56) == ms(clock)
     assert loaded.time_of(55) is None
+
+
+def test_golden_bytes_of_the_file() -> None:
+    """The layout docs/storage-format.md ("Beside the store") gives, byte for byte."""
+    index = TimeIndex(interval_ms=1000)
+    index.note(1, 3, 1.0)  # seqs 1..3 at 1000 ms
+    index.unknown_from(4, 5)  # 4..5 caught up on: unknown
+    golden = bytes.fromhex(
+        "4b595449"
+        "01"
+        "000000"  # magic "KYTI", version 1, pad
+        "0500000000000000"
+        "02000000"  # through_seq 5, count 2
+        "0100000000000000"
+        "e803000000000000"  # (1, 1000 ms)
+        "0400000000000000"
+        "ffffffffffffffff"  # (4, -1: unknown)
+        "77e72d9c"  # crc32 of the above
+    )
+    assert index.encode() == golden
+    assert TimeIndex.decode(golden).samples() == [(1, 1000), (4, None)]
