@@ -144,6 +144,22 @@ connection_in_flight_requests_max = 1024
 # the HMAC challenge) within this is closed: a half-open or silent connection holds a socket and a
 # task, and a genuine peer finishes in one or two round trips.
 handshake_ms_max = 5_000
+# Until a connection's handshake is done (a client's HELLO; a link's HELLO, AUTH_PROOF and, on the
+# connector's side, AUTH_CHALLENGE and HELLO_OK) its frames may be at most this long: those frames
+# hold a few short strings, ids and 32-byte nonces (well under 1 KiB), and nothing of a peer that
+# proved nothing yet may make the node buffer frame_bytes_max.
+handshake_frame_bytes_max = 4096
+# Binary-port connections of one node that have not finished their handshake; one past it is
+# closed at once. Each holds a socket, a task and up to handshake_frame_bytes_max of buffer for
+# at most handshake_ms_max; genuine peers finish in a round trip or two (milliseconds), so even a
+# cluster restarting all its links and clients at once stays far below it.
+handshake_connections_max = 256
+# A topology host name is resolved when its node starts, and again (when a HELLO from it does not
+# match) at most this often: a name that moved is followed within seconds, and a flood of
+# mismatched HELLOs costs at most one DNS lookup per host per interval.
+host_resolve_interval_ms_min = 5_000
+# A node id (topology file, HELLO): a short name or host-like label, printed in logs and status.
+node_id_bytes_max = 128
 # Every connection past its handshake is pinged this often, and a peer heard from (any bytes) not
 # for peer_silence_ms_max is marked down and its connection closed: a paused or partitioned chain
 # member is noticed within seconds instead of blocking producers unseen, and a dead client socket
@@ -167,6 +183,7 @@ wait_committed_timeout_ms_max = 60_000
 
 assert batch_bytes_max + 32 * batch_entries_max + 1024 * 1024 <= frame_bytes_max
 assert frame_bytes_max < 2**31, "the u32 length prefix, with room to spare"
+assert 4 * node_id_bytes_max + 1024 <= handshake_frame_bytes_max <= frame_bytes_max
 assert link_in_flight_bytes_max >= frame_bytes_max, "one maximal batch always fits in flight"
 assert wait_committed_timeout_ms_max < 2**32, "WAIT_COMMITTED's timeout field is a u32"
 

@@ -98,6 +98,8 @@ class Topology:
             raise InvalidRequest("topology has no shards")
         if sorted(self.shards) != list(range(len(self.shards))):
             raise InvalidRequest("shard ids must be 0 .. n-1")
+        for node_id in self.nodes:
+            check_node_id(node_id)
         for shard in self.shards.values():
             members = shard.members
             if not shard.chain or len(set(members)) != len(members):
@@ -200,6 +202,18 @@ def rotated(
         for i in range(count)
     }
     return Topology(epoch, {node.id: node for node in nodes}, shards)
+
+
+def check_node_id(node_id: str) -> str:
+    """Node ids: 1 to ``limits.node_id_bytes_max`` bytes of printable characters (they go into
+    log lines and the handshake)."""
+    if not node_id or len(node_id.encode(errors="replace")) > limits.node_id_bytes_max:
+        raise InvalidRequest(
+            f"bad node id {node_id[:200]!r}: 1 to {limits.node_id_bytes_max} bytes"
+        )
+    if not node_id.isprintable():
+        raise InvalidRequest(f"bad node id {node_id[:200]!r}: printable characters only")
+    return node_id
 
 
 def check_queue_name(queue: str) -> str:

@@ -37,7 +37,7 @@ from kayos.errors import (
 )
 from kayos.identity import check_data_dir
 from kayos.replication import frames as fr
-from kayos.replication.handshake import accept_peer
+from kayos.replication.handshake import HostAddresses, accept_peer, shown
 from kayos.replication.liveness import Direction, LinkHealth, keep_alive
 from kayos.replication.replica import (
     PROTOCOL_VERSION,
@@ -142,6 +142,11 @@ class Node:
         self._links: list[UpstreamLink] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._server: asyncio.Server | None = None
+        # Binary-port connections not yet past their handshake (limits.handshake_connections_max),
+        # and how many were closed at the bound since the count was last zero.
+        self._handshaking = 0
+        self._handshakes_refused = 0
+        self.hosts = HostAddresses()
         self.ready = False
         self.registry = CollectorRegistry()
         self.commit_seconds = Histogram(
@@ -174,6 +179,7 @@ class Node:
                 "replication link; run `kayos init` (or `kayos up`) to write them",
                 self.node_id,
             )
+        self._spawn(self.hosts.prime(node.host for node in self.topology.nodes.values()))
         for shard in self.topology.shards_of(self.node_id):
             path = os.path.join(self.data_dir, "shards", str(shard.id))
             os.makedirs(path, exist_ok=True)
@@ -262,6 +268,7 @@ class Node:
                 await replica.persist_commit_point()
             await replica.persist_time_index(force=True)
             replica.close()
+        self.hosts.close()
 
     # --- routing -------------------------------------------------------------------------------
 
@@ -461,9 +468,23 @@ class Node:
     async def _on_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        stream = FrameStream(reader, writer, self.clock)
+        stream = FrameStream(
+            reader, writer, self.clock, frame_bytes_max=limits.handshake_frame_bytes_max
+        )
         pinger: asyncio.Task[None] | None = None
+        if self._handshaking >= limits.handshake_connections_max:
+            # Closed at once, logged once per burst: the bound exists for floods.
+            if not self._handshakes_refused:
+                log.warning(
+                    "%d connections in their handshake (handshake_connections_max): closing "
+                    "new ones at once",
+                    self._handshaking,
+                )
+            self._handshakes_refused += 1
+            stream.close()
+            return
         try:
+            self._handshaking += 1
             try:
                 async with asyncio.timeout(limits.handshake_ms_max / 1000):
                     hello = await self._handshake(stream, writer)
@@ -474,10 +495,17 @@ class Node:
                     limits.handshake_ms_max,
                 )
                 return
+            finally:
+                self._handshaking -= 1
+                if not self._handshaking:
+                    self._handshakes_refused = 0
             if hello is None:
                 return
+            stream.lift_frame_bound()
             pinger = asyncio.create_task(
-                keep_alive(stream, self.clock, f"{hello.role} connection from {hello.node_id}")
+                keep_alive(
+                    stream, self.clock, f"{hello.role} connection from {shown(hello.node_id)}"
+                )
             )
             if hello.role == "client":
                 stream.send(fr.HelloOk(PROTOCOL_VERSION, self.node_id, self.epoch))
@@ -536,7 +564,12 @@ class Node:
         peer = writer.get_extra_info("peername")
         peer_ip = str(peer[0]) if peer else ""
         await accept_peer(
-            stream, hello, topology=self.topology, node_id=self.node_id, peer_ip=peer_ip
+            stream,
+            hello,
+            topology=self.topology,
+            node_id=self.node_id,
+            peer_ip=peer_ip,
+            hosts=self.hosts,
         )
         return hello
 

@@ -798,6 +798,16 @@ class FrameDecoder:
         self._frame_bytes_max = frame_bytes_max
 
     @property
+    def frame_bytes_max(self) -> int:
+        return self._frame_bytes_max
+
+    @frame_bytes_max.setter
+    def frame_bytes_max(self, value: int) -> None:
+        """Changes the bound for frames not yet begun (a connection past its handshake)."""
+        assert _FRAME_BYTES_MIN <= value <= limits.frame_bytes_max
+        self._frame_bytes_max = value
+
+    @property
     def buffered_bytes(self) -> int:
         """Bytes received but not yet part of a whole frame."""
         return len(self._buffer)

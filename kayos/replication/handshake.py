@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import logging
 import secrets
 import socket
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from kayos import limits
@@ -17,7 +20,7 @@ from kayos.errors import KayosError, Unauthenticated, error_from_code
 from kayos.identity import ClusterIdentity
 from kayos.replication import auth
 from kayos.replication import frames as fr
-from kayos.topology import Topology
+from kayos.topology import Topology, check_node_id
 
 log = logging.getLogger("kayos.replication")
 
@@ -35,17 +38,61 @@ def no_identity_error(node_id: str) -> Unauthenticated:
     )
 
 
-async def host_addresses(host: str) -> set[str]:
-    """The addresses a topology host stands for: itself if it is an IP, else what it resolves to
-    (an unresolvable host matches nothing)."""
-    with contextlib.suppress(ValueError):
-        return {str(ipaddress.ip_address(host))}
-    loop = asyncio.get_running_loop()
+def _resolve(host: str) -> frozenset[str]:
     try:
-        infos = await loop.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except OSError:
-        return set()
-    return {str(info[4][0]) for info in infos}
+        return frozenset()
+    return frozenset(str(info[4][0]) for info in infos)
+
+
+class HostAddresses:
+    """The addresses topology hosts stand for: an IP stands for itself; a name is resolved once
+    (``prime`` at the node's start) and kept, and again at most every
+    ``limits.host_resolve_interval_ms_min`` when a HELLO does not match what is kept. Lookups run
+    in this object's own thread, one at a time and one per host at once: slow DNS and a flood of
+    HELLOs delay only other handshakes, never the commits of the node's default executor."""
+
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[float, frozenset[str]]] = {}
+        self._pending: dict[str, asyncio.Future[frozenset[str]]] = {}
+        self._executor = ThreadPoolExecutor(1, "kayos-resolve")
+
+    async def prime(self, hosts: Iterable[str]) -> None:
+        await asyncio.gather(*(self.addresses(host) for host in set(hosts)))
+
+    async def addresses(self, host: str, *, refresh: bool = False) -> frozenset[str]:
+        with contextlib.suppress(ValueError):
+            return frozenset({str(ipaddress.ip_address(host))})
+        loop = asyncio.get_running_loop()
+        known = self._known.get(host)
+        if known is not None:
+            resolved_at, ips = known
+            fresh = loop.time() - resolved_at < limits.host_resolve_interval_ms_min / 1000
+            if fresh or not (refresh or not ips):
+                return ips
+        pending = self._pending.get(host)
+        if pending is None:
+            pending = loop.run_in_executor(self._executor, _resolve, host)
+            self._pending[host] = pending
+            pending.add_done_callback(functools.partial(self._resolved, host, loop.time()))
+        return await asyncio.shield(pending)
+
+    def _resolved(self, host: str, started: float, future: asyncio.Future[frozenset[str]]) -> None:
+        if self._pending.get(host) is future:
+            del self._pending[host]
+        if not future.cancelled() and future.exception() is None:
+            self._known[host] = (started, future.result())
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def shown(text: str) -> str:
+    """Untrusted text for a log line: its repr (no control characters, so it cannot forge a line)
+    cut to ``limits.node_id_bytes_max`` characters."""
+    cut = limits.node_id_bytes_max
+    return repr(text[:cut]) + ("..." if len(text) > cut else "")
 
 
 async def accept_peer(
@@ -55,6 +102,7 @@ async def accept_peer(
     topology: Topology,
     node_id: str,
     peer_ip: str,
+    hosts: HostAddresses,
 ) -> None:
     """The acceptor's half for a replication link's ``HELLO``: returns once the connector proved
     the secret and ``AUTH_OK`` is sent; raises the refusal otherwise (the caller sends it as
@@ -63,9 +111,14 @@ async def accept_peer(
         identity = topology.identity
         if identity is None or identity.is_placeholder:
             raise no_identity_error(node_id)
+        check_node_id(hello.node_id)
         address = topology.nodes.get(hello.node_id)
-        host_ips = await host_addresses(address.host) if address is not None else set()
+        host_ips = await hosts.addresses(address.host) if address is not None else frozenset()
         refusal = auth.check_claimed_address(topology, hello.node_id, peer_ip, host_ips)
+        if refusal is not None and address is not None:
+            # The name may have moved since it was resolved (rate-limited inside).
+            host_ips = await hosts.addresses(address.host, refresh=True)
+            refusal = auth.check_claimed_address(topology, hello.node_id, peer_ip, host_ips)
         if refusal is not None:
             raise refusal
         claim = auth.LinkClaim.of_hello(hello, node_id)
@@ -82,9 +135,9 @@ async def accept_peer(
         log.warning(
             "refused link from %s claiming %s (shard %s, %s): %s: %s",
             peer_ip,
-            hello.node_id,
+            shown(hello.node_id),
             hello.shard,
-            hello.role,
+            shown(hello.role),
             exc.code,
             exc,
         )

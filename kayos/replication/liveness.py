@@ -19,9 +19,11 @@ Direction = Literal["upstream", "downstream"]
 
 
 class HeardStream(Protocol):
-    """A frame stream that knows when it last received bytes (``clock.monotonic_s`` time)."""
+    """A frame stream that knows when it last received bytes and since when it has been waiting
+    for more (``clock.monotonic_s`` times; ``reading_since`` is None while it is not reading)."""
 
     heard_at: float
+    reading_since: float | None
 
     def send(self, frame: fr.Frame) -> int: ...
 
@@ -29,7 +31,13 @@ class HeardStream(Protocol):
 
 
 def silent_for(stream: HeardStream, clock: Clock) -> float:
-    return clock.monotonic_s() - stream.heard_at
+    """How long the peer has been silent while this side was reading. Time this side spends not
+    reading (its own back-pressure, a rollback) does not count: the peer's bytes wait unread in
+    the socket then, so they could not have been heard."""
+    since = stream.reading_since
+    if since is None:
+        return 0.0
+    return clock.monotonic_s() - max(stream.heard_at, since)
 
 
 async def keep_alive(stream: HeardStream, clock: Clock, describe: str) -> None:

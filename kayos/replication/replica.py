@@ -107,14 +107,23 @@ class FrameStream:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         clock: Clock | None = None,
+        *,
+        frame_bytes_max: int = limits.frame_bytes_max,
     ) -> None:
         self.reader = reader
         self.writer = writer
         # When bytes last came in (the clock's monotonic time): liveness closes a silent link.
         self.clock = clock or SystemClock()
         self.heard_at = self.clock.monotonic_s()
-        self._decoder = fr.FrameDecoder()
+        # Since when this side has been waiting for bytes (None while it is not reading): time
+        # spent not reading, on its own work or back-pressure, is not the peer's silence.
+        self.reading_since: float | None = None
+        self._decoder = fr.FrameDecoder(frame_bytes_max=frame_bytes_max)
         self._ready: list[fr.Frame] = []
+
+    def lift_frame_bound(self) -> None:
+        """The full ``limits.frame_bytes_max`` from now on: the handshake is done."""
+        self._decoder.frame_bytes_max = limits.frame_bytes_max
 
     def send(self, frame: fr.Frame) -> int:
         data = fr.encode(frame)
@@ -127,7 +136,11 @@ class FrameStream:
     async def recv(self) -> fr.Frame | None:
         """The next frame, or None at a clean end of stream."""
         while not self._ready:
-            data = await self.reader.read(256 * 1024)
+            self.reading_since = self.clock.monotonic_s()
+            try:
+                data = await self.reader.read(256 * 1024)
+            finally:
+                self.reading_since = None
             if not data:
                 if self._decoder.buffered_bytes:
                     raise ProtocolError("stream ended inside a frame")
@@ -153,6 +166,17 @@ async def recv_or_companion_failure(
         if error is not None:
             raise error
     return frame
+
+
+async def _recv_answering_pings(stream: FrameStream) -> fr.Frame | None:
+    """The next frame other than PING (answered) and PONG: both sides ping from HELLO_OK on,
+    so pings may come before SUBSCRIBE and SUBSCRIBED."""
+    while True:
+        frame = await stream.recv()
+        if isinstance(frame, fr.Ping):
+            stream.send(fr.Pong(frame.nonce))
+        elif not isinstance(frame, fr.Pong):
+            return frame
 
 
 def _close_with(stream: FrameStream) -> Callable[[asyncio.Task[None]], None]:
@@ -915,7 +939,9 @@ class UpstreamLink:
         handshake_s = limits.handshake_ms_max / 1000
         async with asyncio.timeout(handshake_s):
             reader, writer = await self._connect(address.host, address.bin_port)
-        stream = FrameStream(reader, writer, replica.clock)
+        stream = FrameStream(
+            reader, writer, replica.clock, frame_bytes_max=limits.handshake_frame_bytes_max
+        )
         health = replica.link_health.setdefault(
             replica.upstream, liveness.LinkHealth(replica.upstream, "upstream")
         )
@@ -937,6 +963,14 @@ class UpstreamLink:
                     f"upstream {replica.upstream} speaks protocol version "
                     f"{reply.protocol_version}; links need {fr.LINK_PROTOCOL_VERSION_MIN}"
                 )
+            stream.lift_frame_bound()
+            # Pinged and watched from HELLO_OK on, as the acceptor does: an upstream that goes
+            # silent before SUBSCRIBED is dropped within the silence bound, not TCP's minutes.
+            pinger = asyncio.create_task(
+                liveness.keep_alive(
+                    stream, replica.clock, f"shard {replica.shard_id}: upstream {replica.upstream}"
+                )
+            )
             subscribed, from_seq = await self._subscribe(stream)
             if replica.store.last_seq != from_seq - 1:
                 # The store moved after the SUBSCRIBE (a commit landed late): the verdict was
@@ -968,11 +1002,6 @@ class UpstreamLink:
             catch_up_target = subscribed.last_seq
             health.heard(subscribed.last_seq)
             health.attach(stream)
-            pinger = asyncio.create_task(
-                liveness.keep_alive(
-                    stream, replica.clock, f"shard {replica.shard_id}: upstream {replica.upstream}"
-                )
-            )
             # A commit the last link's applier was cancelled in landed without being counted:
             # step the progress and wake the senders before reporting to the new upstream.
             replica.local_commit_done()
@@ -992,7 +1021,9 @@ class UpstreamLink:
         for _ in range(3):
             from_seq = replica.store.last_seq + 1
             stream.send(fr.Subscribe(replica.shard_id, from_seq, tuple(replica.takeover_table())))
-            reply = await stream.recv()
+            reply = await _recv_answering_pings(stream)
+            if reply is None:
+                raise EOFError("upstream closed the link before SUBSCRIBED")
             if isinstance(reply, fr.ErrorFrame):
                 if reply.code == RollbackTooFarError.code:
                     await replica.rollback(0)
@@ -1197,7 +1228,7 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
         )
     stream.send(fr.HelloOk(PROTOCOL_VERSION, replica.node_id, replica.epoch))
     while True:
-        frame = await stream.recv()
+        frame = await _recv_answering_pings(stream)
         if frame is None:
             return
         if not isinstance(frame, fr.Subscribe) or frame.shard != replica.shard_id:

@@ -21,6 +21,8 @@ WAIT_S = 10.0
 @dataclass
 class FakeStream:
     heard_at: float
+    # Reading since long ago: silence counts from heard_at.
+    reading_since: float | None = float("-inf")
     sent: list[fr.Frame] = field(default_factory=list)
     closed: bool = False
 
