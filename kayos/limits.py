@@ -204,6 +204,14 @@ produce_commit_timeout_ms = 30_000
 group_state_bytes_max = 64 * 1024
 # An HTTP request body: one full batch in JSON (which can double binary-safe sizes) plus slack.
 http_body_bytes_max = 2 * batch_bytes_max
+# A request body this small is parsed on the event loop (~5 ms of JSON); a larger one in a parse
+# thread. Inline, a 75 MB produce body held a node's loop ~0.5 s (parse 0.4 s + conversion 0.1 s;
+# measured), long enough to make peers' pings late. In a thread the loop still stops for the
+# longest single C call (json.loads, the depth scan's regex: they hold the GIL), about half that.
+http_body_inline_parse_bytes_max = 1024 * 1024
+# Threads that parse large bodies: their own, so parsing never takes a commit worker; more large
+# bodies wait their turn (each holds up to http_body_bytes_max of memory while it waits anyway).
+http_parse_threads_max = 2
 # Nesting of a JSON request body, checked by a scan before it is parsed (Python's parser recurses
 # per level and would fail with RecursionError near 1,000). The deepest valid body is 4 levels
 # ({"messages": [{"headers": {...}}]}); 32 leaves room for new fields, not for a stack bomb.

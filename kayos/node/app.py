@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import aiohttp
@@ -39,6 +40,9 @@ from kayos.node.runtime import GROUP_STATE_META, HWM_META, Node, Page, link_stat
 from kayos.node.runtime import lag_seconds as lag_seconds_of
 
 MSGPACK = "application/msgpack"
+# Large bodies are parsed here (limits.http_parse_threads_max), never in the node's default
+# executor, whose threads run commits. Threads start on first use.
+_PARSE_EXECUTOR = ThreadPoolExecutor(limits.http_parse_threads_max, "kayos-parse")
 
 STATUS_FOR_CODE = {
     "invalid_request": 400,
@@ -91,7 +95,10 @@ def error_reply(request: web.Request, exc: KayosError, node: Node) -> web.Respon
     return _reply(request, payload, STATUS_FOR_CODE.get(exc.code, 500))
 
 
-async def read_body(request: web.Request) -> Any:
+async def read_body(request: web.Request, convert: Callable[[Any], Any] | None = None) -> Any:
+    """The request's body, parsed (and passed through ``convert``): on the event loop when it is
+    at most ``limits.http_body_inline_parse_bytes_max``, else in a parse thread, so that peers'
+    pings are still answered while a large produce is parsed."""
     try:
         async with asyncio.timeout(limits.http_body_read_ms_max / 1000):
             raw = await request.read()
@@ -103,7 +110,15 @@ async def read_body(request: web.Request) -> Any:
         raise LimitExceeded(
             f"request body over http_body_bytes_max={limits.http_body_bytes_max} bytes"
         ) from exc
-    return parse_body(raw, request.content_type)
+    if len(raw) <= limits.http_body_inline_parse_bytes_max:
+        return _parsed(raw, request.content_type, convert)
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_PARSE_EXECUTOR, _parsed, raw, request.content_type, convert)
+
+
+def _parsed(raw: bytes, content_type: str, convert: Callable[[Any], Any] | None) -> Any:
+    body = parse_body(raw, content_type)
+    return body if convert is None else convert(body)
 
 
 def parse_body(raw: bytes, content_type: str) -> Any:
@@ -338,7 +353,7 @@ def make_app(node: Node) -> web.Application:
         if acks is None:
             raise InvalidRequest("acks must be 0, 1 or all")
         node.replica_for(queue, want="head")  # wrong role before reading a large body
-        keys, values, expiries, headers = parse_produce(await read_body(request))
+        keys, values, expiries, headers = await read_body(request, parse_produce)
         first, last = await node.produce(queue, keys, values, expiries, headers, acks=acks)
         shard = node.topology.shard_for(queue)
         return _reply(request, {"shard": shard, "first_seq": first, "last_seq": last})
@@ -356,7 +371,7 @@ def make_app(node: Node) -> web.Application:
     async def commit_group(request: web.Request) -> web.Response:
         queue = request.match_info["queue"]
         group = request.match_info["group"]
-        hwm, state = parse_commit(await read_body(request))
+        hwm, state = await read_body(request, parse_commit)
         try:
             seq = await node.commit_group(queue, group, hwm, state)
         except WrongRoleError as exc:
