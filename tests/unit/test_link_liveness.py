@@ -107,3 +107,27 @@ def test_link_health_status() -> None:
     up.heard(25)
     assert up.status(20, clock)["lag_entries"] == 5
     assert up.status(30, clock)["lag_entries"] == 0
+
+
+@pytest.mark.asyncio
+async def test_silence_counts_only_while_this_side_reads() -> None:
+    """Time this side spends not reading (its own back-pressure, a rollback) is not the peer's
+    silence; once it reads again the peer has the whole bound from then."""
+    clock = ManualClock()
+    stream = FakeStream(heard_at=clock.monotonic_s(), reading_since=None)
+    task = asyncio.create_task(keep_alive(stream, clock, "test link"))
+    try:
+        clock.advance(10 * SILENCE_S)  # not reading, for far longer than the bound
+        sent = len(stream.sent)
+        await until(lambda: len(stream.sent) > sent, "a ping while not reading")
+        assert not stream.closed
+        stream.reading_since = clock.monotonic_s()  # reads again, hears nothing
+        clock.advance(SILENCE_S - 0.1)
+        sent = len(stream.sent)
+        await until(lambda: len(stream.sent) > sent, "a ping inside the bound")
+        assert not stream.closed
+        clock.advance(0.2)
+        await asyncio.wait_for(task, WAIT_S)
+        assert stream.closed
+    finally:
+        task.cancel()
