@@ -110,6 +110,7 @@ async def test_an_upstream_silent_after_hello_ok_is_dropped_within_the_silence_b
         assert first["hello_ok"] is not None
         assert first["closed"] is not None
         waited = first["closed"] - first["hello_ok"]
+        print(f"the downstream dropped the silent upstream {waited:.2f} s after HELLO_OK")
         assert waited <= SILENCE_S + SLACK_S, f"the link waited {waited:.1f} s for SUBSCRIBED"
     finally:
         await node.stop()
