@@ -229,7 +229,9 @@ def _bulk_copy(
     # Commit boundaries outlive the entries that ended them (docs/storage-format.md, "Commit
     # boundaries"): a dropped entry that ended a commit moves its flag to the commit's last kept
     # entry, or leaves a marker when that entry sits in a leaf already written; a commit dropped
-    # whole needs neither (cutting at the boundary before it is the same cut).
+    # whole needs neither (cutting at the boundary before it is the same cut). A marker from an
+    # earlier compaction is such a dropped end too: it goes when its commit is dropped whole, or
+    # hands its flag on when the commit's last kept entry now shares its leaf.
     last_boundary = 0  # seq of the last commit boundary walked, as the new file will know it
     last_kept = 0  # seq of the last entry kept (markers aside)
     for leaf in btree.iter_leaves(copier.source.reader, header.root, 0, header.last_seq):
@@ -240,12 +242,12 @@ def _bulk_copy(
         for index, seq in enumerate(leaf.seqs):
             flag = leaf.flags[index]
             if flag & fmt.FLAG_COMMIT_MARKER:
-                keep.append(index)
-                last_boundary = seq
-                continue
-            segment = seq >> SEGMENT_SHIFT
-            successor = segments[segment][seq & SEGMENT_MASK] if segment < segment_count else 0
-            if successor and successor <= floor:
+                drop = True  # it stands for a dropped entry; kept below only while still needed
+            else:
+                segment = seq >> SEGMENT_SHIFT
+                successor = segments[segment][seq & SEGMENT_MASK] if segment < segment_count else 0
+                drop = 0 < successor <= floor
+            if drop:
                 dropped_bytes += leaf.sizes[index]
                 if flag & fmt.FLAG_BATCH_END:
                     if last_kept > last_boundary:  # part of this commit is kept
@@ -267,7 +269,7 @@ def _bulk_copy(
             leaf = _with_boundaries(leaf, ends, markers)
         copier.add(leaf, keep)
     # Every dropped entry was superseded, so superseded counters drop by the same amounts (a
-    # marker stays a superseded entry of no bytes).
+    # marker, kept or dropped, is a superseded entry of no bytes).
     return dropped, dropped_bytes, dropped, dropped_bytes
 
 

@@ -7,6 +7,12 @@ boundary (docs/storage-format.md, "Commit boundaries"), so a downstream applying
 commit at a time never holds part of an all-or-nothing write: the boundaries are read off every
 version in the range, superseded entries and compaction's commit-end markers included, so a
 superseded entry that ended a commit still ends it here.
+
+Two passes, so that memory follows the piece and not the range (a link far behind on a shard
+that overwrites a few keys walks millions of versions for a piece of a few entries): the first
+walks every version and keeps only integers (the seq and size of each entry alive as of the walk,
+the last boundary) to find the cut; the second reads the state as of the cut through the
+snapshot's pages, which leave out every version superseded at or below the cut.
 """
 
 from __future__ import annotations
@@ -32,54 +38,46 @@ def read_back(
     whole range fits. Only when not even the range's first commit fits (a version 1 store whose
     compaction dropped that boundary: one commit never exceeds these bounds) is the piece cut at
     the bound instead."""
-    # Every version walked, in seq order (markers hold no entry): (seq, prev, leaf, index).
-    walked: list[tuple[int, int, fmt.Leaf, int]] = []
+    end = _cut(snap, after, upto, entries_max=entries_max, bytes_max=bytes_max)
+    entries: list[Entry] = []
+    # Expired entries too: retention belongs to the receiving queue layer, as on the write path.
+    for page in snap.pages(
+        after, end, page_entries=max(entries_max, 1), include_expired=True, as_of=end
+    ):
+        entries.extend(page)
+    return entries, end
+
+
+def _cut(snap: Snapshot, after: int, upto: int, *, entries_max: int, bytes_max: int) -> int:
+    """The last seq of the piece: pass 1, integers only."""
     alive: dict[int, int] = {}  # seq -> size: the state as of the last seq walked
     size = 0
     boundary = 0  # the last commit boundary walked; 0 while there is none
+    last = 0  # the last entry walked (markers hold no entry)
     for leaf in snap.leaves(after, upto):
         seqs = leaf.seqs
         lo = bisect.bisect_right(seqs, after)
         hi = bisect.bisect_right(seqs, upto)
+        flags = leaf.flags
         for index in range(lo, hi):
-            flag = leaf.flags[index]
+            flag = flags[index]
             seq = seqs[index]
             if not flag & _MARKER:
                 entry_size = leaf.sizes[index]
                 if alive and (len(alive) >= entries_max or size + entry_size > bytes_max):
                     # Every boundary walked fit when it was reached: the state only grows by
                     # the entry walked, which the check above let in.
-                    end = boundary or walked[-1][0]
                     snap.check()
-                    return _state_as_of(snap, walked, end), end
-                prev = leaf.prevs[index]
-                walked.append((seq, prev, leaf, index))
+                    return boundary or last
+                last = seq
                 alive[seq] = entry_size
                 size += entry_size
+                prev = leaf.prevs[index]
                 if prev > after:
                     superseded = alive.pop(prev, None)
                     if superseded is not None:
                         size -= superseded
             if flag & _ENDS_COMMIT:
                 boundary = seq
-    entries = _state_as_of(snap, walked, upto)
     snap.check()
-    return entries, upto
-
-
-def _state_as_of(
-    snap: Snapshot, walked: list[tuple[int, int, fmt.Leaf, int]], end: int
-) -> list[Entry]:
-    """The walked entries at or below ``end`` that no walked entry at or below ``end``
-    supersedes, their values read."""
-    count = bisect.bisect_right(walked, end, key=_seq_of)
-    superseded = {prev for _, prev, _, _ in walked[:count] if prev}
-    return [
-        snap.entry_at(leaf, index)
-        for seq, _, leaf, index in walked[:count]
-        if seq not in superseded
-    ]
-
-
-def _seq_of(row: tuple[int, int, fmt.Leaf, int]) -> int:
-    return row[0]
+    return upto

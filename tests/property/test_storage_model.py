@@ -393,18 +393,17 @@ class StoreMachine(RuleBasedStateMachine):
         # A dropped entry that ended a commit whose other entries are partly kept hands its
         # boundary on: a marker in its place, or the flag on the commit's last kept entry (which
         # of the two depends on the leaf layout: read it from the store, check it is one of them).
+        # A marker from an earlier compaction is such a dropped end too: kept or handed on the
+        # same way while part of its commit is kept, gone once the commit is dropped whole.
         kept: list[Version] = []
-        new_markers: set[int] = set()
+        markers: set[int] = set()
         last_boundary = 0
         for version in sorted(self.versions + [_marker_slot(m) for m in self.markers], key=_seq):
-            if version.seq in self.markers:
-                last_boundary = version.seq
-                continue
-            if 0 < successor.get(version.seq, 0) <= floor:
+            if version.seq in self.markers or 0 < successor.get(version.seq, 0) <= floor:
                 if version.batch_end:
                     if kept and kept[-1].seq > last_boundary:
                         if stored.get(version.seq) == fmt.COMMIT_MARKER_FLAGS:
-                            new_markers.add(version.seq)
+                            markers.add(version.seq)
                         else:
                             assert stored[kept[-1].seq] & fmt.FLAG_BATCH_END
                             kept[-1] = replace(kept[-1], batch_end=True)
@@ -413,12 +412,12 @@ class StoreMachine(RuleBasedStateMachine):
             kept.append(version)
             if version.batch_end:
                 last_boundary = version.seq
-        assert {s for s, f in stored.items() if f & fmt.FLAG_COMMIT_MARKER} == (
-            self.markers | new_markers
+        assert {s for s, f in stored.items() if f & fmt.FLAG_COMMIT_MARKER} == markers
+        assert result.entries_dropped == (
+            len(self.versions) + len(self.markers) - len(kept) - len(markers)
         )
-        assert result.entries_dropped == len(self.versions) - len(kept) - len(new_markers)
         self.versions = kept
-        self.markers |= new_markers
+        self.markers = markers
         self.min_rollback_seq = floor
 
     def _stored_flags(self) -> dict[int, int]:

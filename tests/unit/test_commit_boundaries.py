@@ -161,7 +161,7 @@ def test_compaction_hands_the_boundary_on_and_keeps_markers(tmp_path: Path) -> N
     assert last not in [e.seq for e in store.scan()]
     assert store.stats()["entry_count"] == stats["entry_count"]
     assert store.stats()["superseded_count"] == stats["superseded_count"]
-    # A second compaction keeps the marker as it is.
+    # A second compaction keeps the marker: part of its commit is still kept, in an earlier leaf.
     store.commit([Put(b"z", b"z2")])
     compact(store)
     assert commit_ends(store) >= {4, 9, last}
@@ -238,3 +238,83 @@ def test_entries_are_entries(tmp_path: Path) -> None:
     assert covered == 2
     assert entries == [Entry(2, b"k", None, 0, None, 1, fmt.FLAG_DELETE | fmt.FLAG_BATCH_END)]
     store.close()
+
+
+def stored_flags(store: ShardStore) -> dict[int, int]:
+    with store.snapshot() as snap:
+        return {
+            seq: flag
+            for leaf in snap.leaves(0, store.last_seq)
+            for seq, flag in zip(leaf.seqs, leaf.flags, strict=True)
+        }
+
+
+def marker_then_rest_of_commit_superseded(
+    tmp_path: Path, keep_first: bool
+) -> tuple[ShardStore, int, int]:
+    """The big commit compacted to a marker at its end (its first leaves kept), then newer
+    versions of the rest of it but its first entry (``keep_first``) or of all of it."""
+    store = open_store(tmp_path / "s", window=0)
+    first, last, tail = big_commit_spanning_leaves(store)
+    store.commit([Put(b"z", b"z")])
+    compact(store)
+    assert stored_flags(store)[last] == fmt.COMMIT_MARKER_FLAGS
+    start = first + 1 if keep_first else first
+    store.commit(
+        [Put(b"t%02d" % (s - first), b"n") for s in range(start, last + 1) if s not in tail]
+    )
+    return store, first, last
+
+
+def assert_consistent(store: ShardStore, directory: Path) -> None:
+    """Counters agree with the leaves, pieces end at boundaries, check passes, and a reopen that
+    rebuilds the derived state reads the same."""
+    stats = store.stats()
+    assert stats["entry_count"] == len(stored_flags(store))
+    ends = commit_ends(store)
+    got = pieces(store, entries_max=25)
+    assert all(-p[-1] in ends | {store.last_seq} for p in got)
+    store.close()
+    assert check_store(str(directory)).ok
+    shutil.rmtree(directory / "derived")
+    store = open_store(directory, window=0)
+    assert pieces(store, entries_max=25) == got
+    assert store.stats()["entry_count"] == stats["entry_count"]
+    assert store.stats()["superseded_count"] == stats["superseded_count"]
+    store.close()
+
+
+def test_a_marker_goes_when_its_commit_is_dropped_whole(tmp_path: Path) -> None:
+    store, first, last = marker_then_rest_of_commit_superseded(tmp_path, keep_first=False)
+    before = store.stats()["entry_count"]
+    compact(store)
+    flags = stored_flags(store)
+    # The commit went whole, its marker with it (the boundary before the commit is the same cut).
+    assert not any(flag & fmt.FLAG_COMMIT_MARKER for flag in flags.values())
+    assert not set(range(first, last + 1)) & set(flags)
+    assert store.stats()["entry_count"] < before
+    assert store.stats()["superseded_count"] == 0  # window 0: the marker was its last one
+    assert_consistent(store, tmp_path / "s")
+
+
+def test_a_marker_hands_its_end_on_once_it_shares_a_leaf_with_the_last_kept_entry(
+    tmp_path: Path,
+) -> None:
+    store, first, last = marker_then_rest_of_commit_superseded(tmp_path, keep_first=True)
+    compact(store)
+    # The commit's first entry is kept, in an earlier leaf of the file compacted: the marker
+    # stays. The new file packs the two into one leaf.
+    flags = stored_flags(store)
+    assert flags[last] == fmt.COMMIT_MARKER_FLAGS
+    assert not flags[first] & fmt.FLAG_BATCH_END
+    with store.snapshot() as snap:
+        assert any({first, last} <= set(leaf.seqs) for leaf in snap.leaves(0, snap.boundary))
+    store.commit([Put(b"z", b"z3")])
+    compact(store)
+    # Now the entry it stands for is dropped within the leaf of the commit's last kept entry,
+    # which ends the commit instead, as a dropped entry's end would.
+    flags = stored_flags(store)
+    assert last not in flags
+    assert flags[first] & fmt.FLAG_BATCH_END
+    assert not any(flag & fmt.FLAG_COMMIT_MARKER for flag in flags.values())
+    assert_consistent(store, tmp_path / "s")
