@@ -28,6 +28,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     base: Path = tmp_path_factory.mktemp("errors")
     with LocalCluster(base / "cluster", nodes=3, replicas=3) as running:
         produce_ok(running.url(running.head_of(QUEUE)), QUEUE, [("x", "1"), ("y", "2")])
+        # The commit point reaches the tail just after the producer's reply: wait for it, or the
+        # first test's "before" could see the tail still on its way there.
+        running.wait_replicated()
         yield running
 
 
