@@ -2,7 +2,7 @@
 
 Floors (lowest first): shared ground (errors, limits, clock); storage, topology and the pure chain
 and frame logic; replication over storage; the node and the client; the faces (CLI, benchmarks,
-launcher, kestrel_compat), which reach the cluster through the client or the node's public API,
+launcher, kestrel_compat, chaos), which reach the cluster through the client or the node's public API,
 never through storage internals.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("kayos", "kestrel_compat")
+PACKAGES = ("kayos", "kestrel_compat", "chaos")
 
 FLOORS: list[tuple[int, tuple[str, ...]]] = [
     (0, ("kayos.errors", "kayos.limits", "kayos.clock", "kayos.checks")),
@@ -42,6 +42,7 @@ FLOORS: list[tuple[int, tuple[str, ...]]] = [
         ),
     ),
     (4, ("kestrel_compat",)),
+    (4, ("chaos",)),
 ]
 # What a face may import from below the client floor: the store's public package (the storage
 # benchmark and `kayos check` work on a store directly) and the node's entry point.
