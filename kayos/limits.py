@@ -174,6 +174,11 @@ http_idle_ms_max = 10_000
 # body trickled in or never finished would pin the handler and its buffer. 128 MiB at 100 Mbit/s
 # takes about 11 s.
 http_body_read_ms_max = 30_000
+# On SIGTERM the HTTP port stops taking requests and gives those in progress this long to finish
+# before they are cancelled (their clients see the connection close, as after a kill): a group
+# commit waiting on a stopped chain member would otherwise hold the stop for up to
+# produce_commit_timeout_ms, past the launcher's stop bound (10 s), and the node was killed.
+http_shutdown_ms_max = 2_000
 # Cluster identity: a random shared secret (HMAC-SHA256 key, its own output size) and the nonce each
 # side of a link contributes to the handshake (docs/replication-protocol.md, "Peer authentication").
 cluster_secret_bytes = 32

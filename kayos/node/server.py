@@ -35,7 +35,10 @@ async def serve(
     # keepalive_timeout also runs from a connection's start until its first request is whole
     # (aiohttp >= 3.10), so it drops half-sent requests as well as idle keep-alive connections.
     runner = web.AppRunner(
-        make_app(node), access_log=None, keepalive_timeout=limits.http_idle_ms_max / 1000
+        make_app(node),
+        access_log=None,
+        keepalive_timeout=limits.http_idle_ms_max / 1000,
+        shutdown_timeout=limits.http_shutdown_ms_max / 1000,
     )
     await runner.setup()
     site = web.TCPSite(runner, node.address.host, node.address.http_port)
