@@ -1,0 +1,1 @@
+"""Fault campaigns against real ``kayos node`` processes on loopback (docs/testing.md)."""

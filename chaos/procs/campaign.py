@@ -1,0 +1,260 @@
+"""A real-process fault campaign: a ``LocalCluster`` of ``kayos node`` processes, the workload of
+``chaos.procs.workload`` throughout, the seeded faults of ``chaos.procs.faults`` one after another
+for a bounded time, then heal, converge, drain and check (``chaos.checker``).
+
+The report (``Report.to_json``) is what ``kayos chaos run --json`` prints; docs/testing.md says
+how to read it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from chaos import checker
+from chaos.history import Produce, Recorder, dump_jsonl
+from chaos.procs import faults
+from chaos.procs.workload import Consumer, Producer, join_timeout_s
+from kayos.launcher import ClusterError, LocalCluster
+
+# Convergence after the heal: every replica of every shard at the same seq. A restarted node
+# catches up within seconds; this bound only trips if a chain never heals.
+converge_timeout_s = 120.0
+# The drain: each group reads until a finished snapshot reaches its shard's final seq.
+drain_timeout_s = 120.0
+# Load between two faults: the gap is drawn from this range (seconds) by the schedule's seed.
+gap_s_min = 0.2
+gap_s_max = 1.0
+# Before the first fault the load runs alone this long, so there is something to lose.
+warmup_s = 1.0
+
+
+@dataclass
+class Config:
+    seed: int
+    fault_phase_s: float = 60.0
+    faults_max: int | None = None
+    nodes: int = 3
+    shards: int = 3
+    producers: int = 3
+    groups_per_queue: int = 1
+    kinds: tuple[str, ...] = faults.KINDS
+    base_dir: Path | None = None
+    history_path: Path | None = None
+    echo: Callable[[str], None] = field(default=lambda _line: None)
+
+
+@dataclass
+class Report:
+    seed: int
+    duration_s: float = 0.0
+    fault_phase_s: float = 0.0
+    faults: dict[str, int] = field(default_factory=dict)
+    second_process: dict[str, int] = field(default_factory=dict)
+    hostile_requests: int = 0
+    strangers_refused: int = 0
+    produce_calls: dict[str, int] = field(default_factory=dict)
+    acked: int = 0
+    lost: int = 0
+    delivered: int = 0
+    snapshots: int = 0
+    unavailability_s: dict[str, float] = field(default_factory=dict)
+    violations: list[dict[str, Any]] = field(default_factory=list)
+    base_dir: str = ""
+    history: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "ok": self.ok,
+            "duration_s": round(self.duration_s, 1),
+            "fault_phase_s": round(self.fault_phase_s, 1),
+            "faults_total": sum(self.faults.values()),
+            "faults": self.faults,
+            "second_process": self.second_process,
+            "hostile_requests": self.hostile_requests,
+            "strangers_refused": self.strangers_refused,
+            "produce_calls": self.produce_calls,
+            "acked": self.acked,
+            "lost": self.lost,
+            "delivered": self.delivered,
+            "snapshots": self.snapshots,
+            "longest_unavailability_s": self.unavailability_s,
+            "violations": self.violations,
+            "base_dir": self.base_dir,
+            "history": self.history,
+            "replay": f"kayos chaos run --seed {self.seed}",
+        }
+
+
+def queues_one_per_shard(cluster: LocalCluster, prefix: str = "chaos") -> dict[int, str]:
+    """A queue name for each shard (``prefix-N`` names, hashed as the client hashes them)."""
+    found: dict[int, str] = {}
+    for number in range(10_000):
+        queue = f"{prefix}-{number}"
+        found.setdefault(cluster.topology.shard_for(queue), queue)
+        if len(found) == len(cluster.topology.shards):
+            return dict(sorted(found.items()))
+    raise AssertionError("no queue name found for some shard")
+
+
+def longest_gaps(
+    produces: list[Produce], shard_of: dict[str, int], start_s: float, end_s: float
+) -> dict[str, float]:
+    """Per shard: the longest stretch of the fault phase with no acks=all produce acknowledged
+    (each gap ends at an acknowledgement; the phase's start and end close the first and last)."""
+    times: dict[int, list[float]] = {shard: [start_s, end_s] for shard in set(shard_of.values())}
+    for produce in produces:
+        if produce.outcome == "ok" and start_s <= produce.at_s <= end_s:
+            times[shard_of[produce.queue]].append(produce.at_s)
+    gaps = {}
+    for shard, points in sorted(times.items()):
+        points.sort()
+        gaps[str(shard)] = round(max(b - a for a, b in itertools.pairwise(points)), 2)
+    return gaps
+
+
+def run(config: Config) -> Report:
+    """Runs one campaign; the cluster is stopped whatever happens."""
+    began = time.monotonic()
+    report = Report(config.seed)
+    base = config.base_dir or Path(tempfile.mkdtemp(prefix=f"kayos-chaos-{config.seed}-"))
+    report.base_dir = str(base)
+    recorder = Recorder()
+    cluster = LocalCluster(base, nodes=config.nodes, replicas=config.nodes, shards=config.shards)
+    cluster.start_all()
+    producers: list[Producer] = []
+    consumers: list[Consumer] = []
+    try:
+        queues = queues_one_per_shard(cluster)
+        shard_of = {queue: shard for shard, queue in queues.items()}
+        recorder.note("topology", queues=shard_of, chains=cluster.describe())
+        seeds = list(cluster.urls.values())
+        producers = [
+            Producer(n, seeds, list(queues.values()), recorder, config.seed)
+            for n in range(config.producers)
+        ]
+        consumers = [
+            Consumer(queue, f"g{g}", seeds, recorder)
+            for queue in queues.values()
+            for g in range(config.groups_per_queue)
+        ]
+        for worker in [*producers, *consumers]:
+            worker.start()
+        time.sleep(warmup_s)  # load alone before the first fault; not a synchronisation
+        phase_start = recorder.now_s()
+        _fault_phase(cluster, config, recorder, report)
+        phase_end = recorder.now_s()
+        report.fault_phase_s = phase_end - phase_start
+        _heal(cluster, recorder, config)
+        for producer in producers:
+            producer.stop.set()
+        for producer in producers:
+            producer.join(join_timeout_s)
+        final = cluster.wait_replicated(converge_timeout_s)
+        recorder.note("converged", seqs=final)
+        _drain(consumers, {queue: final[shard] for queue, shard in shard_of.items()}, report)
+        events = recorder.snapshot_of_events()
+        verdict = checker.check(events)
+        report.violations += [violation.to_json() for violation in verdict.violations]
+        report.acked = verdict.acked_versions
+        report.lost = verdict.lost_versions
+        report.delivered = verdict.delivered_messages
+        report.snapshots = verdict.snapshots
+        produces = [event for event in events if isinstance(event, Produce)]
+        report.produce_calls = dict(Counter(produce.outcome for produce in produces))
+        report.unavailability_s = longest_gaps(produces, shard_of, phase_start, phase_end)
+    finally:
+        for producer in producers:
+            producer.stop.set()
+        for consumer in consumers:
+            consumer.stop.set()
+        cluster.stop()
+        for worker in [*producers, *consumers]:
+            worker.join(join_timeout_s)
+        history = config.history_path or base / "history.jsonl"
+        dump_jsonl(recorder.snapshot_of_events(), history)
+        report.history = str(history)
+        report.duration_s = time.monotonic() - began
+    return report
+
+
+def _fault_phase(cluster: LocalCluster, config: Config, recorder: Recorder, report: Report) -> None:
+    rng = random.Random(f"{config.seed}-gaps")
+    deadline = time.monotonic() + config.fault_phase_s
+    kinds: Counter[str] = Counter()
+    outcomes: Counter[str] = Counter()
+    for fault in faults.schedule(config.seed, cluster.ids, config.kinds):
+        if time.monotonic() >= deadline or (
+            config.faults_max is not None and fault.index >= config.faults_max
+        ):
+            break
+        time.sleep(rng.uniform(gap_s_min, gap_s_max))  # load between faults; not a sync
+        config.echo(f"fault {fault.index}: {fault.kind} {fault.node} {fault.hold_s}s")
+        recorder.note("fault", **fault.to_json())
+        try:
+            result = faults.inject(cluster, fault)
+        except (ClusterError, OSError, AssertionError) as error:
+            result = {"unexpected": [f"{fault.kind} on {fault.node} failed: {error}"]}
+        recorder.note("fault done", index=fault.index, **result)
+        kinds[fault.kind] += 1
+        if fault.kind == "second_process" and "outcome" in result:
+            outcomes[str(result["outcome"])] += 1
+        report.hostile_requests += int(result.get("requests", 0))
+        report.strangers_refused += int(bool(result.get("refused", False)))
+        for what in result.get("unexpected", []):
+            report.violations.append(
+                {"property": "fault", "message": what, "detail": fault.to_json()}
+            )
+        died = cluster.exited()
+        for node, code in died.items():
+            report.violations.append(
+                {
+                    "property": "fault",
+                    "message": f"node {node} exited by itself ({code})",
+                    "detail": {"log": str(cluster.log_path(node))},
+                }
+            )
+            cluster.processes.pop(node, None)
+    report.faults = dict(sorted(kinds.items()))
+    report.second_process = dict(sorted(outcomes.items()))
+
+
+def _heal(cluster: LocalCluster, recorder: Recorder, config: Config) -> None:
+    """Every node up (a fault always restarts what it stopped; a node that died is restarted)."""
+    for node in cluster.ids:
+        if not cluster.running(node):
+            config.echo(f"heal: starting {node}")
+            cluster.start(node)
+    recorder.note("healed")
+
+
+def _drain(consumers: list[Consumer], final: dict[str, int], report: Report) -> None:
+    for consumer in consumers:
+        consumer.drain_to = final[consumer.queue]
+    deadline = time.monotonic() + drain_timeout_s
+    for consumer in consumers:
+        if not consumer.drained.wait(max(0.0, deadline - time.monotonic())):
+            report.violations.append(
+                {
+                    "property": "drain",
+                    "message": f"{consumer.name} did not reach seq "
+                    f"{final[consumer.queue]} within {drain_timeout_s}s",
+                    "detail": {},
+                }
+            )
+
+
+def new_seed() -> int:
+    return random.SystemRandom().randrange(2**32)

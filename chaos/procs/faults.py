@@ -1,0 +1,313 @@
+"""The faults a real-process campaign injects, and the seeded schedule that picks them.
+
+``schedule(seed)`` is pure: the i-th fault of a seed is always the same (kind, node, how long),
+so ``--seed`` replays a run's faults in the same order (the timing of the load around them is the
+machine's). ``inject`` carries one fault out against a ``LocalCluster`` and returns what happened;
+every fault ends with the cluster whole again (each node running, none paused).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import secrets
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from kayos import limits
+from kayos.launcher import LocalCluster
+from kayos.replication import frames as fr
+
+# What a campaign picks from, with relative weights: process faults (what hardware and operators
+# do to a node) most often, the whole-cluster restart and the misuses less.
+KIND_WEIGHTS: dict[str, int] = {
+    "kill9": 5,
+    "sigterm": 3,
+    "pause": 4,
+    "restart_all": 1,
+    "second_process": 1,
+    "stranger": 2,
+    "hostile_http": 2,
+}
+KINDS = tuple(KIND_WEIGHTS)
+
+# How long a killed or stopped node stays down before it is started again.
+down_s_max = 2.0
+# A pause holds a node from a blink up to twice the silence bound: some pauses pass
+# limits.peer_silence_ms_max (its links are dropped and rebuilt), some do not.
+pause_s_min = 0.1
+pause_s_max = 2 * limits.peer_silence_ms_max / 1000
+# A second node process on a live data directory must be refused (or at least exit, its ports
+# being held): it gets this long to exit before it is killed and recorded as having run.
+second_process_exit_s_max = 20.0
+# One raw-socket exchange or hostile HTTP request; a node answers on loopback in milliseconds.
+probe_timeout_s = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    index: int
+    kind: str
+    node: str
+    hold_s: float  # down time, pause length; 0 where it means nothing
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "kind": self.kind, "node": self.node, "hold_s": self.hold_s}
+
+
+def schedule(seed: int, nodes: list[str], kinds: tuple[str, ...] = KINDS) -> Iterator[Fault]:
+    """The seed's faults, in order, without end."""
+    rng = random.Random(seed)
+    weights = [KIND_WEIGHTS[kind] for kind in kinds]
+    index = 0
+    while True:
+        kind = rng.choices(kinds, weights)[0]
+        node = rng.choice(nodes)
+        if kind == "pause":
+            hold_s = round(rng.uniform(pause_s_min, pause_s_max), 3)
+        elif kind in ("kill9", "sigterm", "restart_all"):
+            hold_s = round(rng.uniform(0.0, down_s_max), 3)
+        else:
+            hold_s = 0.0
+        yield Fault(index, kind, node, hold_s)
+        index += 1
+
+
+def inject(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
+    """Carries out one fault; returns what was observed (``unexpected`` lists anything a node
+    should not have done: a stranger let in, a hostile request answered 2xx or 5xx)."""
+    handler = _HANDLERS[fault.kind]
+    return handler(cluster, fault)
+
+
+def _hold(seconds: float) -> None:
+    # The fault's own length (a node kept down or paused), not a wait for a condition.
+    time.sleep(seconds)
+
+
+def _kill_and_restart(cluster: LocalCluster, fault: Fault, sig: int) -> dict[str, Any]:
+    code = cluster.kill(fault.node, sig)
+    _hold(fault.hold_s)
+    cluster.start(fault.node)
+    result: dict[str, Any] = {"exit_code": code}
+    if sig == signal.SIGTERM and code != 0:
+        result["unexpected"] = [f"node {fault.node} exited {code} after SIGTERM"]
+    return result
+
+
+def _kill9(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
+    return _kill_and_restart(cluster, fault, signal.SIGKILL)
+
+
+def _sigterm(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
+    return _kill_and_restart(cluster, fault, signal.SIGTERM)
+
+
+def _pause(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
+    pid = cluster.pid(fault.node)
+    assert pid is not None, f"node {fault.node} is not running"
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        _hold(fault.hold_s)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    return {"past_silence_bound": fault.hold_s * 1000 > limits.peer_silence_ms_max}
+
+
+def _restart_all(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
+    codes = cluster.stop()
+    _hold(fault.hold_s)
+    for node in cluster.ids:
+        cluster.start(node, wait=False)
+    cluster.wait_ready(cluster.ids)
+    bad = [f"node {node} exited {code} on SIGTERM" for node, code in codes.items() if code != 0]
+    return {"exit_codes": codes, **({"unexpected": bad} if bad else {})}
+
+
+def _second_process(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
+    """Starts another ``kayos node`` on a running node's data directory and config."""
+    log_path = cluster.base_dir / "logs" / f"second-{fault.node}-{fault.index}.log"
+    command = [
+        *cluster.node_command,
+        "--config",
+        str(cluster.topology_path),
+        "--id",
+        fault.node,
+        "--data",
+        str(cluster.data_dir(fault.node)),
+    ]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+        )
+        try:
+            code: int | None = process.wait(timeout=second_process_exit_s_max)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=second_process_exit_s_max)
+            code = None
+    text = log_path.read_text(errors="replace").lower()
+    if code is None:
+        outcome = "ran"  # it served alongside the live node until killed
+    elif code != 0 and "lock" in text:
+        outcome = "refused_lock"
+    elif code != 0:
+        outcome = "exited_other"  # e.g. its ports were taken, after it had opened the stores
+    else:
+        outcome = "exited_0"
+    return {
+        "outcome": outcome,
+        "exit_code": code,
+        "log": str(log_path),
+        "live": cluster.running(fault.node),
+    }
+
+
+def _stranger(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
+    """A replication HELLO to the node's binary port from someone without the secret, then an
+    acknowledgement it has no right to give. It must be refused and the link closed."""
+    address = cluster.topology.nodes[fault.node]
+    chains = [c for c in cluster.topology.shards.values() if fault.node in c.members]
+    chain = chains[0]
+    position = chain.members.index(fault.node)
+    claimed = chain.members[(position + 1) % len(chain.members)]
+    frames_seen: list[str] = []
+    decoder = fr.FrameDecoder()
+    with socket.create_connection((address.host, address.bin_port), probe_timeout_s) as sock:
+        sock.settimeout(probe_timeout_s)
+        sock.sendall(
+            fr.encode(
+                fr.Hello(fr.PROTOCOL_VERSION, claimed, chain.id, cluster.topology.epoch, "middle")
+            )
+        )
+        accepted = False
+        sent_proof = False
+        deadline = time.monotonic() + probe_timeout_s
+        while time.monotonic() < deadline:
+            try:
+                data = sock.recv(65536)
+            except (ConnectionResetError, TimeoutError):
+                data = b""
+            if not data:
+                break
+            for frame in decoder.feed(data):
+                frames_seen.append(type(frame).__name__)
+                if isinstance(frame, fr.AuthChallenge) and not sent_proof:
+                    sent_proof = True
+                    sock.sendall(
+                        fr.encode(
+                            fr.AuthProof(
+                                frame.cluster_id,
+                                secrets.token_bytes(limits.auth_nonce_bytes),
+                                bytes(32),
+                            )
+                        )
+                        + fr.encode(fr.Subscribe(chain.id, 1, ()))
+                        + fr.encode(fr.Ack(chain.id, 10**9))
+                    )
+                elif isinstance(frame, fr.AuthOk | fr.HelloOk | fr.Subscribed):
+                    accepted = True
+    result: dict[str, Any] = {"frames": frames_seen, "refused": not accepted}
+    if accepted:
+        result["unexpected"] = [f"node {fault.node} let a stranger in: {frames_seen}"]
+    return result
+
+
+def _request(url: str, method: str, body: bytes | None, content_type: str) -> int | str:
+    headers = {"Content-Type": content_type} if body is not None else {}
+    request = urllib.request.Request(url, data=body, method=method, headers=headers)  # noqa: S310 - loopback URLs we built
+    try:
+        with urllib.request.urlopen(request, timeout=probe_timeout_s) as response:  # noqa: S310
+            response.read()
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        error.read()
+        return int(error.code)
+    except (OSError, ValueError) as error:
+        return f"{type(error).__name__}: {error}"
+
+
+def hostile_requests(queue: str) -> list[tuple[str, str, bytes | None, str]]:
+    """(method, path, body, content type) of requests every node must refuse with a 4xx."""
+    produce = f"/v1/queues/{queue}/messages?acks=all"
+    js = "application/json"
+    return [
+        ("POST", produce, b"[" * 100_000 + b"]" * 100_000, js),
+        ("POST", produce, json.dumps({"messages": [{"key": "k", "valeu": "x"}]}).encode(), js),
+        (
+            "POST",
+            produce,
+            json.dumps({"messages": [{"key": "k", "value": "x", "expiry_ms": 2**64}]}).encode(),
+            js,
+        ),
+        ("POST", produce, json.dumps({"messages": [{"key": "", "value": "x"}]}).encode(), js),
+        ("POST", produce, b'{"messages": [{"key": "k", "value": "\\ud800"', js),
+        ("POST", produce, b"\xff\xfe garbage \x00", js),
+        ("POST", produce, b"\xc1\xc1\xc1", "application/msgpack"),
+        ("POST", produce, b'"' + b'\\"' * 20_000, js),
+        ("GET", f"/v1/queues/{queue}/consume?group=g&limit=-1", None, js),
+        ("GET", f"/v1/queues/{queue}/consume?group=g&after=1e9", None, js),
+        ("GET", f"/v1/queues/{queue}/consume?group=g&after=18446744073709551616", None, js),
+        ("POST", f"/v1/queues/{queue}/groups/g/commit", json.dumps({"hwm": 2**64}).encode(), js),
+        (
+            "POST",
+            f"/v1/queues/{queue}/groups/g/commit",
+            json.dumps({"hwm": 1, "x": 1}).encode(),
+            js,
+        ),
+        ("GET", "/v1/shards/99999999999999999999999/groups", None, js),
+        ("DELETE", "/v1/topology", None, js),
+    ]
+
+
+def queue_headed_by(cluster: LocalCluster, node: str, prefix: str) -> str:
+    """A queue name (``prefix-N``) whose shard's chain has ``node`` at its head."""
+    for number in range(10_000):
+        queue = f"{prefix}-{number}"
+        if cluster.topology.chain_for(queue).head == node:
+            return queue
+    raise AssertionError(f"no queue headed by {node}")
+
+
+def _hostile_http(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
+    """Requests a node must refuse, sent where they would otherwise be served (a produce to the
+    head of its queue, a consume to the tail) so the refusal is the input check's, not a redirect.
+    The queue is not one the workload uses: anything taken would go unseen by the checker, so a
+    2xx here is itself reported."""
+    queue = queue_headed_by(cluster, fault.node, "chaos-hostile")
+    head, tail = cluster.url(fault.node), cluster.url(cluster.tails_of(queue)[0])
+    answers: list[int | str] = []
+    unexpected: list[str] = []
+    for method, path, body, content_type in hostile_requests(queue):
+        url = tail if "/consume" in path else head
+        answer = _request(url + path, method, body, content_type)
+        answers.append(answer)
+        if not isinstance(answer, int) or not 400 <= answer < 500:
+            unexpected.append(f"{method} {path[:80]} -> {answer}")
+    for node in {fault.node, cluster.tails_of(queue)[0]}:
+        if cluster.status(node) is None:
+            unexpected.append(f"node {node} stopped answering /v1/status")
+    result: dict[str, Any] = {"requests": len(answers), "answers": answers}
+    if unexpected:
+        result["unexpected"] = unexpected
+    return result
+
+
+_HANDLERS = {
+    "kill9": _kill9,
+    "sigterm": _sigterm,
+    "pause": _pause,
+    "restart_all": _restart_all,
+    "second_process": _second_process,
+    "stranger": _stranger,
+    "hostile_http": _hostile_http,
+}
+assert set(_HANDLERS) == set(KIND_WEIGHTS)
