@@ -23,6 +23,7 @@ from chaos.history import Produce, Recorder, dump_jsonl
 from chaos.procs import faults
 from chaos.procs.workload import Consumer, Producer, join_timeout_s
 from kayos.launcher import ClusterError, LocalCluster
+from kayos.storage.check import check_store
 
 # Convergence after the heal: every replica of every shard at the same seq. A restarted node
 # catches up within seconds; this bound only trips if a chain never heals.
@@ -125,6 +126,25 @@ def longest_gaps(
     return gaps
 
 
+def check_stores(cluster: LocalCluster) -> list[dict[str, Any]]:
+    """``kayos check`` of every store of every (stopped) node: a sound file is part of the
+    promise too, whatever the consumers happened to read."""
+    found = []
+    for node in cluster.ids:
+        shards = cluster.data_dir(node) / "shards"
+        for store in sorted(shards.iterdir()) if shards.is_dir() else []:
+            report = check_store(str(store))
+            if not report.ok:
+                found.append(
+                    {
+                        "property": "store",
+                        "message": f"node {node} shard {store.name}: {report.problem}",
+                        "detail": {"path": report.path, "offset": report.offset},
+                    }
+                )
+    return found
+
+
 def run(config: Config) -> Report:
     """Runs one campaign; the cluster is stopped whatever happens."""
     began = time.monotonic()
@@ -183,6 +203,7 @@ def run(config: Config) -> Report:
         cluster.stop()
         for worker in [*producers, *consumers]:
             worker.join(join_timeout_s)
+        report.violations += check_stores(cluster)
         history = config.history_path or base / "history.jsonl"
         dump_jsonl(recorder.snapshot_of_events(), history)
         report.history = str(history)

@@ -48,6 +48,9 @@ pause_s_max = 2 * limits.peer_silence_ms_max / 1000
 # A second node process on a live data directory must be refused (or at least exit, its ports
 # being held): it gets this long to exit before it is killed and recorded as having run.
 second_process_exit_s_max = 20.0
+# What a node refused by a data-dir lock says in its log (lower case); "address already in use"
+# is a port, not the lock, and does not count.
+_LOCK_WORDS = ("directoryinuseerror", "directory_in_use", "lock file")
 # One raw-socket exchange or hostile HTTP request; a node answers on loopback in milliseconds.
 probe_timeout_s = 10.0
 
@@ -157,8 +160,8 @@ def _second_process(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
     text = log_path.read_text(errors="replace").lower()
     if code is None:
         outcome = "ran"  # it served alongside the live node until killed
-    elif code != 0 and "lock" in text:
-        outcome = "refused_lock"
+    elif code != 0 and any(word in text for word in _LOCK_WORDS):
+        outcome = "refused_lock"  # the data-dir lock (docs/node-api.md) turned it away
     elif code != 0:
         outcome = "exited_other"  # e.g. its ports were taken, after it had opened the stores
     else:

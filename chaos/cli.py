@@ -1,0 +1,97 @@
+"""``kayos chaos``: ``run`` a real-process fault campaign, ``check`` a recorded history again.
+Added to the ``kayos`` command by kayos/cli/main.py; docs/testing.md explains the report."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from chaos import checker
+from chaos.history import load_jsonl
+from chaos.procs import faults
+
+
+@click.group()
+def chaos() -> None:
+    """Fault campaigns against a local cluster, and the checker (docs/testing.md)."""
+
+
+@chaos.command("run")
+@click.option("--minutes", default=1.0, show_default=True, help="Length of the fault phase.")
+@click.option("--seed", type=int, default=None, help="Schedule seed (default: random, printed).")
+@click.option("--faults", "faults_max", type=int, default=None, help="Stop after this many faults.")
+@click.option(
+    "--kinds",
+    default=",".join(faults.KINDS),
+    show_default=True,
+    help="Fault kinds to draw from, comma-separated.",
+)
+@click.option("--producers", default=3, show_default=True, help="Producer threads.")
+@click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
+@click.option("--history", type=click.Path(), default=None, help="Where to write the history.")
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON report.")
+def run_command(
+    minutes: float,
+    seed: int | None,
+    faults_max: int | None,
+    kinds: str,
+    producers: int,
+    base: str | None,
+    history: str | None,
+    as_json: bool,
+) -> None:
+    """Runs a campaign; exits 1 on any violation."""
+    from chaos.procs.campaign import Config, new_seed, run
+
+    chosen = tuple(kind.strip() for kind in kinds.split(",") if kind.strip())
+    unknown = sorted(set(chosen) - set(faults.KINDS))
+    if unknown or not chosen:
+        raise click.BadParameter(f"unknown kinds {unknown}; known: {', '.join(faults.KINDS)}")
+    if not minutes > 0 or producers < 1:
+        raise click.BadParameter("--minutes must be > 0 and --producers >= 1")
+    seed = new_seed() if seed is None else seed
+    click.echo(f"chaos: seed {seed} (replay: kayos chaos run --seed {seed})", err=True)
+    config = Config(
+        seed=seed,
+        fault_phase_s=minutes * 60,
+        faults_max=faults_max,
+        producers=producers,
+        kinds=chosen,
+        base_dir=Path(base) if base else None,
+        history_path=Path(history) if history else None,
+        echo=lambda line: click.echo(f"chaos: {line}", err=True),
+    )
+    report = run(config).to_json()
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        summary = {k: v for k, v in report.items() if k != "violations"}
+        click.echo(json.dumps(summary, indent=2))
+        for violation in report["violations"]:
+            click.echo(f"VIOLATION {violation['property']}: {violation['message']}")
+    sys.exit(0 if report["ok"] else 1)
+
+
+@chaos.command("check")
+@click.argument("history", type=click.Path(exists=True, dir_okay=False))
+def check_command(history: str) -> None:
+    """Checks a recorded history (JSON lines) again; exits 1 on any violation."""
+    verdict = checker.check(load_jsonl(history))
+    click.echo(
+        json.dumps(
+            {
+                "ok": verdict.ok,
+                "acked": verdict.acked_versions,
+                "lost": verdict.lost_versions,
+                "delivered": verdict.delivered_messages,
+                "snapshots": verdict.snapshots,
+                "violations_by_property": verdict.by_property(),
+                "violations": [violation.to_json() for violation in verdict.violations],
+            },
+            indent=2,
+        )
+    )
+    sys.exit(0 if verdict.ok else 1)
