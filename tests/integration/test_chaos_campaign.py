@@ -1,0 +1,58 @@
+"""A short real-process fault campaign (chaos/procs): 20 faults drawn from a seeded schedule
+against three `kayos node` processes under acks=all producers and committing consumer groups,
+then heal, drain and the checker. Zero violations allowed.
+
+The seed is random unless KAYOS_CHAOS_SEED is set; it is printed, and
+`kayos chaos run --seed S --faults 20` replays the same faults in the same order.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from chaos.procs import faults
+from chaos.procs.campaign import Config, run
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+FAULTS = 20
+# The fault phase's bound: 20 faults take ~40 s here; the count, not this, ends a normal run.
+FAULT_PHASE_S = 75.0
+
+
+def campaign_kinds() -> tuple[str, ...]:
+    """Every kind, but a second node process on a live data directory only once nodes take a
+    data-dir lock (kayos/datadir.py, being merged in parallel): without one the second process
+    opens the live stores and its links write into them, which corrupts the store file (seed 2,
+    docs/testing.md "Findings"), so the campaign would fail for a known reason."""
+    if importlib.util.find_spec("kayos.datadir") is not None:
+        return faults.KINDS
+    print("no data-dir lock yet: the second_process fault is left out of this campaign")
+    return tuple(kind for kind in faults.KINDS if kind != "second_process")
+
+
+def test_short_campaign_has_no_violations(tmp_path: Path) -> None:
+    seed = int(os.environ.get("KAYOS_CHAOS_SEED") or random.SystemRandom().randrange(2**32))
+    print(f"chaos seed {seed} (replay: KAYOS_CHAOS_SEED={seed}, or kayos chaos run --seed {seed})")
+    report = run(
+        Config(
+            seed=seed,
+            fault_phase_s=FAULT_PHASE_S,
+            faults_max=FAULTS,
+            kinds=campaign_kinds(),
+            base_dir=tmp_path / "cluster",
+            echo=print,
+        )
+    )
+    summary = report.to_json()
+    print(json.dumps(summary, indent=2))
+    assert report.violations == [], f"seed {seed}: {report.violations}"
+    assert sum(report.faults.values()) >= FAULTS, f"seed {seed}: only {report.faults}"
+    assert report.acked > 0
+    assert report.lost == 0
