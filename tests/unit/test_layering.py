@@ -2,8 +2,8 @@
 
 Floors (lowest first): shared ground (errors, limits, clock); storage, topology and the pure chain
 and frame logic; replication over storage; the node and the client; the faces (CLI, benchmarks,
-launcher, kestrel_compat, chaos), which reach the cluster through the client or the node's public API,
-never through storage internals.
+launcher, kestrel_compat, chaos), which reach the cluster through the client or the node's public
+API, never through storage internals.
 """
 
 from __future__ import annotations
