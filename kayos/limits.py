@@ -311,9 +311,21 @@ client_in_flight_requests_max = connection_in_flight_requests_max
 # HTTP connections the client's session keeps open to all nodes together.
 client_http_connections_max = 64
 
+# --- kayos ctl (kayos/cli/ctl.py) ---------------------------------------------------------------
+
+# `kayos ctl status` waits this long for each node's reply by default: a live node answers a status
+# in milliseconds, and a paused or partitioned one must not hold the report up for long.
+ctl_status_timeout_ms_default = 2_000
+# A link that is up but whose downstream is more entries behind than this is an alert
+# (`link_lagging`): ten times what `kayos bench produce` keeps in flight (128 batches of 100), so
+# a busy healthy chain stays under it and a member that fell behind for seconds does not.
+ctl_link_lag_alert_entries = 100_000
+
 assert client_retry_attempts_max >= 1
 assert 0 < client_retry_delay_ms_min <= client_retry_delay_ms_max
 assert client_request_timeout_ms > produce_commit_timeout_ms
 assert client_in_flight_requests_max <= connection_in_flight_requests_max
 assert 0 < ping_interval_ms * 3 <= peer_silence_ms_max
 assert peer_silence_ms_max < produce_commit_timeout_ms
+assert 0 < ctl_status_timeout_ms_default < client_request_timeout_ms
+assert ctl_link_lag_alert_entries > 0

@@ -10,6 +10,7 @@ import click
 
 from chaos.cli import chaos
 from kayos import __version__
+from kayos.cli.ctl import ctl
 from kayos.cli.data import consume, produce
 from kestrel_compat.cli import kestrel
 
@@ -366,6 +367,7 @@ def up(
 
 cli.add_command(produce)
 cli.add_command(consume)
+cli.add_command(ctl)
 cli.add_command(kestrel)
 cli.add_command(chaos)
 
