@@ -72,7 +72,7 @@ async def fetch_summary(urls: list[str], timeout_s: float) -> dict[str, Any]:
                 topology = Topology.from_json(reply)
                 break
             except KayosError as exc:
-                errors.append(f"{url}: {exc}")
+                errors.append(str(exc))
         else:
             return unreachable(urls, "; ".join(errors))
 
