@@ -312,3 +312,12 @@ assert client_request_timeout_ms > produce_commit_timeout_ms
 assert client_in_flight_requests_max <= connection_in_flight_requests_max
 assert 0 < ping_interval_ms * 3 <= peer_silence_ms_max
 assert peer_silence_ms_max < produce_commit_timeout_ms
+
+# --- the host: directory locks and listening ports (docs/node-api.md "Owners, locks and ports") -
+
+# A lock file holds its owner's pid in decimal and a newline; reading more than this for an error
+# message would only read garbage someone else wrote there.
+lock_file_pid_bytes_max = 32
+# Connections the kernel queues on a listening port before the server accepts them: aiohttp's own
+# default, so a port bound early (before the server runs) behaves as one it binds itself.
+listen_backlog_connections = 128

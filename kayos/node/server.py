@@ -7,12 +7,15 @@ import contextlib
 import gc
 import logging
 import signal
+import socket
 
 from aiohttp import web
 
 from kayos import limits
+from kayos.datadir import DirectoryLock
 from kayos.node.app import make_app
 from kayos.node.runtime import Node
+from kayos.ports import bind_listener
 from kayos.topology import Topology
 
 
@@ -28,9 +31,57 @@ def tune_gc() -> None:
 async def serve(
     topology: Topology, node_id: str, data_dir: str, ready: asyncio.Event | None = None
 ) -> None:
-    """Serves until SIGINT/SIGTERM, then closes links and stores cleanly."""
+    """Serves until SIGINT/SIGTERM, then closes links and stores cleanly.
+
+    In this order (docs/node-api.md "Owners, locks and ports"): lock ``data_dir``, bind both
+    ports, and only then open the stores and contact peers; a held lock
+    (``DirectoryInUseError``) or a taken port (``AddressInUseError``) ends it before that."""
     node = Node(topology, node_id, data_dir)
-    await node.start()
+    lock = DirectoryLock.acquire(data_dir, what=f"node {node_id}'s data dir")
+    try:
+        http_listener, bin_listener = bind_ports(node)
+    except BaseException:
+        lock.release()
+        raise
+    try:
+        await _serve(node, http_listener, bin_listener, ready)
+    finally:
+        http_listener.close()
+        lock.release()  # last: after the stores are closed
+
+
+def bind_ports(node: Node) -> tuple[socket.socket, socket.socket]:
+    """Binds the node's HTTP and binary ports (``AddressInUseError`` names the taken one)."""
+    address = node.address
+    listeners: list[socket.socket] = []
+    try:
+        for field, port in (("http_port", address.http_port), ("bin_port", address.bin_port)):
+            hint = (
+                f"pass another --base-port to kayos up, or change {field} of node "
+                f"{node.node_id} in the topology file"
+            )
+            what = f"node {node.node_id}'s {field.split('_')[0]} port"
+            listeners.append(bind_listener(address.host, port, what=what, hint=hint))
+    except BaseException:
+        for listener in listeners:
+            listener.close()
+        raise
+    return listeners[0], listeners[1]
+
+
+async def _serve(
+    node: Node,
+    http_listener: socket.socket,
+    bin_listener: socket.socket,
+    ready: asyncio.Event | None,
+) -> None:
+    node_id = node.node_id
+    try:
+        await node.start(bin_listener)
+    except BaseException:
+        bin_listener.close()
+        await node.stop()
+        raise
     tune_gc()
     # keepalive_timeout also runs from a connection's start until its first request is whole
     # (aiohttp >= 3.10), so it drops half-sent requests as well as idle keep-alive connections.
@@ -38,7 +89,7 @@ async def serve(
         make_app(node), access_log=None, keepalive_timeout=limits.http_idle_ms_max / 1000
     )
     await runner.setup()
-    site = web.TCPSite(runner, node.address.host, node.address.http_port)
+    site = web.SockSite(runner, http_listener)
     await site.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
