@@ -318,6 +318,3 @@ assert peer_silence_ms_max < produce_commit_timeout_ms
 # A lock file holds its owner's pid in decimal and a newline; reading more than this for an error
 # message would only read garbage someone else wrote there.
 lock_file_pid_bytes_max = 32
-# Connections the kernel queues on a listening port before the server accepts them: aiohttp's own
-# default, so a port bound early (before the server runs) behaves as one it binds itself.
-listen_backlog_connections = 128

@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import socket
 
-from kayos import limits
 from kayos.errors import AddressInUseError, KayosError
 
 
@@ -22,14 +21,15 @@ def address_in_use(host: str, port: int, what: str, hint: str) -> AddressInUseEr
 
 
 def bind_listener(host: str, port: int, *, what: str, hint: str) -> socket.socket:
-    """A TCP socket bound to ``host:port`` and listening (SO_REUSEADDR, as asyncio's and
-    aiohttp's own servers set it, so a port in TIME_WAIT after a restart is not "in use").
-    ``AddressInUseError`` if another socket listens there; ``KayosError`` for other failures."""
+    """A TCP socket bound to ``host:port`` but not yet listening: the port is ours, yet a peer
+    that connects before the server runs is refused at once (and retries) rather than left
+    waiting; the server's ``listen`` (asyncio's ``sock=``) opens it. SO_REUSEADDR as asyncio and
+    aiohttp set it, so a port in TIME_WAIT after a restart is not "in use", while one another
+    socket listens on is. ``AddressInUseError`` if taken; ``KayosError`` for other failures."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((host, port))
-        listener.listen(limits.listen_backlog_connections)
     except OSError as exc:
         listener.close()
         if exc.errno == errno.EADDRINUSE:

@@ -90,4 +90,4 @@ def kestrel(
     try:
         asyncio.run(_serve(dataclasses.replace(config, server=server), config_path, cluster))
     except AddressInUseError as error:  # one line naming the port and its flag, exit code 1
-        raise click.ClickException(str(error)) from error
+        raise click.ClickException(f"{error.code}: {error}") from error

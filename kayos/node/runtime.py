@@ -164,8 +164,8 @@ class Node:
 
     async def start(self, bin_listener: socket.socket | None = None) -> None:
         """Opens the stores, starts the links and serves the binary port: on ``bin_listener`` if
-        given (bound by the caller before any peer is contacted, so a taken port ends the process
-        first), else on a socket bound here."""
+        given (bound, not yet listening, by the caller before any peer is contacted, so a taken
+        port ends the process first), else on a socket bound here."""
         loop = asyncio.get_running_loop()
         loop.set_default_executor(ThreadPoolExecutor(_COMMIT_THREADS, "kayos-commit"))
         identity = self.topology.identity

@@ -136,7 +136,8 @@ def test_a_second_node_on_a_held_data_dir_is_refused_and_the_first_serves_on(
         [*KAYOS, "node", "--config", str(other), "--id", "a", "--data", str(data)]
     )
     assert result.stderr == (
-        f"Error: node a's data dir {data} is in use by pid {cluster.processes['a'].pid} "
+        f"Error: directory_in_use: node a's data dir {data} is in use by pid "
+        f"{cluster.processes['a'].pid} "
         f"(lock file {data / LOCK_FILE_NAME})\n"
     )
     check_free("127.0.0.1", http_port, what="the refused node's port", hint="it never bound")
@@ -223,7 +224,8 @@ def test_a_second_kayos_up_is_refused_within_seconds_and_the_first_is_undisturbe
          str(tmp_path / "b")]
     )  # fmt: skip
     assert result.stderr.startswith(
-        f"Error: 127.0.0.1:{base_port + 1} (node b's http port) is in use (address already in "
+        f"Error: address_in_use: 127.0.0.1:{base_port + 1} (node b's http port) is in use "
+        "(address already in "
         "use): pass another --base-port"
     )
     assert not (tmp_path / "b" / "shards").exists()
@@ -296,7 +298,8 @@ def test_the_kestrel_front_on_a_taken_port_exits_before_it_contacts_the_cluster(
              "--cluster", f"http://127.0.0.1:{nobody}"]
         )  # fmt: skip
     assert result.stderr == (
-        f"Error: 127.0.0.1:{port} (kestrel memcache port) is in use (address already in use): "
+        f"Error: address_in_use: 127.0.0.1:{port} (kestrel memcache port) is in use "
+        "(address already in use): "
         "pass another --port\n"
     )
 

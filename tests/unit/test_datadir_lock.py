@@ -155,10 +155,17 @@ def test_a_taken_port_is_one_line_naming_it_and_the_flag() -> None:
     check_free("127.0.0.1", port, what="w", hint="h")  # closed now: free again
 
 
-def test_a_bound_listener_accepts_connections_before_it_is_served() -> None:
+def test_a_port_bound_early_refuses_peers_until_it_is_served_yet_counts_as_taken() -> None:
     listener = bind_listener("127.0.0.1", 0, what="w", hint="h")
-    with listener, socket.create_connection(listener.getsockname(), timeout=5):
-        pass  # queued by the kernel: peers wait for the server instead of being refused
+    port = int(listener.getsockname()[1])
+    with listener:
+        # Not listening yet: a peer is refused at once (and retries) rather than left waiting.
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        listener.listen()
+        with pytest.raises(AddressInUseError):
+            check_free("127.0.0.1", port, what="w", hint="h")
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
 
 
 def test_the_kestrel_front_checks_its_ports_with_their_flags() -> None:
@@ -183,7 +190,8 @@ def test_kayos_node_on_a_taken_port_exits_1_with_one_line(tmp_path: Path) -> Non
         )
     assert result.exit_code == 1, result.output
     assert result.output == (
-        f"Error: 127.0.0.1:{port} (node a's http port) is in use (address already in use): "
+        f"Error: address_in_use: 127.0.0.1:{port} (node a's http port) is in use "
+        "(address already in use): "
         "pass another --base-port to kayos up, or change http_port of node a in the topology "
         "file\n"
     )
@@ -205,7 +213,7 @@ def test_kayos_node_on_a_held_data_dir_exits_1_naming_the_holder(
     )
     assert result.exit_code == 1, result.output
     assert result.output == (
-        f"Error: node a's data dir {data} is in use by pid {holder.pid} "
+        f"Error: directory_in_use: node a's data dir {data} is in use by pid {holder.pid} "
         f"(lock file {data / LOCK_FILE_NAME})\n"
     )
     check_free("127.0.0.1", http_port, what="w", hint="h")  # it did not keep the ports
