@@ -259,3 +259,16 @@ def test_failure_reason_is_the_first_line_of_the_last_error(tmp_path: Path) -> N
     assert failure_reason(log) == "127.0.0.1:1 is in use"
     log.write_text("--- kayos launcher: starting node a at now\n")
     assert failure_reason(log) == "(nothing in its log)"
+
+
+def test_the_launcher_names_the_node_that_failed_and_the_first_line_of_why(tmp_path: Path) -> None:
+    refuse = "print('Error: directory_in_use: d is in use by pid 1 (lock file d/LOCK)'); exit(1)"
+    cluster = LocalCluster(
+        tmp_path / "up", nodes=1, replicas=1, node_command=[sys.executable, "-c", refuse]
+    )
+    with pytest.raises(ClusterError) as failed:
+        cluster.start_all()
+    assert str(failed.value).splitlines()[0] == (
+        "node a failed to start: directory_in_use: d is in use by pid 1 (lock file d/LOCK)"
+    )
+    assert cluster.processes == {}
