@@ -30,6 +30,7 @@ from kayos.client.types import (
     to_columns,
 )
 from kayos.clock import SYSTEM_CLOCK, Clock
+from kayos.datadir import DirectoryLock
 from kayos.errors import InvalidRequest, LimitExceeded
 from kayos.storage import Delete, Entry, Op, Put, ShardStore, StoreOptions
 
@@ -60,8 +61,9 @@ def _message(entry: Entry) -> Message:
 class EmbeddedQueue:
     """One queue in one store directory. Thread-safe (the store serialises commits)."""
 
-    def __init__(self, store: ShardStore) -> None:
+    def __init__(self, store: ShardStore, lock: DirectoryLock | None = None) -> None:
         self._store = store
+        self._lock = lock  # the directory's owner lock, given up by close()
 
     @property
     def path(self) -> str:
@@ -74,7 +76,11 @@ class EmbeddedQueue:
     # --- life cycle ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        self._store.close()
+        try:
+            self._store.close()
+        finally:
+            if self._lock is not None:
+                self._lock.release()
 
     def __enter__(self) -> EmbeddedQueue:
         return self
@@ -185,5 +191,13 @@ class EmbeddedQueue:
 def open_queue(
     path: str, *, clock: Clock = SYSTEM_CLOCK, options: StoreOptions | None = None
 ) -> EmbeddedQueue:
-    """Opens (creating if needed) the queue stored in directory ``path``."""
-    return EmbeddedQueue(ShardStore.open(path, clock=clock, options=options))
+    """Opens (creating if needed) the queue stored in directory ``path``. The queue owns the
+    directory until ``close()``: it locks ``path/LOCK`` first, and a second open anywhere (another
+    process, or this one) fails at once with ``DirectoryInUseError`` naming the holder's pid."""
+    lock = DirectoryLock.acquire(path, what="queue dir")
+    try:
+        store = ShardStore.open(path, clock=clock, options=options)
+    except BaseException:
+        lock.release()
+        raise
+    return EmbeddedQueue(store, lock)

@@ -131,6 +131,33 @@ class WrongPeerError(Unauthenticated):
     code = "wrong_peer"
 
 
+# --- the host ------------------------------------------------------------------------------------
+
+
+class DirectoryInUseError(KayosError):
+    """Another process (or another open in this one) owns the directory: it holds the lock file's
+    ``flock``. ``holder_pid`` is the pid that owner wrote into the file (None if unreadable)."""
+
+    code = "directory_in_use"
+
+    def __init__(self, message: str, *, path: str = "", holder_pid: int | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.holder_pid = holder_pid
+
+
+class AddressInUseError(KayosError):
+    """A port this process must listen on is taken; the message names it and the flag that moves
+    it."""
+
+    code = "address_in_use"
+
+    def __init__(self, message: str, *, host: str = "", port: int = 0) -> None:
+        super().__init__(message)
+        self.host = host
+        self.port = port
+
+
 # --- the wire ------------------------------------------------------------------------------------
 
 # Every error class by its wire code, built from this module, so a new class is mapped at once.

@@ -22,6 +22,7 @@ from kayos.launcher import (
     LocalCluster,
     _die_with_parent,
     _log_tail,
+    failure_reason,
     poll_interval_s,
     stop_process,
 )
@@ -143,10 +144,15 @@ class KestrelFront:
                     return ports
             code = self.process.poll()
             if code is not None or time.monotonic() > deadline:
-                what = f"exited (code {code})" if code is not None else "did not listen in time"
+                what = (
+                    f"failed to start: {failure_reason(self.log_path)}\n(it exited with code "
+                    f"{code})"
+                    if code is not None
+                    else "did not listen in time;"
+                )
                 self.kill()
                 raise ClusterError(
-                    f"the kestrel front {what}; log {self.log_path}:\n{_log_tail(self.log_path)}"
+                    f"the kestrel front {what} log {self.log_path}:\n{_log_tail(self.log_path)}"
                 )
             time.sleep(poll_interval_s)  # a bounded poll of a condition
 
@@ -220,6 +226,18 @@ class LocalClusterWithKestrel(LocalCluster):
         if node == KESTREL:
             return self.base_dir / "logs" / "kestrel.log"
         return super().log_path(node)
+
+    def check_ports(self) -> None:
+        """The nodes' ports, then the front's: all are checked before anything starts."""
+        super().check_ports()
+        fronts = (
+            ("memcache", self.kestrel_port, "--kestrel-port (0: no front)"),
+            ("text", self.text_port, "--kestrel-text-port (0: none)"),
+            ("thrift", self.thrift_port, "--kestrel-thrift-port (0: none)"),
+        )
+        for protocol, port, flag in fronts:
+            if port:  # None: not served; 0: any free port
+                self.check_port(port, f"the kestrel front's {protocol} port", flag)
 
     def start_all(self) -> None:
         super().start_all()

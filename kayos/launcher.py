@@ -30,8 +30,10 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, Any
 
-from kayos.errors import KayosError
+from kayos.datadir import DirectoryLock
+from kayos.errors import DirectoryInUseError, KayosError
 from kayos.identity import ClusterIdentity, write_private
+from kayos.ports import check_free
 from kayos.supervisor import GiveUp, Supervisor
 from kayos.topology import NodeAddr, ShardChain, Topology, rotated
 
@@ -50,6 +52,7 @@ log_tail_lines = 40
 status_request_timeout_s = 2.0
 
 NODE_IDS = "abcdefghijklmnopqrstuvwxyz"
+_START_MARKER = "--- kayos launcher: starting node"
 _ADDRESS_IN_USE = ("address already in use", "errno 98", "eaddrinuse")
 
 
@@ -135,6 +138,25 @@ def _log_tail(path: Path, lines: int = log_tail_lines) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def failure_reason(path: Path) -> str:
+    """The first line of the error a process ended with, from its log's last start on: a
+    click ``Error:`` line, else the last exception line of a traceback, else the last line."""
+    lines = [line.strip() for line in _log_tail(path).splitlines() if line.strip()]
+    for marker in (_START_MARKER, "--- kayos: starting the kestrel front"):
+        starts = [i for i, line in enumerate(lines) if line.startswith(marker)]
+        if starts:
+            lines = lines[starts[-1] + 1 :]
+            break
+    for line in reversed(lines):
+        if line.startswith("Error: "):
+            return line.removeprefix("Error: ")
+    for line in reversed(lines):
+        name, colon, _rest = line.partition(": ")
+        if colon and name.rsplit(".", 1)[-1].endswith(("Error", "Exception")) and " " not in name:
+            return line
+    return lines[-1] if lines else "(nothing in its log)"
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     """Linux: the node gets SIGKILL if the process that started it dies, so a crashed test run
     leaves no nodes behind holding ports and CPU."""
@@ -210,6 +232,7 @@ class LocalCluster:
         # The cluster's id and secret: kept from an earlier run's file in base_dir (its data
         # directories belong to that cluster), else new.
         self.identity = existing_identity(self.topology_path) or ClusterIdentity.generate()
+        self._root_lock: DirectoryLock | None = None
         self.topology = self._make_topology()
 
     # --- addresses -----------------------------------------------------------------------------
@@ -270,7 +293,7 @@ class LocalCluster:
         are up, and a tail catching up refuses reads). A lost race for a probed port starts
         everything again on fresh ports."""
         for attempt in range(1, port_race_attempts_max + 1):
-            self.base_dir.mkdir(parents=True, exist_ok=True)
+            self.preflight()
             write_private(str(self.topology_path), self.topology.dumps_toml())
             for node in self.ids:
                 self._spawn(node)
@@ -286,6 +309,47 @@ class LocalCluster:
                 if not raced or attempt == port_race_attempts_max:
                     raise
                 self.topology = self._make_topology()
+
+    def preflight(self) -> None:
+        """Before any process starts or any file is written: owns the data root (a second
+        launcher on it is refused; docs/node-api.md "Owners, locks and ports") and, with fixed
+        ports, checks each can be bound, so a cluster that would collide with a running one
+        starts nothing. ``ClusterError`` says which and how to move it."""
+        if self._root_lock is None:
+            try:
+                self._root_lock = DirectoryLock.acquire(self.base_dir, what="kayos data root")
+            except DirectoryInUseError as exc:
+                raise ClusterError(
+                    f"{exc}: another kayos up runs on it; stop that one or pass another --data"
+                ) from exc
+            except KayosError as exc:
+                raise ClusterError(str(exc)) from exc
+        try:
+            self.check_ports()
+        except ClusterError:
+            self.release_root()
+            raise
+
+    def check_ports(self) -> None:
+        """With fixed ports (``base_port``), ``ClusterError`` if any node's is taken."""
+        if self.base_port is None:
+            return  # ports probed free just now; a lost race is retried on fresh ones
+        for address in self.topology.nodes.values():
+            for kind, port in (("http", address.http_port), ("bin", address.bin_port)):
+                self.check_port(port, f"node {address.id}'s {kind} port", "--base-port")
+
+    def check_port(self, port: int, what: str, flag: str) -> None:
+        """``ClusterError`` if ``port`` is taken now, naming ``flag`` as the way to move it."""
+        try:
+            check_free(self.host, port, what=what, hint=f"pass another {flag}")
+        except KayosError as exc:  # AddressInUseError, or the bind failed otherwise
+            raise ClusterError(str(exc)) from exc
+
+    def release_root(self) -> None:
+        """Gives up the data root (after ``stop``: nothing of this launcher runs on it)."""
+        lock, self._root_lock = self._root_lock, None
+        if lock is not None:
+            lock.release()
 
     def start(self, node: str, *, wait: bool = True) -> None:
         """(Re)starts one node on its data directory and waits until it is ready (unless
@@ -325,6 +389,7 @@ class LocalCluster:
             )
             del self.processes[node]
             self._close_log(node)
+        self.release_root()
         return codes
 
     def running(self, node: str) -> bool:
@@ -342,7 +407,7 @@ class LocalCluster:
         self.data_dir(node).mkdir(parents=True, exist_ok=True)
         self.log_path(node).parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path(node), "ab")  # noqa: SIM115 - closed when the node stops
-        log.write(f"--- kayos launcher: starting node {node} at {time.ctime()}\n".encode())
+        log.write(f"{_START_MARKER} {node} at {time.ctime()}\n".encode())
         log.flush()
         self._logs[node] = log
         command = [
@@ -398,8 +463,10 @@ class LocalCluster:
                 process = self.processes.get(node)
                 if process is None or process.poll() is not None:
                     code = None if process is None else process.returncode
+                    reason = failure_reason(self.log_path(node))
                     raise ClusterError(
-                        f"node {node} exited (code {code}) before it was ready; log "
+                        f"node {node} failed to start: {reason}\n"
+                        f"(it exited with code {code} before it was ready) log "
                         f"{self.log_path(node)}:\n{_log_tail(self.log_path(node))}"
                     )
                 status = self.status(node)

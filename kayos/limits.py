@@ -329,3 +329,9 @@ assert 0 < ping_interval_ms * 3 <= peer_silence_ms_max
 assert peer_silence_ms_max < produce_commit_timeout_ms
 assert 0 < ctl_status_timeout_ms_default < client_request_timeout_ms
 assert ctl_link_lag_alert_entries > 0
+
+# --- the host: directory locks and listening ports (docs/node-api.md "Owners, locks and ports") -
+
+# A lock file holds its owner's pid in decimal and a newline; reading more than this for an error
+# message would only read garbage someone else wrote there.
+lock_file_pid_bytes_max = 32

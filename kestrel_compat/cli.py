@@ -10,12 +10,14 @@ import sys
 
 import click
 
+from kayos.errors import AddressInUseError
 from kestrel_compat.backend import Backend
 from kestrel_compat.config import ConfigError, KestrelConfig, load_config
-from kestrel_compat.server import KestrelServer
+from kestrel_compat.server import KestrelServer, check_ports
 
 
 async def _serve(config: KestrelConfig, config_path: str | None, cluster: str | None) -> None:
+    check_ports(config)  # a taken port ends the front before it contacts the cluster
     backend: Backend | None = None
     if cluster is not None:
         from kestrel_compat.kayos_backend import KayosBackend
@@ -85,4 +87,7 @@ def kestrel(
         server = dataclasses.replace(server, text_port=None if no_text else text_port)
     if thrift_port is not None or no_thrift:
         server = dataclasses.replace(server, thrift_port=None if no_thrift else thrift_port)
-    asyncio.run(_serve(dataclasses.replace(config, server=server), config_path, cluster))
+    try:
+        asyncio.run(_serve(dataclasses.replace(config, server=server), config_path, cluster))
+    except AddressInUseError as error:  # one line naming the port and its flag, exit code 1
+        raise click.ClickException(f"{error.code}: {error}") from error

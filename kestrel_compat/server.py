@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import errno
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -32,6 +33,8 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from kayos.clock import SYSTEM_CLOCK, Clock
+from kayos.errors import AddressInUseError
+from kayos.ports import address_in_use, check_free
 from kestrel_compat import limits
 from kestrel_compat.backend import Backend, MemoryBackend
 from kestrel_compat.config import KestrelConfig
@@ -78,6 +81,29 @@ class Front(Generic[EventT]):
     port: int
     codec: Callable[[], Codec[EventT]]
     session: Callable[[KestrelService], ProtocolSession[EventT]]
+
+
+# The flag of ``kayos kestrel`` that moves each front's port, for the error about a taken one.
+PORT_FLAGS = {"memcache": "--port", "text": "--text-port", "thrift": "--thrift-port"}
+
+
+def port_in_use(host: str, front: str, port: int) -> AddressInUseError:
+    """The one-line error for a front whose port is taken, naming the flag that moves it."""
+    flag = PORT_FLAGS.get(front, "--port")
+    return address_in_use(host, port, f"kestrel {front} port", f"pass another {flag}")
+
+
+def check_ports(config: KestrelConfig) -> None:
+    """``AddressInUseError`` if a front's configured port is taken now: checked before the front
+    connects to a cluster, so it fails at once and contacts no one (``start`` checks again)."""
+    server = config.server
+    fronts = (("memcache", server.port), ("text", server.text_port), ("thrift", server.thrift_port))
+    for front, port in fronts:
+        if port:  # None: not served; 0: any free port
+            try:
+                check_free(server.host, port, what=f"kestrel {front} port", hint="")
+            except AddressInUseError:
+                raise port_in_use(server.host, front, port) from None
 
 
 class KestrelServer:
@@ -135,12 +161,19 @@ class KestrelServer:
         await self.service.start()
         server = self.config.server
         for front in self.fronts:
-            self._servers[front.name] = await asyncio.get_running_loop().create_server(
-                self._connection_factory(front),
-                host=server.host,
-                port=front.port,
-                reuse_address=True,
-            )
+            try:
+                self._servers[front.name] = await asyncio.get_running_loop().create_server(
+                    self._connection_factory(front),
+                    host=server.host,
+                    port=front.port,
+                    reuse_address=True,
+                )
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+                for listener in self._servers.values():
+                    listener.close()
+                raise port_in_use(server.host, front.name, front.port) from None
             log.info(
                 "kestrel %s front listening on %s:%d",
                 front.name,

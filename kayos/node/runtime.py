@@ -13,6 +13,7 @@ import functools
 import logging
 import os
 import random
+import socket
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -161,7 +162,10 @@ class Node:
     def epoch(self) -> int:
         return self.topology.epoch
 
-    async def start(self) -> None:
+    async def start(self, bin_listener: socket.socket | None = None) -> None:
+        """Opens the stores, starts the links and serves the binary port: on ``bin_listener`` if
+        given (bound, not yet listening, by the caller before any peer is contacted, so a taken
+        port ends the process first), else on a socket bound here."""
         loop = asyncio.get_running_loop()
         loop.set_default_executor(ThreadPoolExecutor(_COMMIT_THREADS, "kayos-commit"))
         identity = self.topology.identity
@@ -204,9 +208,14 @@ class Node:
                 self._spawn(link.run())
         self._spawn(self._compaction_loop())
         self._spawn(self._commit_point_loop())
-        self._server = await asyncio.start_server(
-            self._on_connection, self.address.host, self.address.bin_port, limit=2**20
-        )
+        if bin_listener is not None:
+            self._server = await asyncio.start_server(
+                self._on_connection, sock=bin_listener, limit=2**20
+            )
+        else:
+            self._server = await asyncio.start_server(
+                self._on_connection, self.address.host, self.address.bin_port, limit=2**20
+            )
         self.ready = True
 
     async def _compaction_loop(self) -> None:

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gc
 import logging
 import signal
+import socket
 
 from aiohttp import web
 
 from kayos import limits
+from kayos.datadir import DirectoryLock
+from kayos.errors import AddressInUseError
 from kayos.node.app import make_app
 from kayos.node.runtime import Node
+from kayos.ports import address_in_use, bind_listener
 from kayos.topology import Topology
 
 
@@ -28,9 +33,74 @@ def tune_gc() -> None:
 async def serve(
     topology: Topology, node_id: str, data_dir: str, ready: asyncio.Event | None = None
 ) -> None:
-    """Serves until SIGINT/SIGTERM, then closes links and stores cleanly."""
+    """Serves until SIGINT/SIGTERM, then closes links and stores cleanly.
+
+    In this order (docs/node-api.md "Owners, locks and ports"): lock ``data_dir``, bind both
+    ports, and only then open the stores and contact peers; a held lock
+    (``DirectoryInUseError``) or a taken port (``AddressInUseError``) ends it before that."""
     node = Node(topology, node_id, data_dir)
-    await node.start()
+    lock = DirectoryLock.acquire(data_dir, what=f"node {node_id}'s data dir")
+    try:
+        http_listener, bin_listener = bind_ports(node)
+    except BaseException:
+        lock.release()
+        raise
+    try:
+        await _serve(node, http_listener, bin_listener, ready)
+    finally:
+        http_listener.close()
+        lock.release()  # last: after the stores are closed
+
+
+def _port_words(node: Node, field: str) -> tuple[str, str]:
+    """What a port of the node is and how to move it, for the error about a taken one."""
+    what = f"node {node.node_id}'s {field.split('_')[0]} port"
+    hint = (
+        f"pass another --base-port to kayos up, or change {field} of node {node.node_id} in the "
+        "topology file"
+    )
+    return what, hint
+
+
+def bind_ports(node: Node) -> tuple[socket.socket, socket.socket]:
+    """Binds the node's HTTP and binary ports (``AddressInUseError`` names the taken one); they
+    listen once served, so peers are refused, not kept waiting, while the node starts."""
+    address = node.address
+    listeners: list[socket.socket] = []
+    try:
+        for field, port in (("http_port", address.http_port), ("bin_port", address.bin_port)):
+            what, hint = _port_words(node, field)
+            listeners.append(bind_listener(address.host, port, what=what, hint=hint))
+    except BaseException:
+        for listener in listeners:
+            listener.close()
+        raise
+    return listeners[0], listeners[1]
+
+
+def _taken(node: Node, field: str) -> AddressInUseError:
+    what, hint = _port_words(node, field)
+    port = node.address.http_port if field == "http_port" else node.address.bin_port
+    return address_in_use(node.address.host, port, what, hint)
+
+
+async def _serve(
+    node: Node,
+    http_listener: socket.socket,
+    bin_listener: socket.socket,
+    ready: asyncio.Event | None,
+) -> None:
+    node_id = node.node_id
+    try:
+        await node.start(bin_listener)
+    except BaseException as exc:
+        bin_listener.close()
+        await node.stop()
+        if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+            # Another process bound it too between our bind and our listen (both with
+            # SO_REUSEADDR, neither listening yet); it listened first.
+            raise _taken(node, "bin_port") from None
+        raise
     tune_gc()
     # keepalive_timeout also runs from a connection's start until its first request is whole
     # (aiohttp >= 3.10), so it drops half-sent requests as well as idle keep-alive connections.
@@ -41,8 +111,15 @@ async def serve(
         shutdown_timeout=limits.http_shutdown_ms_max / 1000,
     )
     await runner.setup()
-    site = web.TCPSite(runner, node.address.host, node.address.http_port)
-    await site.start()
+    site = web.SockSite(runner, http_listener)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        await node.stop()
+        if exc.errno == errno.EADDRINUSE:
+            raise _taken(node, "http_port") from None
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

@@ -17,7 +17,17 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("kayos", "kestrel_compat", "chaos")
 
 FLOORS: list[tuple[int, tuple[str, ...]]] = [
-    (0, ("kayos.errors", "kayos.limits", "kayos.clock", "kayos.checks")),
+    (
+        0,
+        (
+            "kayos.errors",
+            "kayos.limits",
+            "kayos.clock",
+            "kayos.checks",
+            "kayos.datadir",
+            "kayos.ports",
+        ),
+    ),
     (
         1,
         (

@@ -1,0 +1,45 @@
+"""Binding listening ports early, and saying clearly which port is taken and how to move it.
+
+A process binds every port it will serve before it contacts any peer (docs/node-api.md "Owners,
+locks and ports"), so one that cannot serve dies before it can disturb anyone.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+from kayos.errors import AddressInUseError, KayosError
+
+
+def address_in_use(host: str, port: int, what: str, hint: str) -> AddressInUseError:
+    """The one-line error for a taken port: the address, whose port it is, and how to move it.
+    The words "address already in use" stay in it: launchers look for them in a log."""
+    return AddressInUseError(
+        f"{host}:{port} ({what}) is in use (address already in use): {hint}", host=host, port=port
+    )
+
+
+def bind_listener(host: str, port: int, *, what: str, hint: str) -> socket.socket:
+    """A TCP socket bound to ``host:port`` but not yet listening: the port is ours, yet a peer
+    that connects before the server runs is refused at once (and retries) rather than left
+    waiting; the server's ``listen`` (asyncio's ``sock=``) opens it. SO_REUSEADDR as asyncio and
+    aiohttp set it, so a port in TIME_WAIT after a restart is not "in use", while one another
+    socket listens on is. ``AddressInUseError`` if taken; ``KayosError`` for other failures."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+    except OSError as exc:
+        listener.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise address_in_use(host, port, what, hint) from None
+        raise KayosError(f"cannot listen on {host}:{port} ({what}): {exc.strerror}") from exc
+    listener.setblocking(False)
+    return listener
+
+
+def check_free(host: str, port: int, *, what: str, hint: str) -> None:
+    """Raises ``AddressInUseError`` if ``host:port`` cannot be bound right now (a probe: the port
+    may still be taken between this check and the real bind, which checks again)."""
+    bind_listener(host, port, what=what, hint=hint).close()
