@@ -442,13 +442,8 @@ class ShardReplica:
                 asyncio.get_running_loop().call_soon(self._send_ack, stream, action.seq)
         elif isinstance(action, chain.SendCommitPoint):
             # After this turn of the event loop: the producers and waiters released by the same
-            # step answer first (a send wakes the downstream, which may take this CPU). A replica
-            # built in a worker thread (Node.start) has no loop there and no link to send on yet.
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                return
-            loop.call_soon(self._send_commit_point, action)
+            # step answer first (a send wakes the downstream, which may take this CPU).
+            asyncio.get_running_loop().call_soon(self._send_commit_point, action)
         elif isinstance(action, chain.CommitPointAdvanced):
             self._release_waiters(action.seq)
             self.changed.notify()
