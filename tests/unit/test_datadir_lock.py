@@ -237,8 +237,10 @@ def test_a_second_launcher_on_one_data_root_is_refused_before_it_writes(tmp_path
 
 def test_the_launcher_checks_fixed_ports_before_it_starts_anything(tmp_path: Path) -> None:
     taken, port = listening_socket()
-    cluster = LocalCluster(tmp_path / "up", nodes=2, replicas=2, base_port=port - 1)
-    with taken, pytest.raises(ClusterError, match=r"\(node b's http port\).*--base-port$"):
+    # The taken port is node a's own (base_port is a's HTTP port): a neighbour of it could be
+    # taken by anything else on the host, and the check would rightly name that one instead.
+    cluster = LocalCluster(tmp_path / "up", nodes=2, replicas=2, base_port=port)
+    with taken, pytest.raises(ClusterError, match=r"\(node a's http port\).*--base-port$"):
         cluster.start_all()
     assert cluster.processes == {}
     assert not (tmp_path / "up" / "cluster.toml").exists()
