@@ -15,13 +15,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -566,7 +566,37 @@ def example_commands(cluster: LocalCluster, queue: str = "demo") -> list[str]:
     ]
 
 
-def _supervise(cluster: LocalCluster, stop: threading.Event, echo: Callable[[str], None]) -> int:
+class StopSignal:
+    """A stop request that a signal handler may set. A handler runs in the main thread between
+    two of its bytecodes, possibly while that thread holds a lock inside ``threading.Event.wait``;
+    an ``Event.set`` in the handler then waits on that lock forever (``kayos up`` hung on SIGTERM
+    that way). So: a plain flag, and a byte down a pipe to wake ``wait``."""
+
+    def __init__(self) -> None:
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_write, False)
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+        with contextlib.suppress(BlockingIOError):  # a full pipe wakes the waiter as well
+            os.write(self._wake_write, b"\0")
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` for ``set``; returns whether it was set."""
+        if not self._set:
+            select.select([self._wake_read], [], [], timeout_s)
+        return self._set
+
+    def close(self) -> None:
+        os.close(self._wake_read)
+        os.close(self._wake_write)
+
+
+def _supervise(cluster: LocalCluster, stop: StopSignal, echo: Callable[[str], None]) -> int:
     """Until ``stop``: starts again, after a backoff (``kayos.supervisor``), each member of
     ``cluster`` that dies. Returns 0, or 1 once a member died too often in a row."""
     supervisor = Supervisor()
@@ -607,7 +637,7 @@ def run_foreground(cluster: LocalCluster, echo: Callable[[str], None]) -> int:
     then stops every node. A node that dies meanwhile is started again after a bounded backoff
     (``kayos.supervisor``), each restart printed. Returns the exit code: 0 after a signal, 1 if
     the cluster did not start or a node kept dying."""
-    stop = threading.Event()
+    stop = StopSignal()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
@@ -641,3 +671,4 @@ def run_foreground(cluster: LocalCluster, echo: Callable[[str], None]) -> int:
             echo(f"kayos up: nodes that did not exit cleanly: {unclean}")
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        stop.close()

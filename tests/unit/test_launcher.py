@@ -252,3 +252,29 @@ def test_the_produce_bench_help_states_the_parameters_defaults() -> None:
         ("--singles", defaults.singles),
     ]:
         assert f"[default: {value}]" in text.split(option, 1)[1].split("--", 1)[0]
+
+
+STOP_SIGNAL_STRESS = textwrap.dedent(
+    """
+    import signal
+    from kayos.launcher import StopSignal
+
+    stop = StopSignal()
+    signal.signal(signal.SIGALRM, lambda *_: stop.set())
+    signal.setitimer(signal.ITIMER_REAL, 0.0002, 0.0002)
+    for _ in range(200_000):
+        stop.wait(0)
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    print("woken", stop.is_set(), stop.wait(30))
+    """
+)
+
+
+def test_the_stop_signal_can_be_set_from_a_signal_handler_at_any_moment() -> None:
+    # A handler firing every 0.2 ms lands inside the waiter's own calls again and again; with a
+    # threading.Event (what kayos up used) it blocked on the lock its own thread held, and
+    # `kayos up` hung on SIGTERM. The flag and pipe take no lock.
+    done = subprocess.run(
+        [sys.executable, "-c", STOP_SIGNAL_STRESS], capture_output=True, text=True, timeout=120
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "woken True True"), done.stderr[-2000:]
