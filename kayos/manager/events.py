@@ -1,0 +1,161 @@
+"""What the manager is told (events) and what it asks for (actions): plain frozen records.
+
+Times are integer milliseconds on the manager's clock, carried in the events themselves (the
+log entry that carries an event carries its time), so applying an event never reads a clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeAlias
+
+TakeoverEntries: TypeAlias = tuple[tuple[bytes, int], ...]
+
+# --- events --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """``node`` was heard from at ``at_ms``."""
+
+    node: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TimerTick:
+    """Time has reached ``now_ms``: silences are measured against it."""
+
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyReport:
+    """``reporter``, a chain neighbour of ``node``, measured ``node``'s p99 produce-path latency
+    as ``p99_ms`` over the last ``window_ms``."""
+
+    reporter: str
+    node: str
+    p99_ms: int
+    window_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class HeadTookOver:
+    """``node``, head of ``shard``, recorded the takeover entry (``master_id``, ``seq``)."""
+
+    shard: int
+    node: str
+    master_id: bytes
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShardReport:
+    """A returning node's summary of its copy of one shard: last seq and takeover table."""
+
+    shard: int
+    last_seq: int
+    takeover: TakeoverEntries
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReturned:
+    """``node`` is back (restarted, resumed, reconnected) at ``at_ms`` with these shard copies."""
+
+    node: str
+    at_ms: int
+    reports: tuple[ShardReport, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CatchUpDone:
+    """``node`` has caught up on ``shard`` from its upstream and can join the chain."""
+
+    node: str
+    shard: int
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerLeaderChanged:
+    """A new manager leader took over at ``at_ms`` (applied by every member, like any event)."""
+
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveNode:
+    """An operator removes ``node`` for good (``kayos ctl remove-node``)."""
+
+    node: str
+
+
+Event: TypeAlias = (
+    Heartbeat
+    | TimerTick
+    | LatencyReport
+    | HeadTookOver
+    | NodeReturned
+    | CatchUpDone
+    | ManagerLeaderChanged
+    | RemoveNode
+)
+
+# --- actions -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SpliceChain:
+    """Every member of ``shard`` adopts ``chain`` (head first) at ``epoch``."""
+
+    shard: int
+    chain: tuple[str, ...]
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """An alert was raised (see ``AlertKey`` kinds in view.py)."""
+
+    kind: str
+    shard: int
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClearAlert:
+    """An alert no longer holds."""
+
+    kind: str
+    shard: int
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class StartCatchUp:
+    """``node`` rolls back to ``rollback_to`` (None: nothing to roll back, as far as the manager
+    knows; the link handshake checks again) and catches ``shard`` up from ``upstream``."""
+
+    node: str
+    shard: int
+    upstream: str
+    rollback_to: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RejoinAsTail:
+    """``node`` is the new tail of ``shard`` from ``epoch`` on."""
+
+    node: str
+    shard: int
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class PublishTopology:
+    """Clients and nodes are told the topology at ``epoch``."""
+
+    epoch: int
+
+
+Action: TypeAlias = SpliceChain | Alert | ClearAlert | StartCatchUp | RejoinAsTail | PublishTopology
