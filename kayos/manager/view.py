@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeAlias, cast
 
@@ -106,7 +107,12 @@ class ManagerView:
 
     @classmethod
     def bootstrap(
-        cls, config: Config, node_ids: list[str], chains: list[tuple[str, ...]], *, epoch: int = 1
+        cls,
+        config: Config,
+        node_ids: Sequence[str],
+        chains: Sequence[Sequence[str]],
+        *,
+        epoch: int = 1,
     ) -> ManagerView:
         """The first view: every node up and heard at 0, shard i's chain ``chains[i]``."""
         config.validate()
