@@ -53,6 +53,8 @@ def decide(view: ManagerView, event: Event) -> tuple[ManagerView, list[Action]]:
     node_actions: list[Action] = []
     new = _apply(view, event, node_actions)
     new = _reconcile(new)
+    reports = event.reports if isinstance(event, NodeReturned) else ()
+    new = _start_catch_ups(new, {r.shard: r for r in reports}, node_actions)
     return _finish(view, new, node_actions)
 
 
@@ -61,14 +63,10 @@ def decide(view: ManagerView, event: Event) -> tuple[ManagerView, list[Action]]:
 
 def _apply(view: ManagerView, event: Event, out: list[Action]) -> ManagerView:
     if isinstance(event, Heartbeat):
-        node = view.node(event.node)
-        if node is None:
-            return view
-        state = "up" if node.state == "suspect" else node.state
-        heard = max(node.last_heard_ms, event.at_ms)
-        view = replace(view, now_ms=max(view.now_ms, event.at_ms))
-        return view.with_node(replace(node, state=state, last_heard_ms=heard))
+        return _heard(view, event.node, event.at_ms)
     if isinstance(event, TimerTick):
+        for node_id, at_ms in event.heard:
+            view = _heard(view, node_id, at_ms)
         return _tick(replace(view, now_ms=max(view.now_ms, event.now_ms)))
     if isinstance(event, LatencyReport):
         return _latency(view, event)
@@ -81,7 +79,7 @@ def _apply(view: ManagerView, event: Event, out: list[Action]) -> ManagerView:
         table = with_takeover(list(shard.takeover), event.master_id, event.seq)
         return view.with_shard(replace(shard, takeover=tuple(table)))
     if isinstance(event, NodeReturned):
-        return _returned(view, event, out)
+        return _returned(view, event)
     if isinstance(event, CatchUpDone):
         return _catch_up_done(view, event, out)
     if isinstance(event, RemoveNode):
@@ -92,10 +90,21 @@ def _apply(view: ManagerView, event: Event, out: list[Action]) -> ManagerView:
     return view
 
 
+def _heard(view: ManagerView, node_id: str, at_ms: int) -> ManagerView:
+    """A heartbeat: a suspect node is up again; a down, slow or removed one stays so until it
+    says it is back (NodeReturned), since it has to catch up first."""
+    node = view.node(node_id)
+    if node is None:
+        return view
+    state = "up" if node.state == "suspect" else node.state
+    view = replace(view, now_ms=max(view.now_ms, at_ms))
+    return view.with_node(replace(node, state=state, last_heard_ms=max(node.last_heard_ms, at_ms)))
+
+
 def _tick(view: ManagerView) -> ManagerView:
     config = view.config
     for node in view.nodes:
-        if node.state not in ("up", "suspect"):
+        if node.state not in ("up", "suspect", "slow"):
             continue
         silence = view.now_ms - node.last_heard_ms
         if silence >= config.detection_window_ms:
@@ -133,26 +142,30 @@ def _latency(view: ManagerView, event: LatencyReport) -> ManagerView:
     return view
 
 
-def _returned(view: ManagerView, event: NodeReturned, out: list[Action]) -> ManagerView:
+def _returned(view: ManagerView, event: NodeReturned) -> ManagerView:
+    """The node is up again; ``_start_catch_ups`` then sends it to every shard it departed."""
     node = view.node(event.node)
     if node is None or node.state == "removed":
         return view  # an operator removed it: only an operator brings it back
     view = replace(view, now_ms=max(view.now_ms, event.at_ms))
-    was_out = node.state in ("down", "slow")
-    view = view.with_node(
-        replace(node, state="up", last_heard_ms=max(node.last_heard_ms, event.at_ms))
-    )
-    if not was_out:
-        return view  # back within the detection window: still in its chains
-    reports = {report.shard: report for report in event.reports}
+    heard = max(node.last_heard_ms, event.at_ms)
+    return view.with_node(replace(node, state="up", last_heard_ms=heard))
+
+
+def _start_catch_ups(
+    view: ManagerView, reports: dict[int, ShardReport], out: list[Action]
+) -> ManagerView:
+    """Every up node that departed a shard (and is not in its chain) catches up from its tail:
+    a node that returned, or a kept slow node that recovered while departed from other shards."""
+    states = {node.id: node.state for node in view.nodes}
     for shard in view.shards:
-        if node.id not in shard.departed or node.id in shard.catching_up:
-            continue
-        if node.id in shard.chain:
-            continue
-        rollback = _rollback_to(shard, reports.get(shard.id))
-        view = view.with_shard(replace(shard, catching_up=(*shard.catching_up, node.id)))
-        out.append(StartCatchUp(node.id, shard.id, shard.tail, rollback))
+        for node_id in shard.departed:
+            if states[node_id] != "up" or node_id in shard.catching_up or node_id in shard.chain:
+                continue
+            rollback = _rollback_to(shard, reports.get(shard.id))
+            shard = replace(shard, catching_up=(*shard.catching_up, node_id))
+            view = view.with_shard(shard)
+            out.append(StartCatchUp(node_id, shard.id, shard.tail, rollback))
     return view
 
 
@@ -248,18 +261,17 @@ def _finish(
 def _leader_changed(
     view: ManagerView, event: ManagerLeaderChanged
 ) -> tuple[ManagerView, list[Action]]:
-    """A new leader holds no state but the view: it gives every live node a full detection
-    window (it has heard no heartbeat yet) and sends the current chains again, since the old
-    leader may have died between committing a change and sending it (nodes ignore an epoch they
-    already have)."""
+    """A new leader holds no state but the view. Its clock is not the old leader's, so every time
+    in the view is rebased onto it: each node counts as last heard at ``at_ms``, which also gives
+    every live node a full detection window (the new leader has heard no heartbeat yet). It sends
+    the current chains and pending catch-ups again, since the old leader may have died between
+    committing a change and sending it (nodes ignore an epoch they already hold)."""
     at = event.at_ms
     nodes = tuple(
-        replace(n, state="up", last_heard_ms=max(n.last_heard_ms, at))
-        if n.state in ("up", "suspect")
-        else n
+        replace(n, state="up" if n.state == "suspect" else n.state, last_heard_ms=at)
         for n in view.nodes
     )
-    view = replace(view, now_ms=max(view.now_ms, at), nodes=nodes)
+    view = replace(view, now_ms=at, nodes=nodes)
     actions: list[Action] = [SpliceChain(s.id, s.chain, s.epoch) for s in view.shards]
     actions += [
         StartCatchUp(node, s.id, s.tail, None) for s in view.shards for node in s.catching_up

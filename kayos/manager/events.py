@@ -24,9 +24,12 @@ class Heartbeat:
 
 @dataclass(frozen=True, slots=True)
 class TimerTick:
-    """Time has reached ``now_ms``: silences are measured against it."""
+    """Time has reached ``now_ms``: silences are measured against it. ``heard`` carries the
+    heartbeats the leader received since its last tick, (node, at_ms) pairs applied first, so the
+    log holds one entry per tick rather than one per heartbeat."""
 
     now_ms: int
+    heard: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -144,7 +144,8 @@ def random_event(rng: random.Random, now_ms: int) -> Event:
     if kind <= 2:
         return Heartbeat(node, now_ms - rng.randrange(0, 2_000))
     if kind == 3:
-        return TimerTick(now_ms)
+        heard = tuple((n, now_ms - rng.randrange(0, 500)) for n in NODES if rng.random() < 0.7)
+        return TimerTick(now_ms, heard)
     if kind == 4:
         return LatencyReport(other, node, rng.choice([50, 300, 900]), rng.choice([1_000, 10_000]))
     if kind == 5:

@@ -12,12 +12,17 @@ checks the invariants: epochs never go back and rise by exactly one with any cha
 is empty, and the view survives its canonical encoding with the same hash. With
 ``KAYOS_REWRITE=1`` the expected outputs are regenerated from what the code does.
 
-Commands: ``config`` (min= detect= suspect= slow-p99= slow-window=), ``add-nodes a b c``,
-``shards N replicas R`` (rotated chains: shard i starts at node i), ``heartbeat a b t=``,
-``tick t=``, ``latency reporter= node= p99= window=``, ``takeover shard= node= id=<hex> seq=``,
-``return NODE t= [report=SHARD:LAST:ID@SEQ,ID@SEQ ...]``, ``catch-up-done NODE shard=``,
-``leader-change t=`` (the new leader starts from a copy of the view decoded from its encoding),
-``remove-node NODE``, ``hash``.
+Commands (one per line in a block):
+
+- ``config min= detect= suspect= slow-p99= slow-window=`` (before the layout)
+- ``add-nodes a b c``; then ``shards N replicas R`` (rotated: shard i starts at node i) or
+  ``chains a>b b>c>d`` (one chain per shard)
+- ``heartbeat a b t=``; ``tick t= [heard=a@1.5,b@1.7]``
+- ``latency reporter= node= p99= window=``
+- ``takeover shard= node= id=<hex> seq=``
+- ``return NODE t= [report=SHARD:LAST:ID@SEQ,ID@SEQ ...]``; ``catch-up-done NODE shard=``
+- ``leader-change t=`` (the new leader starts from a copy of the view decoded from its encoding)
+- ``remove-node NODE``, ``hash``.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from kayos.manager import (
     decide,
     view_hash,
 )
+from kayos.manager.view import derive_alerts
 
 SEPARATOR = "----"
 
@@ -182,13 +188,24 @@ class Interpreter:
             chains = [tuple(ids[(i + k) % len(ids)] for k in range(replicas)) for i in range(count)]
             self.view = ManagerView.bootstrap(self.config, ids, chains)
             return format_view(self.view)
+        if name == "chains":
+            self.view = ManagerView.bootstrap(
+                self.config, self.node_ids, [tuple(chain.split(">")) for chain in positional]
+            )
+            return format_view(self.view)
         if name == "hash":
             return [view_hash(self._view())]
         events: list[Event]
         if name == "heartbeat":
             events = [Heartbeat(node, _ms(keys["t"])) for node in positional]
         elif name == "tick":
-            events = [TimerTick(_ms(keys["t"]))]
+            heard = tuple(
+                (node, _ms(at))
+                for node, at in (
+                    item.split("@") for item in keys.get("heard", "").split(",") if item
+                )
+            )
+            events = [TimerTick(_ms(keys["t"]), heard)]
         elif name == "latency":
             events = [
                 LatencyReport(keys["reporter"], keys["node"], int(keys["p99"]), _ms(keys["window"]))
@@ -251,6 +268,13 @@ def check_invariants(before: ManagerView, after: ManagerView) -> None:
         assert shard.chain, f"shard {shard.id} lost its last member"
         assert shard.epoch >= old.epoch
         assert len(set(shard.chain)) == len(shard.chain)
+        states = {node.id: node.state for node in after.nodes}
+        if len(shard.chain) > 1:
+            assert all(states[n] in ("up", "suspect", "slow") for n in shard.chain), shard
+        assert set(shard.catching_up) <= set(shard.departed), shard
+        assert all(states[n] == "up" for n in shard.catching_up), shard
+        assert not set(shard.departed) & set(shard.chain), shard
+    assert after.alerts == derive_alerts(after)
     decoded = ManagerView.from_data(json.loads(json.dumps(after.to_data())))
     assert decoded == after
     assert view_hash(decoded) == view_hash(after)
