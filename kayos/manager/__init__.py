@@ -28,6 +28,7 @@ from kayos.manager.events import (
     SpliceChain,
     StartCatchUp,
     TimerTick,
+    check_event,
 )
 from kayos.manager.view import AlertKey, Config, ManagerView, NodeView, ShardView, view_hash
 
@@ -54,6 +55,7 @@ __all__ = [
     "SpliceChain",
     "StartCatchUp",
     "TimerTick",
+    "check_event",
     "decide",
     "view_hash",
 ]

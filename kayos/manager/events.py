@@ -9,6 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from kayos import limits
+from kayos.errors import InvalidRequest
+from kayos.topology import check_node_id
+
 TakeoverEntries: TypeAlias = tuple[tuple[bytes, int], ...]
 
 # --- events --------------------------------------------------------------------------------------
@@ -162,3 +166,54 @@ class PublishTopology:
 
 
 Action: TypeAlias = SpliceChain | Alert | ClearAlert | StartCatchUp | RejoinAsTail | PublishTopology
+
+
+def check_event(event: Event) -> Event:
+    """Refuses a malformed event with ``InvalidRequest`` before it is logged, so ``decide`` only
+    ever sees well-formed ones (it ignores events about unknown nodes or shards, which are stale,
+    not malformed). Returns the event so it chains."""
+    times: list[int] = []
+    nodes: list[str] = []
+    if isinstance(event, Heartbeat):
+        times, nodes = [event.at_ms], [event.node]
+    elif isinstance(event, TimerTick):
+        if len(event.heard) > limits.manager_nodes_max:
+            raise InvalidRequest(f"a tick carries at most {limits.manager_nodes_max} heartbeats")
+        times = [event.now_ms, *(at for _, at in event.heard)]
+        nodes = [node for node, _ in event.heard]
+    elif isinstance(event, LatencyReport):
+        nodes = [event.reporter, event.node]
+        if event.p99_ms < 0 or event.window_ms <= 0:
+            raise InvalidRequest("a latency report needs p99_ms >= 0 and window_ms > 0")
+    elif isinstance(event, HeadTookOver):
+        nodes = [event.node]
+        _check_entries(((event.master_id, event.seq),))
+    elif isinstance(event, NodeReturned):
+        times, nodes = [event.at_ms], [event.node]
+        if len(event.reports) > limits.manager_shards_max:
+            raise InvalidRequest(f"a return carries at most {limits.manager_shards_max} reports")
+        for report in event.reports:
+            if report.last_seq < 0:
+                raise InvalidRequest("a shard report's last_seq must be >= 0")
+            if len(report.takeover) > limits.takeover_table_entries_max:
+                raise InvalidRequest("a takeover table is longer than its bound")
+            _check_entries(report.takeover)
+    elif isinstance(event, CatchUpDone | RemoveNode):
+        nodes = [event.node]
+    elif isinstance(event, ManagerLeaderChanged):
+        times = [event.at_ms]
+    if any(t < 0 for t in times):
+        raise InvalidRequest("event times must be >= 0")
+    for node in nodes:
+        check_node_id(node)
+    return event
+
+
+def _check_entries(entries: TakeoverEntries) -> None:
+    for master_id, seq in entries:
+        if not 1 <= len(master_id) <= _MASTER_ID_BYTES_MAX or seq < 0:
+            raise InvalidRequest("a takeover entry needs a 1-16 byte master id and a seq >= 0")
+
+
+# A master id is a UUID (16 bytes); shorter ids are accepted for tests and hand-written tables.
+_MASTER_ID_BYTES_MAX = 16

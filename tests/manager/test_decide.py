@@ -24,6 +24,7 @@ from kayos.manager import (
     RemoveNode,
     ShardReport,
     TimerTick,
+    check_event,
     decide,
     view_hash,
 )
@@ -186,3 +187,37 @@ def test_random_logs_keep_the_invariants_and_members_agree(run_index: int) -> No
         assert all(result == results[0] for result in results), event
         members = [view for view, _ in results]
         assert len({view_hash(view) for view in members}) == 1
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        Heartbeat("a", -1),
+        Heartbeat("", 0),
+        TimerTick(-5),
+        TimerTick(5, (("a", -1),)),
+        TimerTick(5, (("a\n", 1),)),
+        LatencyReport("a", "b", -1, 10_000),
+        LatencyReport("a", "b", 100, 0),
+        HeadTookOver(0, "a", b"", 0),
+        HeadTookOver(0, "a", bytes(17), 0),
+        HeadTookOver(0, "a", b"\xaa", -1),
+        NodeReturned("a", 0, (ShardReport(0, -1, ()),)),
+        NodeReturned("a", 0, (ShardReport(0, 1, ((b"\xaa", -3),)),)),
+        NodeReturned("a", 0, (ShardReport(0, 1, ((b"\xaa", 0),) * 65),)),
+        ManagerLeaderChanged(-1),
+        RemoveNode("x" * 200),
+    ],
+)
+def test_check_event_refuses_malformed_events(bad: Event) -> None:
+    with pytest.raises(InvalidRequest):
+        check_event(bad)
+
+
+def test_check_event_passes_well_formed_ones_and_decide_ignores_unknown_names() -> None:
+    """Unknown nodes and shards are stale, not malformed: the view and its hash do not move."""
+    for event in GOLDEN_EVENTS:
+        assert check_event(event) is event
+    view = fresh()
+    for stale in [Heartbeat("zz", 1), CatchUpDone("a", 99), HeadTookOver(7, "a", b"\x01", 0)]:
+        assert decide(view, check_event(stale)) == (view, [])
