@@ -13,7 +13,7 @@ Rules (the reasons are in docs/manager.md):
 - a node whose neighbour reports a p99 above ``slow_p99_ms`` over at least ``slow_window_ms`` is
   slow and spliced out the same way, unless that would leave the shard with fewer than
   ``min_replicas`` members: then it stays, with a ``slow_node_kept`` alert;
-- a shard shorter than ``min_replicas`` carries an ``under_replicated`` alert;
+- a shard shorter than ``min_replicas`` carries a ``shard_below_min_replicas`` alert;
 - a down or slow node that returns catches up from each departed shard's tail (rolling back first
   if its takeover table diverged from the head's), then rejoins as tail;
 - any change of chains raises the epoch by one; the changed shards carry the new epoch.

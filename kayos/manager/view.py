@@ -21,10 +21,10 @@ NodeState: TypeAlias = Literal["up", "suspect", "down", "slow", "removed"]
 NODE_STATES: tuple[NodeState, ...] = ("up", "suspect", "down", "slow", "removed")
 
 # Alert kinds (docs/manager.md "Alerts").
-UNDER_REPLICATED = "under_replicated"  # a shard's chain is shorter than min_replicas
+BELOW_MIN_REPLICAS = "shard_below_min_replicas"  # a shard's chain is shorter than min_replicas
 SLOW_KEPT = "slow_node_kept"  # a slow node stays in a chain: removing it would go below the minimum
-NO_LIVE_MEMBER = "no_live_member"  # a shard's only member is down or removed: it cannot serve
-ALERT_KINDS = (UNDER_REPLICATED, SLOW_KEPT, NO_LIVE_MEMBER)
+NO_LIVE_MEMBER = "shard_no_live_member"  # a shard's only member is down or removed: it cannot serve
+ALERT_KINDS = (BELOW_MIN_REPLICAS, SLOW_KEPT, NO_LIVE_MEMBER)
 
 # The view's encoding version: part of the hash, so members of different versions never agree.
 VIEW_FORMAT = 1
@@ -226,7 +226,7 @@ def derive_alerts(view: ManagerView) -> tuple[AlertKey, ...]:
     found: set[AlertKey] = set()
     for shard in view.shards:
         if len(shard.chain) < view.config.min_replicas:
-            found.add(AlertKey(UNDER_REPLICATED, shard.id))
+            found.add(AlertKey(BELOW_MIN_REPLICAS, shard.id))
         for member in shard.chain:
             if states.get(member) == "slow":
                 found.add(AlertKey(SLOW_KEPT, shard.id, member))
