@@ -65,9 +65,7 @@ def _apply(view: ManagerView, event: Event, out: list[Action]) -> ManagerView:
     if isinstance(event, Heartbeat):
         return _heard(view, event.node, event.at_ms)
     if isinstance(event, TimerTick):
-        for node_id, at_ms in event.heard:
-            view = _heard(view, node_id, at_ms)
-        return _tick(replace(view, now_ms=max(view.now_ms, event.now_ms)))
+        return _tick(_heard_all(view, event.heard, event.now_ms))
     if isinstance(event, LatencyReport):
         return _latency(view, event)
     if isinstance(event, HeadTookOver):
@@ -99,6 +97,26 @@ def _heard(view: ManagerView, node_id: str, at_ms: int) -> ManagerView:
     state = "up" if node.state == "suspect" else node.state
     view = replace(view, now_ms=max(view.now_ms, at_ms))
     return view.with_node(replace(node, state=state, last_heard_ms=max(node.last_heard_ms, at_ms)))
+
+
+def _heard_all(view: ManagerView, heard: tuple[tuple[str, int], ...], now_ms: int) -> ManagerView:
+    """A tick's heartbeats, as ``_heard`` one by one, in one pass over the nodes."""
+    latest: dict[str, int] = {}
+    for node_id, at_ms in heard:
+        latest[node_id] = max(at_ms, latest.get(node_id, at_ms))
+    nodes = tuple(
+        replace(
+            n,
+            state="up" if n.state == "suspect" else n.state,
+            last_heard_ms=max(n.last_heard_ms, latest[n.id]),
+        )
+        if n.id in latest
+        else n
+        for n in view.nodes
+    )
+    ids = {n.id for n in view.nodes}
+    known = [at for node_id, at in latest.items() if node_id in ids]
+    return replace(view, nodes=nodes, now_ms=max([view.now_ms, now_ms, *known]))
 
 
 def _tick(view: ManagerView) -> ManagerView:
