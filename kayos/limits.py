@@ -287,6 +287,34 @@ assert 0 < node_restart_delay_ms_min <= node_restart_delay_ms_max
 assert node_restart_healthy_ms > node_restart_delay_ms_max
 assert node_restarts_max >= 1
 
+# --- cluster manager (kayos/manager/, docs/manager.md) -------------------------------------------
+
+# A node not heard from (no heartbeat) for this long is declared down and spliced out of every
+# chain. Twice the link's own silence bound: a node whose links just timed out has had one more
+# bound to say it is alive, so a brief pause is not a removal, and a dead node is gone in ~6 s.
+manager_detection_window_ms = 2 * peer_silence_ms_max
+# A node silent this long is marked suspect (shown in status, nothing removed): half the window.
+manager_suspect_after_ms = manager_detection_window_ms // 2
+# A node whose p99 produce-path latency, as measured by a chain neighbour, stays above this over a
+# window of at least manager_slow_window_ms is removed as slow. 250 ms is ~50x a healthy loopback
+# or LAN hop with fsync on an SSD, so only a node that is really stuck (paused, swapping, a dying
+# disk) crosses it; one slow fsync does not move a p99.
+manager_slow_p99_ms = 250
+# The window a latency report covers must be at least this long for it to remove a node: shorter
+# windows hold too few samples for a p99 to mean anything, and a GC pause would count.
+manager_slow_window_ms = 5_000
+# The default minimum replica count of a shard: below it the manager raises an alert, and a slow
+# node that would take a shard below it stays in the chain (docs/manager.md).
+manager_min_replicas_default = 2
+# Nodes and shards one manager view holds: the view is replicated and hashed on every change.
+manager_nodes_max = 1_000
+manager_shards_max = 10_000
+
+assert 0 < manager_suspect_after_ms < manager_detection_window_ms
+assert manager_detection_window_ms > peer_silence_ms_max
+assert 0 < manager_slow_p99_ms < manager_slow_window_ms
+assert manager_min_replicas_default >= 1
+
 # --- client (kayos/client/) ----------------------------------------------------------------------
 
 # Attempts of one client operation against `unavailable` and connection failures (the first try

@@ -1,9 +1,9 @@
 """The house, floor by floor: no import runs back up, and no import cycles.
 
-Floors (lowest first): shared ground (errors, limits, clock); storage, topology and the pure chain
-and frame logic; replication over storage; the node and the client; the faces (CLI, benchmarks,
-launcher, kestrel_compat, chaos), which reach the cluster through the client or the node's public
-API, never through storage internals.
+Floors (lowest first): shared ground (errors, limits, clock); storage, topology, the pure chain
+and frame logic and the manager's decision core; replication over storage; the node and the
+client; the faces (CLI, benchmarks, launcher, kestrel_compat, chaos), which reach the cluster
+through the client or the node's public API, never through storage internals.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ FLOORS: list[tuple[int, tuple[str, ...]]] = [
             "kayos.identity",
             "kayos.replication.frames",
             "kayos.replication.chain",
+            "kayos.manager",
         ),
     ),
     (2, ("kayos.replication",)),
@@ -156,3 +157,22 @@ def test_no_import_cycles() -> None:
 
     for module in sorted(graph):
         visit(module)
+
+
+def test_the_manager_core_is_pure() -> None:
+    """kayos/manager/ decides from its view alone: ground modules, the topology's checks and the
+    chain's takeover rule; no storage, no I/O, no clock, no randomness."""
+    allowed_kayos = ("kayos.errors", "kayos.limits", "kayos.topology", "kayos.replication.chain")
+    io_modules = ("asyncio", "socket", "os", "time", "random", "secrets", "threading", "pysyncobj")
+    for path in (ROOT / "kayos" / "manager").rglob("*.py"):
+        for target in imports_of(path):
+            assert target.startswith("kayos.manager") or target in allowed_kayos, (path, target)
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                assert name.split(".")[0] not in io_modules, (path, name)

@@ -1,0 +1,61 @@
+"""The cluster manager's pure decision core (docs/manager.md).
+
+``decide(view, event) -> (view, actions)`` is the whole of the manager's logic: the view is the
+only state, so any member that applied the same events holds the same view (equal ``view_hash``)
+and makes the same decisions. Nothing here does I/O, reads a clock or draws randomness; the
+replicated log (pysyncobj, next) and the drivers that carry actions to nodes are separate.
+Not wired to any running process yet.
+"""
+
+from __future__ import annotations
+
+from kayos.manager.decide import decide
+from kayos.manager.events import (
+    Action,
+    Alert,
+    CatchUpDone,
+    ClearAlert,
+    Event,
+    HeadTookOver,
+    Heartbeat,
+    LatencyReport,
+    ManagerLeaderChanged,
+    NodeReturned,
+    PublishTopology,
+    RejoinAsTail,
+    RemoveNode,
+    ShardReport,
+    SpliceChain,
+    StartCatchUp,
+    TimerTick,
+    check_event,
+)
+from kayos.manager.view import AlertKey, Config, ManagerView, NodeView, ShardView, view_hash
+
+__all__ = [
+    "Action",
+    "Alert",
+    "AlertKey",
+    "CatchUpDone",
+    "ClearAlert",
+    "Config",
+    "Event",
+    "HeadTookOver",
+    "Heartbeat",
+    "LatencyReport",
+    "ManagerLeaderChanged",
+    "ManagerView",
+    "NodeReturned",
+    "NodeView",
+    "PublishTopology",
+    "RejoinAsTail",
+    "RemoveNode",
+    "ShardReport",
+    "ShardView",
+    "SpliceChain",
+    "StartCatchUp",
+    "TimerTick",
+    "check_event",
+    "decide",
+    "view_hash",
+]

@@ -1,0 +1,298 @@
+"""``decide(view, event) -> (view, actions)``: every decision the manager makes (docs/manager.md).
+
+Each event first updates node states and shard records; then one reconcile step makes the chains
+agree with the node states as far as the rules allow; then alerts are derived from the result and
+the actions are read off the difference between the old and the new view. So the same view and
+event always give the same outcome, and a member that restarts from a snapshot of the view
+decides exactly as the one before it.
+
+Rules (the reasons are in docs/manager.md):
+- a node silent for ``detection_window_ms`` is down; an operator-removed node is removed: both
+  are spliced out of every chain (head: the next member leads; middle: its neighbours are linked;
+  tail: the previous member is the tail), except that a shard's last member is never spliced out;
+- a node whose neighbour reports a p99 above ``slow_p99_ms`` over at least ``slow_window_ms`` is
+  slow and spliced out the same way, unless that would leave the shard with fewer than
+  ``min_replicas`` members: then it stays, with a ``slow_node_kept`` alert;
+- a shard shorter than ``min_replicas`` carries a ``shard_below_min_replicas`` alert;
+- a down or slow node that returns catches up from each departed shard's tail (rolling back first
+  if its takeover table diverged from the head's), then rejoins as tail;
+- any change of chains raises the epoch by one; the changed shards carry the new epoch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from kayos.manager.events import (
+    Action,
+    Alert,
+    CatchUpDone,
+    ClearAlert,
+    Event,
+    HeadTookOver,
+    Heartbeat,
+    LatencyReport,
+    ManagerLeaderChanged,
+    NodeReturned,
+    PublishTopology,
+    RejoinAsTail,
+    RemoveNode,
+    ShardReport,
+    SpliceChain,
+    StartCatchUp,
+    TimerTick,
+)
+from kayos.manager.view import ManagerView, ShardView, derive_alerts
+from kayos.replication.chain import rollback_point, with_takeover
+
+
+def decide(view: ManagerView, event: Event) -> tuple[ManagerView, list[Action]]:
+    """The view after ``event`` and the actions that carry the change to nodes and clients."""
+    if isinstance(event, ManagerLeaderChanged):
+        return _leader_changed(view, event)
+    node_actions: list[Action] = []
+    new = _apply(view, event, node_actions)
+    new = _reconcile(new)
+    reports = event.reports if isinstance(event, NodeReturned) else ()
+    new = _start_catch_ups(new, {r.shard: r for r in reports}, node_actions)
+    return _finish(view, new, node_actions)
+
+
+# --- per-event state changes ---------------------------------------------------------------------
+
+
+def _apply(view: ManagerView, event: Event, out: list[Action]) -> ManagerView:
+    if isinstance(event, Heartbeat):
+        return _heard(view, event.node, event.at_ms)
+    if isinstance(event, TimerTick):
+        return _tick(_heard_all(view, event.heard, event.now_ms))
+    if isinstance(event, LatencyReport):
+        return _latency(view, event)
+    if isinstance(event, HeadTookOver):
+        shard = view.shard(event.shard)
+        if shard is None or shard.chain[0] != event.node:
+            return view  # a stale report from a node that is no longer head: ignored
+        if shard.takeover and shard.takeover[-1] == (event.master_id, event.seq):
+            return view
+        table = with_takeover(list(shard.takeover), event.master_id, event.seq)
+        return view.with_shard(replace(shard, takeover=tuple(table)))
+    if isinstance(event, NodeReturned):
+        return _returned(view, event)
+    if isinstance(event, CatchUpDone):
+        return _catch_up_done(view, event, out)
+    if isinstance(event, RemoveNode):
+        node = view.node(event.node)
+        if node is None or node.state == "removed":
+            return view
+        return view.with_node(replace(node, state="removed"))
+    return view
+
+
+def _heard(view: ManagerView, node_id: str, at_ms: int) -> ManagerView:
+    """A heartbeat: a suspect node is up again; a down, slow or removed one stays so until it
+    says it is back (NodeReturned), since it has to catch up first."""
+    node = view.node(node_id)
+    if node is None:
+        return view
+    state = "up" if node.state == "suspect" else node.state
+    view = replace(view, now_ms=max(view.now_ms, at_ms))
+    return view.with_node(replace(node, state=state, last_heard_ms=max(node.last_heard_ms, at_ms)))
+
+
+def _heard_all(view: ManagerView, heard: tuple[tuple[str, int], ...], now_ms: int) -> ManagerView:
+    """A tick's heartbeats, as ``_heard`` one by one, in one pass over the nodes."""
+    latest: dict[str, int] = {}
+    for node_id, at_ms in heard:
+        latest[node_id] = max(at_ms, latest.get(node_id, at_ms))
+    nodes = tuple(
+        replace(
+            n,
+            state="up" if n.state == "suspect" else n.state,
+            last_heard_ms=max(n.last_heard_ms, latest[n.id]),
+        )
+        if n.id in latest
+        else n
+        for n in view.nodes
+    )
+    ids = {n.id for n in view.nodes}
+    known = [at for node_id, at in latest.items() if node_id in ids]
+    return replace(view, nodes=nodes, now_ms=max([view.now_ms, now_ms, *known]))
+
+
+def _tick(view: ManagerView) -> ManagerView:
+    config = view.config
+    for node in view.nodes:
+        if node.state not in ("up", "suspect", "slow"):
+            continue
+        silence = view.now_ms - node.last_heard_ms
+        if silence >= config.detection_window_ms:
+            view = view.with_node(replace(node, state="down"))
+        elif silence >= config.suspect_after_ms and node.state == "up":
+            view = view.with_node(replace(node, state="suspect"))
+    return view
+
+
+def _neighbours(view: ManagerView, a: str, b: str) -> bool:
+    for shard in view.shards:
+        if (
+            a in shard.chain
+            and b in shard.chain
+            and abs(shard.chain.index(a) - shard.chain.index(b)) == 1
+        ):
+            return True
+    return False
+
+
+def _latency(view: ManagerView, event: LatencyReport) -> ManagerView:
+    node = view.node(event.node)
+    reporter = view.node(event.reporter)
+    if node is None or reporter is None or reporter.state != "up" or node.id == reporter.id:
+        return view  # only a live neighbour's measurement counts
+    if not _neighbours(view, reporter.id, node.id):
+        return view
+    if event.window_ms < view.config.slow_window_ms:
+        return view  # too few samples for a p99 to mean anything
+    slow = event.p99_ms > view.config.slow_p99_ms
+    if slow and node.state in ("up", "suspect"):
+        return view.with_node(replace(node, state="slow"))
+    if not slow and node.state == "slow" and any(node.id in s.chain for s in view.shards):
+        return view.with_node(replace(node, state="up"))  # a kept slow node recovered
+    return view
+
+
+def _returned(view: ManagerView, event: NodeReturned) -> ManagerView:
+    """The node is up again; ``_start_catch_ups`` then sends it to every shard it departed."""
+    node = view.node(event.node)
+    if node is None or node.state == "removed":
+        return view  # an operator removed it: only an operator brings it back
+    view = replace(view, now_ms=max(view.now_ms, event.at_ms))
+    heard = max(node.last_heard_ms, event.at_ms)
+    return view.with_node(replace(node, state="up", last_heard_ms=heard))
+
+
+def _start_catch_ups(
+    view: ManagerView, reports: dict[int, ShardReport], out: list[Action]
+) -> ManagerView:
+    """Every up node that departed a shard (and is not in its chain) catches up from its tail:
+    a node that returned, or a kept slow node that recovered while departed from other shards."""
+    states = {node.id: node.state for node in view.nodes}
+    for shard in view.shards:
+        for node_id in shard.departed:
+            if states[node_id] != "up" or node_id in shard.catching_up or node_id in shard.chain:
+                continue
+            rollback = _rollback_to(shard, reports.get(shard.id))
+            shard = replace(shard, catching_up=(*shard.catching_up, node_id))
+            view = view.with_shard(shard)
+            out.append(StartCatchUp(node_id, shard.id, shard.tail, rollback))
+    return view
+
+
+def _rollback_to(shard: ShardView, report: ShardReport | None) -> int | None:
+    """Where the returning copy must roll back to, from the takeover tables (chain.py's rule).
+
+    The manager does not know the upstream's last seq, so it passes the returning node's own: a
+    copy that is a prefix of the head's history needs no rollback either way, and the link
+    handshake compares the real ends again."""
+    if report is None or not shard.takeover:
+        return None
+    return rollback_point(
+        list(report.takeover), list(shard.takeover), report.last_seq, report.last_seq
+    )
+
+
+def _catch_up_done(view: ManagerView, event: CatchUpDone, out: list[Action]) -> ManagerView:
+    shard = view.shard(event.shard)
+    node = view.node(event.node)
+    if shard is None or node is None or event.node not in shard.catching_up:
+        return view
+    if node.state != "up":
+        return view  # it went away again while catching up; reconcile drops it
+    shard = replace(
+        shard,
+        chain=(*shard.chain, node.id),
+        catching_up=tuple(n for n in shard.catching_up if n != node.id),
+        departed=tuple(n for n in shard.departed if n != node.id),
+    )
+    out.append(RejoinAsTail(node.id, shard.id, view.epoch + 1))
+    return view.with_shard(shard)
+
+
+# --- reconcile: chains follow node states --------------------------------------------------------
+
+
+def _reconcile(view: ManagerView) -> ManagerView:
+    states = {node.id: node.state for node in view.nodes}
+    shards = []
+    for shard in view.shards:
+        chain = list(shard.chain)
+        departed = list(shard.departed)
+        for member in list(chain):
+            state = states[member]
+            if state == "slow" and len(chain) - 1 < view.config.min_replicas:
+                continue  # kept: slow is better than under the minimum (docs/manager.md)
+            if state in ("down", "slow", "removed") and len(chain) > 1:
+                chain.remove(member)
+                if state != "removed" and member not in departed:
+                    departed.append(member)
+        departed = [n for n in departed if states[n] != "removed"]
+        catching_up = tuple(n for n in shard.catching_up if states[n] == "up")
+        shards.append(
+            replace(shard, chain=tuple(chain), departed=tuple(departed), catching_up=catching_up)
+        )
+    return replace(view, shards=tuple(shards))
+
+
+# --- actions from the difference -----------------------------------------------------------------
+
+
+def _finish(
+    old: ManagerView, new: ManagerView, node_actions: list[Action]
+) -> tuple[ManagerView, list[Action]]:
+    epoch = old.epoch + 1
+    changed = [
+        s for s, before in zip(new.shards, old.shards, strict=True) if s.chain != before.chain
+    ]
+    if changed:
+        ids = {s.id for s in changed}
+        new = replace(
+            new,
+            epoch=epoch,
+            shards=tuple(replace(s, epoch=epoch) if s.id in ids else s for s in new.shards),
+        )
+    actions: list[Action] = [SpliceChain(s.id, s.chain, epoch) for s in changed]
+    actions += node_actions
+    started = {(a.node, a.shard) for a in node_actions if isinstance(a, StartCatchUp)}
+    for shard, before in zip(new.shards, old.shards, strict=True):
+        if shard.tail != before.tail:
+            for node in shard.catching_up:
+                if (node, shard.id) not in started:
+                    actions.append(StartCatchUp(node, shard.id, shard.tail, None))
+    alerts = derive_alerts(new)
+    raised, cleared = set(alerts) - set(old.alerts), set(old.alerts) - set(alerts)
+    actions += [Alert(a.kind, a.shard, a.node) for a in sorted(raised)]
+    actions += [ClearAlert(a.kind, a.shard, a.node) for a in sorted(cleared)]
+    if changed:
+        actions.append(PublishTopology(epoch))
+    return replace(new, alerts=alerts), actions
+
+
+def _leader_changed(
+    view: ManagerView, event: ManagerLeaderChanged
+) -> tuple[ManagerView, list[Action]]:
+    """A new leader holds no state but the view. Its clock is not the old leader's, so every time
+    in the view is rebased onto it: each node counts as last heard at ``at_ms``, which also gives
+    every live node a full detection window (the new leader has heard no heartbeat yet). It sends
+    the current chains and pending catch-ups again, since the old leader may have died between
+    committing a change and sending it (nodes ignore an epoch they already hold)."""
+    at = event.at_ms
+    nodes = tuple(
+        replace(n, state="up" if n.state == "suspect" else n.state, last_heard_ms=at)
+        for n in view.nodes
+    )
+    view = replace(view, now_ms=at, nodes=nodes)
+    actions: list[Action] = [SpliceChain(s.id, s.chain, s.epoch) for s in view.shards]
+    actions += [
+        StartCatchUp(node, s.id, s.tail, None) for s in view.shards for node in s.catching_up
+    ]
+    actions.append(PublishTopology(view.epoch))
+    return view, actions

@@ -1,0 +1,219 @@
+"""What the manager is told (events) and what it asks for (actions): plain frozen records.
+
+Times are integer milliseconds on the manager's clock, carried in the events themselves (the
+log entry that carries an event carries its time), so applying an event never reads a clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from kayos import limits
+from kayos.errors import InvalidRequest
+from kayos.topology import check_node_id
+
+TakeoverEntries: TypeAlias = tuple[tuple[bytes, int], ...]
+
+# --- events --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """``node`` was heard from at ``at_ms``."""
+
+    node: str
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TimerTick:
+    """Time has reached ``now_ms``: silences are measured against it. ``heard`` carries the
+    heartbeats the leader received since its last tick, (node, at_ms) pairs applied first, so the
+    log holds one entry per tick rather than one per heartbeat."""
+
+    now_ms: int
+    heard: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyReport:
+    """``reporter``, a chain neighbour of ``node``, measured ``node``'s p99 produce-path latency
+    as ``p99_ms`` over the last ``window_ms``."""
+
+    reporter: str
+    node: str
+    p99_ms: int
+    window_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class HeadTookOver:
+    """``node``, head of ``shard``, recorded the takeover entry (``master_id``, ``seq``)."""
+
+    shard: int
+    node: str
+    master_id: bytes
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShardReport:
+    """A returning node's summary of its copy of one shard: last seq and takeover table."""
+
+    shard: int
+    last_seq: int
+    takeover: TakeoverEntries
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReturned:
+    """``node`` is back (restarted, resumed, reconnected) at ``at_ms`` with these shard copies."""
+
+    node: str
+    at_ms: int
+    reports: tuple[ShardReport, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CatchUpDone:
+    """``node`` has caught up on ``shard`` from its upstream and can join the chain."""
+
+    node: str
+    shard: int
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerLeaderChanged:
+    """A new manager leader took over at ``at_ms`` (applied by every member, like any event)."""
+
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveNode:
+    """An operator removes ``node`` for good (``kayos ctl remove-node``)."""
+
+    node: str
+
+
+Event: TypeAlias = (
+    Heartbeat
+    | TimerTick
+    | LatencyReport
+    | HeadTookOver
+    | NodeReturned
+    | CatchUpDone
+    | ManagerLeaderChanged
+    | RemoveNode
+)
+
+# --- actions -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SpliceChain:
+    """Every member of ``shard`` adopts ``chain`` (head first) at ``epoch``."""
+
+    shard: int
+    chain: tuple[str, ...]
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """An alert was raised (see ``AlertKey`` kinds in view.py)."""
+
+    kind: str
+    shard: int
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClearAlert:
+    """An alert no longer holds."""
+
+    kind: str
+    shard: int
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class StartCatchUp:
+    """``node`` rolls back to ``rollback_to`` (None: nothing to roll back, as far as the manager
+    knows; the link handshake checks again) and catches ``shard`` up from ``upstream``."""
+
+    node: str
+    shard: int
+    upstream: str
+    rollback_to: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RejoinAsTail:
+    """``node`` is the new tail of ``shard`` from ``epoch`` on."""
+
+    node: str
+    shard: int
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class PublishTopology:
+    """Clients and nodes are told the topology at ``epoch``."""
+
+    epoch: int
+
+
+Action: TypeAlias = SpliceChain | Alert | ClearAlert | StartCatchUp | RejoinAsTail | PublishTopology
+
+
+def check_event(event: Event) -> Event:
+    """Refuses a malformed event with ``InvalidRequest`` before it is logged, so ``decide`` only
+    ever sees well-formed ones (it ignores events about unknown nodes or shards, which are stale,
+    not malformed). Returns the event so it chains."""
+    times: list[int] = []
+    nodes: list[str] = []
+    if isinstance(event, Heartbeat):
+        times, nodes = [event.at_ms], [event.node]
+    elif isinstance(event, TimerTick):
+        if len(event.heard) > limits.manager_nodes_max:
+            raise InvalidRequest(f"a tick carries at most {limits.manager_nodes_max} heartbeats")
+        times = [event.now_ms, *(at for _, at in event.heard)]
+        nodes = [node for node, _ in event.heard]
+    elif isinstance(event, LatencyReport):
+        nodes = [event.reporter, event.node]
+        if event.p99_ms < 0 or event.window_ms <= 0:
+            raise InvalidRequest("a latency report needs p99_ms >= 0 and window_ms > 0")
+    elif isinstance(event, HeadTookOver):
+        nodes = [event.node]
+        _check_entries(((event.master_id, event.seq),))
+    elif isinstance(event, NodeReturned):
+        times, nodes = [event.at_ms], [event.node]
+        if len(event.reports) > limits.manager_shards_max:
+            raise InvalidRequest(f"a return carries at most {limits.manager_shards_max} reports")
+        for report in event.reports:
+            if report.last_seq < 0:
+                raise InvalidRequest("a shard report's last_seq must be >= 0")
+            if len(report.takeover) > limits.takeover_table_entries_max:
+                raise InvalidRequest("a takeover table is longer than its bound")
+            _check_entries(report.takeover)
+    elif isinstance(event, CatchUpDone | RemoveNode):
+        nodes = [event.node]
+    elif isinstance(event, ManagerLeaderChanged):
+        times = [event.at_ms]
+    if any(t < 0 for t in times):
+        raise InvalidRequest("event times must be >= 0")
+    for node in nodes:
+        check_node_id(node)
+    return event
+
+
+def _check_entries(entries: TakeoverEntries) -> None:
+    for master_id, seq in entries:
+        if not 1 <= len(master_id) <= _MASTER_ID_BYTES_MAX or seq < 0:
+            raise InvalidRequest("a takeover entry needs a 1-16 byte master id and a seq >= 0")
+
+
+# A master id is a UUID (16 bytes); shorter ids are accepted for tests and hand-written tables.
+_MASTER_ID_BYTES_MAX = 16

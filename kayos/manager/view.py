@@ -1,0 +1,235 @@
+"""The manager's view: the only state its decisions read (docs/manager.md).
+
+Frozen and canonical: nodes sorted by id, shards by id, alerts sorted, so two members that applied
+the same events hold equal views, and ``view_hash`` (sha256 of a canonical JSON encoding) is what
+members compare to notice a diverged state machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal, TypeAlias, cast
+
+from kayos import limits
+from kayos.errors import InvalidRequest
+from kayos.topology import check_node_id
+
+NodeState: TypeAlias = Literal["up", "suspect", "down", "slow", "removed"]
+NODE_STATES: tuple[NodeState, ...] = ("up", "suspect", "down", "slow", "removed")
+
+# Alert kinds (docs/manager.md "Alerts").
+BELOW_MIN_REPLICAS = "shard_below_min_replicas"  # a shard's chain is shorter than min_replicas
+SLOW_KEPT = "slow_node_kept"  # a slow node stays in a chain: removing it would go below the minimum
+NO_LIVE_MEMBER = "shard_no_live_member"  # a shard's only member is down or removed: it cannot serve
+ALERT_KINDS = (BELOW_MIN_REPLICAS, SLOW_KEPT, NO_LIVE_MEMBER)
+
+# The view's encoding version: part of the hash, so members of different versions never agree.
+VIEW_FORMAT = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """The bounds that drive the manager's decisions (defaults and reasons in kayos/limits.py).
+
+    - ``detection_window_ms``: silence after which a node is down and spliced out. Shorter removes
+      dead nodes faster but removes paused ones that would have come back.
+    - ``suspect_after_ms``: silence after which a node is shown as suspect; nothing is removed.
+    - ``slow_p99_ms`` / ``slow_window_ms``: a neighbour-reported p99 above the first, over a window
+      at least the second, removes a node as slow. Lower bounds remove more nodes for less.
+    - ``min_replicas``: below it a shard is alerted, and a slow node is kept (see decide.py).
+    """
+
+    detection_window_ms: int = limits.manager_detection_window_ms
+    suspect_after_ms: int = limits.manager_suspect_after_ms
+    slow_p99_ms: int = limits.manager_slow_p99_ms
+    slow_window_ms: int = limits.manager_slow_window_ms
+    min_replicas: int = limits.manager_min_replicas_default
+
+    def validate(self) -> Config:
+        """Rejects bounds that cannot work together; returns self so it chains."""
+        if self.detection_window_ms <= 0:
+            raise InvalidRequest("manager detection_window_ms must be > 0")
+        if not 0 < self.suspect_after_ms < self.detection_window_ms:
+            raise InvalidRequest("manager suspect_after_ms must be in (0, detection_window_ms)")
+        if self.slow_p99_ms <= 0 or self.slow_window_ms <= 0:
+            raise InvalidRequest("manager slow_p99_ms and slow_window_ms must be > 0")
+        if self.slow_p99_ms >= self.slow_window_ms:
+            # A p99 longer than its window is a window with fewer than one sample per p99.
+            raise InvalidRequest("manager slow_p99_ms must be < slow_window_ms")
+        if self.min_replicas < 1:
+            raise InvalidRequest("manager min_replicas must be >= 1")
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    id: str
+    state: NodeState
+    last_heard_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShardView:
+    """One shard: ``chain`` head first; ``epoch`` of its last change; ``departed``: members
+    spliced out that may come back; ``catching_up``: returned nodes copying from the tail;
+    ``takeover``: the head's takeover table as last reported."""
+
+    id: int
+    chain: tuple[str, ...]
+    epoch: int
+    departed: tuple[str, ...] = ()
+    catching_up: tuple[str, ...] = ()
+    takeover: tuple[tuple[bytes, int], ...] = ()
+
+    @property
+    def tail(self) -> str:
+        return self.chain[-1]
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class AlertKey:
+    kind: str
+    shard: int
+    node: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerView:
+    config: Config
+    epoch: int
+    now_ms: int
+    nodes: tuple[NodeView, ...]
+    shards: tuple[ShardView, ...]
+    alerts: tuple[AlertKey, ...] = field(default=())
+
+    @classmethod
+    def bootstrap(
+        cls,
+        config: Config,
+        node_ids: Sequence[str],
+        chains: Sequence[Sequence[str]],
+        *,
+        epoch: int = 1,
+    ) -> ManagerView:
+        """The first view: every node up and heard at 0, shard i's chain ``chains[i]``."""
+        config.validate()
+        if not 0 < len(node_ids) <= limits.manager_nodes_max:
+            raise InvalidRequest(f"a view holds 1 to {limits.manager_nodes_max} nodes")
+        if not 0 < len(chains) <= limits.manager_shards_max:
+            raise InvalidRequest(f"a view holds 1 to {limits.manager_shards_max} shards")
+        if len(set(node_ids)) != len(node_ids):
+            raise InvalidRequest("node ids must be distinct")
+        for node_id in node_ids:
+            check_node_id(node_id)
+        for i, chain in enumerate(chains):
+            if not chain or len(set(chain)) != len(chain):
+                raise InvalidRequest(f"shard {i}: a chain needs distinct members")
+            if not set(chain) <= set(node_ids):
+                raise InvalidRequest(f"shard {i}: unknown node in {chain}")
+        if epoch < 1:
+            raise InvalidRequest("epoch must be >= 1")
+        nodes = tuple(NodeView(n, "up", 0) for n in sorted(node_ids))
+        shards = tuple(ShardView(i, tuple(chain), epoch) for i, chain in enumerate(chains))
+        view = cls(config, epoch, 0, nodes, shards)
+        return replace(view, alerts=derive_alerts(view))
+
+    def node(self, node_id: str) -> NodeView | None:
+        for node in self.nodes:
+            if node.id == node_id:
+                return node
+        return None
+
+    def with_node(self, node: NodeView) -> ManagerView:
+        return replace(self, nodes=tuple(node if n.id == node.id else n for n in self.nodes))
+
+    def shard(self, shard_id: int) -> ShardView | None:
+        return self.shards[shard_id] if 0 <= shard_id < len(self.shards) else None
+
+    def with_shard(self, shard: ShardView) -> ManagerView:
+        return replace(self, shards=tuple(shard if s.id == shard.id else s for s in self.shards))
+
+    def to_data(self) -> dict[str, Any]:
+        """The canonical plain-data form (JSON-able; bytes as hex)."""
+        return {
+            "format": VIEW_FORMAT,
+            "config": {
+                "detection_window_ms": self.config.detection_window_ms,
+                "suspect_after_ms": self.config.suspect_after_ms,
+                "slow_p99_ms": self.config.slow_p99_ms,
+                "slow_window_ms": self.config.slow_window_ms,
+                "min_replicas": self.config.min_replicas,
+            },
+            "epoch": self.epoch,
+            "now_ms": self.now_ms,
+            "nodes": [[n.id, n.state, n.last_heard_ms] for n in self.nodes],
+            "shards": [
+                {
+                    "id": s.id,
+                    "chain": list(s.chain),
+                    "epoch": s.epoch,
+                    "departed": list(s.departed),
+                    "catching_up": list(s.catching_up),
+                    "takeover": [[uuid.hex(), seq] for uuid, seq in s.takeover],
+                }
+                for s in self.shards
+            ],
+            "alerts": [[a.kind, a.shard, a.node] for a in self.alerts],
+        }
+
+    @classmethod
+    def from_data(cls, data: Any) -> ManagerView:
+        """The inverse of ``to_data`` (a snapshot a new member starts from)."""
+        try:
+            if data["format"] != VIEW_FORMAT:
+                raise InvalidRequest(f"manager view format {data['format']!r} is not supported")
+            config = Config(**{k: int(v) for k, v in data["config"].items()}).validate()
+            nodes = []
+            for node_id, state, heard in data["nodes"]:
+                if state not in NODE_STATES:
+                    raise InvalidRequest(f"bad node state {state!r}")
+                nodes.append(NodeView(str(node_id), cast(NodeState, state), int(heard)))
+            shards = tuple(
+                ShardView(
+                    int(s["id"]),
+                    tuple(str(n) for n in s["chain"]),
+                    int(s["epoch"]),
+                    tuple(str(n) for n in s["departed"]),
+                    tuple(str(n) for n in s["catching_up"]),
+                    tuple((bytes.fromhex(u), int(q)) for u, q in s["takeover"]),
+                )
+                for s in data["shards"]
+            )
+            alerts = tuple(AlertKey(str(k), int(s), str(n)) for k, s, n in data["alerts"])
+            return cls(
+                config, int(data["epoch"]), int(data["now_ms"]), tuple(nodes), shards, alerts
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidRequest(f"bad manager view: {exc!r}") from exc
+
+
+def canonical_bytes(view: ManagerView) -> bytes:
+    """The view encoded with sorted keys and no whitespace: equal views give equal bytes."""
+    return json.dumps(view.to_data(), sort_keys=True, separators=(",", ":")).encode()
+
+
+def view_hash(view: ManagerView) -> str:
+    """sha256 (hex) of the canonical encoding; the manager members compare it."""
+    return hashlib.sha256(canonical_bytes(view)).hexdigest()
+
+
+def derive_alerts(view: ManagerView) -> tuple[AlertKey, ...]:
+    """The alerts that hold in ``view``: a function of chains and node states only."""
+    states = {n.id: n.state for n in view.nodes}
+    found: set[AlertKey] = set()
+    for shard in view.shards:
+        if len(shard.chain) < view.config.min_replicas:
+            found.add(AlertKey(BELOW_MIN_REPLICAS, shard.id))
+        for member in shard.chain:
+            if states.get(member) == "slow":
+                found.add(AlertKey(SLOW_KEPT, shard.id, member))
+        if len(shard.chain) == 1 and states.get(shard.chain[0]) in ("down", "removed"):
+            found.add(AlertKey(NO_LIVE_MEMBER, shard.id, shard.chain[0]))
+    return tuple(sorted(found))

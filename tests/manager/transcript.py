@@ -1,0 +1,292 @@
+"""A small command language for manager transcripts (etcd raft's interaction tests are the model).
+
+A transcript file opens with comment lines stating its intent, then blocks of::
+
+    # optional comments
+    command arg key=value ...
+    ----
+    expected output
+
+separated by blank lines. Times are seconds (``t=4.0``); p99 is milliseconds. Every step also
+checks the invariants: epochs never go back and rise by exactly one with any chain change, no chain
+is empty, and the view survives its canonical encoding with the same hash. With
+``KAYOS_REWRITE=1`` the expected outputs are regenerated from what the code does.
+
+Commands (one per line in a block):
+
+- ``config min= detect= suspect= slow-p99= slow-window=`` (before the layout)
+- ``add-nodes a b c``; then ``shards N replicas R`` (rotated: shard i starts at node i) or
+  ``chains a>b b>c>d`` (one chain per shard)
+- ``heartbeat a b t=``; ``tick t= [heard=a@1.5,b@1.7]``
+- ``latency reporter= node= p99= window=``
+- ``takeover shard= node= id=<hex> seq=``
+- ``return NODE t= [report=SHARD:LAST:ID@SEQ,ID@SEQ ...]``; ``catch-up-done NODE shard=``
+- ``leader-change t=`` (the new leader starts from a copy of the view decoded from its encoding)
+- ``remove-node NODE``, ``hash``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kayos.manager import (
+    Action,
+    Alert,
+    CatchUpDone,
+    ClearAlert,
+    Config,
+    Event,
+    HeadTookOver,
+    Heartbeat,
+    LatencyReport,
+    ManagerLeaderChanged,
+    ManagerView,
+    NodeReturned,
+    PublishTopology,
+    RejoinAsTail,
+    RemoveNode,
+    ShardReport,
+    SpliceChain,
+    StartCatchUp,
+    TimerTick,
+    decide,
+    view_hash,
+)
+from kayos.manager.view import derive_alerts
+
+SEPARATOR = "----"
+
+
+@dataclass
+class Block:
+    comments: list[str]
+    command: str
+    expected: list[str]
+
+
+@dataclass
+class Transcript:
+    intent: list[str]
+    blocks: list[Block]
+
+    def render(self, outputs: list[list[str]]) -> str:
+        parts = ["\n".join(self.intent)]
+        for block, output in zip(self.blocks, outputs, strict=True):
+            parts.append("\n".join([*block.comments, block.command, SEPARATOR, *output]))
+        return "\n\n".join(parts) + "\n"
+
+
+def parse(text: str) -> Transcript:
+    chunks = [chunk.strip("\n") for chunk in text.strip("\n").split("\n\n")]
+    intent = chunks[0].splitlines()
+    assert intent, "open with a statement of intent"
+    assert all(line.startswith("#") for line in intent), "open with a statement of intent"
+    blocks = []
+    for chunk in chunks[1:]:
+        lines = chunk.splitlines()
+        comments = [line for line in lines if line.startswith("#")]
+        rest = [line for line in lines if not line.startswith("#")]
+        assert len(rest) >= 2, f"bad block: {chunk!r}"
+        assert rest[1] == SEPARATOR, f"bad block: {chunk!r}"
+        blocks.append(Block(comments, rest[0], rest[2:]))
+    return Transcript(intent, blocks)
+
+
+def _ms(seconds: str) -> int:
+    return round(float(seconds) * 1000)
+
+
+def _secs(ms: int) -> str:
+    return f"{ms / 1000:.3f}".rstrip("0").rstrip(".") + "s"
+
+
+def _table(text: str) -> tuple[tuple[bytes, int], ...]:
+    entries = []
+    for item in text.split(","):
+        uuid, seq = item.split("@")
+        entries.append((bytes.fromhex(uuid), int(seq)))
+    return tuple(entries)
+
+
+def format_action(action: Action) -> str:
+    if isinstance(action, SpliceChain):
+        return f"splice shard={action.shard} chain={'>'.join(action.chain)} epoch={action.epoch}"
+    if isinstance(action, StartCatchUp):
+        rollback = "none" if action.rollback_to is None else str(action.rollback_to)
+        return (
+            f"start-catch-up {action.node} shard={action.shard} upstream={action.upstream}"
+            f" rollback-to={rollback}"
+        )
+    if isinstance(action, RejoinAsTail):
+        return f"rejoin-as-tail {action.node} shard={action.shard} epoch={action.epoch}"
+    if isinstance(action, Alert | ClearAlert):
+        verb = "alert" if isinstance(action, Alert) else "clear-alert"
+        node = f" node={action.node}" if action.node else ""
+        return f"{verb} {action.kind} shard={action.shard}{node}"
+    assert isinstance(action, PublishTopology)
+    return f"publish-topology epoch={action.epoch}"
+
+
+def format_view(view: ManagerView) -> list[str]:
+    lines = [f"view epoch={view.epoch} now={_secs(view.now_ms)}"]
+    lines.append("  nodes: " + " ".join(f"{n.id}={n.state}" for n in view.nodes))
+    for shard in view.shards:
+        line = f"  shard {shard.id}: {'>'.join(shard.chain)} epoch={shard.epoch}"
+        if shard.departed:
+            line += f" departed={','.join(shard.departed)}"
+        if shard.catching_up:
+            line += f" catching-up={','.join(shard.catching_up)}"
+        if shard.takeover:
+            line += " takeover=" + ",".join(f"{u.hex()}@{s}" for u, s in shard.takeover)
+        lines.append(line)
+    alerts = [
+        f"{a.kind}(shard={a.shard}{',node=' + a.node if a.node else ''})" for a in view.alerts
+    ]
+    lines.append("  alerts: " + (" ".join(alerts) if alerts else "none"))
+    return lines
+
+
+@dataclass
+class Interpreter:
+    config: Config = field(default_factory=Config)
+    node_ids: list[str] = field(default_factory=list)
+    view: ManagerView | None = None
+
+    def run(self, command: str) -> list[str]:
+        words = command.split()
+        name, args = words[0], words[1:]
+        keys = dict(arg.split("=", 1) for arg in args if "=" in arg)
+        positional = [arg for arg in args if "=" not in arg]
+        reports = [arg.split("=", 1)[1] for arg in args if arg.startswith("report=")]
+        if name == "config":
+            assert self.view is None, "config comes before shards"
+            self.config = Config(
+                detection_window_ms=_ms(
+                    keys.get("detect", str(self.config.detection_window_ms / 1000))
+                ),
+                suspect_after_ms=_ms(keys.get("suspect", str(self.config.suspect_after_ms / 1000))),
+                slow_p99_ms=int(keys.get("slow-p99", self.config.slow_p99_ms)),
+                slow_window_ms=_ms(keys.get("slow-window", str(self.config.slow_window_ms / 1000))),
+                min_replicas=int(keys.get("min", self.config.min_replicas)),
+            ).validate()
+            c = self.config
+            return [
+                f"config detect={_secs(c.detection_window_ms)} suspect={_secs(c.suspect_after_ms)}"
+                f" slow-p99={c.slow_p99_ms}ms slow-window={_secs(c.slow_window_ms)}"
+                f" min={c.min_replicas}"
+            ]
+        if name == "add-nodes":
+            self.node_ids += positional
+            return ["nodes " + " ".join(self.node_ids)]
+        if name == "shards":
+            count, replicas = int(positional[0]), int(keys.get("replicas", positional[-1]))
+            if len(positional) == 3:  # `shards 3 replicas 3`
+                replicas = int(positional[2])
+            ids = self.node_ids
+            chains = [tuple(ids[(i + k) % len(ids)] for k in range(replicas)) for i in range(count)]
+            self.view = ManagerView.bootstrap(self.config, ids, chains)
+            return format_view(self.view)
+        if name == "chains":
+            self.view = ManagerView.bootstrap(
+                self.config, self.node_ids, [tuple(chain.split(">")) for chain in positional]
+            )
+            return format_view(self.view)
+        if name == "hash":
+            return [view_hash(self._view())]
+        events: list[Event]
+        if name == "heartbeat":
+            events = [Heartbeat(node, _ms(keys["t"])) for node in positional]
+        elif name == "tick":
+            heard = tuple(
+                (node, _ms(at))
+                for node, at in (
+                    item.split("@") for item in keys.get("heard", "").split(",") if item
+                )
+            )
+            events = [TimerTick(_ms(keys["t"]), heard)]
+        elif name == "latency":
+            events = [
+                LatencyReport(keys["reporter"], keys["node"], int(keys["p99"]), _ms(keys["window"]))
+            ]
+        elif name == "takeover":
+            events = [
+                HeadTookOver(
+                    int(keys["shard"]), keys["node"], bytes.fromhex(keys["id"]), int(keys["seq"])
+                )
+            ]
+        elif name == "return":
+            parsed = []
+            for report in reports:
+                shard, last, table = report.split(":")
+                parsed.append(ShardReport(int(shard), int(last), _table(table)))
+            events = [NodeReturned(positional[0], _ms(keys["t"]), tuple(parsed))]
+        elif name == "catch-up-done":
+            events = [CatchUpDone(positional[0], int(keys["shard"]))]
+        elif name == "leader-change":
+            # The new leader is a member that holds only the replicated view: start it from a
+            # copy decoded from the canonical encoding.
+            copy = ManagerView.from_data(json.loads(json.dumps(self._view().to_data())))
+            assert copy == self._view()
+            assert view_hash(copy) == view_hash(self._view())
+            self.view = copy
+            events = [ManagerLeaderChanged(_ms(keys["t"]))]
+        elif name == "remove-node":
+            events = [RemoveNode(node) for node in positional]
+        else:
+            raise AssertionError(f"unknown command {name!r}")
+        actions: list[Action] = []
+        for event in events:
+            actions += self._step(event)
+        out = ["actions:"] + [f"  {format_action(a)}" for a in actions]
+        if not actions:
+            out = ["actions: none"]
+        return out + format_view(self._view())
+
+    def _view(self) -> ManagerView:
+        assert self.view is not None, "`shards` first"
+        return self.view
+
+    def _step(self, event: Event) -> list[Action]:
+        before = self._view()
+        after, actions = decide(before, event)
+        check_invariants(before, after)
+        again, same = decide(before, event)
+        assert (again, same) == (after, actions), "decide is not a function of (view, event)"
+        self.view = after
+        return actions
+
+
+def check_invariants(before: ManagerView, after: ManagerView) -> None:
+    changed = [a.chain != b.chain for a, b in zip(after.shards, before.shards, strict=True)]
+    if any(changed):
+        assert after.epoch == before.epoch + 1, "a chain change raises the epoch by one"
+    else:
+        assert after.epoch == before.epoch, "no chain change, no new epoch"
+    for shard, old in zip(after.shards, before.shards, strict=True):
+        assert shard.chain, f"shard {shard.id} lost its last member"
+        assert shard.epoch >= old.epoch
+        assert len(set(shard.chain)) == len(shard.chain)
+        states = {node.id: node.state for node in after.nodes}
+        if len(shard.chain) > 1:
+            assert all(states[n] in ("up", "suspect", "slow") for n in shard.chain), shard
+        assert set(shard.catching_up) <= set(shard.departed), shard
+        assert all(states[n] == "up" for n in shard.catching_up), shard
+        assert not set(shard.departed) & set(shard.chain), shard
+    assert after.alerts == derive_alerts(after)
+    decoded = ManagerView.from_data(json.loads(json.dumps(after.to_data())))
+    assert decoded == after
+    assert view_hash(decoded) == view_hash(after)
+
+
+def run_file(path: Path) -> tuple[str, str]:
+    """(expected text, actual text) of one transcript file."""
+    text = path.read_text()
+    transcript = parse(text)
+    interpreter = Interpreter()
+    outputs = [interpreter.run(block.command) for block in transcript.blocks]
+    return text, transcript.render(outputs)
+
+
+__all__ = ["Interpreter", "check_invariants", "parse", "run_file"]
