@@ -185,6 +185,10 @@ def up_process(tmp_path: Path) -> Iterator[subprocess.Popen[str]]:
         finally:
             if process.poll() is None:
                 process.terminate()
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:  # a hung launcher fails its test, not the run
+                    process.kill()
 
 
 def _read_until(process: subprocess.Popen[str], marker: str) -> str:
