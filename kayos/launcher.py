@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import select
 import shlex
 import shutil
@@ -50,6 +51,14 @@ port_race_attempts_max = 3
 log_tail_lines = 40
 # One status request; a node that does not answer within this is treated as not ready yet.
 status_request_timeout_s = 2.0
+# Probed ports come from [max(_FREE_PORT_LOW, ephemeral low - _FREE_PORT_SPAN), ephemeral low):
+# above the well-known and common service ports, below what the kernel gives outgoing
+# connections. Linux's default ephemeral range starts at 32768, leaving ~17k ports to draw from.
+_FREE_PORT_LOW = 15_000
+_FREE_PORT_SPAN = 17_000
+_EPHEMERAL_PORT_LOW_DEFAULT = 32_768
+# Draws per port wanted before giving up (a taken port is drawn again elsewhere).
+_FREE_PORT_TRIES_PER_PORT = 20
 
 NODE_IDS = "abcdefghijklmnopqrstuvwxyz"
 _START_MARKER = "--- kayos launcher: starting node"
@@ -75,15 +84,45 @@ def node_ids(count: int) -> list[str]:
     return list(NODE_IDS[:count])
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct ports the OS says are free now (all probed at once, so distinct)."""
-    sockets: list[socket.socket] = []
+def _ephemeral_port_low() -> int:
+    """The lowest port the kernel hands to outgoing connections (Linux's ip_local_port_range)."""
     try:
-        for _ in range(count):
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            return int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return _EPHEMERAL_PORT_LOW_DEFAULT
+
+
+def free_ports(
+    count: int, host: str = "127.0.0.1", *, rng: random.Random | None = None
+) -> list[int]:
+    """``count`` distinct ports free now, drawn below the kernel's ephemeral range: a port the
+    kernel picked (bind to 0) is one it may also give an outgoing connection before the node
+    listens on it, which happened often enough on a busy box to fail tests. All are probed at
+    once, so they are distinct; a port taken meanwhile is the launcher's lost port race."""
+    rng = rng or random.Random()  # noqa: S311 - spreading test ports, not security
+    high = _ephemeral_port_low()
+    low = max(_FREE_PORT_LOW, high - _FREE_PORT_SPAN)
+    sockets: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        for _ in range(count * _FREE_PORT_TRIES_PER_PORT):
+            if len(ports) == count:
+                return ports
+            port = rng.randrange(low, high)
+            if port in ports:
+                continue
             probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                probe.bind((host, port))
+            except OSError:
+                probe.close()
+                continue
             sockets.append(probe)
-            probe.bind((host, 0))
-        return [int(probe.getsockname()[1]) for probe in sockets]
+            ports.append(port)
+        if len(ports) == count:
+            return ports
+        raise ClusterError(f"found only {len(ports)} of {count} free ports in {low}-{high - 1}")
     finally:
         for probe in sockets:
             probe.close()

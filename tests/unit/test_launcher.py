@@ -4,7 +4,9 @@ errors that quote a node's log."""
 
 from __future__ import annotations
 
+import random
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -84,6 +86,22 @@ def _cluster(tmp_path: Path, **kwargs: object) -> LocalCluster:
 def test_free_ports_are_distinct() -> None:
     ports = free_ports(8)
     assert len(set(ports)) == 8
+
+
+def test_free_ports_stay_below_the_ephemeral_range_and_skip_taken_ones() -> None:
+    # A port the kernel may hand to an outgoing connection is no port to start a node on.
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
+        ephemeral_low = int(ranges.read().split()[0])
+    seed = 20261124
+    print(f"seed {seed}")
+    first = free_ports(1, rng=random.Random(seed))[0]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", first))
+        taken.listen()
+        ports = free_ports(50, rng=random.Random(seed))  # draws `first` first, and skips it
+    assert first not in ports
+    assert len(set(ports)) == 50
+    assert all(port < ephemeral_low for port in [first, *ports])
 
 
 def test_rotated_topology_and_fanout() -> None:
