@@ -635,28 +635,37 @@ class StopSignal:
         os.close(self._wake_write)
 
 
-def _supervise(cluster: LocalCluster, stop: StopSignal, echo: Callable[[str], None]) -> int:
+def _supervise(
+    cluster: LocalCluster,
+    stop: StopSignal,
+    echo: Callable[[str], None],
+    clock: Callable[[], float] = time.monotonic,
+) -> int:
     """Until ``stop``: starts again, after a backoff (``kayos.supervisor``), each member of
     ``cluster`` that dies. Returns 0, or 1 once a member died too often in a row."""
     supervisor = Supervisor()
     for member in cluster.members():
-        supervisor.started(member, time.monotonic())
+        supervisor.started(member, clock())
     while not stop.wait(poll_interval_s * 10):
         died = [(member, f"exited with code {code}") for member, code in cluster.exited().items()]
-        for member in supervisor.due(time.monotonic()):
+        for member in supervisor.due(clock()):
             if stop.is_set():
                 break
+            # The attempt is the start: a member that fails to start is a quick death, not one
+            # measured from its last good start (a front that could never start again was
+            # otherwise retried forever once that start was a minute old).
+            supervisor.started(member, clock())
             try:
                 cluster.start(member, wait=False)
-            except ClusterError as exc:
+            except (ClusterError, OSError) as exc:
                 died.append((member, f"did not start: {exc}"))
                 continue
-            supervisor.started(member, time.monotonic())
             echo(f"kayos up: {member} started again (pid {cluster.pid(member)})")
         for member, why in died:
             if cluster.pid(member) is None:
-                cluster.kill(member)  # reaps it and closes its log
-            decision = supervisor.exited(member, time.monotonic())
+                with contextlib.suppress(KeyError):  # a spawn that failed left none to reap
+                    cluster.kill(member)  # reaps it and closes its log
+            decision = supervisor.exited(member, clock())
             if isinstance(decision, GiveUp):
                 echo(
                     f"kayos up: {member} {why}; it died {decision.deaths} times in a row soon "

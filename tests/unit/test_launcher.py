@@ -4,6 +4,7 @@ errors that quote a node's log."""
 
 from __future__ import annotations
 
+import pathlib
 import random
 import signal
 import socket
@@ -16,7 +17,15 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from kayos.launcher import ClusterError, LocalCluster, build_topology, free_ports, node_ids
+from kayos import limits
+from kayos.launcher import (
+    ClusterError,
+    LocalCluster,
+    _supervise,
+    build_topology,
+    free_ports,
+    node_ids,
+)
 from kayos.topology import NodeAddr, Topology
 
 if TYPE_CHECKING:
@@ -300,3 +309,60 @@ def test_the_stop_signal_can_be_set_from_a_signal_handler_at_any_moment() -> Non
         [sys.executable, "-c", STOP_SIGNAL_STRESS], capture_output=True, text=True, timeout=120
     )
     assert (done.returncode, done.stdout.strip()) == (0, "woken True True"), done.stderr[-2000:]
+
+
+class _NeverStarts:
+    """A cluster whose one member died once and fails every start (say its port stays taken)."""
+
+    def __init__(self) -> None:
+        self.attempts = 0
+        self.died = True
+
+    def members(self) -> list[str]:
+        return ["kestrel"]
+
+    def exited(self) -> dict[str, int]:
+        died, self.died = self.died, False
+        return {"kestrel": 1} if died else {}
+
+    def start(self, member: str, *, wait: bool = True) -> None:
+        self.attempts += 1
+        raise ClusterError("127.0.0.1:22133 is in use (address already in use)")
+
+    def pid(self, member: str) -> None:
+        return None
+
+    def kill(self, member: str) -> int:
+        return -1
+
+    def log_path(self, member: str) -> pathlib.Path:
+        return pathlib.Path("/nonexistent/kestrel.log")
+
+
+class _FakeTimeStop:
+    """A stop that is never asked for; each wait moves a fake clock on by 100 s (time passes only
+    while the supervisor waits), up to ``waits_max`` waits."""
+
+    def __init__(self, waits_max: int) -> None:
+        self.now_s = 0.0
+        self.waits_left = waits_max
+
+    def wait(self, timeout_s: float) -> bool:
+        self.now_s += 100.0
+        self.waits_left -= 1
+        return self.waits_left < 0
+
+    def is_set(self) -> bool:
+        return self.waits_left < 0
+
+
+def test_a_member_that_never_starts_again_is_given_up_on() -> None:
+    # Every failed start comes long after the member's last good one; counted from that start,
+    # each death looked like the first in a row, and kayos up retried such a front forever.
+    cluster = _NeverStarts()
+    stop = _FakeTimeStop(waits_max=1000)
+    lines: list[str] = []
+    code = _supervise(cluster, stop, lines.append, clock=lambda: stop.now_s)  # type: ignore[arg-type]
+    assert code == 1, lines[-3:]
+    assert cluster.attempts == limits.node_restarts_max
+    assert "giving up" in lines[-2]
