@@ -11,6 +11,10 @@ import socket
 
 from kayos.errors import AddressInUseError, KayosError
 
+# Connections the kernel queues for a port before the server accepts them: peers and clients of a
+# node that is still opening its stores wait here (asyncio's own default for start_server).
+_BACKLOG = 100
+
 
 def address_in_use(host: str, port: int, what: str, hint: str) -> AddressInUseError:
     """The one-line error for a taken port: the address, whose port it is, and how to move it.
@@ -21,11 +25,12 @@ def address_in_use(host: str, port: int, what: str, hint: str) -> AddressInUseEr
 
 
 def bind_listener(host: str, port: int, *, what: str, hint: str) -> socket.socket:
-    """A TCP socket bound to ``host:port`` but not yet listening: the port is ours, yet a peer
-    that connects before the server runs is refused at once (and retries) rather than left
-    waiting; the server's ``listen`` (asyncio's ``sock=``) opens it. SO_REUSEADDR as asyncio and
-    aiohttp set it, so a port in TIME_WAIT after a restart is not "in use", while one another
-    socket listens on is. ``AddressInUseError`` if taken; ``KayosError`` for other failures."""
+    """A TCP socket bound to ``host:port`` and listening: the port is ours from here on (a socket
+    that is only bound, with SO_REUSEADDR, does not keep another process from binding it too, and
+    that one could then contact peers first). A peer that connects before the server runs waits
+    in the backlog until it is served. SO_REUSEADDR as asyncio and aiohttp set it, so a port in
+    TIME_WAIT after a restart is not "in use", while one another socket listens on is.
+    ``AddressInUseError`` if taken; ``KayosError`` for other failures."""
     # IPPROTO_TCP said outright: a socket made with proto 0 hands 0 on to the sockets it
     # accepts, and asyncio sets TCP_NODELAY only on sockets whose proto is IPPROTO_TCP. Without
     # it Nagle's algorithm held every small reply for the peer's delayed ACK (about 40 ms).
@@ -33,6 +38,7 @@ def bind_listener(host: str, port: int, *, what: str, hint: str) -> socket.socke
     try:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((host, port))
+        listener.listen(_BACKLOG)
     except OSError as exc:
         listener.close()
         if exc.errno == errno.EADDRINUSE:

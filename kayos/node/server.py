@@ -63,8 +63,8 @@ def _port_words(node: Node, field: str) -> tuple[str, str]:
 
 
 def bind_ports(node: Node) -> tuple[socket.socket, socket.socket]:
-    """Binds the node's HTTP and binary ports (``AddressInUseError`` names the taken one); they
-    listen once served, so peers are refused, not kept waiting, while the node starts."""
+    """Binds the node's HTTP and binary ports and listens on them (``AddressInUseError`` names the
+    taken one); peers that connect while the node starts wait until it serves."""
     address = node.address
     listeners: list[socket.socket] = []
     try:
@@ -97,8 +97,7 @@ async def _serve(
         bin_listener.close()
         await node.stop()
         if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
-            # Another process bound it too between our bind and our listen (both with
-            # SO_REUSEADDR, neither listening yet); it listened first.
+            # Defensive: the port is ours since bind_ports listened on it.
             raise _taken(node, "bin_port") from None
         raise
     tune_gc()

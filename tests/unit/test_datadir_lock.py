@@ -156,17 +156,22 @@ def test_a_taken_port_is_one_line_naming_it_and_the_flag() -> None:
     check_free("127.0.0.1", port, what="w", hint="h")  # closed now: free again
 
 
-def test_a_port_bound_early_refuses_peers_until_it_is_served_yet_counts_as_taken() -> None:
+def test_a_port_bound_early_is_taken_at_once_and_peers_wait_to_be_served() -> None:
     listener = bind_listener("127.0.0.1", 0, what="w", hint="h")
     port = int(listener.getsockname()[1])
     with listener:
-        # Not listening yet: a peer is refused at once (and retries) rather than left waiting.
-        with pytest.raises(ConnectionRefusedError):
-            socket.create_connection(("127.0.0.1", port), timeout=5).close()
-        listener.listen()
+        # Taken at once, even for a binder that also sets SO_REUSEADDR (a socket only bound,
+        # not listening, let a second process bind the same port and reach peers first).
         with pytest.raises(AddressInUseError):
             check_free("127.0.0.1", port, what="w", hint="h")
-        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        with pytest.raises(AddressInUseError):
+            bind_listener("127.0.0.1", port, what="w", hint="h")
+        # A peer that connects before the server runs waits in the backlog to be served.
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as peer:
+            accepted, _ = listener.accept()
+            with accepted:
+                peer.sendall(b"x")
+                assert accepted.recv(1) == b"x"
 
 
 def test_the_kestrel_front_checks_its_ports_with_their_flags() -> None:
