@@ -154,3 +154,18 @@ def start_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
     yield start
     for cluster in clusters:
         cluster.stop()
+
+
+def fingerprint(cluster: LocalCluster, queue: str) -> tuple[Any, Any]:
+    """Every replica's seqs and ``queue``'s content as a consumer sees it: what a refused request
+    must leave as it was."""
+    seqs = {}
+    for node in cluster.topology.nodes:
+        status = cluster.status(node)
+        assert status is not None, node
+        seqs[node] = {
+            shard: (replica["last_seq"], replica["committed_seq"])
+            for shard, replica in status["shards"].items()
+        }
+    tail = cluster.url(cluster.tails_of(queue)[0])
+    return seqs, read_snapshot(tail, queue, "observer").messages

@@ -11,7 +11,7 @@ import pytest
 
 from kayos import limits
 from kayos.launcher import LocalCluster, http_json
-from tests.integration.conftest import http_raw, produce_ok, read_snapshot
+from tests.integration.conftest import fingerprint, http_raw, produce_ok
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -34,20 +34,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield running
 
 
-def fingerprint(cluster: LocalCluster) -> tuple[Any, Any]:
-    """Every replica's seqs and the queue's content as a consumer sees it."""
-    seqs = {}
-    for node in cluster.topology.nodes:
-        status = cluster.status(node)
-        assert status is not None, node
-        seqs[node] = {
-            shard: (replica["last_seq"], replica["committed_seq"])
-            for shard, replica in status["shards"].items()
-        }
-    tail = cluster.url(cluster.tails_of(QUEUE)[0])
-    return seqs, read_snapshot(tail, QUEUE, "observer").messages
-
-
 def messages_url(cluster: LocalCluster, queue: str = QUEUE, query: str = "acks=all") -> str:
     return f"{cluster.url(cluster.head_of(QUEUE))}/v1/queues/{queue}/messages?{query}"
 
@@ -65,9 +51,9 @@ def assert_refused(
 
 @pytest.fixture
 def unchanged(cluster: LocalCluster) -> Iterator[None]:
-    before = fingerprint(cluster)
+    before = fingerprint(cluster, QUEUE)
     yield
-    assert fingerprint(cluster) == before, "a refused request changed nothing"
+    assert fingerprint(cluster, QUEUE) == before, "a refused request changed nothing"
 
 
 @pytest.mark.usefixtures("unchanged")

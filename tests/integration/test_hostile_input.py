@@ -26,6 +26,7 @@ from kayos.replication.frames import PROTOCOL_VERSION, ErrorFrame, Hello, Produc
 from tests.integration.conftest import (
     PRODUCE_TIMEOUT_S,
     WAIT_S,
+    fingerprint,
     http_raw,
     produce_ok,
     read_snapshot,
@@ -68,20 +69,6 @@ def expected_links(cluster: LocalCluster) -> int:
     return sum(2 * (len(shard.members) - 1) for shard in cluster.topology.shards.values())
 
 
-def fingerprint(cluster: LocalCluster) -> tuple[Any, Any]:
-    """Every replica's seqs and the queue's content as a consumer sees it."""
-    seqs = {}
-    for node in cluster.topology.nodes:
-        status = cluster.status(node)
-        assert status is not None, node
-        seqs[node] = {
-            shard: (replica["last_seq"], replica["committed_seq"])
-            for shard, replica in status["shards"].items()
-        }
-    tail = cluster.url(cluster.tails_of(QUEUE)[0])
-    return seqs, read_snapshot(tail, QUEUE, "observer").messages
-
-
 def head_url(cluster: LocalCluster) -> str:
     return cluster.url(cluster.head_of(QUEUE))
 
@@ -104,7 +91,7 @@ def assert_harmless(
     # Every link is up before (the cluster may have just started).
     links = expected_links(cluster)
     wait_until(lambda: link_count(cluster) == links, "every link end up")
-    before = fingerprint(cluster)
+    before = fingerprint(cluster, QUEUE)
     last_seq = head_last_seq(cluster)
     got_status, body = send()
     assert isinstance(body, dict), (got_status, body)
@@ -112,7 +99,7 @@ def assert_harmless(
     assert (got_status, body["error"]["code"]) == (status, code), body
     message = str(body["error"]["message"])
     assert message
-    assert fingerprint(cluster) == before, "a refused request changed nothing"
+    assert fingerprint(cluster, QUEUE) == before, "a refused request changed nothing"
     assert link_count(cluster) == links, "every replication link is still up"
     first, _ = produce_ok(head_url(cluster), QUEUE, [("after", "ok")])
     assert first == last_seq + 1, "the refused request used up no seq"
@@ -334,7 +321,7 @@ def test_committed_seq_past_u64(cluster: LocalCluster) -> None:
 
 
 def test_client_refuses_out_of_range_before_sending(cluster: LocalCluster) -> None:
-    before = fingerprint(cluster)
+    before = fingerprint(cluster, QUEUE)
     with Client(head_url(cluster)) as client:
         with pytest.raises(InvalidRequest, match="hwm"):
             client.commit(QUEUE, "g", U64_END)
@@ -346,7 +333,7 @@ def test_client_refuses_out_of_range_before_sending(cluster: LocalCluster) -> No
             client.read(QUEUE, after=U64_END)
         with pytest.raises(InvalidRequest, match="seq"):
             client.wait_committed(QUEUE, U64_END, 0.0)
-    assert fingerprint(cluster) == before
+    assert fingerprint(cluster, QUEUE) == before
 
 
 # --- the binary port ------------------------------------------------------------------------------
