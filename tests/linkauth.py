@@ -7,14 +7,19 @@ process-level integration tests use them the same way.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from kayos import limits
 from kayos.identity import ClusterIdentity
+from kayos.launcher import free_ports
 from kayos.replication import auth
 from kayos.replication import frames as fr
+from kayos.topology import NodeAddr, ShardChain, Topology
 
 # A fixed identity for in-process tests (never a real cluster's).
 TEST_IDENTITY = ClusterIdentity("00000000-0000-4000-8000-000000000001", bytes(range(1, 33)))
@@ -83,3 +88,27 @@ def answer_challenge(
     mac = auth.proof(identity, auth.CONNECTOR_PROVES, claim, challenge.nonce, nonce)
     link.send(fr.AuthProof(cluster_uuid or identity.cluster_uuid, nonce, mac))
     return link.next()
+
+
+def one_shard_topology(ids: list[str], host: str = "127.0.0.1") -> Topology:
+    """Nodes ``ids`` on free ports, one shard whose chain is ``ids`` in order, the test identity:
+    an in-process chain for link tests."""
+    ports = free_ports(2 * len(ids))
+    nodes = {
+        node: NodeAddr(node, host, ports[i], ports[len(ids) + i]) for i, node in enumerate(ids)
+    }
+    return Topology(1, nodes, {0: ShardChain(0, tuple(ids), ())}, TEST_IDENTITY)
+
+
+async def until(condition: Callable[[], Any], what: str, timeout_s: float = 30.0) -> Any:
+    """Polls ``condition`` on the running loop until it is truthy (returned), failing after
+    ``timeout_s``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)  # a bounded poll of a condition

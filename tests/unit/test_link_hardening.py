@@ -19,14 +19,13 @@ import pytest
 
 from kayos import limits
 from kayos.errors import InvalidRequest, WrongPeerError
-from kayos.launcher import free_ports
 from kayos.node.runtime import Node
 from kayos.replication import auth, handshake
 from kayos.replication import frames as fr
 from kayos.replication.handshake import HostAddresses, accept_peer
 from kayos.replication.replica import FrameStream
 from kayos.topology import NodeAddr, ShardChain, Topology
-from tests.linkauth import TEST_IDENTITY, RawLink, link_hello
+from tests.linkauth import TEST_IDENTITY, RawLink, link_hello, one_shard_topology, until
 
 SEED = 20261124
 WAIT_S = 30.0
@@ -36,26 +35,6 @@ SILENCE_S = limits.peer_silence_ms_max / 1000
 SLACK_S = limits.ping_interval_ms / 1000 + 1.5
 # A connection closed "at once" is closed well inside the handshake bound it used to wait out.
 AT_ONCE_S = limits.handshake_ms_max / 1000 / 2
-
-
-def _topology(ids: list[str], host: str = "127.0.0.1") -> Topology:
-    ports = free_ports(2 * len(ids))
-    nodes = {
-        node: NodeAddr(node, host, ports[i], ports[len(ids) + i]) for i, node in enumerate(ids)
-    }
-    return Topology(1, nodes, {0: ShardChain(0, tuple(ids), ())}, TEST_IDENTITY)
-
-
-async def _until(condition: Callable[[], Any], what: str) -> Any:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + WAIT_S
-    while True:
-        value = condition()
-        if value:
-            return value
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)  # a bounded poll of a condition
 
 
 def _node(topology: Topology, node_id: str, base: Path) -> Node:
@@ -72,7 +51,7 @@ async def test_an_upstream_silent_after_hello_ok_is_dropped_within_the_silence_b
     """A fake upstream proves the secret, sends HELLO_OK and then never answers (a wedged node):
     the downstream closes the link within the silence bound and connects again."""
     print("seed", SEED)
-    topology = _topology(["a", "b"])
+    topology = one_shard_topology(["a", "b"])
     loop = asyncio.get_running_loop()
     connections: list[dict[str, float | None]] = []
 
@@ -105,7 +84,7 @@ async def test_an_upstream_silent_after_hello_ok_is_dropped_within_the_silence_b
     node = _node(topology, "b", tmp_path)
     try:
         await node.start()
-        await _until(lambda: len(connections) >= 2, "the downstream to connect again")
+        await until(lambda: len(connections) >= 2, "the downstream to connect again")
         first = connections[0]
         assert first["hello_ok"] is not None
         assert first["closed"] is not None
@@ -126,7 +105,7 @@ async def test_a_large_frame_before_the_handshake_is_refused_at_its_length(
 ) -> None:
     """A peer that proved nothing announces a 1 MB HELLO and sends only its start: the node
     refuses the length at once instead of buffering the frame until the handshake bound."""
-    topology = _topology(["a"])
+    topology = one_shard_topology(["a"])
     node = _node(topology, "a", tmp_path)
     await node.start()
     address = topology.nodes["a"]
@@ -153,7 +132,7 @@ async def test_a_large_frame_before_the_handshake_is_refused_at_its_length(
 async def test_a_refused_hello_cannot_forge_log_lines(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    topology = _topology(["a"])
+    topology = one_shard_topology(["a"])
     node = _node(topology, "a", tmp_path)
     await node.start()
     address = topology.nodes["a"]
@@ -186,7 +165,7 @@ async def test_connections_past_the_handshake_bound_are_closed_at_once(
 ) -> None:
     bound = 8
     monkeypatch.setattr(limits, "handshake_connections_max", bound)
-    topology = _topology(["a"])
+    topology = one_shard_topology(["a"])
     node = _node(topology, "a", tmp_path)
     await node.start()
     address = topology.nodes["a"]
@@ -213,14 +192,14 @@ async def test_connections_past_the_handshake_bound_are_closed_at_once(
             link.close()
 
     try:
-        await _until(lambda: node._handshaking == bound, "the silent connections accepted")
+        await until(lambda: node._handshaking == bound, "the silent connections accepted")
         elapsed, nothing_sent = await asyncio.to_thread(one_more)
         assert elapsed < AT_ONCE_S, f"closed after {elapsed:.1f} s"
         assert nothing_sent
         assert node._handshaking == bound, "the others still wait for their handshake"
         for sock in silent:
             sock.close()
-        await _until(lambda: node._handshaking == 0, "the silent connections gone")
+        await until(lambda: node._handshaking == 0, "the silent connections gone")
         assert isinstance(await asyncio.to_thread(a_client_hello), fr.HelloOk)
     finally:
         for sock in silent:
@@ -310,7 +289,7 @@ async def test_a_client_past_the_in_flight_bound_is_not_closed_as_silent(
     in_flight = 8
     monkeypatch.setattr(limits, "connection_in_flight_requests_max", in_flight)
     wait_ms = int((SILENCE_S + SLACK_S) * 1000)
-    topology = _topology(["a"])
+    topology = one_shard_topology(["a"])
     node = _node(topology, "a", tmp_path)
     await node.start()
     address = topology.nodes["a"]

@@ -9,7 +9,7 @@ import contextlib
 import random
 import shutil
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,38 +17,23 @@ import pytest
 
 from kayos import limits
 from kayos.errors import UnavailableError
-from kayos.launcher import free_ports
 from kayos.node.runtime import HWM_META, Node
 from kayos.replication import auth
 from kayos.replication import frames as fr
 from kayos.replication.replica import ShardReplica, UpstreamLink
 from kayos.storage import ShardStore
-from kayos.topology import NodeAddr, ShardChain, Topology
-from tests.linkauth import TEST_IDENTITY, RawLink, answer_challenge, link_hello
+from kayos.topology import Topology
+from tests.linkauth import (
+    TEST_IDENTITY,
+    RawLink,
+    answer_challenge,
+    link_hello,
+    one_shard_topology,
+    until,
+)
 
 SEED = 20261122
 WAIT_S = 30.0
-
-
-def _topology(ids: list[str]) -> Topology:
-    ports = free_ports(2 * len(ids))
-    nodes = {
-        node: NodeAddr(node, "127.0.0.1", ports[i], ports[len(ids) + i])
-        for i, node in enumerate(ids)
-    }
-    return Topology(1, nodes, {0: ShardChain(0, tuple(ids), ())}, TEST_IDENTITY)
-
-
-async def _until(condition: Callable[[], Any], what: str) -> Any:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + WAIT_S
-    while True:
-        value = condition()
-        if value:
-            return value
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)  # a bounded poll of a condition
 
 
 def _node(topology: Topology, node_id: str, base: Path) -> Node:
@@ -58,7 +43,7 @@ def _node(topology: Topology, node_id: str, base: Path) -> Node:
 @contextlib.asynccontextmanager
 async def _chain(base: Path) -> AsyncIterator[tuple[Topology, dict[str, Node]]]:
     """Nodes a -> b -> c of one shard; ``nodes`` may be changed (a node restarted) inside."""
-    topology = _topology(["a", "b", "c"])
+    topology = one_shard_topology(["a", "b", "c"])
     nodes = {n: _node(topology, n, base) for n in "abc"}
     for node in nodes.values():
         await node.start()
@@ -104,7 +89,7 @@ async def test_timed_out_waiters_do_not_pile_up(tmp_path: Path) -> None:
     """A WAIT_COMMITTED for a seq that never commits must not leave its heap entry behind: a
     client polling with short timeouts would grow the head's memory without bound."""
     print("seed", SEED)
-    topology = _topology(["a", "b"])
+    topology = one_shard_topology(["a", "b"])
     replica = ShardReplica(
         node_id="a",
         topology=topology,
@@ -134,15 +119,15 @@ async def test_group_delete_missed_by_a_middle_reaches_the_tail(tmp_path: Path) 
         await nodes["a"].produce(queue, [b"k1"], [b"v1"], None, None, acks=-1)
         await nodes["a"].commit_group(queue, "g", 1, None)
         key = f"{HWM_META}{queue}/g"
-        await _until(lambda: tail.store.meta.get(key) == 1, "the hwm on the tail")
+        await until(lambda: tail.store.meta.get(key) == 1, "the hwm on the tail")
         # Cut the middle from the head, for good: its link must not come back by itself.
         old_link = next(link for link in nodes["b"]._links if link.replica is middle)
         old_link.stop()
         assert middle.upstream_stream is not None
         middle.upstream_stream.close()
-        await _until(lambda: middle.upstream_stream is None, "the middle's link down")
+        await until(lambda: middle.upstream_stream is None, "the middle's link down")
         delete = asyncio.create_task(nodes["a"].delete_group(queue, "g"))
-        await _until(lambda: key not in head.store.meta, "the delete on the head")
+        await until(lambda: key not in head.store.meta, "the delete on the head")
         assert key in middle.store.meta
         link = UpstreamLink(middle)
         nodes["b"]._links.append(link)
@@ -169,7 +154,7 @@ async def test_a_middle_that_resets_resubscribes_its_tail(tmp_path: Path) -> Non
         head, middle, tail = (nodes[n].replicas[0] for n in "abc")
         for i in range(8):
             await nodes["a"].produce(queue, [f"new-{i}".encode()], [b"v"], None, None, acks=-1)
-        await _until(lambda: tail.durable == head.durable, "the tail level with the head")
+        await until(lambda: tail.durable == head.durable, "the tail level with the head")
         assert _stored_keys(middle) == _stored_keys(head)
         assert _stored_keys(tail) == _stored_keys(head), "the tail kept the old history"
 
@@ -191,14 +176,14 @@ async def test_a_commit_cut_off_by_a_link_failure_is_still_forwarded(
         entered, release = _hold_commits(monkeypatch, middle, count)
         keys = [f"k{i}".encode() for i in range(count)]
         _, last = await nodes["a"].produce(queue, keys, [b"v"] * count, None, None, acks=1)
-        await _until(entered.is_set, "the middle's commit in its worker thread")
+        await until(entered.is_set, "the middle's commit in its worker thread")
         stream = middle.upstream_stream
         assert stream is not None
         stream.close()
         # The link ends with the commit still in its worker thread; the link waits for it to
         # land (settle) before it links again, so it is released here, not once the link is down.
         release.set()
-        await _until(lambda: middle.upstream_stream is not stream, "the link down")
+        await until(lambda: middle.upstream_stream is not stream, "the link down")
         committed = await nodes["a"].wait_committed(0, last, 10_000)
         assert committed >= last, f"committed {committed} never reached {last}"
         assert tail.durable >= last
@@ -231,14 +216,14 @@ async def test_batches_that_piled_up_merge_within_the_frame_bounds(
 
         stream.recv = recv  # type: ignore[method-assign]
         await nodes["a"].produce(queue, [b"slow"] * slow, [b"v"] * slow, None, None, acks=1)
-        await _until(entered.is_set, "the middle's slow commit")
+        await until(entered.is_set, "the middle's slow commit")
         # The first under half the bound (so a merge starts), both together over it.
         counts = (limits.batch_entries_max * 2 // 5, limits.batch_entries_max * 7 // 10)
         last = 0
         for part, count in enumerate(counts):
             keys = [f"{part}-{i}".encode() for i in range(count)]
             _, last = await nodes["a"].produce(queue, keys, [b"v"] * count, None, None, acks=1)
-        await _until(lambda: sum(received) >= sum(counts), "both big batches queued at the middle")
+        await until(lambda: sum(received) >= sum(counts), "both big batches queued at the middle")
         release.set()
         committed = await nodes["a"].wait_committed(0, last, 20_000)
         assert committed >= last
@@ -257,23 +242,23 @@ async def test_a_long_poll_parked_before_catch_up_serves_nothing_during_it(
         middle, tail = (nodes[n].replicas[0] for n in "bc")
         queue = "q"
         await nodes["a"].produce(queue, [b"k0"], [b"v"], None, None, acks=-1)
-        await _until(lambda: tail.durable >= 1 and not tail.catching_up, "the tail level")
+        await until(lambda: tail.durable >= 1 and not tail.catching_up, "the tail level")
         old_link = next(link for link in nodes["c"]._links if link.replica is tail)
         old_link.stop()
         assert tail.upstream_stream is not None
         tail.upstream_stream.close()
-        await _until(lambda: tail.upstream_stream is None, "the tail's link down")
+        await until(lambda: tail.upstream_stream is None, "the tail's link down")
         poll = asyncio.create_task(
             nodes["c"].consume(queue, "g", after=tail.durable, upto=None, limit=10, wait_ms=20_000)
         )
-        await _until(lambda: tail.changed._waiters, "the consume parked")
+        await until(lambda: tail.changed._waiters, "the consume parked")
         # More than one catch-up BATCH: a frame holds at most batch_entries_max entries.
         count = limits.batch_entries_max // 2
         last = 0
         for part in range(3):
             keys = [f"{part}-{i}".encode() for i in range(count)]
             _, last = await nodes["a"].produce(queue, keys, [b"v"] * count, None, None, acks=1)
-        await _until(lambda: middle.durable >= last, "the middle ahead of the tail")
+        await until(lambda: middle.durable >= last, "the middle ahead of the tail")
         link = UpstreamLink(tail)
         nodes["c"]._links.append(link)
         nodes["c"]._spawn(link.run())
@@ -289,7 +274,7 @@ async def test_a_replica_in_catch_up_feeds_no_link_below(tmp_path: Path) -> None
     print("seed", SEED)
     async with _chain(tmp_path) as (topology, nodes):
         middle = nodes["b"].replicas[0]
-        await _until(lambda: "c" in middle.downstream_streams, "the tail linked")
+        await until(lambda: "c" in middle.downstream_streams, "the tail linked")
         middle.catching_up = True
         middle.close_downstream_links()
         address = topology.nodes["b"]
@@ -311,7 +296,7 @@ async def test_a_replica_in_catch_up_feeds_no_link_below(tmp_path: Path) -> None
         assert isinstance(frames[2], fr.ErrorFrame)
         assert frames[2].code == UnavailableError.code
         middle.catching_up = False
-        await _until(lambda: "c" in middle.downstream_streams, "the tail linked again")
+        await until(lambda: "c" in middle.downstream_streams, "the tail linked again")
 
 
 def test_reads_for_a_link_fit_one_frame_and_cut_only_between_commits(tmp_path: Path) -> None:
