@@ -18,7 +18,8 @@ from kayos.replication import chain
 from kayos.replication import frames as fr
 from kayos.replication.replica import ShardReplica
 from kayos.storage import ShardStore
-from tests.unit.test_replica_review import SEED, WAIT_S, _chain, _stored_keys, _until
+from tests.linkauth import until as _until
+from tests.unit.test_replica_review import SEED, WAIT_S, _chain, _stored_keys
 
 # A batch this big commits in a worker thread, so holding its commit blocks no event loop.
 THREADED = limits.inline_commit_entries_max + 4
