@@ -34,6 +34,7 @@ FLOORS: list[tuple[int, tuple[str, ...]]] = [
             "kayos.storage",
             "kayos.topology",
             "kayos.identity",
+            "kayos.signing",
             "kayos.replication.frames",
             "kayos.replication.chain",
             "kayos.manager",
@@ -63,6 +64,7 @@ FACE_ALLOWED_LOW = (
     "kayos.node.server",
     "kayos.topology",
     "kayos.identity",
+    "kayos.signing",
 )
 # Names `kayos/__init__.py` exports lazily from the client floor.
 LAZY_CLIENT_EXPORTS = {"Client", "AsyncClient", "open_queue", "Page", "Item", "Message"}
