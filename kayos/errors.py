@@ -113,6 +113,13 @@ class UnavailableError(KayosError):
     code = "unavailable"
 
 
+class StaleEpochError(KayosError):
+    """An admin message names a topology epoch older than the node's (docs/node-api.md,
+    "Topology changes"): it was decided on a view that has moved on; nothing was done."""
+
+    code = "stale_epoch"
+
+
 class Unauthenticated(KayosError):
     """A replication peer could not prove the cluster secret, or this node has no identity."""
 

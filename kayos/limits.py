@@ -315,6 +315,27 @@ assert manager_detection_window_ms > peer_silence_ms_max
 assert 0 < manager_slow_p99_ms < manager_slow_window_ms
 assert manager_min_replicas_default >= 1
 
+# --- topology changes (docs/node-api.md, "Topology changes") -----------------------------------
+
+# A node starting asks each peer's GET /v1/topology for a newer signed topology, all at once, for
+# at most this long: a peer that is itself starting answers late or not at all, and a node must
+# not wait on it (its own file and DATA/topology.json are enough to start).
+topology_peer_query_ms_max = 500
+# A signed topology (POST /v1/admin/topology, DATA/topology.json, a peer's reply) is at most this
+# big: ~1 KB per node and per shard chain leaves room for thousands of each.
+topology_bytes_max = 4 * 1024 * 1024
+# Per chain neighbour, a node keeps its PING/PONG round trips and ACK delays of the last
+# latency_window_ms (GET /v1/status "latency"): long enough to hold the manager's slow window,
+# short enough that a node that recovered stops looking slow soon after.
+latency_window_ms = 10_000
+# ... and at most this many samples per neighbour (the oldest go first): an ACK per batch under
+# load would otherwise grow the window without bound. 4096 still puts 40 samples above a p99.
+latency_samples_max = 4096
+
+assert latency_window_ms >= manager_slow_window_ms
+assert latency_samples_max >= 100
+assert 0 < topology_peer_query_ms_max < handshake_ms_max
+
 # --- client (kayos/client/) ----------------------------------------------------------------------
 
 # Attempts of one client operation against `unavailable` and connection failures (the first try

@@ -50,6 +50,7 @@ STATUS_FOR_CODE = {
     "unauthenticated": 401,
     "limit_exceeded": 413,
     "wrong_role": 421,
+    "stale_epoch": 409,
     "timeout": 504,
     "unavailable": 503,
     "disk_full": 507,
@@ -340,7 +341,17 @@ def make_app(node: Node) -> web.Application:
 
     @routes.get("/v1/topology")
     async def topology(request: web.Request) -> web.Response:
-        return web.json_response(node.topology.to_json())
+        payload = node.topology.to_json()
+        message = node.reconfigure.message
+        if message is not None:  # the MAC it came with (the secret never leaves the node)
+            payload["mac"] = message["mac"]
+        return web.json_response(payload)
+
+    @routes.post("/v1/admin/topology")
+    async def admin_topology(request: web.Request) -> web.Response:
+        message = await read_body(request)
+        epoch, applied = await node.reconfigure.offer(message)
+        return web.json_response({"epoch": epoch, "applied": applied})
 
     @routes.get("/v1/status")
     async def status(request: web.Request) -> web.Response:

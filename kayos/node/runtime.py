@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
-import os
 import random
 import socket
 from collections.abc import Iterator, Sequence
@@ -37,6 +35,7 @@ from kayos.errors import (
     WrongRoleError,
 )
 from kayos.identity import check_data_dir
+from kayos.node.reconfigure import Reconfigurer
 from kayos.replication import frames as fr
 from kayos.replication.handshake import HostAddresses, accept_peer, shown
 from kayos.replication.liveness import Direction, LinkHealth, keep_alive
@@ -140,7 +139,10 @@ class Node:
         self.clock = clock or SystemClock()
         self.rng = rng or random.Random()  # noqa: S311 (backoff jitter and tail choice)
         self.replicas: dict[int, ShardReplica] = {}
+        # Every replica's link to its upstream (the reconfigure driver adds and removes them).
         self._links: list[UpstreamLink] = []
+        # Topology changes: the driver that opens, re-makes and closes replicas.
+        self.reconfigure = Reconfigurer(self)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._server: asyncio.Server | None = None
         # Binary-port connections not yet past their handshake (limits.handshake_connections_max),
@@ -183,29 +185,11 @@ class Node:
                 "replication link; run `kayos init` (or `kayos up`) to write them",
                 self.node_id,
             )
+        # The newest topology this node can verify: its file's, DATA/topology.json, its peers'.
+        await self.reconfigure.choose_at_start()
         self._spawn(self.hosts.prime(node.host for node in self.topology.nodes.values()))
         for shard in self.topology.shards_of(self.node_id):
-            path = os.path.join(self.data_dir, "shards", str(shard.id))
-            os.makedirs(path, exist_ok=True)
-            replica = await asyncio.to_thread(
-                functools.partial(
-                    ShardReplica,
-                    node_id=self.node_id,
-                    topology=self.topology,
-                    shard=shard,
-                    store_path=path,
-                    clock=self.clock,
-                    rng=self.rng,
-                )
-            )
-            self.replicas[shard.id] = replica
-            replica.commit_observer = self.commit_seconds.labels(str(shard.id)).observe
-            if replica.role == "head":
-                await replica.become_head()
-            else:
-                link = UpstreamLink(replica)
-                self._links.append(link)
-                self._spawn(link.run())
+            await self.reconfigure.open_replica(shard)
         self._spawn(self._compaction_loop())
         self._spawn(self._commit_point_loop())
         if bin_listener is not None:
@@ -256,10 +240,14 @@ class Node:
                     log.warning("shard %s: commit point not written: %s", replica.shard_id, exc)
                 await replica.persist_time_index()
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+        """Runs ``coro`` as a task of the node (cancelled when it stops)."""
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
+
+    spawn = _spawn
 
     async def stop(self) -> None:
         self.ready = False
@@ -285,6 +273,8 @@ class Node:
         """The local replica of ``queue``'s shard in the role ``want`` (head or tail)."""
         check_queue_name(queue)
         shard = self.topology.chain_for(queue)
+        if shard.id in self.reconfigure.changing:
+            raise UnavailableError(f"shard {shard.id} is changing at {self.node_id}; retry")
         replica = self.replicas.get(shard.id)
         if want == "head":
             if replica is None or replica.role != "head":
@@ -457,7 +447,9 @@ class Node:
             "shards": {
                 str(shard_id): {
                     "role": replica.role,
+                    "upstream": replica.upstream,
                     "last_seq": replica.durable,
+                    "durable_seq": replica.durable,
                     "committed_seq": replica.commit_point,
                     "catching_up": replica.catching_up,
                     "upstream_linked": replica.upstream_stream is not None,
@@ -467,6 +459,7 @@ class Node:
                     "takeover": [[master.hex(), seq] for master, seq in replica.takeover_table()],
                     "rolled_back_entries": replica.rolled_back_entries,
                     "rolled_back_committed_entries": replica.rolled_back_committed_entries,
+                    "refused_rollbacks": replica.refused_rollbacks,
                 }
                 for shard_id, replica in self.replicas.items()
             },

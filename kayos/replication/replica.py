@@ -372,6 +372,8 @@ class ShardReplica:
         # the ones at or below the commit point it knew then (committed: must stay 0).
         self.rolled_back_entries = 0
         self.rolled_back_committed_entries = 0
+        # Upstream orders to roll back past the commit point that this replica refused.
+        self.refused_rollbacks = 0
         # When this member took its entries in, sampled (a group's lag in seconds).
         self.time_index = timeindex.load(store_path, self.store.last_seq)
         self._time_index_written_s = clock.monotonic_s()
@@ -551,7 +553,12 @@ class ShardReplica:
             await future
         finally:
             timer.cancel()
-            if not future.done() or future.cancelled() or future.result() < seq:
+            if (
+                not future.done()
+                or future.cancelled()
+                or future.exception() is not None
+                or future.result() < seq
+            ):
                 # Timed out or cancelled: a seq that never commits would keep its entry for ever.
                 with contextlib.suppress(ValueError):
                     self._waiters.remove(entry)
@@ -837,6 +844,27 @@ class ShardReplica:
             chain.Durable(self.store.last_seq), chain.UpstreamCommitPoint(upstream_point)
         )
 
+    def check_rollback_verdict(self, seq: int) -> None:
+        """Refuses an upstream's order to roll back to ``seq`` when that drops entries at or
+        below the commit point this member knows: they are on every member and acknowledged, so
+        an upstream asking for that is damaged or stale, and obeying would destroy them (and the
+        links below would copy the loss). The link stays down; it is logged and counted."""
+        point = min(self.progress.commit_point, self.store.last_seq)
+        if seq >= point:
+            return
+        self.refused_rollbacks += 1
+        log.error(
+            "shard %s: refused %s's order to roll back to %s: the commit point here is %s "
+            "(acknowledged entries would be lost); the link stays down",
+            self.shard_id,
+            self.upstream,
+            seq,
+            point,
+        )
+        raise ReplicationError(
+            f"refused a rollback to {seq} below the commit point {point} (shard {self.shard_id})"
+        )
+
     async def rollback(self, seq: int) -> None:
         dropped = max(0, self.store.last_seq - seq)
         committed = max(0, min(self.progress.commit_point, self.store.last_seq) - seq)
@@ -872,6 +900,18 @@ class ShardReplica:
             link.closed = True
         for stream in list(self.downstream_streams.values()):
             stream.close()
+
+    def fail_pending(self, exc: KayosError) -> None:
+        """Fails every producer waiting here, for its commit or for the chain's, with ``exc``
+        (the replica is being re-made for a new topology: they retry at the shard's head)."""
+        while self._writes:
+            write = self._writes.popleft()
+            if not write.future.done():
+                write.future.set_exception(exc)
+        waiters, self._waiters = self._waiters, []
+        for _, _, waiter in waiters:
+            if not waiter.future.done():
+                waiter.future.set_exception(exc)
 
     def close(self) -> None:
         for task in self._background:
@@ -1026,6 +1066,7 @@ class UpstreamLink:
                 raise EOFError("upstream closed the link before SUBSCRIBED")
             if isinstance(reply, fr.ErrorFrame):
                 if reply.code == RollbackTooFarError.code:
+                    replica.check_rollback_verdict(0)
                     await replica.rollback(0)
                     continue
                 raise_error_frame(reply)
@@ -1033,6 +1074,7 @@ class UpstreamLink:
                 raise ProtocolError(f"expected SUBSCRIBED, got {type(reply).__name__}")
             if reply.rollback_to is None:
                 return reply, from_seq
+            replica.check_rollback_verdict(reply.rollback_to)
             log.warning(
                 "shard %s: rolling back from %s to %s to follow %s",
                 replica.shard_id,

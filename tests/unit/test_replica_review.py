@@ -138,25 +138,30 @@ async def test_group_delete_missed_by_a_middle_reaches_the_tail(tmp_path: Path) 
 
 
 @pytest.mark.asyncio
-async def test_a_middle_that_resets_resubscribes_its_tail(tmp_path: Path) -> None:
-    """The head comes back with an empty store (lost disk): the middle shares no history with it
-    and resets. Its tail, still linked to the middle, must not keep the old history under the
-    new one."""
+async def test_a_middle_refuses_a_reset_that_would_drop_committed_entries(tmp_path: Path) -> None:
+    """The head comes back with an empty store (lost disk) and, sharing no history with the
+    middle, orders it to reset. The middle knows that its entries are committed (acknowledged):
+    it refuses (logged, counted, the link stays down), keeps them, and so does its tail. Obeying
+    would destroy acknowledged data on every member (issue 11, "Safety")."""
     print("seed", SEED)
     async with _chain(tmp_path) as (topology, nodes):
         queue = "q"
         for i in range(5):
             await nodes["a"].produce(queue, [f"old-{i}".encode()], [b"v"], None, None, acks=-1)
+        middle, tail = (nodes[n].replicas[0] for n in "bc")
+        await until(lambda: middle.commit_point >= 5, "the middle knowing the commit point")
+        kept = _stored_keys(middle)
         await nodes["a"].stop()
         shutil.rmtree(tmp_path / "a")
         nodes["a"] = _node(topology, "a", tmp_path)
         await nodes["a"].start()
-        head, middle, tail = (nodes[n].replicas[0] for n in "abc")
-        for i in range(8):
-            await nodes["a"].produce(queue, [f"new-{i}".encode()], [b"v"], None, None, acks=-1)
-        await until(lambda: tail.durable == head.durable, "the tail level with the head")
-        assert _stored_keys(middle) == _stored_keys(head)
-        assert _stored_keys(tail) == _stored_keys(head), "the tail kept the old history"
+        await until(lambda: middle.refused_rollbacks >= 2, "the middle refusing twice")
+        assert middle.upstream_stream is None, "the link came up on a refused verdict"
+        assert middle.rolled_back_entries == 0
+        assert middle.rolled_back_committed_entries == 0
+        assert _stored_keys(middle) == kept
+        assert _stored_keys(tail) == kept
+        assert nodes["b"].status()["shards"]["0"]["refused_rollbacks"] >= 2
 
 
 @pytest.mark.asyncio

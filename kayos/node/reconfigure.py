@@ -1,0 +1,341 @@
+"""Topology changes at a node (docs/node-api.md, "Topology changes").
+
+The cluster manager publishes a new topology, signed, with a higher epoch, when it splices a dead
+or slow node out of a chain or puts one back. A node checks the signature, writes the message to
+``DATA/topology.json`` (so a restart comes up at that epoch) and only then applies it: every shard
+where this node's chain position (role, upstream, downstreams) changed has its replica re-made
+(links closed, store settled and closed, reopened as a node restart opens it), shards it joined
+are opened, shards it left are closed (their store stays on disk), and the other replicas keep
+running untouched.
+
+``plan_changes`` is the pure decision; ``Reconfigurer`` is the driver that carries it out, one
+topology at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import aiohttp
+
+from kayos import limits
+from kayos.errors import InvalidRequest, KayosError, Unauthenticated, UnavailableError
+from kayos.identity import ClusterIdentity
+from kayos.replication.replica import ShardReplica, UpstreamLink
+from kayos.signing import check_signed
+from kayos.topology import Role, ShardChain, Topology
+
+if TYPE_CHECKING:
+    from kayos.node.runtime import Node
+
+log = logging.getLogger("kayos.node")
+
+TOPOLOGY_FILE = "topology.json"
+
+Change = Literal["keep", "remake", "open", "close"]
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """A node's place in one shard's chain."""
+
+    role: Role
+    upstream: str | None
+    downstreams: tuple[str, ...]
+
+
+def position_of(shard: ShardChain | None, node: str) -> Position | None:
+    if shard is None:
+        return None
+    role = shard.role_of(node)
+    if role is None:
+        return None
+    return Position(role, shard.upstream_of(node), shard.downstreams_of(node))
+
+
+def plan_changes(node: str, old: Topology, new: Topology) -> dict[int, Change]:
+    """What happens to each shard ``node`` is or becomes a member of when ``new`` replaces
+    ``old``: ``keep`` (same position: the replica runs on, untouched), ``remake`` (another role,
+    upstream or set of downstreams), ``open`` (joined), ``close`` (left). Shards the node is in
+    neither time are absent."""
+    plan: dict[int, Change] = {}
+    for shard_id in sorted(set(old.shards) | set(new.shards)):
+        before = position_of(old.shards.get(shard_id), node)
+        after = position_of(new.shards.get(shard_id), node)
+        if before is None and after is None:
+            continue
+        if before is None:
+            plan[shard_id] = "open"
+        elif after is None:
+            plan[shard_id] = "close"
+        else:
+            plan[shard_id] = "keep" if before == after else "remake"
+    return plan
+
+
+# --- signed topology messages --------------------------------------------------------------------
+
+
+def check_message(
+    message: Any, identity: ClusterIdentity | None, node_id: str, own: Topology
+) -> Topology:
+    """The topology a signed message ``{"body": to_json(), "mac": hex}`` carries, with this
+    node's identity. ``Unauthenticated`` unless its MAC verifies; ``InvalidRequest`` if it is
+    malformed, does not name this node, or moves this node's own address (its ports are bound)."""
+    if not isinstance(message, dict) or not isinstance(message.get("body"), dict):
+        raise InvalidRequest('a signed topology is {"body": {...}, "mac": "<hex>"}')
+    body = message["body"]
+    check_signed(identity, "topology", body, message.get("mac"))
+    topology = Topology.from_json(body).with_identity(identity)
+    address = topology.nodes.get(node_id)
+    if address is None:
+        raise InvalidRequest(f"the topology of epoch {topology.epoch} does not name {node_id}")
+    if address != own.nodes[node_id]:
+        raise InvalidRequest(
+            f"the topology of epoch {topology.epoch} moves {node_id} to {address}; a node's "
+            "address changes only with a restart"
+        )
+    return topology
+
+
+def save_message(data_dir: str, message: dict[str, Any]) -> None:
+    """Writes the signed message to ``DATA/topology.json`` atomically: a temporary file, fsynced,
+    renamed over the old one, and the directory fsynced (a crash leaves the old or the new)."""
+    path = os.path.join(data_dir, TOPOLOGY_FILE)
+    temporary = path + ".tmp"
+    with open(temporary, "wb") as handle:
+        handle.write(json.dumps(message, sort_keys=True).encode())
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    directory = os.open(data_dir, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def load_message(data_dir: str) -> Any:
+    """The message in ``DATA/topology.json`` as parsed JSON; None when there is none (or it is
+    unreadable: logged, and the node starts from the other sources)."""
+    path = os.path.join(data_dir, TOPOLOGY_FILE)
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(limits.topology_bytes_max + 1)
+    except FileNotFoundError:
+        return None
+    if len(raw) > limits.topology_bytes_max:
+        log.error("%s is over topology_bytes_max: ignored", path)
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        log.error("%s is not JSON (%s): ignored", path, exc)
+        return None
+
+
+async def peer_messages(topology: Topology, node_id: str) -> list[Any]:
+    """Every peer's ``GET /v1/topology`` that carries a ``mac``, as signed messages, asked all at
+    once within ``limits.topology_peer_query_ms_max`` (a peer that does not answer by then is
+    left out)."""
+    peers = [node for name, node in topology.nodes.items() if name != node_id]
+    if not peers:
+        return []
+    timeout = aiohttp.ClientTimeout(total=limits.topology_peer_query_ms_max / 1000)
+
+    async def ask(session: aiohttp.ClientSession, url: str) -> Any:
+        async with session.get(url + "/v1/topology") as response:
+            if response.status != 200:
+                return None
+            raw = await response.content.read(limits.topology_bytes_max + 1)
+            if len(raw) > limits.topology_bytes_max:
+                return None
+            data = json.loads(raw)
+            if not isinstance(data, dict) or "mac" not in data:
+                return None
+            mac = data.pop("mac")
+            return {"body": data, "mac": mac}
+
+    found: list[Any] = []
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        answers = await asyncio.gather(
+            *(ask(session, node.http_url) for node in peers), return_exceptions=True
+        )
+    for answer in answers:
+        if answer is not None and not isinstance(answer, BaseException):
+            found.append(answer)
+    return found
+
+
+def newest(
+    candidates: list[Any], identity: ClusterIdentity | None, node_id: str, own: Topology
+) -> tuple[Topology, dict[str, Any]] | None:
+    """The highest-epoch candidate message that verifies, with its topology; the ones that do
+    not verify are logged and skipped."""
+    best: tuple[Topology, dict[str, Any]] | None = None
+    for message in candidates:
+        try:
+            topology = check_message(message, identity, node_id, own)
+        except (InvalidRequest, Unauthenticated) as exc:
+            log.warning("a signed topology was ignored: %s", exc)
+            continue
+        if best is None or topology.epoch > best[0].epoch:
+            best = (topology, message)
+    return best
+
+
+# --- the driver ----------------------------------------------------------------------------------
+
+
+class Reconfigurer:
+    """Opens, re-makes and closes a node's replicas as topologies arrive. One change at a time
+    (a lock): two topologies arriving together are applied one after the other, and one whose
+    epoch is not above the node's by the time its turn comes changes nothing."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self._lock = asyncio.Lock()
+        self._link_tasks: dict[int, tuple[UpstreamLink, asyncio.Task[None]]] = {}
+        # The signed message the node's topology came in (None: the command line's file).
+        self.message: dict[str, Any] | None = None
+        # Shards whose replica is being re-made: requests for them get ``unavailable``.
+        self.changing: set[int] = set()
+
+    async def choose_at_start(self) -> None:
+        """Adopts the newest of the command line's topology, ``DATA/topology.json`` and the
+        peers' signed ones (each MAC checked), before any store is opened."""
+        node = self.node
+        identity = node.topology.identity
+        if identity is None:
+            return
+        candidates = []
+        saved = await asyncio.to_thread(load_message, node.data_dir)
+        if saved is not None:
+            candidates.append(saved)
+        candidates += await peer_messages(node.topology, node.node_id)
+        best = newest(candidates, identity, node.node_id, node.topology)
+        if best is None or best[0].epoch <= node.topology.epoch:
+            return
+        topology, message = best
+        if message is not saved:
+            await asyncio.to_thread(save_message, node.data_dir, message)
+        log.info(
+            "%s starts at topology epoch %s (its file says %s)",
+            node.node_id,
+            topology.epoch,
+            node.topology.epoch,
+        )
+        node.topology = topology
+        self.message = message
+
+    async def offer(self, message: Any) -> tuple[int, bool]:
+        """``POST /v1/admin/topology``: ``(epoch after, applied)``."""
+        node = self.node
+        topology = check_message(message, node.topology.identity, node.node_id, node.topology)
+        async with self._lock:
+            if topology.epoch <= node.epoch:
+                return node.epoch, False
+            if not node.ready:
+                raise UnavailableError(f"{node.node_id} is starting; send the topology again")
+            await asyncio.to_thread(save_message, node.data_dir, message)
+            await self._apply(topology, message)
+            return node.epoch, True
+
+    async def _apply(self, new: Topology, message: dict[str, Any]) -> None:
+        node = self.node
+        plan = plan_changes(node.node_id, node.topology, new)
+        log.info(
+            "%s: topology epoch %s -> %s: %s",
+            node.node_id,
+            node.epoch,
+            new.epoch,
+            {shard: change for shard, change in plan.items() if change != "keep"} or "no change",
+        )
+        # Out of service first, in one step with the switch: no request reaches a replica in its
+        # old position under the new topology.
+        leaving: list[ShardReplica] = []
+        for shard_id, change in plan.items():
+            if change in ("remake", "close"):
+                self.changing.add(shard_id)
+                replica = node.replicas.pop(shard_id)
+                replica.fail_pending(
+                    UnavailableError(
+                        f"shard {shard_id} changed at {node.node_id} (topology epoch {new.epoch}); "
+                        "retry at the shard's head"
+                    )
+                )
+                leaving.append(replica)
+            elif change == "open":
+                self.changing.add(shard_id)
+        node.topology = new
+        self.message = message
+        for shard_id, change in plan.items():
+            kept = node.replicas.get(shard_id)
+            if change == "keep" and kept is not None:
+                kept.topology = new
+                kept.shard = new.shards[shard_id]
+        try:
+            for replica in leaving:
+                await self.close_replica(replica)
+            for shard_id, change in plan.items():
+                if change in ("remake", "open"):
+                    await self.open_replica(new.shards[shard_id])
+                    self.changing.discard(shard_id)
+        finally:
+            for shard_id, change in plan.items():
+                if change == "close":
+                    self.changing.discard(shard_id)
+
+    async def open_replica(self, shard: ShardChain) -> ShardReplica:
+        """Opens this node's replica of ``shard`` as a start does: a head records its takeover
+        entry, any other member starts its link to its upstream."""
+        node = self.node
+        path = os.path.join(node.data_dir, "shards", str(shard.id))
+        await asyncio.to_thread(functools.partial(os.makedirs, path, exist_ok=True))
+        replica = await asyncio.to_thread(
+            functools.partial(
+                ShardReplica,
+                node_id=node.node_id,
+                topology=node.topology,
+                shard=shard,
+                store_path=path,
+                clock=node.clock,
+                rng=node.rng,
+            )
+        )
+        replica.commit_observer = node.commit_seconds.labels(str(shard.id)).observe
+        if replica.role == "head":
+            await replica.become_head()
+        else:
+            link = UpstreamLink(replica)
+            node._links.append(link)
+            self._link_tasks[shard.id] = (link, node.spawn(link.run()))
+        node.replicas[shard.id] = replica
+        return replica
+
+    async def close_replica(self, replica: ShardReplica) -> None:
+        """Closes one replica as a stop does: its links end, its store commits land, its commit
+        point and time index are written, its store is closed (and kept on disk)."""
+        linked = self._link_tasks.pop(replica.shard_id, None)
+        if linked is not None:
+            link, task = linked
+            with contextlib.suppress(ValueError):
+                self.node._links.remove(link)
+            link.stop()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        replica.close_downstream_links()
+        await replica.settle()
+        with contextlib.suppress(KayosError):
+            await replica.persist_commit_point()
+        with contextlib.suppress(KayosError):
+            await replica.persist_time_index(force=True)
+        replica.close()
