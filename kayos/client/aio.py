@@ -22,7 +22,7 @@ from kayos import limits
 from kayos.checks import check_group_name, check_u64
 from kayos.client.binary import BinaryConnection
 from kayos.client.http import HttpTransport
-from kayos.client.policy import RetryPolicy, RetryState
+from kayos.client.policy import RetryPolicy, RetryState, newest_topology
 from kayos.client.types import (
     Acks,
     CommitInfo,
@@ -157,23 +157,27 @@ class AsyncClient:
         return await self._fetch_topology(min_epoch)  # the shared fetch asked for less
 
     async def _fetch_topology(self, min_epoch: int) -> Topology:
+        """Asks every known node and seed at once and keeps the highest epoch: after a chain
+        change some nodes may not have the new topology yet, and the first to answer may be one
+        of them (or the node that was removed)."""
         urls = [node.http_url for node in self._topology.nodes.values()] if self._topology else []
         urls += [seed for seed in self.seeds if seed not in urls]
-        failures: list[str] = []
-        for url in urls:
-            try:
-                body = await self._http.request(
-                    "GET", url + "/v1/topology", timeout_s=limits.client_connect_timeout_ms / 1000
-                )
-                topology = Topology.from_json(body)
-            except KayosError as exc:
-                failures.append(f"{url}: {exc}")
-                continue
-            if topology.epoch >= min_epoch:
-                await self._install(topology)
-                return topology
-            failures.append(f"{url}: epoch {topology.epoch} < {min_epoch}")
-        raise UnavailableError("no node gave the topology: " + "; ".join(failures))
+
+        async def ask(url: str) -> Topology:
+            body = await self._http.request(
+                "GET", url + "/v1/topology", timeout_s=limits.client_connect_timeout_ms / 1000
+            )
+            return Topology.from_json(body)
+
+        answers = await asyncio.gather(*map(ask, urls), return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, BaseException) and not isinstance(answer, KayosError):
+                raise answer
+        topology, failures = newest_topology(urls, answers, min_epoch)
+        if topology is None:
+            raise UnavailableError("no node gave the topology: " + "; ".join(failures))
+        await self._install(topology)
+        return topology
 
     async def _install(self, topology: Topology) -> None:
         old = self._topology

@@ -15,6 +15,7 @@ from typing import Any, Final
 from kayos import errors, limits
 from kayos.errors import KayosError, WrongRoleError, error_from_code
 from kayos.replication.frames import ErrorFrame
+from kayos.topology import Topology
 
 
 def error_from_frame(frame: ErrorFrame) -> KayosError:
@@ -130,3 +131,22 @@ class RetryState:
             return None
         self.attempts += 1
         return self._policy.delay_s(self.attempts - 1, self._rng)
+
+
+def newest_topology(
+    urls: list[str], answers: list[Topology | BaseException], min_epoch: int
+) -> tuple[Topology | None, list[str]]:
+    """Of the nodes' answers to ``GET /v1/topology`` (a topology or the error asking gave), the
+    one with the highest epoch, if it is at least ``min_epoch``; and why each other URL gave
+    nothing usable. A chain change reaches the nodes one by one, so the newest view wins, and
+    a node removed from the cluster (still answering with its old epoch) is outvoted."""
+    best: Topology | None = None
+    failures: list[str] = []
+    for url, answer in zip(urls, answers, strict=True):
+        if isinstance(answer, BaseException):
+            failures.append(f"{url}: {answer}")
+        elif answer.epoch < min_epoch:
+            failures.append(f"{url}: epoch {answer.epoch} < {min_epoch}")
+        elif best is None or answer.epoch > best.epoch:
+            best = answer
+    return best, failures

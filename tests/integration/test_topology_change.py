@@ -1,0 +1,246 @@
+"""Chains spliced under load (issue 11, node side): real node processes, the test playing the
+cluster manager by posting signed topologies (docs/node-api.md, "Topology changes").
+
+Producers run with ``acks=all`` throughout, each its own client following the topology; after
+each change every acknowledged message must be consumed, in each producer's order, at the new
+tail. Every wait is a bounded poll; the producers' keys are their own (no randomness)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from kayos.client.sync import Client
+from kayos.errors import KayosError
+from kayos.launcher import LocalCluster, http_json
+from kayos.signing import sign
+from kayos.topology import ShardChain, Topology
+from tests.integration.conftest import WAIT_S, read_snapshot, wait_until
+
+QUEUE = "spliced"
+PRODUCERS = 2
+# Acknowledged messages each producer gets before a fault, and after the change.
+BEFORE = 20
+AFTER = 20
+
+
+def signed(topology: Topology) -> dict[str, Any]:
+    assert topology.identity is not None
+    body = topology.to_json()
+    return {"body": body, "mac": sign(topology.identity, "topology", body)}
+
+
+def post_topology(cluster: LocalCluster, node: str, message: Any) -> tuple[int, Any]:
+    return http_json(cluster.url(node) + "/v1/admin/topology", method="POST", body=message)
+
+
+def spliced(topology: Topology, without: str) -> Topology:
+    """The next epoch's topology: ``without`` taken out of every chain (the manager's splice)."""
+    shards = {
+        shard.id: ShardChain(shard.id, tuple(n for n in shard.chain if n != without))
+        for shard in topology.shards.values()
+    }
+    return Topology(topology.epoch + 1, topology.nodes, shards, topology.identity)
+
+
+def publish(cluster: LocalCluster, topology: Topology) -> float:
+    """Posts ``topology`` to every running node (as the manager does); returns when it was
+    posted (time.monotonic) and checks each node applied it."""
+    message = signed(topology)
+    posted = time.monotonic()
+    for node in cluster.ids:
+        if cluster.running(node):
+            status, reply = post_topology(cluster, node, message)
+            assert status == 200, (node, reply)
+            assert reply == {"epoch": topology.epoch, "applied": True}, (node, reply)
+    return posted
+
+
+@dataclass
+class Producer:
+    """One producer thread: keys ``p<i>-<n>`` one at a time with acks=all; the acked ones kept,
+    with when each was acked; failures (retries exhausted) counted, never fatal."""
+
+    index: int
+    urls: list[str]
+    acked: list[str] = field(default_factory=list)
+    acked_at: list[float] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, name=f"producer-{self.index}")
+        self.thread.start()
+
+    def _run(self) -> None:
+        with Client(self.urls, name=f"producer-{self.index}") as client:
+            n = 0
+            while not self.stop.is_set():
+                key = f"p{self.index}-{n:05d}"
+                n += 1
+                try:
+                    client.produce(QUEUE, key, f"v-{key}", acks="all")
+                except KayosError as exc:
+                    self.failures.append(f"{key}: {exc}")
+                    continue
+                self.acked.append(key)
+                self.acked_at.append(time.monotonic())
+
+    def finish(self) -> None:
+        self.stop.set()
+        assert self.thread is not None
+        self.thread.join(WAIT_S * 2)
+        assert not self.thread.is_alive(), f"producer {self.index} did not stop"
+
+
+def start_producers(cluster: LocalCluster) -> list[Producer]:
+    producers = [Producer(i, list(cluster.urls.values())) for i in range(PRODUCERS)]
+    for producer in producers:
+        producer.start()
+    wait_until(
+        lambda: all(len(p.acked) >= BEFORE for p in producers), "acks before the fault", WAIT_S
+    )
+    return producers
+
+
+def acked_after(producers: list[Producer], since: float, count: int) -> bool:
+    return all(sum(1 for t in p.acked_at if t > since) >= count for p in producers)
+
+
+def check_consumed(cluster: LocalCluster, tail: str, producers: list[Producer]) -> None:
+    """Every acknowledged message is at the tail, each producer's in the order it produced them
+    (a retried one may be there twice: at-least-once)."""
+    snapshot = read_snapshot(cluster.url(tail), QUEUE, "check")
+    keys = [m["key"] for m in snapshot.messages]
+    assert all(m["value"] == f"v-{m['key']}" for m in snapshot.messages)
+    last_position = {key: i for i, key in enumerate(keys)}
+    for producer in producers:
+        missing = [key for key in producer.acked if key not in last_position]
+        assert not missing, f"producer {producer.index}: acked but not consumed: {missing[:10]}"
+        positions = [last_position[key] for key in producer.acked]
+        assert positions == sorted(positions), f"producer {producer.index}: out of order"
+    print(
+        f"consumed {len(keys)} ({len(set(keys))} distinct); acked "
+        f"{sum(len(p.acked) for p in producers)}; failed attempts "
+        f"{sum(len(p.failures) for p in producers)}"
+    )
+
+
+def shard_status(cluster: LocalCluster, node: str) -> dict[str, Any]:
+    status = cluster.status(node)
+    assert status is not None, f"{node} does not answer"
+    return status
+
+
+def splice_under_load(cluster: LocalCluster, victim: str) -> tuple[Topology, list[Producer]]:
+    """kill -9 ``victim``, post the spliced chain, check the producers go on and every acked
+    message is consumed; prints the time from the post to the first acks=all success."""
+    producers = start_producers(cluster)
+    try:
+        cluster.kill(victim, signal.SIGKILL)
+        new = spliced(cluster.topology, victim)
+        posted = publish(cluster, new)
+        wait_until(lambda: acked_after(producers, posted, 1), "a first ack after the splice")
+        first = min(t for p in producers for t in p.acked_at if t > posted)
+        print(f"splice without {victim}: first acks=all success {1000 * (first - posted):.0f} ms")
+        wait_until(lambda: acked_after(producers, posted, AFTER), "acks after the splice")
+    finally:
+        for producer in producers:
+            producer.finish()
+    tail = new.shards[0].tails[0]
+    check_consumed(cluster, tail, producers)
+    for node in new.shards[0].members:
+        status = shard_status(cluster, node)
+        assert status["epoch"] == new.epoch
+        replica = status["shards"]["0"]
+        assert replica["role"] == new.shards[0].role_of(node)
+        assert replica["upstream"] == new.shards[0].upstream_of(node)
+        assert replica["rolled_back_committed_entries"] == 0
+    return new, producers
+
+
+@pytest.fixture
+def chain3(start_cluster: Any) -> LocalCluster:
+    cluster: LocalCluster = start_cluster(nodes=3, replicas=3, shards=1)
+    assert cluster.topology.shards[0].chain == ("a", "b", "c")
+    return cluster
+
+
+@pytest.mark.timeout(240)
+def test_kill_the_middle_and_splice(chain3: LocalCluster) -> None:
+    new, _ = splice_under_load(chain3, "b")
+    assert new.shards[0].chain == ("a", "c")
+    # A node restarted after the splice takes its epoch from DATA/topology.json: the tail alone,
+    # with no peer to ask, comes back at the new epoch, following the head.
+    chain3.kill("c", signal.SIGKILL)
+    chain3.kill("a", signal.SIGKILL)
+    chain3.start("c")
+    status = shard_status(chain3, "c")
+    assert status["epoch"] == new.epoch
+    assert status["shards"]["0"]["upstream"] == "a"
+
+
+@pytest.mark.timeout(240)
+def test_kill_the_head_and_splice(chain3: LocalCluster) -> None:
+    new, _ = splice_under_load(chain3, "a")
+    assert new.shards[0].head == "b"
+    takeover = shard_status(chain3, "b")["shards"]["0"]["takeover"]
+    assert len(takeover) == 2, f"the new head records its takeover entry: {takeover}"
+    # The old head, restarted with the old file and no DATA/topology.json (it was dead when the
+    # splice was posted), learns the newer signed topology from its peers: it is no head.
+    chain3.start("a")
+    status = shard_status(chain3, "a")
+    assert status["epoch"] == new.epoch
+    assert "0" not in status["shards"]
+    code, reply = http_json(
+        chain3.url("a") + f"/v1/queues/{QUEUE}/messages?acks=all",
+        method="POST",
+        body={"messages": [{"key": "late", "value": "v"}]},
+    )
+    assert code == 421, reply
+    assert reply["error"]["node"] == "b"
+
+
+@pytest.mark.timeout(240)
+def test_kill_the_tail_and_splice(chain3: LocalCluster) -> None:
+    new, _ = splice_under_load(chain3, "c")
+    assert new.shards[0].tails == ("b",)
+
+
+def test_a_stale_or_unsigned_topology_changes_nothing(chain3: LocalCluster) -> None:
+    before = {node: shard_status(chain3, node)["shards"]["0"]["role"] for node in chain3.ids}
+    topology = chain3.topology
+    new = spliced(topology, "b")
+    message = signed(new)
+    for bad, code in (
+        ({"body": message["body"]}, 401),  # no mac
+        ({"body": message["body"], "mac": "00" * 32}, 401),  # a wrong one
+        ({"body": {**message["body"], "epoch": 9}, "mac": message["mac"]}, 401),  # altered
+        (new.to_json(), 400),  # not a signed message at all
+    ):
+        status, reply = post_topology(chain3, "a", bad)
+        assert status == code, (bad, reply)
+    # Signed, but not newer: acknowledged, nothing applied.
+    same = Topology(topology.epoch, topology.nodes, new.shards, topology.identity)
+    status, reply = post_topology(chain3, "a", signed(same))
+    assert (status, reply) == (200, {"epoch": topology.epoch, "applied": False})
+    for node in chain3.ids:
+        found = shard_status(chain3, node)
+        assert found["epoch"] == topology.epoch
+        assert found["shards"]["0"]["role"] == before[node]
+    assert not (chain3.data_dir("a") / "topology.json").exists()
+    code, served = http_json(chain3.url("a") + "/v1/topology")
+    assert code == 200
+    assert "mac" not in served
+    # A newer one is applied once; the same again is not.
+    assert post_topology(chain3, "a", message) == (200, {"epoch": new.epoch, "applied": True})
+    assert post_topology(chain3, "a", message) == (200, {"epoch": new.epoch, "applied": False})
+    code, served = http_json(chain3.url("a") + "/v1/topology")
+    assert served["mac"] == message["mac"]
+    assert served["epoch"] == new.epoch
