@@ -38,6 +38,8 @@ from kayos.identity import check_data_dir
 from kayos.node.reconfigure import Reconfigurer
 from kayos.replication import frames as fr
 from kayos.replication.handshake import HostAddresses, accept_peer, shown
+from kayos.replication.latency import LatencyWindow
+from kayos.replication.latency import summary as latency_summary
 from kayos.replication.liveness import Direction, LinkHealth, keep_alive
 from kayos.replication.replica import (
     PROTOCOL_VERSION,
@@ -444,6 +446,7 @@ class Node:
             "node": self.node_id,
             "epoch": self.epoch,
             "ready": self.ready,
+            "latency": self.latency(),
             "shards": {
                 str(shard_id): {
                     "role": replica.role,
@@ -464,6 +467,16 @@ class Node:
                 for shard_id, replica in self.replicas.items()
             },
         }
+
+    def latency(self) -> dict[str, dict[str, Any]]:
+        """Per chain neighbour: the p99 of this node's PING/PONG round trips and ACK delays to
+        it over ``limits.latency_window_ms``, over every shard they share."""
+        windows: dict[str, list[LatencyWindow]] = {}
+        for replica in self.replicas.values():
+            for peer, health in replica.link_health.items():
+                windows.setdefault(peer, []).append(health.latency)
+        now_s = self.clock.monotonic_s()
+        return {peer: latency_summary(found, now_s) for peer, found in sorted(windows.items())}
 
     # --- binary port ---------------------------------------------------------------------------
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from kayos import limits
 from kayos.clock import Clock
 from kayos.replication import frames as fr
+from kayos.replication.latency import LatencyWindow
 
 log = logging.getLogger("kayos.replication")
 
@@ -75,6 +76,8 @@ class LinkHealth:
     stream: HeardStream | None = None
     heard_at: float | None = None
     peer_seq: int = 0
+    # PING/PONG round trips and ACK delays on this link, in ms (GET /v1/status "latency").
+    latency: LatencyWindow = field(default_factory=LatencyWindow)
 
     def attach(self, stream: HeardStream) -> None:
         self.stream = stream

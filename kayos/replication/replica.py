@@ -76,6 +76,10 @@ _LOCAL_META_PREFIXES = (TAKEOVER_META_KEY, CATCH_UP_META_KEY, COMMIT_POINT_META_
 _SEND_PAGE_ENTRIES = 2_000
 
 
+# A link's PINGs awaiting their PONG that are remembered (each PING is timed until answered).
+_PINGS_UNANSWERED_MAX = 64
+
+
 def queue_prefix(queue: str) -> bytes:
     return queue.encode() + b"\x00"
 
@@ -120,12 +124,20 @@ class FrameStream:
         self.reading_since: float | None = None
         self._decoder = fr.FrameDecoder(frame_bytes_max=frame_bytes_max)
         self._ready: list[fr.Frame] = []
+        # PINGs sent and not yet answered, by nonce: when each went out. Told each round trip
+        # in ms when its PONG is read (a link's latency window).
+        self._pinged: dict[int, float] = {}
+        self.on_round_trip: Callable[[float, float], None] | None = None
 
     def lift_frame_bound(self) -> None:
         """The full ``limits.frame_bytes_max`` from now on: the handshake is done."""
         self._decoder.frame_bytes_max = limits.frame_bytes_max
 
     def send(self, frame: fr.Frame) -> int:
+        if type(frame) is fr.Ping:
+            if len(self._pinged) >= _PINGS_UNANSWERED_MAX:
+                self._pinged.clear()  # a peer that answers none: nothing to measure
+            self._pinged[frame.nonce] = self.clock.monotonic_s()
         data = fr.encode(frame)
         self.writer.write(data)
         return len(data)
@@ -148,7 +160,13 @@ class FrameStream:
             self.heard_at = self.clock.monotonic_s()
             self._ready.extend(self._decoder.feed(data))
             self._ready.reverse()
-        return self._ready.pop()
+        frame = self._ready.pop()
+        if type(frame) is fr.Pong and self._pinged:
+            sent = self._pinged.pop(frame.nonce, None)
+            if sent is not None and self.on_round_trip is not None:
+                now = self.clock.monotonic_s()
+                self.on_round_trip(now, (now - sent) * 1000)
+        return frame
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -1042,6 +1060,7 @@ class UpstreamLink:
             catch_up_target = subscribed.last_seq
             health.heard(subscribed.last_seq)
             health.attach(stream)
+            stream.on_round_trip = health.latency.add
             # A commit the last link's applier was cancelled in landed without being counted:
             # step the progress and wake the senders before reporting to the new upstream.
             replica.local_commit_done()
@@ -1301,6 +1320,7 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
     health = replica.link_health.setdefault(node, liveness.LinkHealth(node, "downstream"))
     health.peer_seq = frame.from_seq - 1
     health.attach(stream)
+    stream.on_round_trip = health.latency.add
     sender = asyncio.create_task(link.run())
     sender.add_done_callback(_close_with(stream))
     try:
@@ -1317,6 +1337,7 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
                 link.window.acknowledged(seq)
                 link.acked.notify()
                 health.heard(seq)
+                link.note_ack(seq, health)
                 event: chain.Event = (
                     chain.DownstreamAck(node, seq)
                     if isinstance(reply, fr.Ack)
@@ -1357,6 +1378,8 @@ class _LinkSender:
         # None until the link's first batch, which is read from the store and carries all of it.
         self.meta_sent: dict[str, Any] | None = None
         self.closed = False
+        # (last seq, when sent) of the batches not yet acknowledged, oldest first (ACK delays).
+        self._sent_at: deque[tuple[int, float]] = deque()
 
     def offer(self, batch: fr.Batch) -> None:
         # Only on an idle link: under load, batches accepted meanwhile go down merged, one frame
@@ -1379,6 +1402,20 @@ class _LinkSender:
         size = self.stream.send(batch)
         self.window.sent(batch.last_seq, size)
         self.sent = batch.last_seq
+        self._sent_at.append((batch.last_seq, self.replica.clock.monotonic_s()))
+        if len(self._sent_at) > limits.latency_samples_max:
+            self._sent_at.popleft()
+
+    def note_ack(self, seq: int, health: liveness.LinkHealth) -> None:
+        """An ACK (or a tail's COMMITTED) of ``seq``: its delay is from when the batch ending at
+        or after it went out (the downstream's receive, persist and report, plus the wire both
+        ways); a later report of the same seq finds nothing left to time."""
+        sent_at = None
+        while self._sent_at and self._sent_at[0][0] <= seq:
+            sent_at = self._sent_at.popleft()[1]
+        if sent_at is not None:
+            now = self.replica.clock.monotonic_s()
+            health.latency.add(now, (now - sent_at) * 1000)
 
     async def run(self) -> None:
         replica = self.replica

@@ -162,6 +162,11 @@ def splice_under_load(cluster: LocalCluster, victim: str) -> tuple[Topology, lis
         assert replica["role"] == new.shards[0].role_of(node)
         assert replica["upstream"] == new.shards[0].upstream_of(node)
         assert replica["rolled_back_committed_entries"] == 0
+    # The head measures its new downstream: PING/PONG round trips and ACK delays.
+    head, below = new.shards[0].chain[0], new.shards[0].downstreams_of(new.shards[0].chain[0])[0]
+    latency = shard_status(cluster, head)["latency"][below]
+    assert latency["samples"] > 0, latency
+    assert 0 <= latency["p99_ms"] < 10_000, latency
     return new, producers
 
 
