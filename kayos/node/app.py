@@ -511,6 +511,11 @@ class _Collector:
             "Of those, seqs at or below the commit point the replica knew (a bug if not 0)",
             labels=labels,
         )
+        refused = CounterMetricFamily(
+            "kayos_shard_refused_rollbacks",
+            "Upstream orders to roll back below the known commit point that the replica refused",
+            labels=labels,
+        )
         now_s = self._node.clock.now_s()
         for shard_id, replica in self._node.replicas.items():
             for link in link_status(replica):
@@ -525,6 +530,7 @@ class _Collector:
             size.add_metric(key, replica.store.file_bytes())
             rolled_back.add_metric(key, replica.rolled_back_entries)
             rolled_back_committed.add_metric(key, replica.rolled_back_committed_entries)
+            refused.add_metric(key, replica.refused_rollbacks)
             for name, hwm in replica.store.meta.items():
                 if name.startswith(HWM_META) and isinstance(hwm, int):
                     queue, _, group = name[len(HWM_META) :].partition("/")
@@ -544,6 +550,7 @@ class _Collector:
             link_lag,
             rolled_back,
             rolled_back_committed,
+            refused,
         ]
 
 

@@ -1085,7 +1085,9 @@ class UpstreamLink:
                 raise EOFError("upstream closed the link before SUBSCRIBED")
             if isinstance(reply, fr.ErrorFrame):
                 if reply.code == RollbackTooFarError.code:
-                    replica.check_rollback_verdict(0)
+                    # Not a verdict on this log: the upstream holds more than this member but
+                    # compaction purged tombstones it would need to send; the reset re-copies
+                    # everything from it.
                     await replica.rollback(0)
                     continue
                 raise_error_frame(reply)
