@@ -20,20 +20,40 @@ import functools
 import json
 import logging
 import os
+import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 import aiohttp
+from prometheus_client import Histogram
 
 from kayos import limits
+from kayos.clock import Clock
 from kayos.errors import InvalidRequest, KayosError, Unauthenticated, UnavailableError
 from kayos.identity import ClusterIdentity
 from kayos.replication.replica import ShardReplica, UpstreamLink
 from kayos.signing import check_signed
 from kayos.topology import Role, ShardChain, Topology
 
-if TYPE_CHECKING:
-    from kayos.node.runtime import Node
+
+class Node(Protocol):
+    """What the driver needs of ``kayos.node.runtime.Node`` (which imports this module)."""
+
+    node_id: str
+    data_dir: str
+    topology: Topology
+    replicas: dict[int, ShardReplica]
+    clock: Clock
+    rng: random.Random
+    commit_seconds: Histogram
+    ready: bool
+    _links: list[UpstreamLink]
+
+    @property
+    def epoch(self) -> int: ...
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]: ...
+
 
 log = logging.getLogger("kayos.node")
 
