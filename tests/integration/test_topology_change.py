@@ -138,12 +138,23 @@ def shard_status(cluster: LocalCluster, node: str) -> dict[str, Any]:
     return status
 
 
+def link_down(cluster: LocalCluster, node: str, peer: str) -> bool:
+    links = shard_status(cluster, node)["shards"]["0"]["links"]
+    return any(link["peer"] == peer and not link["up"] for link in links)
+
+
 def splice_under_load(cluster: LocalCluster, victim: str) -> tuple[Topology, list[Producer]]:
     """kill -9 ``victim``, post the spliced chain, check the producers go on and every acked
     message is consumed; prints the time from the post to the first acks=all success."""
     producers = start_producers(cluster)
     try:
         cluster.kill(victim, signal.SIGKILL)
+        # As the manager would: the splice comes once the neighbours have seen the link drop
+        # (acks=all producers are stuck by then, waiting at the head or failing to connect).
+        old_chain = cluster.topology.shards[0]
+        for node in (old_chain.upstream_of(victim), *old_chain.downstreams_of(victim)):
+            if node is not None:
+                wait_until(lambda n=node: link_down(cluster, n, victim), f"{node} sees the drop")
         new = spliced(cluster.topology, victim)
         posted = publish(cluster, new)
         wait_until(lambda: acked_after(producers, posted, 1), "a first ack after the splice")
