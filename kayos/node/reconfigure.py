@@ -304,10 +304,20 @@ class Reconfigurer:
         try:
             for replica in leaving:
                 await self.close_replica(replica)
+            failed: list[Exception] = []
             for shard_id, change in plan.items():
                 if change in ("remake", "open"):
-                    await self.open_replica(new.shards[shard_id])
+                    try:
+                        await self.open_replica(new.shards[shard_id])
+                    except Exception as exc:
+                        # The shard stays out of service here (requests: unavailable), the others
+                        # open; the manager sees this node's status lack the shard.
+                        log.exception("shard %s: cannot open it at epoch %s", shard_id, new.epoch)
+                        failed.append(exc)
+                        continue
                     self.changing.discard(shard_id)
+            if failed:
+                raise failed[0]
         finally:
             for shard_id, change in plan.items():
                 if change == "close":
