@@ -7,6 +7,7 @@ tail. Every wait is a bounded poll; the producers' keys are their own (no random
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -331,3 +332,42 @@ def converged(cluster: LocalCluster, topology: Topology) -> dict[int, int] | Non
             return None
         found[shard.id] = durable
     return found
+
+
+@pytest.mark.timeout(300)
+def test_a_paused_middle_is_spliced_out_and_told_on_return(chain3: LocalCluster) -> None:
+    """SIGSTOP of the middle (a slow node, not a dead one): once the head sees the link drop, the
+    splice goes to the head and the tail; producers go on. On SIGCONT the old middle still runs
+    epoch 1 and its links are refused; told the new topology, it closes the shard (its store is
+    kept on disk)."""
+    cluster = chain3
+    producers = start_producers(cluster)
+    pid = cluster.pid("b")
+    assert pid is not None
+    new = spliced(cluster.topology, "b")
+    try:
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: link_down(cluster, "a", "b"), "a sees b silent")
+            message = signed(new)
+            posted = time.monotonic()
+            for node in ("a", "c"):
+                assert post_topology(cluster, node, message) == (
+                    200,
+                    {"epoch": new.epoch, "applied": True},
+                )
+            wait_until(lambda: acked_after(producers, posted, AFTER), "acks after the splice")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        status = shard_status(cluster, "b")
+        assert status["epoch"] == 1
+        assert post_topology(cluster, "b", signed(new)) == (
+            200,
+            {"epoch": new.epoch, "applied": True},
+        )
+        assert "0" not in shard_status(cluster, "b")["shards"]
+        assert (cluster.data_dir("b") / "shards" / "0").is_dir()
+    finally:
+        for producer in producers:
+            producer.finish()
+    check_consumed(cluster, "c", producers)
