@@ -120,6 +120,13 @@ class StaleEpochError(KayosError):
     code = "stale_epoch"
 
 
+class DataLossError(KayosError):
+    """A reader resumes from a seq the cluster no longer holds as committed (the cluster lost
+    committed data or was re-created): the rows between can never be read (docs/spark.md)."""
+
+    code = "data_loss"
+
+
 class Unauthenticated(KayosError):
     """A replication peer could not prove the cluster secret, or this node has no identity."""
 

@@ -384,3 +384,24 @@ assert ctl_link_lag_alert_entries > 0
 # A lock file holds its owner's pid in decimal and a newline; reading more than this for an error
 # message would only read garbage someone else wrote there.
 lock_file_pid_bytes_max = 32
+
+# --- the Spark data source (docs/spark.md) -------------------------------------------------------
+
+# Rows per page a Spark partition reads from a tail; each page becomes one Arrow record batch.
+# The node's page bound, so a range is read in as few round trips as the node allows.
+spark_read_page_rows_default = consume_page_entries_max
+# How long a range read or a planning step waits for a tail whose commit point has not reached
+# the range's end (a fanout tail a round trip behind, a tail restarted and catching up) before the
+# task fails with UnavailableError (Spark retries it).
+spark_range_catch_up_ms = 30_000
+# Rows per produce batch a Spark writer task sends: large enough that one fsync round covers
+# thousands of rows, far below batch_entries_max so a batch of 100-byte rows stays a few MiB.
+spark_write_batch_rows = 5_000
+# Produce batches a writer task keeps in flight to one head (pipelined on one connection): enough
+# to overlap the chain's fsyncs with the next batch's encoding.
+spark_write_in_flight_batches = 4
+
+assert 0 < spark_read_page_rows_default <= consume_page_entries_max
+assert 0 < spark_write_batch_rows <= batch_entries_max
+assert 0 < spark_write_in_flight_batches <= client_in_flight_requests_max
+assert spark_range_catch_up_ms > 0

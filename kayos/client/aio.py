@@ -458,13 +458,20 @@ class AsyncClient:
 
         return await self._retrying(attempt)
 
-    async def read(self, queue: str, *, after: int, limit: int = 1000) -> Page:
+    async def read(
+        self, queue: str, *, after: int, limit: int = 1000, upto: int | None = None
+    ) -> Page:
         """One page of the queue's live entries after ``after`` as of now, from a tail, without
-        a consumer group (for recovery scans of layers that keep their own cursors)."""
+        a consumer group (for recovery scans of layers that keep their own cursors). With
+        ``upto``, the page is of the snapshot ``(after, upto]`` read as of ``upto`` (a range
+        reader's next page; the page's ``boundary`` is below ``upto`` while the answering tail's
+        commit point is)."""
         check_queue_name(queue)
         check_u64(after, "after")
         check_u64(limit, "limit", low=1, high=limits.consume_page_entries_max)
-        params = {"group": "_read", "after": str(after), "limit": str(limit)}
+        params = {"group": "_read", "after": str(after), "limit": str(limit), "columns": "1"}
+        if upto is not None:
+            params["upto"] = str(check_u64(upto, "upto"))
         return await self._page(queue, params, 0.0)
 
     async def list_groups(self) -> list[tuple[str, str, int]]:
