@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The Spark extra (pyspark, pyarrow: about 700 MB) is installed for the tests only.
+SPARK_STAMP := $(VENV)/.installed-spark
 
-.PHONY: dev run test lint typecheck bench bench-produce clean
+.PHONY: dev run test lint typecheck bench bench-produce bench-spark clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -12,14 +14,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+$(SPARK_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/pip install --quiet -e '.[dev,spark]'
+	touch $(SPARK_STAMP)
+
 dev: $(STAMP)
 
 ## Run a local 3-node cluster (replication factor 3) on 127.0.0.1 with embedded defaults.
 run: $(STAMP)
 	$(BIN)/kayos up
 
-## The test command: lint, types, then the whole test suite.
-test: $(STAMP)
+## The test command: lint, types, then the whole test suite (the Spark tier too: it needs java).
+test: $(STAMP) $(SPARK_STAMP)
 	$(BIN)/ruff check kayos kestrel_compat tests chaos
 	$(BIN)/mypy
 	$(BIN)/pytest
@@ -37,6 +43,10 @@ bench: $(STAMP)
 ## Produce and consume through a local 3-node chain (acks=all, fsync on).
 bench-produce: $(STAMP)
 	$(BIN)/kayos bench produce --replicas 3 --json
+
+## The Spark source against a local 3-node chain: 1,000,000 rows of 100 bytes (needs java).
+bench-spark: $(SPARK_STAMP)
+	$(BIN)/kayos bench spark --json
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

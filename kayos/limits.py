@@ -393,7 +393,7 @@ spark_read_page_rows_default = consume_page_entries_max
 # How long a range read or a planning step waits for a tail whose commit point has not reached
 # the range's end (a fanout tail a round trip behind, a tail restarted and catching up) before the
 # task fails with UnavailableError (Spark retries it).
-spark_range_catch_up_ms = 30_000
+spark_range_catch_up_ms = 10_000
 # Rows per produce batch a Spark writer task sends: large enough that one fsync round covers
 # thousands of rows, far below batch_entries_max so a batch of 100-byte rows stays a few MiB.
 spark_write_batch_rows = 5_000

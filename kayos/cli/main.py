@@ -141,6 +141,33 @@ def bench_produce_command(
     _bench_report(bench_produce(parameters, base), as_json, out)
 
 
+@bench.command("spark")
+@click.option("--rows", type=int, help="Messages to write and read.  [default: 1000000]")
+@click.option("--value-bytes", type=int, help="Bytes per value.  [default: 100]")
+@click.option("--min-partitions", type=int, help="Spark partitions per read.  [default: 2]")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+@click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
+@click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
+def bench_spark_command(
+    rows: int | None,
+    value_bytes: int | None,
+    min_partitions: int | None,
+    as_json: bool,
+    out: str | None,
+    base: str | None,
+) -> None:
+    """The Spark source (local[2]) against the plain client on a local chain (needs kayos[spark]
+    and java): batch write, batch read, availableNow stream read, client read."""
+    from kayos.bench.spark import SparkBenchParameters, bench_spark
+
+    given = {"rows": rows, "value_bytes": value_bytes, "min_partitions": min_partitions}
+    try:
+        parameters = SparkBenchParameters(**{k: v for k, v in given.items() if v is not None})
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    _bench_report(bench_spark(parameters, base), as_json, out)
+
+
 @bench.command("kestrel")
 @click.option("--clients", default="1,16", show_default=True, help="Client counts, one run each.")
 @click.option("--ops", default=20_000, show_default=True, help="Operations per scenario.")

@@ -73,6 +73,14 @@ def boundary(client: Client, queue: str) -> int:
     return probe(client, queue, 0).boundary
 
 
+def earliest(client: Client, queue: str) -> int:
+    """The position before the queue's first live entry (the boundary if it has none): a read
+    from "earliest" starts there, not at 0, so the seqs of the shard's other queues before it do
+    not count against a read limit."""
+    page = client.read(queue, after=0, limit=1)
+    return page.columns.seqs[0] - 1 if len(page) else page.boundary
+
+
 def arrow_schema(include_headers: bool) -> pa.Schema:
     import pyarrow as pa
 

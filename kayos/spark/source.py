@@ -91,7 +91,7 @@ def _resolve(
     bounds = {shard: io.boundary(client, options.queue) for shard in shards}
     word = spec.lower()
     if word == "earliest":
-        return {shard: 0 for shard in shards}, bounds
+        return {shard: io.earliest(client, options.queue) for shard in shards}, bounds
     if word == "latest":
         return dict(bounds), bounds
     if word == "committed":
@@ -105,7 +105,9 @@ def _resolve(
     positions: Positions = {}
     for shard in shards:
         seq = given.get(shard, LATEST if default_latest else EARLIEST)
-        positions[shard] = 0 if seq == EARLIEST else bounds[shard] if seq == LATEST else seq
+        if seq == EARLIEST:
+            seq = io.earliest(client, options.queue)
+        positions[shard] = bounds[shard] if seq == LATEST else seq
     return positions, bounds
 
 

@@ -53,6 +53,7 @@ FLOORS: list[tuple[int, tuple[str, ...]]] = [
             "kayos.__main__",
         ),
     ),
+    (4, ("kayos.spark",)),
     (4, ("kestrel_compat",)),
     (4, ("chaos",)),
 ]
