@@ -147,9 +147,7 @@ class Client:
     def group(self, queue: str, group: str) -> GroupInfo:
         return self._run(self._client.group(queue, group))
 
-    def read(
-        self, queue: str, *, after: int, limit: int = 1000, upto: int | None = None
-    ) -> Page:
+    def read(self, queue: str, *, after: int, limit: int = 1000, upto: int | None = None) -> Page:
         return self._run(self._client.read(queue, after=after, limit=limit, upto=upto))
 
     def list_groups(self) -> list[tuple[str, str, int]]:

@@ -10,6 +10,7 @@ import json
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ from kayos.client.sync import Client
 from kayos.client.types import Acks, ItemLike, Page
 from kayos.errors import InvalidRequest, UnavailableError
 from kayos.spark.offsets import SeqRange, SourceOptions
+from kayos.topology import check_queue_name
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -106,9 +108,7 @@ def page_batch(page: Page, queue: str, schema: pa.Schema) -> pa.RecordBatch:
     arrays = [
         pa.array(columns.keys, pa.binary()),
         pa.array(columns.values, pa.binary()),
-        pa.DictionaryArray.from_arrays(pa.array([0] * count, pa.int8()), [queue]).cast(
-            pa.string()
-        ),
+        pa.DictionaryArray.from_arrays(pa.array([0] * count, pa.int8()), [queue]).cast(pa.string()),
         pa.array([page.shard] * count, pa.int32()),
         pa.array(columns.seqs, pa.int64()),
         pa.nulls(count, pa.timestamp("us", tz="UTC")),
@@ -127,28 +127,41 @@ def page_batch(page: Page, queue: str, schema: pa.Schema) -> pa.RecordBatch:
 def read_range(
     client: Client, rng: SeqRange, page_rows: int, include_headers: bool
 ) -> Iterator[pa.RecordBatch]:
-    """The queue's entries of ``(rng.after, rng.upto]`` as of ``rng.upto``, page by page. A tail
-    whose commit point is below ``upto`` answers a short snapshot; then this waits until a tail
-    is committed through ``upto`` and goes on where it stopped: a range is read whole or the
-    call fails (``UnavailableError``)."""
+    """The queue's entries of ``(rng.after, rng.upto]`` as of ``rng.upto``, page by page, the
+    next page asked for while the caller works on this one. A tail whose commit point is below
+    ``upto`` answers a short snapshot; then this waits until a tail is committed through
+    ``upto`` and goes on where it stopped: a range is read whole or the call fails
+    (``UnavailableError``)."""
     schema = arrow_schema(include_headers)
-    after = rng.after
     deadline = time.monotonic() + limits.spark_range_catch_up_ms / 1000
-    while after < rng.upto:
-        page = client.read(rng.queue, after=after, limit=page_rows, upto=rng.upto)
-        if len(page):
-            yield page_batch(page, rng.queue, schema)
-        if page.next > after:
-            after = page.next
-        if page.end and page.boundary < rng.upto:
-            # The tail answered its own commit point, below the range's end.
-            if time.monotonic() > deadline or not committed_through(client, rng.shard, rng.upto):
-                raise UnavailableError(
-                    f"no tail of shard {rng.shard} reached seq {rng.upto} within "
-                    f"{limits.spark_range_catch_up_ms} ms (at {page.boundary})"
-                )
-        elif page.end:
-            return
+
+    def ask(after: int) -> Future[Page]:
+        return pool.submit(client.read, rng.queue, after=after, limit=page_rows, upto=rng.upto)
+
+    if rng.after >= rng.upto:
+        return
+    with ThreadPoolExecutor(1, thread_name_prefix="kayos-spark-read") as pool:
+        after = rng.after
+        pending: Future[Page] | None = ask(after)
+        while pending is not None:
+            page = pending.result()
+            pending = None
+            after = max(after, page.next)
+            short = page.end and page.boundary < rng.upto
+            if not page.end:
+                pending = ask(after)
+            elif short:
+                # The tail answered its own commit point, below the range's end.
+                if time.monotonic() > deadline or not committed_through(
+                    client, rng.shard, rng.upto
+                ):
+                    raise UnavailableError(
+                        f"no tail of shard {rng.shard} reached seq {rng.upto} within "
+                        f"{limits.spark_range_catch_up_ms} ms (at {page.boundary})"
+                    )
+                pending = ask(after)
+            if len(page):
+                yield page_batch(page, rng.queue, schema)
 
 
 # --- writes --------------------------------------------------------------------------------------
@@ -158,8 +171,10 @@ def acks_of(text: str) -> Acks:
     return "all" if text == "all" else (1 if text == "1" else 0)
 
 
-def batch_items(batch: pa.RecordBatch) -> list[ItemLike]:
-    """A record batch's ``key`` and ``value`` columns as produce items (null value: delete)."""
+def batch_items(batch: pa.RecordBatch, queue: str) -> dict[str, list[ItemLike]]:
+    """A record batch's rows as produce items by target queue: ``key`` and ``value`` columns
+    (string or binary; a null value deletes the key), and the row's ``queue`` column where it
+    has one and it is not null, else ``queue``."""
     import pyarrow as pa
 
     names = batch.schema.names
@@ -174,62 +189,72 @@ def batch_items(batch: pa.RecordBatch) -> list[ItemLike]:
     key_list = keys.to_pylist()
     if None in key_list:
         raise InvalidRequest("a kayos write got a row whose key is null")
-    return list(zip(key_list, values.to_pylist(), strict=True))
+    items: list[ItemLike] = list(zip(key_list, values.to_pylist(), strict=True))
+    if "queue" not in names:
+        return {queue: items}
+    by_queue: dict[str, list[ItemLike]] = {}
+    for target, item in zip(batch.column("queue").to_pylist(), items, strict=True):
+        by_queue.setdefault(check_queue_name(target) if target else queue, []).append(item)
+    return by_queue
 
 
 @dataclass(frozen=True)
 class Written:
-    """What one writer task acknowledged: rows, and the highest seq it got (0 under acks=0)."""
+    """What one writer task acknowledged: rows, and the highest seq it got on the option's
+    queue (0 under acks=0)."""
 
     rows: int
     max_seq: int
-    skipped: bool = False
 
 
-def write_batches(
-    options: SourceOptions, queue: str, batches: Iterable[pa.RecordBatch]
-) -> Written:
-    """Produces every row in order, ``limits.spark_write_batch_rows`` per batch with up to
-    ``limits.spark_write_in_flight_batches`` pipelined, each acknowledged at the option's acks."""
-    return asyncio.run(_write(options, queue, batches))
+def write_batches(options: SourceOptions, batches: Iterable[pa.RecordBatch]) -> Written:
+    """Produces every row, grouped by target queue (so by shard), in order within a queue:
+    ``limits.spark_write_batch_rows`` per produce batch with up to
+    ``limits.spark_write_in_flight_batches`` pipelined to the heads, each acknowledged at the
+    option's acks before this returns."""
+    return asyncio.run(_write(options, batches))
 
 
-async def _write(options: SourceOptions, queue: str, batches: Iterable[pa.RecordBatch]) -> Written:
+async def _write(options: SourceOptions, batches: Iterable[pa.RecordBatch]) -> Written:
     acks = acks_of(options.acks)
     rows = 0
     max_seq = 0
     async with AsyncClient(list(options.seeds), **options.client_options()) as client:
-        in_flight: list[asyncio.Task[tuple[int, int]]] = []
+        in_flight: list[tuple[str, asyncio.Future[tuple[int, int]]]] = []
 
         async def settle(keep: int) -> None:
             nonlocal max_seq
             while len(in_flight) > keep:
-                _first, last = await in_flight.pop(0)
-                max_seq = max(max_seq, last)
+                target, future = in_flight.pop(0)
+                _first, last = await future
+                if target == options.queue:
+                    max_seq = max(max_seq, last)
+
+        def send(target: str, chunk: list[ItemLike]) -> None:
+            nonlocal rows
+            future = asyncio.ensure_future(client.produce_batch(target, chunk, acks=acks))
+            in_flight.append((target, future))
+            rows += len(chunk)
 
         try:
-            pending: list[ItemLike] = []
+            pending: dict[str, list[ItemLike]] = {}
             for batch in batches:
-                pending += batch_items(batch)
-                while len(pending) >= limits.spark_write_batch_rows:
-                    chunk = pending[: limits.spark_write_batch_rows]
-                    del pending[: limits.spark_write_batch_rows]
-                    in_flight.append(
-                        asyncio.ensure_future(client.produce_batch(queue, chunk, acks=acks))
-                    )
-                    rows += len(chunk)
-                    await settle(limits.spark_write_in_flight_batches)
-            if pending:
-                in_flight.append(
-                    asyncio.ensure_future(client.produce_batch(queue, pending, acks=acks))
-                )
-                rows += len(pending)
+                for target, items in batch_items(batch, options.queue).items():
+                    waiting = pending.setdefault(target, [])
+                    waiting += items
+                    while len(waiting) >= limits.spark_write_batch_rows:
+                        send(target, waiting[: limits.spark_write_batch_rows])
+                        del waiting[: limits.spark_write_batch_rows]
+                        await settle(limits.spark_write_in_flight_batches)
+            for target, waiting in pending.items():
+                if waiting:
+                    send(target, waiting)
             await settle(0)
         finally:
-            for task in in_flight:
-                task.cancel()
+            for _target, future in in_flight:
+                future.cancel()
             if in_flight:
-                await asyncio.gather(*in_flight, return_exceptions=True)
+                await asyncio.gather(*(f for _t, f in in_flight), return_exceptions=True)
     return Written(rows, max_seq)
 
 

@@ -3,6 +3,7 @@ and the split of ranges into partitions. No pyspark, no network: unit-tested alo
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections.abc import Mapping
@@ -107,7 +108,9 @@ class SourceOptions:
             try:
                 timeout_s = float(timeout_text)
             except ValueError:
-                raise InvalidRequest(f"option kayos.timeoutS must be a number, not {timeout_text!r}") from None
+                raise InvalidRequest(
+                    f"option kayos.timeoutS must be a number, not {timeout_text!r}"
+                ) from None
             if not timeout_s > 0:
                 raise InvalidRequest("option kayos.timeoutS must be > 0")
         page_rows = _int_option(options, "kayos.pageRows") or limits.spark_read_page_rows_default
@@ -228,7 +231,7 @@ def split_ranges(
         pieces = max(1, min(upto - after, math.ceil((upto - after) * want / total)))
         step = (upto - after) / pieces
         bounds = [after + round(step * i) for i in range(pieces)] + [upto]
-        for low, high in zip(bounds, bounds[1:], strict=False):
+        for low, high in itertools.pairwise(bounds):
             if high > low:
                 ranges.append(SeqRange(queue, shard, low, high))
     return ranges

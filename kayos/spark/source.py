@@ -49,7 +49,7 @@ SCHEMA = "key binary, value binary, queue string, shard int, seq long, timestamp
 HEADERS_FIELD = ", headers map<string, binary>"
 
 
-class KayosPartition(InputPartition):  # type: ignore[misc]
+class KayosPartition(InputPartition):  # type: ignore[misc, unused-ignore]
     """One seq range of one shard (picklable plain data)."""
 
     def __init__(self, rng: SeqRange) -> None:
@@ -57,7 +57,7 @@ class KayosPartition(InputPartition):  # type: ignore[misc]
         self.rng = rng
 
 
-class KayosDataSource(DataSource):  # type: ignore[misc]
+class KayosDataSource(DataSource):  # type: ignore[misc, unused-ignore]
     """``spark.read.format("kayos")`` and friends; see docs/spark.md for the options."""
 
     @classmethod
@@ -97,7 +97,7 @@ def _resolve(
     if word == "committed":
         assert options.consumer_group is not None  # checked with the options
         hwm = client.group(options.queue, options.consumer_group).hwm
-        return {shard: hwm for shard in shards}, bounds
+        return dict.fromkeys(shards, hwm), bounds
     given = parse_offset(spec, options.queue, what)
     unknown = set(given) - set(shards)
     if unknown:
@@ -111,25 +111,27 @@ def _resolve(
     return positions, bounds
 
 
-class KayosBatchReader(DataSourceReader):  # type: ignore[misc]
+class KayosBatchReader(DataSourceReader):  # type: ignore[misc, unused-ignore]
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
 
     def partitions(self) -> Sequence[InputPartition]:
-        start, _ = _resolve(self.options, self.options.starting, "startingOffsets",
-                            default_latest=False)
+        start, _ = _resolve(
+            self.options, self.options.starting, "startingOffsets", default_latest=False
+        )
         end, _ = _resolve(self.options, self.options.ending, "endingOffsets", default_latest=True)
         ranges = split_ranges(self.options.queue, start, end, self.options.min_partitions)
         return [KayosPartition(rng) for rng in ranges]
 
-    def read(self, partition: KayosPartition) -> Iterator[Any]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, KayosPartition)
         client = io.client_for(self.options)
         yield from io.read_range(
             client, partition.rng, self.options.page_rows, self.options.include_headers
         )
 
 
-class KayosStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+class KayosStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc, unused-ignore]
     """Offsets ``{"<queue>": {"<shard>": seq}}``; a micro-batch reads ``(start, end]`` per
     shard as of ``end``. Lives in the query's planner process between triggers."""
 
@@ -208,7 +210,8 @@ class KayosStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         ranges = split_ranges(self.options.queue, begin, finish, self.options.min_partitions)
         return [KayosPartition(rng) for rng in ranges]
 
-    def read(self, partition: KayosPartition) -> Iterator[Any]:
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, KayosPartition)
         client = io.client_for(self.options)
         yield from io.read_range(
             client, partition.rng, self.options.page_rows, self.options.include_headers
@@ -236,11 +239,15 @@ class KayosStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
 
 
 @dataclass(frozen=True)
-class KayosCommitMessage(WriterCommitMessage):  # type: ignore[misc]
+class KayosCommitMessage(WriterCommitMessage):  # type: ignore[misc, unused-ignore]
     rows: int
     max_seq: int
     skipped: bool = False
     query_id: str | None = None
+
+
+def _ours(messages: list[WriterCommitMessage | None]) -> list[KayosCommitMessage]:
+    return [m for m in messages if isinstance(m, KayosCommitMessage)]
 
 
 def _task_property(name: str) -> str | None:
@@ -250,23 +257,23 @@ def _task_property(name: str) -> str | None:
     return None if context is None else context.getLocalProperty(name)
 
 
-class KayosBatchWriter(DataSourceArrowWriter):  # type: ignore[misc]
+class KayosBatchWriter(DataSourceArrowWriter):  # type: ignore[misc, unused-ignore]
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
 
     def write(self, iterator: Iterator[Any]) -> KayosCommitMessage:
-        done = io.write_batches(self.options, self.options.queue, iterator)
+        done = io.write_batches(self.options, iterator)
         return KayosCommitMessage(done.rows, done.max_seq, False)
 
-    def commit(self, messages: list[KayosCommitMessage | None]) -> None:
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         pass  # every row was acknowledged at acks before its task succeeded
 
-    def abort(self, messages: list[KayosCommitMessage | None]) -> None:
-        written = sum(m.rows for m in messages if m is not None)
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        written = sum(m.rows for m in _ours(messages))
         log.warning("kayos write aborted; %d rows of finished tasks stay written", written)
 
 
-class KayosStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
+class KayosStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc, unused-ignore]
     """Writes a micro-batch unless the query's sink already committed it (the replay marker)."""
 
     def __init__(self, options: SourceOptions) -> None:
@@ -281,13 +288,13 @@ class KayosStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
                 for _ in iterator:
                     pass  # a replay of a committed batch: written already
                 return KayosCommitMessage(0, 0, True, query_id)
-        done = io.write_batches(self.options, self.options.queue, iterator)
+        done = io.write_batches(self.options, iterator)
         return KayosCommitMessage(done.rows, done.max_seq, False, query_id)
 
-    def commit(self, messages: list[KayosCommitMessage | None], batchId: int) -> None:
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Records the batch as committed (the replay marker), unless every task found it
         recorded already. Runs on the driver once every task succeeded."""
-        done = [m for m in messages if m is not None]
+        done = _ours(messages)
         query_ids = {m.query_id for m in done if m.query_id is not None}
         if not query_ids:
             log.warning("kayos sink: no query id for batch %d; replay marker not written", batchId)
@@ -299,6 +306,6 @@ class KayosStreamWriter(DataSourceStreamArrowWriter):  # type: ignore[misc]
         for query_id in sorted(query_ids):
             io.record_committed_batch(client, self.options.queue, query_id, batchId, max_seq)
 
-    def abort(self, messages: list[KayosCommitMessage | None], batchId: int) -> None:
-        written = sum(m.rows for m in messages if m is not None)
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        written = sum(m.rows for m in _ours(messages))
         log.warning("kayos sink: batch %d aborted; %d rows stay written", batchId, written)

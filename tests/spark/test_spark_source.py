@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 from pathlib import Path
@@ -176,9 +177,7 @@ def test_restart_from_checkpoint_reads_each_row_once(
     assert len(read_all(client, out)) == produced
 
 
-def test_batch_write_lands_with_acks_all(
-    spark: Any, cluster: LocalCluster, client: Client
-) -> None:
+def test_batch_write_lands_with_acks_all(spark: Any, cluster: LocalCluster, client: Client) -> None:
     queue = queue_on_shard(cluster, 0, "bwrite")
     frame = spark.createDataFrame(
         [(f"w{i:05d}", f"value {i}") for i in range(3000)], "key string, value string"
@@ -216,7 +215,8 @@ def test_replayed_stream_batch_is_not_written_twice(
     query = _kayos_sink(again, cluster, out, checkpoint).trigger(availableNow=True).start()
     assert query.awaitTermination(180)
     replayed = [p for p in query.recentProgress if p["batchId"] == 1]
-    assert replayed and replayed[0]["numInputRows"] == 250  # the batch did run again
+    assert replayed
+    assert replayed[0]["numInputRows"] == 250
     after = read_all(client, out)
     assert after == before  # same entries, same seqs: nothing written twice
 
@@ -239,8 +239,9 @@ def test_tail_killed_during_streaming_query(
         cluster.start(tail)
         produce_rows(client, queue, _rows(500, "after-"))
         wait_until(
-            lambda: sum(p["numInputRows"] for p in query.recentProgress) >= 2500
-            or not query.isActive,
+            lambda: (
+                sum(p["numInputRows"] for p in query.recentProgress) >= 2500 or not query.isActive
+            ),
             "every row through the query",
         )
         assert query.isActive, query.exception()
@@ -261,10 +262,13 @@ def test_resume_past_the_shard_is_data_loss(
     shard = cluster.topology.shard_for(queue)
     beyond = f'{{"{queue}": {{"{shard}": {last + 10_000_000}}}}}'
     frame = _stream(spark, cluster, queue, startingOffsets=beyond, **{"kayos.timeoutS": "5"})
-    query = frame.writeStream.format("noop").option(
-        "checkpointLocation", str(tmp_path)
-    ).trigger(availableNow=True).start()
-    with pytest.raises(Exception, match="DataLossError|committed only through"):
+    query = (
+        frame.writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path))
+        .trigger(availableNow=True)
+        .start()
+    )
+    with pytest.raises(Exception, match=r"DataLossError|committed only through"):
         query.awaitTermination(180)
 
 
@@ -276,3 +280,81 @@ def test_bad_options_are_clear_errors(spark: Any, cluster: LocalCluster) -> None
     with pytest.raises(Exception, match="maxRowsPerTrigger"):
         _stream(spark, cluster, "q", maxRowsPerTrigger="lots").writeStream.format("noop").start()
     assert issubclass(KayosError, Exception)
+
+
+def test_consumer_group_follows_the_checkpoint(
+    spark: Any, cluster: LocalCluster, client: Client, tmp_path: Path
+) -> None:
+    queue = queue_on_shard(cluster, 0, "grouped")
+    out = queue_on_shard(cluster, 2, "grouped-out")
+    produce_rows(client, queue, _rows(300))
+    options = {"maxRowsPerTrigger": "100", "consumerGroup": "etl"}
+    checkpoint = tmp_path / "checkpoint"
+    query = (
+        _kayos_sink(_stream(spark, cluster, queue, **options), cluster, out, checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(180)
+    ends = [json.loads(p["sources"][0]["endOffset"]) for p in query.recentProgress]
+    shard = str(cluster.topology.shard_for(queue))
+    # commit() runs one batch late: the group holds the second-to-last batch's end (advisory).
+    hwm = client.group(queue, "etl").hwm
+    assert hwm == ends[-2][queue][shard]
+    # A new query (no checkpoint) can start from the group's mark.
+    produce_rows(client, queue, _rows(50, "new-"))
+    fresh = _stream(spark, cluster, queue, startingOffsets="committed", consumerGroup="etl")
+    got = {bytes(r.key) for r in _collect_available(fresh, tmp_path / "fresh")}
+    assert {k.encode() for k, _v in _rows(50, "new-")} <= got
+    assert len(got) == 100 + 50  # the last batch's rows (not committed yet) and the new ones
+
+
+def _collect_available(frame: Any, checkpoint: Path) -> list[Any]:
+    name = f"collected_{checkpoint.name.replace('-', '_')}"
+    query = (
+        frame.writeStream.format("memory")
+        .queryName(name)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(180)
+    return list(frame.sparkSession.table(name).collect())
+
+
+def test_headers_column_and_writes_by_queue_column(
+    spark: Any, cluster: LocalCluster, client: Client
+) -> None:
+    queue = queue_on_shard(cluster, 1, "headers")
+    client.produce(queue, "h1", "v", headers={"trace": b"abc"})
+    client.produce(queue, "h2", "v")
+    rows = {
+        bytes(r.key): r.headers
+        for r in _reader(spark, cluster, queue, includeHeaders="true").collect()
+    }
+    assert rows == {b"h1": {"trace": bytearray(b"abc")}, b"h2": None}
+    # Rows carrying a queue column go to that queue (grouped by queue, so by shard).
+    targets = [queue_on_shard(cluster, shard, "routed") for shard in range(3)]
+    frame = spark.createDataFrame(
+        [(f"r{i}", "x", targets[i % 3]) for i in range(90)],
+        "key string, value string, queue string",
+    )
+    frame.write.format("kayos").option("kayos.endpoints", endpoints(cluster)).option(
+        "queue", targets[0]
+    ).mode("append").save()
+    for n, target in enumerate(targets):
+        keys = {k for k, _v, _s in read_all(client, target)}
+        assert keys == {f"r{i}".encode() for i in range(90) if i % 3 == n}
+
+
+def test_a_null_key_is_a_clear_error_and_writes_nothing(
+    spark: Any, cluster: LocalCluster, client: Client
+) -> None:
+    queue = queue_on_shard(cluster, 2, "nullkey")
+    # One task: its rows are checked before any is sent (tasks are not atomic with each other).
+    frame = spark.createDataFrame([("a", "1"), (None, "2")], "key string, value string").coalesce(1)
+    with pytest.raises(Exception, match="key is null"):
+        frame.write.format("kayos").option("kayos.endpoints", endpoints(cluster)).option(
+            "queue", queue
+        ).mode("append").save()
+    assert read_all(client, queue) == []

@@ -3,6 +3,7 @@ share-out and range splitting. No pyspark, no network."""
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -25,7 +26,8 @@ def test_options_defaults_and_aliases() -> None:
     batch = SourceOptions.parse(BASE, streaming=False)
     assert batch.seeds == ("http://127.0.0.1:7101", "http://127.0.0.1:7102")
     assert (batch.starting, batch.ending, batch.acks) == ("earliest", "latest", "all")
-    assert batch.fail_on_data_loss and not batch.include_headers
+    assert batch.fail_on_data_loss
+    assert not batch.include_headers
     stream = SourceOptions.parse({**BASE, "maxOffsetsPerTrigger": "7"}, streaming=True)
     assert stream.starting == "latest"
     assert stream.max_rows_per_trigger == 7
@@ -75,7 +77,8 @@ def test_share_limit_is_proportional_and_never_over() -> None:
     assert cut == {0: 90, 1: 110}
     # A small shard still advances; the total stays within the limit.
     cut = share_limit({0: 0, 1: 0}, {0: 10_000, 1: 1}, 10)
-    assert cut[1] == 1 and sum(cut.values()) <= 10
+    assert cut[1] == 1
+    assert sum(cut.values()) <= 10
 
 
 def test_split_ranges_cover_each_range_once() -> None:
@@ -85,7 +88,8 @@ def test_split_ranges_cover_each_range_once() -> None:
     assert len(ranges) >= 6
     for shard, end in ((0, 1000), (1, 10)):
         pieces = [r for r in ranges if r.shard == shard]
-        assert pieces[0].after == 0 and pieces[-1].upto == end
-        assert all(a.upto == b.after for a, b in zip(pieces, pieces[1:], strict=False))
+        assert pieces[0].after == 0
+        assert pieces[-1].upto == end
+        assert all(a.upto == b.after for a, b in itertools.pairwise(pieces))
     # Never more pieces than seqs.
     assert len(split_ranges("q", {0: 0}, {0: 2}, 50)) == 2
