@@ -13,7 +13,10 @@ Figures (rows/s over each phase's wall time):
   length summed (so every row is moved into Spark), ``minPartitions`` sub-ranges.
 - ``stream_read_rows_per_s``: ``readStream`` with ``trigger(availableNow=True)`` into the
   ``noop`` sink, from earliest, ``maxRowsPerTrigger`` per micro-batch.
-- ``batch_read_vs_client``, ``stream_read_vs_client``: the ratios to the client's figure.
+- ``spark_floor_rows_per_s``: the same batch read of a source that yields one pre-built Arrow
+  batch of the same shape again and again (kayos/bench/spark_floor.py): what Spark itself costs.
+- ``batch_read_vs_client``, ``stream_read_vs_client``: the ratios to the client's figure;
+  ``batch_read_vs_floor``: the batch read against Spark's own floor.
 The session start and the first job (JVM and Python workers warming up) run before timing, on
 a small warm-up queue.
 """
@@ -97,6 +100,19 @@ def _batch_read(spark: Any, endpoints: str, queue: str, min_partitions: int) -> 
     return int(row["n"]), time.perf_counter() - began
 
 
+def _floor_read(spark: Any, parameters: SparkBenchParameters) -> tuple[int, float]:
+    began = time.perf_counter()
+    frame = (
+        spark.read.format("kayos-bench-floor")
+        .option("rows", str(parameters.rows))
+        .option("partitions", str(parameters.min_partitions))
+        .option("value_bytes", str(parameters.value_bytes))
+        .load()
+    )
+    row = frame.selectExpr("count(*) as n", "sum(length(value)) as bytes").collect()[0]
+    return int(row["n"]), time.perf_counter() - began
+
+
 def _stream_read(
     spark: Any, endpoints: str, queue: str, parameters: SparkBenchParameters, checkpoint: str
 ) -> tuple[int, float]:
@@ -144,14 +160,19 @@ def bench_spark(parameters: SparkBenchParameters, base: str | None = None) -> di
         # Warm-up: the JVM, the Python workers and the source's planning, on a small queue.
         _write(spark, endpoints, WARMUP_QUEUE, 1000, parameters.value_bytes)
         _batch_read(spark, endpoints, WARMUP_QUEUE, parameters.min_partitions)
+        from kayos.bench.spark_floor import FloorSource
+
+        spark.dataSource.register(FloorSource)
+        _floor_read(spark, SparkBenchParameters(rows=1000))
 
         write_s = _write(spark, endpoints, BENCH_QUEUE, parameters.rows, parameters.value_bytes)
         client_rows, client_s = _client_read(urls, BENCH_QUEUE)
         batch_rows, batch_s = _batch_read(spark, endpoints, BENCH_QUEUE, parameters.min_partitions)
+        floor_rows, floor_s = _floor_read(spark, parameters)
         stream_rows, stream_s = _stream_read(
             spark, endpoints, BENCH_QUEUE, parameters, os.path.join(root, "checkpoint")
         )
-        if not client_rows == batch_rows == stream_rows == parameters.rows:
+        if not client_rows == batch_rows == stream_rows == floor_rows == parameters.rows:
             raise RuntimeError(
                 f"rows read differ: client {client_rows}, batch {batch_rows}, "
                 f"stream {stream_rows}, written {parameters.rows}"
@@ -159,19 +180,23 @@ def bench_spark(parameters: SparkBenchParameters, base: str | None = None) -> di
         client_rate = client_rows / client_s
         batch_rate = batch_rows / batch_s
         stream_rate = stream_rows / stream_s
+        floor_rate = floor_rows / floor_s
         return {
             "parameters": asdict(parameters),
             "write_rows_per_s": round(parameters.rows / write_s),
             "client_read_rows_per_s": round(client_rate),
             "batch_read_rows_per_s": round(batch_rate),
             "stream_read_rows_per_s": round(stream_rate),
+            "spark_floor_rows_per_s": round(floor_rate),
             "batch_read_vs_client": round(batch_rate / client_rate, 3),
             "stream_read_vs_client": round(stream_rate / client_rate, 3),
+            "batch_read_vs_floor": round(batch_rate / floor_rate, 3),
             "seconds": {
                 "write": round(write_s, 2),
                 "client_read": round(client_s, 2),
                 "batch_read": round(batch_s, 2),
                 "stream_read": round(stream_s, 2),
+                "spark_floor": round(floor_s, 2),
             },
             "machine": machine_facts(),
         }

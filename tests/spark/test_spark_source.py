@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -120,32 +119,17 @@ def test_available_now_stops_at_the_snapshot_taken_at_start(
 ) -> None:
     queue = queue_on_shard(cluster, 2, "avail")
     out = queue_on_shard(cluster, 0, "avail-out")
-    produce_rows(client, queue, _rows(300, "first"))
-    stop = threading.Event()
-    produced: list[int] = []
-
-    def keep_producing() -> None:
-        n = 0
-        while not stop.is_set() and n < 200:
-            client.produce(queue, f"late{n:05d}", "x")
-            produced.append(n)
-            n += 1
-
+    produce_rows(client, queue, _rows(1000, "first"))
     frame = _stream(spark, cluster, queue, maxRowsPerTrigger="100")
-    writer = _kayos_sink(frame, cluster, out, tmp_path).trigger(availableNow=True)
-    producer = threading.Thread(target=keep_producing)
-    query = writer.start()
-    producer.start()
-    try:
-        assert query.awaitTermination(180)
-    finally:
-        stop.set()
-        producer.join(60)
+    query = _kayos_sink(frame, cluster, out, tmp_path).trigger(availableNow=True).start()
+    # The snapshot was taken before batch 0 ran: rows produced once it is done come after it.
+    wait_until(lambda: query.recentProgress or not query.isActive, "the first micro-batch")
+    produce_rows(client, queue, _rows(200, "late"))
+    assert query.isActive, "the query ended before the late rows came: nothing was shown"
+    assert query.awaitTermination(180)
     keys = {k for k, _v, _s in read_all(client, out)}
-    assert {k.encode() for k, _v in _rows(300, "first")} <= keys
-    # It ended: whatever came after the snapshot waits for the next run.
-    assert not query.isActive
-    assert sum(p["numInputRows"] for p in query.recentProgress) == len(keys)
+    assert keys == {k.encode() for k, _v in _rows(1000, "first")}  # and none of the late rows
+    assert [p["numInputRows"] for p in query.recentProgress] == [100] * 10
 
 
 def test_restart_from_checkpoint_reads_each_row_once(
