@@ -24,8 +24,10 @@ dev: $(STAMP)
 run: $(STAMP)
 	$(BIN)/kayos up
 
-## The test command: lint, types, then the whole test suite (the Spark tier too: it needs java).
+## The test command: lint, types, then the whole test suite (the Spark tier too: java is installed
+## first where the machine has none, deploy/ensure-java.sh).
 test: $(STAMP) $(SPARK_STAMP)
+	bash deploy/ensure-java.sh
 	$(BIN)/ruff check kayos kestrel_compat tests chaos
 	$(BIN)/mypy
 	$(BIN)/pytest
