@@ -74,8 +74,11 @@ PROTOCOL_VERSION_MIN: Final = 1
 # link (docs/replication-protocol.md).
 LINK_PROTOCOL_VERSION_MIN: Final = 3
 
-# HELLO's role field: a client, or the connector's role in the shard's chain.
-ROLES: Final = frozenset({"client", "head", "middle", "tail"})
+# HELLO's role field: a client, the connector's role in the shard's chain, or a copy that counts
+# in no commit: a learner (a node outside the chain catching up) or a member repairing its store.
+CHAIN_ROLES: Final = frozenset({"head", "middle", "tail"})
+COPY_ROLES: Final = frozenset({"learner", "repair"})
+ROLES: Final = frozenset({"client"}) | CHAIN_ROLES | COPY_ROLES
 
 # PRODUCE's acks field, Kafka's numbering: answer when accepted, durable on the head, or committed.
 ACKS_NONE: Final = 0
