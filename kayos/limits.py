@@ -185,12 +185,27 @@ cluster_secret_bytes = 32
 auth_nonce_bytes = 32
 # A parked WAIT_COMMITTED is answered after at most this long, so it never pins memory for ever.
 wait_committed_timeout_ms_max = 60_000
+# Learners and repair links (docs/replication-protocol.md, "Learners and repair links"): a member
+# serving one while its shard takes live writes (a batch accepted within catchup_live_window_ms)
+# spends at most this share of its time on it (a duty cycle: a pause after each piece sent), so
+# live produce throughput drops by about this share at most; an idle shard is copied at full speed.
+catchup_produce_share_max = 0.2
+catchup_live_window_ms = 1_000
+# A node verifies a shard store's every chunk (the walk of `kayos check`) before opening it when
+# its data file is at most this big: the walk reads the whole file once (about 1 s per 100 MiB
+# on a laptop disk), and a bigger store is checked on read (a CRC that fails is never served).
+store_verify_on_open_bytes_max = 1024 * 1024 * 1024
+# A salvage cuts back to the newest header before the damage, checks again and repeats at most this
+# often (each round drops at least one commit; past it the store restarts empty and is re-fetched).
+salvage_rounds_max = 32
 
 assert batch_bytes_max + 32 * batch_entries_max + 1024 * 1024 <= frame_bytes_max
 assert frame_bytes_max < 2**31, "the u32 length prefix, with room to spare"
 assert 4 * node_id_bytes_max + 1024 <= handshake_frame_bytes_max <= frame_bytes_max
 assert link_in_flight_bytes_max >= frame_bytes_max, "one maximal batch always fits in flight"
 assert wait_committed_timeout_ms_max < 2**32, "WAIT_COMMITTED's timeout field is a u32"
+assert 0 < catchup_produce_share_max <= 1
+assert catchup_live_window_ms > 0 and salvage_rounds_max >= 1
 
 # --- node API (see docs/node-api.md) -------------------------------------------------------------
 
