@@ -205,7 +205,8 @@ assert 4 * node_id_bytes_max + 1024 <= handshake_frame_bytes_max <= frame_bytes_
 assert link_in_flight_bytes_max >= frame_bytes_max, "one maximal batch always fits in flight"
 assert wait_committed_timeout_ms_max < 2**32, "WAIT_COMMITTED's timeout field is a u32"
 assert 0 < catchup_produce_share_max <= 1
-assert catchup_live_window_ms > 0 and salvage_rounds_max >= 1
+assert catchup_live_window_ms > 0
+assert salvage_rounds_max >= 1
 
 # --- node API (see docs/node-api.md) -------------------------------------------------------------
 

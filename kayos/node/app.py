@@ -36,6 +36,7 @@ from kayos.errors import (
     UnavailableError,
     WrongRoleError,
 )
+from kayos.node import learners
 from kayos.node.runtime import GROUP_STATE_META, HWM_META, Node, Page, link_status
 from kayos.node.runtime import lag_seconds as lag_seconds_of
 
@@ -54,6 +55,7 @@ STATUS_FOR_CODE = {
     "timeout": 504,
     "unavailable": 503,
     "disk_full": 507,
+    "stale_epoch": 409,
 }
 _ACKS = {"0": 0, "1": 1, "all": -1, "-1": -1}
 _NODE_KEY = web.AppKey("node", Node)
@@ -444,6 +446,11 @@ def make_app(node: Node) -> web.Application:
         value = await node.wait_committed(shard, seq, timeout_ms)
         return _reply(request, {"shard": shard, "committed_seq": value})
 
+    @routes.post("/v1/admin/catch-up")
+    async def catch_up(request: web.Request) -> web.Response:
+        order = learners.parse_catch_up(node.topology.identity, await read_body(request))
+        return _reply(request, await learners.start_catch_up(node, order))
+
     @routes.get("/metrics")
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(node.registry), content_type="text/plain")
@@ -506,6 +513,16 @@ class _Collector:
             "Seqs the replica's rollbacks dropped since the node started",
             labels=labels,
         )
+        refetched = CounterMetricFamily(
+            "kayos_shard_refetched_entries",
+            "Entries the replica copied in catch-up (a learner's or a repair's included)",
+            labels=labels,
+        )
+        repairs = GaugeMetricFamily(
+            "kayos_shard_repair",
+            "1 while the replica repairs a damaged store (or reads met damage), else 0",
+            labels=labels,
+        )
         rolled_back_committed = CounterMetricFamily(
             "kayos_shard_rolled_back_committed_entries",
             "Of those, seqs at or below the commit point the replica knew (a bug if not 0)",
@@ -531,6 +548,9 @@ class _Collector:
             rolled_back.add_metric(key, replica.rolled_back_entries)
             rolled_back_committed.add_metric(key, replica.rolled_back_committed_entries)
             refused.add_metric(key, replica.refused_rollbacks)
+            refetched.add_metric(key, replica.refetched_entries)
+            repair = replica.repair_status()
+            repairs.add_metric(key, 1 if repair and repair["state"] != "repaired" else 0)
             for name, hwm in replica.store.meta.items():
                 if name.startswith(HWM_META) and isinstance(hwm, int):
                     queue, _, group = name[len(HWM_META) :].partition("/")
@@ -551,6 +571,8 @@ class _Collector:
             rolled_back,
             rolled_back_committed,
             refused,
+            refetched,
+            repairs,
         ]
 
 

@@ -36,6 +36,7 @@ from kayos.errors import (
 )
 from kayos.identity import check_data_dir
 from kayos.node.reconfigure import Reconfigurer
+from kayos.node import learners
 from kayos.replication import frames as fr
 from kayos.replication.handshake import HostAddresses, accept_peer, shown
 from kayos.replication.latency import LatencyWindow
@@ -141,6 +142,8 @@ class Node:
         self.clock = clock or SystemClock()
         self.rng = rng or random.Random()  # noqa: S311 (backoff jitter and tail choice)
         self.replicas: dict[int, ShardReplica] = {}
+        # Shards this node copies as a learner (kayos.node.learners), outside their chains.
+        self.learners: dict[int, learners.Learner] = {}
         # Every replica's link to its upstream (the reconfigure driver adds and removes them).
         self._links: list[UpstreamLink] = []
         # Topology changes: the driver that opens, re-makes and closes replicas.
@@ -262,6 +265,8 @@ class Node:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        for shard_id in list(self.learners):
+            await learners.close_learner(self, shard_id)
         for replica in self.replicas.values():
             with contextlib.suppress(KayosError):
                 await replica.persist_commit_point()
@@ -463,8 +468,14 @@ class Node:
                     "rolled_back_entries": replica.rolled_back_entries,
                     "rolled_back_committed_entries": replica.rolled_back_committed_entries,
                     "refused_rollbacks": replica.refused_rollbacks,
+                    "refetched_entries": replica.refetched_entries,
+                    "repair": replica.repair_status(),
                 }
                 for shard_id, replica in self.replicas.items()
+            }
+            | {
+                str(shard_id): learners.learner_status(learner)
+                for shard_id, learner in self.learners.items()
             },
         }
 

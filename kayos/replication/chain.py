@@ -273,6 +273,18 @@ def with_takeover(table: TakeoverTable, uuid: bytes, seq: int) -> TakeoverTable:
     return [*table, (uuid, seq)][-limits.takeover_table_entries_max :]
 
 
+# --- learner and repair links -----------------------------------------------------------------
+
+
+def copy_pause_s(busy_s: float, *, live_s_ago: float, live_window_s: float, share: float) -> float:
+    """How long a learner or repair link pauses after a piece that took ``busy_s`` to read back
+    and send: none while the shard takes no live writes (none accepted within
+    ``live_window_s``), else enough that the link takes at most ``share`` of the time."""
+    if live_s_ago > live_window_s or busy_s <= 0:
+        return 0.0
+    return busy_s * (1.0 - share) / share
+
+
 # --- link flow control ---------------------------------------------------------------------------
 
 

@@ -40,6 +40,7 @@ import msgpack
 from kayos import limits
 from kayos.clock import Clock, SystemClock
 from kayos.errors import (
+    CorruptionError,
     InvalidRequest,
     KayosError,
     ProtocolError,
@@ -56,6 +57,7 @@ from kayos.replication import frames as fr
 from kayos.storage import CommitResult, Entry, ShardStore
 from kayos.storage.engine import prepare_columns
 from kayos.storage.readback import read_back
+from kayos.storage.salvage import SalvageReport, salvage
 from kayos.topology import ShardChain, Topology
 
 log = logging.getLogger("kayos.replication")
@@ -333,6 +335,7 @@ class ShardReplica:
         store_path: str,
         clock: Clock,
         rng: random.Random,
+        learner_upstream: str | None = None,
     ) -> None:
         self.node_id = node_id
         self.topology = topology
@@ -340,11 +343,38 @@ class ShardReplica:
         self.store_path = store_path
         self.clock = clock
         self.rng = rng
+        # A store that fails its check is cut back to what verifies before it opens; the rest is
+        # re-fetched from a peer (docs/node-api.md, "Self-repair").
+        self.salvage_report: SalvageReport | None = salvage(store_path)
         self.store = ShardStore.open(store_path, clock=clock)
-        self.role = shard.role_of(node_id)
-        assert self.role is not None, "a replica is a member of its shard"
-        self.upstream = shard.upstream_of(node_id)
-        self.downstreams = shard.downstreams_of(node_id)
+        if learner_upstream is not None:
+            # A copy outside the chain: follows ``learner_upstream``, counts in no commit.
+            self.role: str | None = "learner"
+            self.upstream: str | None = learner_upstream
+            self.downstreams: tuple[str, ...] = ()
+        else:
+            self.role = shard.role_of(node_id)
+            assert self.role is not None, "a replica is a member of its shard"
+            self.upstream = shard.upstream_of(node_id)
+            self.downstreams = shard.downstreams_of(node_id)
+        # A repairing member serves no SUBSCRIBE (and a head no write) until it has re-fetched
+        # what it lost: a salvaged store, or a head whose store cut bytes after its last valid
+        # header (a torn commit or a truncated file look the same).
+        torn_head = self.role == "head" and self.store.recovery.dropped_bytes > 0
+        self.repairing = self.salvage_report is not None or torn_head
+        self.repair_problem = (
+            self.salvage_report.problem
+            if self.salvage_report is not None
+            else self.store.recovery.reason
+            if torn_head
+            else ""
+        )
+        # Entries this replica copied in catch-up (below the target its SUBSCRIBED named) since
+        # the node started; a read that met a damaged chunk (never served).
+        self.refetched_entries = 0
+        self.damage_seen: str | None = None
+        # When a live batch was last accepted (monotonic s): a learner link is throttled then.
+        self.live_at_s = -1e18
         self.progress = chain.Progress(
             has_upstream=self.upstream is not None,
             downstreams=self.downstreams,
@@ -499,6 +529,7 @@ class ShardReplica:
         forwards it at once on every link that is due for it (forward, then persist). A batch
         not ``live`` (an old one, caught up on) gets no time in the time index."""
         if live:
+            self.live_at_s = self.clock.monotonic_s()
             self.time_index.note(batch.first_seq, batch.last_seq, self.clock.now_s())
         else:
             self.time_index.unknown_from(batch.first_seq, batch.last_seq)
@@ -616,6 +647,40 @@ class ShardReplica:
                 redirect=head.id,
                 epoch=self.epoch,
             )
+        if self.repairing:
+            raise UnavailableError(
+                f"{self.node_id} is repairing its store of shard {self.shard_id}; retry later"
+            )
+
+    def repair_status(self) -> dict[str, Any] | None:
+        """The ``repair`` field of the shard's status: None when the store verified."""
+        if self.damage_seen is not None:
+            state = "damaged"
+        elif self.repairing:
+            state = "repairing"
+        elif self.repair_problem:
+            state = "repaired"
+        else:
+            return None
+        report = self.salvage_report
+        return {
+            "state": state,
+            "problem": self.damage_seen or self.repair_problem,
+            "kept_seq": report.kept_seq if report is not None else None,
+            "lost_from_offset": report.lost_from_offset if report is not None else None,
+            "refetched_entries": self.refetched_entries,
+        }
+
+    def note_damage(self, exc: CorruptionError) -> None:
+        """A read met a chunk that fails its check: never served; reported until reopened."""
+        if self.damage_seen is None:
+            log.error(
+                "shard %s: store damaged (%s): reads of it fail until the node reopens it, "
+                "which salvages it and re-fetches the rest from a peer",
+                self.shard_id,
+                exc,
+            )
+        self.damage_seen = str(exc)
 
     def remember(self, batch: fr.Batch, size_bytes: int) -> None:
         self._recent[batch.first_seq] = (batch, size_bytes)
@@ -947,10 +1012,37 @@ class ShardReplica:
 
 
 class UpstreamLink:
-    """Keeps a replica subscribed to its upstream, reconnecting with backoff for ever."""
+    """Keeps a replica subscribed to its upstream, reconnecting with backoff for ever.
 
-    def __init__(self, replica: ShardReplica, *, connect: Callable[..., Any] | None = None) -> None:
+    A learner replica's link says ``HELLO`` role ``learner``. A head repairing its store makes one
+    towards ``peer`` (its downstream) with ``role="repair"`` and ``until_caught_up``: the link
+    ends once the store reaches what ``SUBSCRIBED`` named (``done`` is set), and never rolls back.
+    """
+
+    def __init__(
+        self,
+        replica: ShardReplica,
+        *,
+        connect: Callable[..., Any] | None = None,
+        peer: str | None = None,
+        role: str | None = None,
+        until_caught_up: bool = False,
+    ) -> None:
         self.replica = replica
+        peer = peer or replica.upstream
+        assert peer is not None, "a link needs an upstream"
+        self.peer: str = peer
+        if role is None:
+            if replica.role == "learner":
+                role = "learner"
+            else:
+                role = "tail" if replica.shard.is_tail(replica.node_id) else "middle"
+        self.role = role
+        self.copy = role in fr.COPY_ROLES
+        self.until_caught_up = until_caught_up
+        self.done = asyncio.Event()
+        # Link health is kept by peer; a repair link's apart from the chain's links to that peer.
+        self._health_key = f"repair:{peer}" if role == "repair" else peer
         # A link leaves from this node's own topology host: the upstream checks the source
         # address against it (docs/replication-protocol.md, "Peer authentication").
         own_host = replica.topology.nodes[replica.node_id].host
@@ -963,6 +1055,10 @@ class UpstreamLink:
     def stop(self) -> None:
         self._stopped = True
 
+    @property
+    def stopping(self) -> bool:
+        return self._stopped
+
     async def run(self) -> None:
         replica = self.replica
         delay_ms = limits.link_retry_delay_ms_min
@@ -973,27 +1069,28 @@ class UpstreamLink:
             except asyncio.CancelledError:
                 raise
             except (OSError, KayosError, EOFError) as exc:
-                log.info("shard %s: link to %s failed: %s", replica.shard_id, replica.upstream, exc)
+                if not self.done.is_set():
+                    log.info("shard %s: link to %s failed: %s", replica.shard_id, self.peer, exc)
             finally:
                 self.connected.clear()
                 if replica.upstream_stream is not None:
                     replica.upstream_stream.close()
                     replica.upstream_stream = None
+            if self.stopping:
+                break
             jitter = 0.5 + replica.rng.random()
             await asyncio.sleep(delay_ms * jitter / 1000)
             delay_ms = min(delay_ms * 2, limits.link_retry_delay_ms_max)
 
     async def _session(self) -> None:
         replica = self.replica
-        assert replica.upstream is not None
-        address = replica.topology.nodes[replica.upstream]
+        peer = self.peer
+        address = replica.topology.nodes[peer]
         identity = replica.topology.identity
         if identity is None or identity.is_placeholder:
             raise handshake.no_identity_error(replica.node_id)
-        role = "tail" if replica.shard.is_tail(replica.node_id) else "middle"
-        claim = link_auth.LinkClaim(
-            replica.node_id, replica.upstream, replica.shard_id, replica.epoch, role
-        )
+        role = self.role
+        claim = link_auth.LinkClaim(replica.node_id, peer, replica.shard_id, replica.epoch, role)
         handshake_s = limits.handshake_ms_max / 1000
         async with asyncio.timeout(handshake_s):
             reader, writer = await self._connect(address.host, address.bin_port)
@@ -1001,7 +1098,7 @@ class UpstreamLink:
             reader, writer, replica.clock, frame_bytes_max=limits.handshake_frame_bytes_max
         )
         health = replica.link_health.setdefault(
-            replica.upstream, liveness.LinkHealth(replica.upstream, "upstream")
+            self._health_key, liveness.LinkHealth(peer, "upstream")
         )
         pinger: asyncio.Task[None] | None = None
         try:
@@ -1018,7 +1115,7 @@ class UpstreamLink:
                 raise ProtocolError(f"expected HELLO_OK, got {type(reply).__name__}")
             if reply.protocol_version < fr.LINK_PROTOCOL_VERSION_MIN:
                 raise ProtocolError(
-                    f"upstream {replica.upstream} speaks protocol version "
+                    f"upstream {peer} speaks protocol version "
                     f"{reply.protocol_version}; links need {fr.LINK_PROTOCOL_VERSION_MIN}"
                 )
             stream.lift_frame_bound()
@@ -1026,7 +1123,7 @@ class UpstreamLink:
             # silent before SUBSCRIBED is dropped within the silence bound, not TCP's minutes.
             pinger = asyncio.create_task(
                 liveness.keep_alive(
-                    stream, replica.clock, f"shard {replica.shard_id}: upstream {replica.upstream}"
+                    stream, replica.clock, f"shard {replica.shard_id}: upstream {peer}"
                 )
             )
             subscribed, from_seq = await self._subscribe(stream)
@@ -1084,7 +1181,7 @@ class UpstreamLink:
             if reply is None:
                 raise EOFError("upstream closed the link before SUBSCRIBED")
             if isinstance(reply, fr.ErrorFrame):
-                if reply.code == RollbackTooFarError.code:
+                if reply.code == RollbackTooFarError.code and self.role != "repair":
                     # Not a verdict on this log: the upstream holds more than this member but
                     # compaction purged tombstones it would need to send; the reset re-copies
                     # everything from it.
@@ -1095,13 +1192,17 @@ class UpstreamLink:
                 raise ProtocolError(f"expected SUBSCRIBED, got {type(reply).__name__}")
             if reply.rollback_to is None:
                 return reply, from_seq
+            if self.role == "repair":
+                # It holds at least what the peer holds: nothing to fetch, nothing to drop.
+                self._caught_up()
+                raise EOFError(f"{self.peer} holds no more than this replica")
             replica.check_rollback_verdict(reply.rollback_to)
             log.warning(
                 "shard %s: rolling back from %s to %s to follow %s",
                 replica.shard_id,
                 replica.store.last_seq,
                 reply.rollback_to,
-                replica.upstream,
+                self.peer,
             )
             await replica.rollback(reply.rollback_to)
         raise ReplicationError("upstream kept asking for a rollback")
@@ -1124,9 +1225,11 @@ class UpstreamLink:
                             f"BATCH {frame.first_seq}..{frame.last_seq} where {expected} was due"
                         )
                     expected = frame.last_seq + 1
-                    health = replica.link_health.get(replica.upstream or "")
+                    health = replica.link_health.get(self._health_key)
                     if health is not None:
                         health.heard(frame.last_seq)
+                    if frame.last_seq <= catch_up_target:
+                        replica.refetched_entries += len(frame.seqs)
                     if first_batch:
                         first_batch = False
                         frame = _with_meta_deletes(frame, replica.store.meta)
@@ -1158,6 +1261,9 @@ class UpstreamLink:
         replica = self.replica
         if replica.store.last_seq >= catch_up_target:
             replica.catching_up = False
+            self._caught_up()
+            if self._stopped:
+                return
         # A batch taken from the queue that would have made the merge too big: the next group's
         # first.
         carried: fr.Batch | None = None
@@ -1190,10 +1296,32 @@ class UpstreamLink:
             if replica.catching_up and replica.store.last_seq >= catch_up_target:
                 replica.catching_up = False
                 log.info("shard %s: caught up at %s", replica.shard_id, replica.store.last_seq)
+                self._caught_up()
             replica.local_commit_done()
             stream = replica.upstream_stream
             if stream is not None:
+                if self.copy:
+                    # A copy's reports only open its window upstream (it counts in no commit).
+                    stream.send(fr.Ack(replica.shard_id, replica.store.last_seq))
                 await stream.drain()
+            if self._stopped:
+                return
+
+    def _caught_up(self) -> None:
+        """The store reached what the upstream held when it subscribed: a repair link is done;
+        a member that was repairing serves its downstreams again."""
+        replica = self.replica
+        if self.until_caught_up:
+            self._stopped = True
+            self.done.set()
+        elif replica.repairing:
+            replica.repairing = False
+            log.warning(
+                "shard %s: repaired: re-fetched through %s from %s",
+                replica.shard_id,
+                replica.store.last_seq,
+                self.peer,
+            )
 
 
 def _with_meta_deletes(batch: fr.Batch, own_meta: dict[str, Any]) -> fr.Batch:
@@ -1281,14 +1409,19 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
             f"replication links need protocol version {fr.LINK_PROTOCOL_VERSION_MIN} "
             f"(forward, then persist); {node} speaks {hello.protocol_version}"
         )
-    expected_role = replica.shard.role_of(node)
-    if replica.shard.upstream_of(node) != replica.node_id or hello.role != expected_role:
-        upstream = replica.shard.upstream_of(node)
-        raise WrongRoleError(
-            f"{node} as {hello.role} of shard {replica.shard_id} does not follow {replica.node_id}",
-            redirect=upstream,
-            epoch=replica.epoch,
-        )
+    copy = hello.role in fr.COPY_ROLES
+    if copy:
+        check_copy_peer(replica, node, hello.role)
+    else:
+        expected_role = replica.shard.role_of(node)
+        if replica.shard.upstream_of(node) != replica.node_id or hello.role != expected_role:
+            upstream = replica.shard.upstream_of(node)
+            raise WrongRoleError(
+                f"{node} as {hello.role} of shard {replica.shard_id} "
+                f"does not follow {replica.node_id}",
+                redirect=upstream,
+                epoch=replica.epoch,
+            )
     stream.send(fr.HelloOk(PROTOCOL_VERSION, replica.node_id, replica.epoch))
     while True:
         frame = await _recv_answering_pings(stream)
@@ -1296,8 +1429,9 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
             return
         if not isinstance(frame, fr.Subscribe) or frame.shard != replica.shard_id:
             raise ProtocolError(f"expected SUBSCRIBE, got {type(frame).__name__}")
-        if replica.catching_up:
-            # Its store may hold part of an all-or-nothing batch: nothing of it goes down.
+        if replica.catching_up or replica.repairing:
+            # Its store may hold part of an all-or-nothing batch, or lack what it lost to damage
+            # (a downstream would be told to roll back acknowledged entries): nothing goes down.
             raise UnavailableError(
                 f"{replica.node_id} is catching up on shard {replica.shard_id}; retry later"
             )
@@ -1312,14 +1446,20 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
         stream.send(fr.Subscribed(replica.shard_id, verdict, tuple(own_table), replica.durable))
         if verdict is None:
             break
-    old = replica.downstream_streams.pop(node, None)
+    # A learner or repair link is keyed apart from the chain's links: it counts in no commit.
+    key = f"{hello.role}:{node}" if copy else node
+    old = replica.downstream_streams.pop(key, None)
     if old is not None:
         old.close()
-    link = _LinkSender(replica, stream, frame.from_seq - 1)
-    replica.downstream_streams[node] = stream
-    replica._links[node] = link
-    replica.downstream_event(chain.DownstreamLinked(node))
-    health = replica.link_health.setdefault(node, liveness.LinkHealth(node, "downstream"))
+    link = _LinkSender(replica, stream, frame.from_seq - 1, throttled=copy)
+    replica.downstream_streams[key] = stream
+    replica._links[key] = link
+    if copy:
+        if replica.commit_point:
+            stream.send(fr.CommitPoint(replica.shard_id, replica.commit_point))
+    else:
+        replica.downstream_event(chain.DownstreamLinked(node))
+    health = replica.link_health.setdefault(key, liveness.LinkHealth(node, "downstream"))
     health.peer_seq = frame.from_seq - 1
     health.attach(stream)
     stream.on_round_trip = health.latency.add
@@ -1340,6 +1480,8 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
                 link.acked.notify()
                 health.heard(seq)
                 link.note_ack(seq, health)
+                if copy:
+                    continue
                 event: chain.Event = (
                     chain.DownstreamAck(node, seq)
                     if isinstance(reply, fr.Ack)
@@ -1356,10 +1498,26 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
         sender.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await sender
-        if replica.downstream_streams.get(node) is stream:
-            del replica.downstream_streams[node]
-        if replica._links.get(node) is link:
-            del replica._links[node]
+        if replica.downstream_streams.get(key) is stream:
+            del replica.downstream_streams[key]
+        if replica._links.get(key) is link:
+            del replica._links[key]
+
+
+def check_copy_peer(replica: ShardReplica, node: str, role: str) -> None:
+    """A learner is a node of the topology outside the shard's chain; a repair link comes from
+    another member of it (docs/replication-protocol.md, "Learners and repair links")."""
+    members = replica.shard.members
+    if role == "learner":
+        allowed = node in replica.topology.nodes and node not in members
+    else:
+        allowed = node in members and node != replica.node_id
+    if not allowed:
+        raise WrongRoleError(
+            f"{node} may not copy shard {replica.shard_id} from {replica.node_id} as {role}",
+            redirect=None,
+            epoch=replica.epoch,
+        )
 
 
 class _LinkSender:
@@ -1371,10 +1529,15 @@ class _LinkSender:
     and has room; ``run`` sends whatever ``offer`` could not, from memory while the batch is
     remembered, else read back from the store (durable seqs only)."""
 
-    def __init__(self, replica: ShardReplica, stream: FrameStream, sent: int) -> None:
+    def __init__(
+        self, replica: ShardReplica, stream: FrameStream, sent: int, *, throttled: bool = False
+    ) -> None:
         self.replica = replica
         self.stream = stream
         self.sent = sent
+        # A learner or repair link: its read-backs take at most a share of the time while the
+        # shard takes live writes (limits.catchup_produce_share_max).
+        self.throttled = throttled
         self.window = chain.LinkWindow()
         self.acked = Pulse()
         # None until the link's first batch, which is read from the store and carries all of it.
@@ -1438,10 +1601,15 @@ class _LinkSender:
                     # Accepted but not yet durable, and not in memory: wait for the store.
                     await replica.changed.waiter()
                     continue
-                if upto - self.sent > _SEND_PAGE_ENTRIES:
-                    result = await asyncio.to_thread(read_range, replica.store, self.sent, upto)
-                else:
-                    result = read_range(replica.store, self.sent, upto)
+                started = time.perf_counter()
+                try:
+                    if upto - self.sent > _SEND_PAGE_ENTRIES:
+                        result = await asyncio.to_thread(read_range, replica.store, self.sent, upto)
+                    else:
+                        result = read_range(replica.store, self.sent, upto)
+                except CorruptionError as exc:
+                    replica.note_damage(exc)
+                    raise
                 entries, covered, meta, _boundary = result
                 # Metadata as of the snapshot, which may run a little ahead of the range read: a
                 # high-water mark arriving early is harmless, one never sent would be lost (later
@@ -1452,4 +1620,16 @@ class _LinkSender:
                     changes = None  # an empty map only marks a link's first batch
                 self.meta_sent = dict(meta)
                 self._send(build_batch(replica.shard_id, self.sent + 1, covered, entries, changes))
+                if self.throttled:
+                    busy_s = time.perf_counter() - started
+                    live = replica.clock.monotonic_s() - replica.live_at_s
+                    pause_s = chain.copy_pause_s(
+                        busy_s,
+                        live_s_ago=live,
+                        live_window_s=limits.catchup_live_window_ms / 1000,
+                        share=limits.catchup_produce_share_max,
+                    )
+                    if pause_s > 0:
+                        await self.stream.drain()
+                        await asyncio.sleep(pause_s)
             await self.stream.drain()

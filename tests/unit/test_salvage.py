@@ -69,7 +69,8 @@ def test_bit_flip_mid_file_keeps_the_prefix_before_it(tmp_path: Path) -> None:
     _flip(tmp_path, offset)
     assert not check_store(str(tmp_path)).ok
     report = salvage(str(tmp_path))
-    assert report is not None and not report.reset
+    assert report is not None
+    assert not report.reset
     assert 0 < report.kept_seq < len(written)
     assert report.lost_from_offset >= 0
     assert _assert_prefix(tmp_path, written) == report.kept_seq
@@ -105,7 +106,8 @@ def test_damage_before_the_first_header_starts_empty(tmp_path: Path) -> None:
     _fill(tmp_path)
     _flip(tmp_path, 0)  # the first header block's type byte
     report = salvage(str(tmp_path))
-    assert report is not None and report.reset
+    assert report is not None
+    assert report.reset
     with ShardStore.open(str(tmp_path)) as store:
         assert store.last_seq == 0
     assert check_store(str(tmp_path)).ok

@@ -1,0 +1,177 @@
+"""Learners and self-repair on a node (docs/node-api.md, "Learners" and "Self-repair").
+
+A learner is a shard replica outside the shard's chain that copies it from one member (HELLO role
+``learner``) before the cluster manager makes the node a member: ``POST /v1/admin/catch-up`` starts
+one. A head whose store lost a suffix (salvaged, or bytes cut after its last valid header)
+re-fetches it from its downstream over a ``repair`` link before it serves (``repair_then_lead``).
+``Node`` keeps the state; this module holds the logic so that the node's module stays small.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import random
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kayos.checks import check_u64
+from kayos.clock import Clock
+from kayos.errors import InvalidRequest, KayosError, StaleEpochError
+from kayos.replication.replica import ShardReplica, UpstreamLink
+from kayos.signing import check_signed
+from kayos.topology import Topology
+
+log = logging.getLogger("kayos.node")
+
+CATCH_UP_FIELDS = frozenset({"epoch", "shard", "upstream"})
+
+
+@dataclass(slots=True)
+class Learner:
+    replica: ShardReplica
+    link: UpstreamLink
+    task: asyncio.Task[None]
+
+
+class Node(Protocol):
+    """What of ``kayos.node.runtime.Node`` this module uses (no import back into it)."""
+
+    node_id: str
+    topology: Topology
+    data_dir: str
+    clock: Clock
+    rng: random.Random
+    replicas: dict[int, ShardReplica]
+    learners: dict[int, Learner]
+
+    @property
+    def epoch(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CatchUpOrder:
+    epoch: int
+    shard: int
+    upstream: str
+
+
+def parse_catch_up(identity: Any, message: Any) -> CatchUpOrder:
+    """A signed catch-up message (``{"body": {...}, "mac"}``), checked: its MAC (401 otherwise),
+    then its fields (400)."""
+    if not isinstance(message, dict) or set(message) != {"body", "mac"}:
+        raise InvalidRequest('a signed message is {"body": {...}, "mac": "<hex>"}')
+    body = message["body"]
+    check_signed(identity, "catch-up", body, message["mac"])
+    if not isinstance(body, dict) or set(body) != CATCH_UP_FIELDS:
+        raise InvalidRequest(f"a catch-up body has exactly the fields {sorted(CATCH_UP_FIELDS)}")
+    upstream = body["upstream"]
+    if not isinstance(upstream, str):
+        raise InvalidRequest("upstream must be a node id")
+    return CatchUpOrder(
+        check_u64(body["epoch"], "epoch"),
+        check_u64(body["shard"], "shard", high=2**32 - 1),
+        upstream,
+    )
+
+
+async def start_catch_up(node: Node, order: CatchUpOrder) -> dict[str, Any]:
+    """Opens (or keeps) the node's store of the shard as a learner of ``order.upstream``."""
+    if order.epoch < node.epoch:
+        raise StaleEpochError(
+            f"catch-up decided at epoch {order.epoch}; this node is at {node.epoch}"
+        )
+    shard = node.topology.shards.get(order.shard)
+    if shard is None:
+        raise InvalidRequest(f"the topology has no shard {order.shard}")
+    if order.upstream not in shard.members:
+        raise InvalidRequest(f"{order.upstream} is not a member of shard {order.shard}")
+    if node.node_id in shard.members or order.shard in node.replicas:
+        raise InvalidRequest(f"{node.node_id} is a member of shard {order.shard}: no learner")
+    current = node.learners.get(order.shard)
+    if current is not None:
+        if current.replica.upstream == order.upstream:
+            return {"shard": order.shard, "state": "learning"}
+        await close_learner(node, order.shard)
+    path = os.path.join(node.data_dir, "shards", str(order.shard))
+    os.makedirs(path, exist_ok=True)
+    replica = await asyncio.to_thread(
+        functools.partial(
+            ShardReplica,
+            node_id=node.node_id,
+            topology=node.topology,
+            shard=shard,
+            store_path=path,
+            clock=node.clock,
+            rng=node.rng,
+            learner_upstream=order.upstream,
+        )
+    )
+    link = UpstreamLink(replica)
+    task = asyncio.create_task(link.run())
+    node.learners[order.shard] = Learner(replica, link, task)
+    log.info("shard %s: learning from %s from seq %s", order.shard, order.upstream, replica.durable)
+    return {"shard": order.shard, "state": "learning"}
+
+
+async def close_learner(node: Node, shard_id: int) -> None:
+    """Stops a learner and closes its store (kept on disk: a member's replica opens it next)."""
+    learner = node.learners.pop(shard_id, None)
+    if learner is None:
+        return
+    learner.link.stop()
+    learner.task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await learner.task
+    await learner.replica.settle()
+    with contextlib.suppress(KayosError):
+        await learner.replica.persist_commit_point()
+    await learner.replica.persist_time_index(force=True)
+    learner.replica.close()
+
+
+def learner_status(learner: Learner) -> dict[str, Any]:
+    replica = learner.replica
+    health = replica.link_health.get(replica.upstream or "")
+    upstream_seq = health.peer_seq if health is not None else 0
+    return {
+        "role": "learner",
+        "upstream": replica.upstream,
+        "durable_seq": replica.durable,
+        "upstream_durable_seq": max(upstream_seq, replica.durable),
+        "last_seq": replica.durable,
+        "committed_seq": replica.commit_point,
+        "catching_up": replica.catching_up or upstream_seq > replica.durable,
+        "upstream_linked": replica.upstream_stream is not None,
+        "rolled_back_entries": replica.rolled_back_entries,
+        "rolled_back_committed_entries": replica.rolled_back_committed_entries,
+        "refetched_entries": replica.refetched_entries,
+        "repair": replica.repair_status(),
+    }
+
+
+async def repair_then_lead(replica: ShardReplica) -> None:
+    """A head whose store lost a suffix never starts with a short log (its downstreams would be
+    told to roll back acknowledged entries): it re-fetches from its first downstream over a
+    ``repair`` link, then adds its takeover entry and serves."""
+    if replica.downstreams:
+        peer = replica.downstreams[0]
+        log.warning(
+            "shard %s: head's store lost a suffix (%s): re-fetching from %s before serving",
+            replica.shard_id,
+            replica.repair_problem,
+            peer,
+        )
+        link = UpstreamLink(replica, peer=peer, role="repair", until_caught_up=True)
+        await link.run()
+    await replica.become_head()
+    replica.repairing = False
+    log.warning(
+        "shard %s: head repaired at seq %s (re-fetched %s entries); serving",
+        replica.shard_id,
+        replica.durable,
+        replica.refetched_entries,
+    )
