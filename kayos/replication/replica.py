@@ -373,6 +373,8 @@ class ShardReplica:
         # the node started; a read that met a damaged chunk (never served).
         self.refetched_entries = 0
         self.damage_seen: str | None = None
+        # Keys in ``downstream_streams`` of learner and repair links (counted in no commit).
+        self.copy_links: set[str] = set()
         # When a live batch was last accepted (monotonic s): a learner link is throttled then.
         self.live_at_s = -1e18
         self.progress = chain.Progress(
@@ -497,6 +499,9 @@ class ShardReplica:
         elif isinstance(action, chain.CommitPointAdvanced):
             self._release_waiters(action.seq)
             self.changed.notify()
+            if self.copy_links:
+                # Learner and repair links are no downstreams of the chain: told apart.
+                asyncio.get_running_loop().call_soon(self._send_copy_commit_point)
         elif isinstance(action, chain.Violation):
             log.warning("shard %s: downstream %s: %s", self.shard_id, action.node, action.reason)
             bad = self.downstream_streams.pop(action.node, None)
@@ -514,6 +519,13 @@ class ShardReplica:
                 stream.send(frame)
         elif (one := self.downstream_streams.get(action.node)) is not None:
             one.send(frame)
+
+    def _send_copy_commit_point(self) -> None:
+        frame = fr.CommitPoint(self.shard_id, self.progress.commit_point)
+        for key in self.copy_links:
+            stream = self.downstream_streams.get(key)
+            if stream is not None:
+                stream.send(frame)
 
     def _send_ack(self, stream: FrameStream, seq: int) -> None:
         if self.upstream_stream is stream:
@@ -1455,6 +1467,7 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
     replica.downstream_streams[key] = stream
     replica._links[key] = link
     if copy:
+        replica.copy_links.add(key)
         if replica.commit_point:
             stream.send(fr.CommitPoint(replica.shard_id, replica.commit_point))
     else:
@@ -1500,6 +1513,7 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
             await sender
         if replica.downstream_streams.get(key) is stream:
             del replica.downstream_streams[key]
+            replica.copy_links.discard(key)
         if replica._links.get(key) is link:
             del replica._links[key]
 

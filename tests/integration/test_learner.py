@@ -1,0 +1,150 @@
+"""Learners (issue 11, item 3): real ``kayos node`` processes. A node outside a shard's chain copies
+it on a signed ``POST /v1/admin/catch-up``: it counts in no commit, follows live writes once caught
+up, resumes from its durable seq, and a returning node whose history diverged rolls back only the
+divergent suffix and re-fetches only what it lacks (docs/node-api.md, "Learners")."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import pytest
+
+from kayos.launcher import LocalCluster, http_json, write_private
+from kayos.signing import sign
+from kayos.topology import ShardChain, Topology
+from tests.integration.conftest import produce, produce_ok, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def catch_up(cluster: LocalCluster, node: str, body: dict[str, Any], *, mac: str | None = None):
+    assert cluster.identity is not None
+    signed = {"body": body, "mac": mac or sign(cluster.identity, "catch-up", body)}
+    return http_json(f"{cluster.url(node)}/v1/admin/catch-up", method="POST", body=signed)
+
+
+def shard_status(cluster: LocalCluster, node: str, shard: int = 0) -> dict[str, Any] | None:
+    status = cluster.status(node)
+    if status is None:
+        return None
+    found = status["shards"].get(str(shard))
+    return found if isinstance(found, dict) else None
+
+
+def fill(cluster: LocalCluster, url: str, queue: str, batches: int, size: int = 50) -> int:
+    last = 0
+    for batch in range(batches):
+        messages = [(f"{queue}-{batch}-{i}", "x" * 100) for i in range(size)]
+        _, last = produce_ok(url, queue, messages)
+    return last
+
+
+def learned_through(cluster: LocalCluster, node: str, seq: int) -> bool:
+    """The learner on ``node`` is linked to its upstream and holds exactly through ``seq``."""
+    learner = shard_status(cluster, node)
+    return (
+        learner is not None
+        and learner["role"] == "learner"
+        and learner["upstream_linked"]
+        and learner["durable_seq"] == seq
+    )
+
+
+def test_learner_copies_follows_and_counts_in_no_commit(start_cluster: Any) -> None:
+    # Shard 0: a -> b -> c; d holds no replica of it.
+    cluster = start_cluster(nodes=4, replicas=3, shards=1)
+    head = cluster.url("a")
+    last = fill(cluster, head, "q", 20)
+    assert shard_status(cluster, "d") is None
+
+    # Refusals first: nothing changes.
+    body = {"epoch": cluster.topology.epoch, "shard": 0, "upstream": "c"}
+    status, reply = catch_up(cluster, "d", body, mac="0" * 64)
+    assert status == 401, reply
+    status, reply = catch_up(cluster, "d", {**body, "epoch": cluster.topology.epoch - 1})
+    assert (status, reply["error"]["code"]) == (409, "stale_epoch"), reply
+    status, reply = catch_up(cluster, "b", body)
+    assert (status, reply["error"]["code"]) == (400, "invalid_request"), reply
+    status, reply = catch_up(cluster, "d", {**body, "upstream": "d"})
+    assert status == 400, reply
+    assert shard_status(cluster, "d") is None
+
+    status, reply = catch_up(cluster, "d", body)
+    assert (status, reply) == (200, {"shard": 0, "state": "learning"})
+    wait_until(lambda: learned_through(cluster, "d", last), "d copied the shard")
+    learner = shard_status(cluster, "d")
+    assert learner is not None
+    assert learner["upstream"] == "c"
+    assert learner["refetched_entries"] == 20 * 50, learner
+    assert learner["rolled_back_entries"] == 0
+    # The same order again keeps the learner.
+    assert catch_up(cluster, "d", body) == (200, {"shard": 0, "state": "learning"})
+
+    # Live writes reach it once caught up.
+    _, live = produce_ok(head, "q", [("live", "v")])
+    wait_until(lambda: learned_through(cluster, "d", live), "d followed a live write")
+    wait_until(
+        lambda: (s := shard_status(cluster, "d")) is not None and s["committed_seq"] >= live,
+        "d learned the commit point",
+    )
+    # The upstream lists it apart from the chain.
+    upstream = shard_status(cluster, "c")
+    assert upstream is not None
+    assert upstream["downstreams_linked"] == ["learner:d"], upstream
+
+    # It counts in no commit: acks=all goes on while it is gone.
+    cluster.kill("d", signal.SIGKILL)
+    status, reply = produce(head, "q", [("after-d", "v")])
+    assert status == 200, reply
+    after_kill = int(reply["last_seq"])
+
+    # Resumable: restarted and ordered again, it copies only what it lacks.
+    cluster.start("d")
+    assert shard_status(cluster, "d") is None  # a learner lives until the node stops
+    assert catch_up(cluster, "d", body)[0] == 200
+    wait_until(lambda: learned_through(cluster, "d", after_kill), "d resumed")
+    learner = shard_status(cluster, "d")
+    assert learner is not None
+    assert learner["refetched_entries"] <= 2, learner
+
+
+def test_returning_node_rolls_back_only_its_divergent_suffix(start_cluster: Any) -> None:
+    """a heads a -> b -> c. With b and c stopped, a takes DIVERGED writes with acks=1 that no one
+    else holds, and stops. b heads a new chain b -> c (epoch 2) and takes NEW writes. a returns
+    outside the chain and learns from b: it rolls back exactly the DIVERGED entries and re-fetches
+    the NEW ones, whatever the shard's size."""
+    cluster = start_cluster(nodes=3, replicas=3, shards=1)
+    shared = fill(cluster, cluster.url("a"), "q", 40)  # 2000 entries everyone holds
+    cluster.kill("c", signal.SIGTERM)
+    cluster.kill("b", signal.SIGTERM)
+    diverged = 30
+    status, reply = produce(
+        cluster.url("a"), "q", [(f"lost-{i}", "v") for i in range(diverged)], acks="1"
+    )
+    assert status == 200, reply
+    cluster.kill("a", signal.SIGTERM)
+
+    old = cluster.topology
+    cluster.topology = Topology(
+        old.epoch + 1, old.nodes, {0: ShardChain(0, ("b", "c"), ())}, old.identity
+    )
+    write_private(str(cluster.topology_path), cluster.topology.dumps_toml())
+    cluster.start("b")
+    cluster.start("c")
+    new = 25
+    produce_ok(cluster.url("b"), "q", [(f"new-{i}", "v") for i in range(new)])
+    head = shard_status(cluster, "b")
+    assert head is not None
+    last = int(head["last_seq"])  # the new entries and b's takeover entry's commit
+    cluster.start("a")
+    body = {"epoch": cluster.topology.epoch, "shard": 0, "upstream": "b"}
+    assert catch_up(cluster, "a", body)[0] == 200
+    wait_until(lambda: learned_through(cluster, "a", last), "a caught up with b")
+    learner = shard_status(cluster, "a")
+    assert learner is not None
+    print(f"shared {shared}, diverged {diverged}, new {new}: {learner}")
+    assert learner["rolled_back_entries"] == diverged, learner
+    assert learner["rolled_back_committed_entries"] == 0, learner
+    assert learner["refetched_entries"] == new, learner
+    assert learner["durable_seq"] == last
