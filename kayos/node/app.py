@@ -55,7 +55,6 @@ STATUS_FOR_CODE = {
     "timeout": 504,
     "unavailable": 503,
     "disk_full": 507,
-    "stale_epoch": 409,
 }
 _ACKS = {"0": 0, "1": 1, "all": -1, "-1": -1}
 _NODE_KEY = web.AppKey("node", Node)

@@ -1252,6 +1252,9 @@ class UpstreamLink:
                     )
                     batches.put_nowait(frame)
                 elif isinstance(frame, fr.CommitPoint):
+                    if self.copy:
+                        # The chain above commits: it takes live writes (the copy throttles).
+                        replica.live_at_s = replica.clock.monotonic_s()
                     replica.downstream_event(chain.UpstreamCommitPoint(frame.committed_seq))
                 elif isinstance(frame, fr.Ping):
                     stream.send(fr.Pong(frame.nonce))
@@ -1302,7 +1305,19 @@ class UpstreamLink:
                 entries += len(nxt.seqs)
                 payload += _batch_bytes(nxt)
             columns, options = _commit_args(group, validated=False)
+            started = time.perf_counter()
             await replica.timed_commit(columns, inline=batches.empty(), **options)
+            if self.copy and replica.catching_up:
+                # A copy's own work competes with the chain for the machine too: while it
+                # catches up on a shard that takes live writes, it takes at most a share.
+                pause_s = chain.copy_pause_s(
+                    time.perf_counter() - started,
+                    live_s_ago=replica.clock.monotonic_s() - replica.live_at_s,
+                    live_window_s=limits.catchup_live_window_ms / 1000,
+                    share=limits.catchup_produce_share_max,
+                )
+                if pause_s > 0:
+                    await asyncio.sleep(pause_s)
             last_entry = max((b.seqs[-1] for b in group if b.seqs), default=0)
             replica.last_entry_seq = max(replica.last_entry_seq, last_entry)
             if replica.catching_up and replica.store.last_seq >= catch_up_target:
