@@ -25,6 +25,7 @@ from kayos import limits
 from kayos.checks import check_expiries, check_group_name, check_item_keys
 from kayos.clock import Clock, SystemClock
 from kayos.errors import (
+    CorruptionError,
     InvalidRequest,
     KayosError,
     LimitExceeded,
@@ -425,9 +426,13 @@ class Node:
                 replica.durable, limits.consume_commit_point_wait_ms / 1000
             )
         while True:
-            page = await asyncio.to_thread(
-                read_page, replica, queue, group, hwm, start, upto, limit
-            )
+            try:
+                page = await asyncio.to_thread(
+                    read_page, replica, queue, group, hwm, start, upto, limit
+                )
+            except CorruptionError as exc:  # never served; reported (docs/node-api.md)
+                replica.note_damage(exc)
+                raise
             # A link may have put the replica in catch-up since the request came in (its commits
             # are what wakes a long-poll): a page read meanwhile may hold part of a batch.
             if replica.catching_up:
