@@ -1252,8 +1252,8 @@ class UpstreamLink:
                     )
                     batches.put_nowait(frame)
                 elif isinstance(frame, fr.CommitPoint):
-                    if self.copy:
-                        # The chain above commits: it takes live writes (the copy throttles).
+                    if self.copy and frame.committed_seq > catch_up_target:
+                        # The chain above commits anew: it takes live writes (the copy throttles).
                         replica.live_at_s = replica.clock.monotonic_s()
                     replica.downstream_event(chain.UpstreamCommitPoint(frame.committed_seq))
                 elif isinstance(frame, fr.Ping):
