@@ -191,6 +191,10 @@ wait_committed_timeout_ms_max = 60_000
 # live produce throughput drops by about this share at most; an idle shard is copied at full speed.
 catchup_produce_share_max = 0.2
 catchup_live_window_ms = 1_000
+# A learner or repair link reads back pieces of at most this many payload bytes (a chain link:
+# batch_bytes_max): each is one commit and fsync downstream, and a short one delays the chain's
+# own fsyncs on a shared disk less; 4 MiB is still thousands of small entries per frame.
+catchup_piece_bytes_max = 4 * 1024 * 1024
 # A node verifies a shard store's every chunk (the walk of `kayos check`) before opening it when
 # its data file is at most this big: the walk reads the whole file once (about 1 s per 100 MiB
 # on a laptop disk), and a bigger store is checked on read (a CRC that fails is never served).
@@ -205,6 +209,7 @@ assert 4 * node_id_bytes_max + 1024 <= handshake_frame_bytes_max <= frame_bytes_
 assert link_in_flight_bytes_max >= frame_bytes_max, "one maximal batch always fits in flight"
 assert wait_committed_timeout_ms_max < 2**32, "WAIT_COMMITTED's timeout field is a u32"
 assert 0 < catchup_produce_share_max <= 1
+assert 0 < catchup_piece_bytes_max <= batch_bytes_max
 assert catchup_live_window_ms > 0
 assert salvage_rounds_max >= 1
 

@@ -130,6 +130,8 @@ class FrameStream:
         # in ms when its PONG is read (a link's latency window).
         self._pinged: dict[int, float] = {}
         self.on_round_trip: Callable[[float, float], None] | None = None
+        # Seconds spent decoding received bytes (a copy link's throttle counts its work).
+        self.decode_s = 0.0
 
     def lift_frame_bound(self) -> None:
         """The full ``limits.frame_bytes_max`` from now on: the handshake is done."""
@@ -160,7 +162,9 @@ class FrameStream:
                     raise ProtocolError("stream ended inside a frame")
                 return None
             self.heard_at = self.clock.monotonic_s()
+            started = time.perf_counter()
             self._ready.extend(self._decoder.feed(data))
+            self.decode_s += time.perf_counter() - started
             self._ready.reverse()
         frame = self._ready.pop()
         if type(frame) is fr.Pong and self._pinged:
@@ -1282,6 +1286,7 @@ class UpstreamLink:
         # A batch taken from the queue that would have made the merge too big: the next group's
         # first.
         carried: fr.Batch | None = None
+        decode_seen_s = 0.0
         while True:
             first = carried if carried is not None else await batches.get()
             carried = None
@@ -1307,11 +1312,14 @@ class UpstreamLink:
             columns, options = _commit_args(group, validated=False)
             started = time.perf_counter()
             await replica.timed_commit(columns, inline=batches.empty(), **options)
-            if self.copy and replica.catching_up:
-                # A copy's own work competes with the chain for the machine too: while it
-                # catches up on a shard that takes live writes, it takes at most a share.
+            stream = replica.upstream_stream
+            if self.copy and replica.catching_up and stream is not None:
+                # A copy's own work (decoding, committing) competes with the chain for the
+                # machine too: while it catches up on a shard taking live writes, it takes at
+                # most a share.
+                decoded_s, decode_seen_s = stream.decode_s - decode_seen_s, stream.decode_s
                 pause_s = chain.copy_pause_s(
-                    time.perf_counter() - started,
+                    time.perf_counter() - started + decoded_s,
                     live_s_ago=replica.clock.monotonic_s() - replica.live_at_s,
                     live_window_s=limits.catchup_live_window_ms / 1000,
                     share=limits.catchup_produce_share_max,
@@ -1632,10 +1640,16 @@ class _LinkSender:
                     continue
                 started = time.perf_counter()
                 try:
+                    # A copy reads smaller pieces: its commits downstream, and their fsyncs,
+                    # stay short beside the chain's on a shared disk.
+                    bytes_max = (
+                        limits.catchup_piece_bytes_max if self.throttled else limits.batch_bytes_max
+                    )
+                    read = functools.partial(read_range, bytes_max=bytes_max)
                     if upto - self.sent > _SEND_PAGE_ENTRIES:
-                        result = await asyncio.to_thread(read_range, replica.store, self.sent, upto)
+                        result = await asyncio.to_thread(read, replica.store, self.sent, upto)
                     else:
-                        result = read_range(replica.store, self.sent, upto)
+                        result = read(replica.store, self.sent, upto)
                 except CorruptionError as exc:
                     replica.note_damage(exc)
                     raise
