@@ -7,7 +7,8 @@ filled to ``shard_mb`` (values of ``fill_value_bytes``). Then, alternating: a pr
 (``produce_s`` seconds, acks=all, batches of 100 x 100 B with ``in_flight`` outstanding), and a
 produce phase of the same shape while d copies the whole shard from the tail c (d's store wiped
 before each copy). Figures: ``disk_seq_write_mb_per_s`` (one file of ``disk_probe_mb`` written in
-1 MiB writes, one fsync), ``catchup_mb_per_s`` (the shard's file bytes over the copy's wall time)
+1 MiB writes, one fsync), ``catchup_mb_per_s`` (the bytes the learner's store file holds after the
+copy over the copy's wall time; the source's file is bigger, holding copy-on-write garbage)
 on an idle shard and under live writes, produce msgs/s with and without a copy running, and
 ``produce_drop_during_catchup`` (1 - with / without, mean over the rounds).
 """
@@ -37,8 +38,8 @@ LIVE_QUEUE = "catchup-live"
 class CatchUpBenchParameters:
     shard_mb: int = 200
     fill_value_bytes: int = 8000
-    produce_s: float = 8.0
-    in_flight: int = 32
+    produce_s: float = 5.0
+    in_flight: int = 8
     rounds: int = 2
     disk_probe_mb: int = 256
     copy_timeout_s: float = 600.0
@@ -130,8 +131,9 @@ async def _copy(cluster: LocalCluster, timeout_s: float) -> float:
     raise RuntimeError(f"d did not copy the shard within {timeout_s} s")
 
 
-def _file_mb(cluster: LocalCluster) -> float:
-    directory = cluster.data_dir("c") / "shards" / "0"
+def _file_mb(cluster: LocalCluster, node: str) -> float:
+    """The node's data file of shard 0, in MiB (a learner's: what the copy wrote)."""
+    directory = cluster.data_dir(node) / "shards" / "0"
     size = sum(p.stat().st_size for p in directory.glob("data.*.kys"))
     return size / (1 << 20)
 
@@ -143,15 +145,15 @@ async def _run(cluster: LocalCluster, parameters: CatchUpBenchParameters) -> dic
     async with AsyncClient(list(cluster.urls.values()), name="kayos-bench-catchup") as client:
         await _fill(client, parameters.shard_mb, parameters.fill_value_bytes)
         cluster.wait_replicated(120)
-        idle_mb = _file_mb(cluster)
+        source_mb = _file_mb(cluster, "c")
         idle_s = await _copy(cluster, parameters.copy_timeout_s)
+        idle_mb = _file_mb(cluster, "d")
         for _ in range(parameters.rounds):
             alone = await _produce_for(
                 client, parameters.produce_s, parameters.in_flight, asyncio.Event()
             )
             await asyncio.to_thread(_wipe_learner, cluster)
             cluster.wait_replicated(120)
-            shard_mb = _file_mb(cluster)
             stop = asyncio.Event()
             copy = asyncio.create_task(_copy(cluster, parameters.copy_timeout_s))
             # The produce phase lasts as long as the copy (at least produce_s).
@@ -164,6 +166,7 @@ async def _run(cluster: LocalCluster, parameters: CatchUpBenchParameters) -> dic
                 await asyncio.sleep(remaining)  # the phase's length, not a synchronisation
             stop.set()
             during = await producing
+            shard_mb = _file_mb(cluster, "d")
             rounds.append(
                 {
                     "produce_msgs_per_s_alone": round(alone),
@@ -179,6 +182,7 @@ async def _run(cluster: LocalCluster, parameters: CatchUpBenchParameters) -> dic
     return {
         "catchup_mb_per_s": round(idle_mb / idle_s, 1),
         "catchup_shard_mb": round(idle_mb, 1),
+        "source_file_mb": round(source_mb, 1),
         "catchup_s": round(idle_s, 2),
         "produce_drop_during_catchup": round(sum(drops) / len(drops), 3),
         "rounds": rounds,
