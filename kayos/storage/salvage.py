@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from kayos import limits
 from kayos.errors import CorruptionError, KayosError
 from kayos.storage import format as fmt
-from kayos.storage.check import check_store, data_file_of
+from kayos.storage.check import CheckReport, check_store, data_file_of
 from kayos.storage.engine import read_header_at, region_matches
 
 log = logging.getLogger("kayos.storage")
@@ -69,7 +69,7 @@ def salvage(
         return None
     if os.path.getsize(data_path) > verify_bytes_max:
         return None
-    first = check_store(directory)
+    first = _checked(directory)
     if first.ok:
         return None
     report = SalvageReport(data_path, first.problem, first.offset)
@@ -80,10 +80,15 @@ def salvage(
         if offset < 0:
             # No offset: the derived index disagreed (rebuilt on open once deleted), or a
             # structural problem with no place in the file. Check again without the index.
-            again = check_store(directory)
+            again = _checked(directory)
             if again.ok:
+                report.kept_seq = again.last_seq
                 break
             if again.offset < 0:
+                if again.problem.startswith(_UNEXPECTED):
+                    # Not a verdict on the bytes: leave the store as it is (its open says more).
+                    log.error("%s: store not verified: %s", directory, again.problem)
+                    return report
                 _reset(data_path, report)
                 break
             problem, offset = again.problem, again.offset
@@ -93,7 +98,7 @@ def salvage(
             _reset(data_path, report)
             break
         report.kept_seq = kept
-        again = check_store(directory)
+        again = _checked(directory)
         if again.ok:
             break
         problem, offset = again.problem, again.offset
@@ -109,6 +114,20 @@ def salvage(
         else f"kept seqs 1..{report.kept_seq}, cut {report.cut_bytes} bytes ({problem})",
     )
     return report
+
+
+_UNEXPECTED = "check failed unexpectedly: "
+
+
+def _checked(directory: str) -> CheckReport:
+    """``check_store``, with any other failure than a CorruptionError (the derived index's lmdb
+    refusing to open, say) as a problem without an offset: the index is dropped and the store
+    checked again."""
+    try:
+        return check_store(directory)
+    except Exception as exc:  # reported, never lost: see the docstring
+        report = CheckReport(directory)
+        return report.fail(f"{_UNEXPECTED}{exc!r}", -1)
 
 
 def _cut_before(data_path: str, offset: int, report: SalvageReport) -> int | None:

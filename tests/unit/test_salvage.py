@@ -123,3 +123,16 @@ def test_random_flips_never_leave_a_wrong_value(tmp_path: Path, seed: int) -> No
         _flip(tmp_path, rng.randrange(size))
     salvage(str(tmp_path))
     _assert_prefix(tmp_path, written)
+
+
+def test_a_broken_derived_index_is_rebuilt_not_salvaged(tmp_path: Path) -> None:
+    written = _fill(tmp_path)
+    index = tmp_path / "derived" / "index.lmdb"
+    for name in os.listdir(index):
+        (index / name).write_bytes(b"not lmdb at all")
+    report = salvage(str(tmp_path))
+    assert report is not None
+    assert not report.reset
+    assert report.cut_bytes == 0
+    assert report.kept_seq == len(written)
+    assert _assert_prefix(tmp_path, written) == len(written)
