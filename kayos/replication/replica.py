@@ -362,15 +362,16 @@ class ShardReplica:
             self.upstream = shard.upstream_of(node_id)
             self.downstreams = shard.downstreams_of(node_id)
         # A repairing member serves no SUBSCRIBE (and a head no write) until it has re-fetched
-        # what it lost: a salvaged store, or a head whose store cut bytes after its last valid
-        # header (a torn commit or a truncated file look the same).
-        torn_head = self.role == "head" and self.store.recovery.dropped_bytes > 0
-        self.repairing = self.salvage_report is not None or torn_head
+        # what it lost: a salvaged store, or a member with downstreams whose store cut bytes
+        # after its last valid header (a torn commit and a truncated file look the same; its
+        # downstreams may hold more and would be told to roll back acknowledged entries).
+        torn = bool(self.downstreams) and self.store.recovery.dropped_bytes > 0
+        self.repairing = self.salvage_report is not None or torn
         self.repair_problem = (
             self.salvage_report.problem
             if self.salvage_report is not None
             else self.store.recovery.reason
-            if torn_head
+            if torn
             else ""
         )
         # Entries this replica copied in catch-up (below the target its SUBSCRIBED named) since
