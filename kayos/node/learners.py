@@ -153,25 +153,38 @@ def learner_status(learner: Learner) -> dict[str, Any]:
     }
 
 
-async def repair_then_lead(replica: ShardReplica) -> None:
+async def repair_then_lead(replica: ShardReplica, link: UpstreamLink | None) -> None:
     """A head whose store lost a suffix never starts with a short log (its downstreams would be
-    told to roll back acknowledged entries): it re-fetches from its first downstream over a
-    ``repair`` link, then adds its takeover entry and serves."""
-    if replica.downstreams:
-        peer = replica.downstreams[0]
+    told to roll back acknowledged entries): it re-fetches from its first downstream over
+    ``link`` (a ``repair`` link that ends once caught up), then adds its takeover entry and
+    serves. Without a link (a store that verified, or no downstream) it starts at once."""
+    if link is not None:
         log.warning(
             "shard %s: head's store lost a suffix (%s): re-fetching from %s before serving",
             replica.shard_id,
             replica.repair_problem,
-            peer,
+            link.peer,
         )
-        link = UpstreamLink(replica, peer=peer, role="repair", until_caught_up=True)
         await link.run()
     await replica.become_head()
-    replica.repairing = False
-    log.warning(
-        "shard %s: head repaired at seq %s (re-fetched %s entries); serving",
-        replica.shard_id,
-        replica.durable,
-        replica.refetched_entries,
-    )
+    if replica.repairing:
+        replica.repairing = False
+        log.warning(
+            "shard %s: head repaired at seq %s (re-fetched %s entries); serving",
+            replica.shard_id,
+            replica.durable,
+            replica.refetched_entries,
+        )
+
+
+async def follow_topology(node: Node, topology: Topology) -> None:
+    """A new topology: a learner of a shard the node now is a member of (or that is gone) is
+    closed, its store kept for the member's replica; the others follow the new epoch (their
+    link handshakes at it when it next connects)."""
+    for shard_id, learner in list(node.learners.items()):
+        shard = topology.shards.get(shard_id)
+        if shard is None or node.node_id in shard.members:
+            await close_learner(node, shard_id)
+            continue
+        learner.replica.topology = topology
+        learner.replica.shard = shard

@@ -31,6 +31,7 @@ from kayos import limits
 from kayos.clock import Clock
 from kayos.errors import InvalidRequest, KayosError, Unauthenticated, UnavailableError
 from kayos.identity import ClusterIdentity
+from kayos.node import learners
 from kayos.replication.replica import ShardReplica, UpstreamLink
 from kayos.signing import check_signed
 from kayos.topology import Role, ShardChain, Topology
@@ -48,6 +49,7 @@ class Node(Protocol):
     commit_seconds: Histogram
     ready: bool
     _links: list[UpstreamLink]
+    learners: dict[int, learners.Learner]
 
     @property
     def epoch(self) -> int: ...
@@ -296,6 +298,9 @@ class Reconfigurer:
                 self.changing.add(shard_id)
         node.topology = new
         self.message = message
+        # A learner of a shard this node now is a member of closes first: the member's replica
+        # opens the same store and goes on from what it copied. The others follow the epoch.
+        await learners.follow_topology(node, new)
         for shard_id, change in plan.items():
             kept = node.replicas.get(shard_id)
             if change == "keep" and kept is not None:
@@ -323,6 +328,30 @@ class Reconfigurer:
                 if change == "close":
                     self.changing.discard(shard_id)
 
+    async def reopen_damaged(self) -> None:
+        """Re-makes each replica whose reads met a damaged chunk (never served): the open
+        salvages its store (docs/storage-format.md, "Salvage") and re-fetches the rest from a
+        peer, as after a restart (docs/node-api.md, "Self-repair")."""
+        node = self.node
+        for shard_id, replica in list(node.replicas.items()):
+            if replica.damage_seen is None:
+                continue
+            async with self._lock:
+                shard = node.topology.shards.get(shard_id)
+                if node.replicas.get(shard_id) is not replica or shard is None:
+                    continue
+                self.changing.add(shard_id)
+                del node.replicas[shard_id]
+                replica.fail_pending(
+                    UnavailableError(f"shard {shard_id} is being repaired at {node.node_id}")
+                )
+                log.warning("shard %s: re-opening its damaged store to repair it", shard_id)
+                try:
+                    await self.close_replica(replica)
+                    await self.open_replica(shard)
+                finally:
+                    self.changing.discard(shard_id)
+
     async def open_replica(self, shard: ShardChain) -> ShardReplica:
         """Opens this node's replica of ``shard`` as a start does: a head records its takeover
         entry, any other member starts its link to its upstream."""
@@ -341,8 +370,15 @@ class Reconfigurer:
             )
         )
         replica.commit_observer = node.commit_seconds.labels(str(shard.id)).observe
-        if replica.role == "head":
-            await replica.become_head()
+        if replica.role == "head" and replica.repairing and replica.downstreams:
+            # Its store lost a suffix: it re-fetches from its downstream before it serves.
+            link = UpstreamLink(
+                replica, peer=replica.downstreams[0], role="repair", until_caught_up=True
+            )
+            repair = node.spawn(learners.repair_then_lead(replica, link))
+            self._link_tasks[shard.id] = (link, repair)
+        elif replica.role == "head":
+            await learners.repair_then_lead(replica, None)
         else:
             link = UpstreamLink(replica)
             node._links.append(link)

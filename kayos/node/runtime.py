@@ -36,8 +36,8 @@ from kayos.errors import (
     WrongRoleError,
 )
 from kayos.identity import check_data_dir
-from kayos.node.reconfigure import Reconfigurer
 from kayos.node import learners
+from kayos.node.reconfigure import Reconfigurer
 from kayos.replication import frames as fr
 from kayos.replication.handshake import HostAddresses, accept_peer, shown
 from kayos.replication.latency import LatencyWindow
@@ -245,6 +245,8 @@ class Node:
                 except KayosError as exc:
                     log.warning("shard %s: commit point not written: %s", replica.shard_id, exc)
                 await replica.persist_time_index()
+            # A replica whose reads met damage is re-made: its open salvages and re-fetches.
+            await self.reconfigure.reopen_damaged()
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         """Runs ``coro`` as a task of the node (cancelled when it stops)."""

@@ -19,10 +19,10 @@ import pytest
 
 from chaos.checker import check
 from chaos.history import Event, Produce, Snapshot
-from kayos.launcher import LocalCluster
+from kayos.launcher import LocalCluster, http_json
 from kayos.storage import format as fmt
 from kayos.storage.check import check_store, data_file_of
-from tests.integration.conftest import produce_ok, read_snapshot
+from tests.integration.conftest import produce_ok, read_snapshot, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -143,3 +143,39 @@ def test_damaged_replica_repairs_from_peers(start_cluster: Any, victim: str, how
             check=False,
         )
         assert checked.returncode == 0, (node, checked.stdout, checked.stderr)
+
+
+def test_damage_met_on_a_read_is_never_served_and_repaired(start_cluster: Any) -> None:
+    """Bytes of the tail's store flip while it runs: a consume that meets them fails (never a
+    wrong value), the node re-makes the replica (salvage, re-fetch from its upstream) by itself,
+    and every acknowledged message is served again."""
+    cluster = start_cluster(nodes=3, replicas=3, shards=1)
+    events: list[Event] = []
+    produce_recorded(cluster, events, "before", BATCHES)
+    total = cluster.wait_replicated()[0]
+    damage(store_dir(cluster, "c"), "flip")
+    url = cluster.url("c")
+    status, reply = http_json(f"{url}/v1/queues/{QUEUE}/consume?group=probe&limit=5000")
+    assert status == 500, reply
+    assert reply["error"]["code"] == "corruption", reply
+
+    def repaired() -> bool:
+        found = cluster.status("c")
+        replica = found["shards"].get("0") if found else None
+        return bool(
+            replica
+            and replica["repair"]
+            and replica["repair"]["state"] == "repaired"
+            and replica["last_seq"] == total
+            and not replica["catching_up"]
+        )
+
+    wait_until(repaired, "the tail re-made its damaged replica")
+    replica = cluster.status("c")["shards"]["0"]  # type: ignore[index]
+    print(replica)
+    assert replica["repair"]["kept_seq"] < total, replica
+    assert replica["refetched_entries"] > 0, replica
+    consume_recorded(cluster, events, "g")
+    verdict = check(events)
+    assert not verdict.violations, [v.to_json() for v in verdict.violations]
+    assert verdict.acked_versions == BATCHES * BATCH
