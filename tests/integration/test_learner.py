@@ -148,3 +148,33 @@ def test_returning_node_rolls_back_only_its_divergent_suffix(start_cluster: Any)
     assert learner["rolled_back_committed_entries"] == 0, learner
     assert learner["refetched_entries"] == new, learner
     assert learner["durable_seq"] == last
+
+
+def test_a_topology_making_the_learner_a_member_keeps_what_it_copied(start_cluster: Any) -> None:
+    """d learns shard 0 from c; the next topology (a -> b -> c -> d) makes it the tail: the
+    learner closes, the tail's replica opens the same store and goes on from there (nothing is
+    copied again), and the shard is fully replicated on four members."""
+    cluster = start_cluster(nodes=4, replicas=3, shards=1)
+    last = fill(cluster, cluster.url("a"), "q", 10)
+    body = {"epoch": cluster.topology.epoch, "shard": 0, "upstream": "c"}
+    assert catch_up(cluster, "d", body)[0] == 200
+    wait_until(lambda: learned_through(cluster, "d", last), "d copied the shard")
+    old = cluster.topology
+    assert old.identity is not None
+    new = Topology(
+        old.epoch + 1, old.nodes, {0: ShardChain(0, ("a", "b", "c", "d"), ())}, old.identity
+    )
+    message = {"body": new.to_json(), "mac": sign(old.identity, "topology", new.to_json())}
+    for node in cluster.ids:
+        status, reply = http_json(
+            f"{cluster.url(node)}/v1/admin/topology", method="POST", body=message
+        )
+        assert status == 200, (node, reply)
+    cluster.topology = new
+    _, after = produce_ok(cluster.url("a"), "q", [("joined", "v")])
+    assert cluster.wait_replicated(60)[0] == after
+    member = shard_status(cluster, "d")
+    assert member is not None
+    assert member["role"] == "tail", member
+    assert member["refetched_entries"] == 0, member  # the copy was kept
+    assert member["rolled_back_entries"] == 0, member
