@@ -176,5 +176,7 @@ def test_a_topology_making_the_learner_a_member_keeps_what_it_copied(start_clust
     member = shard_status(cluster, "d")
     assert member is not None
     assert member["role"] == "tail", member
-    assert member["refetched_entries"] == 0, member  # the copy was kept
+    # The copy was kept: at most what was written after the switch may come by catch-up (the
+    # write can land before the new tail subscribes).
+    assert member["refetched_entries"] <= after - last, member
     assert member["rolled_back_entries"] == 0, member
