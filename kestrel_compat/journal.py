@@ -124,8 +124,8 @@ def plan_directory(names: Iterable[str]) -> DirectoryPlan:
             floor, newest = packs[-1]
             files.append(newest)
             superseded += [name for _, name in packs[:-1]]
-        for stamp, name in sorted(rotated.get(queue, [])):
-            (files if stamp > floor else superseded).append(name)
+        for when, name in sorted(rotated.get(queue, [])):
+            (files if when > floor else superseded).append(name)
         if queue in current:
             files.append(queue)
         plan.queues[queue] = QueueFiles(queue, tuple(files), tuple(superseded))

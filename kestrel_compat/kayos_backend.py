@@ -155,6 +155,14 @@ class KayosBackend:
             raise BackendError(f"listing queues failed: {exc}") from exc
         return sorted({log for q, _, _ in groups if (log := log_for(q)) is not None})
 
+    async def all_groups(self) -> set[tuple[str, str]]:
+        """Every (log, group) pair on the cluster, in one listing."""
+        try:
+            groups = await self._client.list_groups()
+        except KayosError as exc:
+            raise BackendError(f"listing groups failed: {exc}") from exc
+        return {(log, g) for q, g, _ in groups if (log := log_for(q)) is not None}
+
     async def list_groups(self, log: str) -> list[str]:
         queue = queue_for(log)
         try:

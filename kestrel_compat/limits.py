@@ -144,3 +144,18 @@ assert pending_requests_max >= 1
 assert 0 < commit_retry_delay_ms_min <= commit_retry_delay_ms_max
 assert waiter_resolution_ms < shutdown_grace_ms
 assert append_batch_entries_max <= kayos_limits.batch_entries_max, "one append is one Kayos batch"
+
+# --- journal import (kestrel_compat/importer.py, docs/migrating-from-kestrel.md) ------------------
+
+# Items and bytes of one all-or-nothing produce of `kayos import-kestrel`: large enough that the
+# per-request cost (a round trip through the chain and an fsync on each replica) is spread over
+# many items, small enough that a batch is a small fraction of a Kayos batch and of the node's
+# group commit, and that a retried batch resends little.
+import_batch_entries_max = 16_384
+import_batch_bytes_max = 8 * 1024 * 1024
+# Bytes read from a journal file at a time: the reader's buffer never holds more than this plus
+# one partial record.
+journal_read_chunk_bytes = 1024 * 1024
+
+assert import_batch_entries_max <= kayos_limits.batch_entries_max
+assert import_batch_bytes_max <= kayos_limits.batch_bytes_max // 2, "room for keys and headers"

@@ -13,6 +13,7 @@ from kayos import __version__
 from kayos.cli.ctl import ctl
 from kayos.cli.data import consume, produce
 from kestrel_compat.cli import kestrel
+from kestrel_compat.import_cli import import_kestrel
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -396,6 +397,7 @@ cli.add_command(produce)
 cli.add_command(consume)
 cli.add_command(ctl)
 cli.add_command(kestrel)
+cli.add_command(import_kestrel)
 cli.add_command(chaos)
 
 

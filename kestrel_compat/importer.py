@@ -1,0 +1,195 @@
+"""``kayos import-kestrel``: a Kestrel queue directory into the queues the Kayos front serves.
+
+docs/migrating-from-kestrel.md section 4 is the contract. Per queue: replay its journal files
+(``kestrel_compat.journal``), drop what expired, produce the rest in order through
+``KayosBackend`` (``acks=all``, all-or-nothing batches), then commit the queue's group just below
+the first imported item. The group commit is the one step that makes the queue visible to a
+front, so a queue is imported whole or not at all, and a queue whose group exists is skipped
+unless ``force``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kayos.errors import KayosError
+from kestrel_compat import limits
+from kestrel_compat.backend import GroupState, NewEntry, encode_removed
+from kestrel_compat.journal import (
+    JournalCorrupt,
+    JournalItem,
+    JournalReplay,
+    QueueFiles,
+    plan_directory,
+)
+from kestrel_compat.kayos_backend import KayosBackend
+
+# Results of one queue, as the final table shows them.
+IMPORTED = "imported"
+ALREADY = "already imported"
+CORRUPT = "corrupt"
+FAILED = "failed"
+DRY_RUN = "dry run"
+
+
+@dataclass(slots=True)
+class QueueResult:
+    queue: str
+    result: str = ""
+    items: int = 0
+    expired: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    first_seq: int = 0
+    last_seq: int = 0
+    message: str = ""
+    warnings: list[str] = field(default_factory=list)
+
+
+# Called with (queue, items written, bytes written) after each batch.
+Progress = Callable[[str, int, int], None]
+# Called with (queue, items to write, bytes to write) when a queue's writing starts.
+Start = Callable[[str, int, int], None]
+
+
+def log_and_group(queue: str) -> tuple[str, str]:
+    """The Kestrel log (master queue) and group a queue's items go to: ``m+c`` is group ``m+c``
+    on log ``m`` (docs/kestrel-compat.md section 10)."""
+    return queue.split("+", 1)[0], queue
+
+
+def live_items(items: Sequence[JournalItem], now_ms: int) -> tuple[list[JournalItem], int]:
+    """The items not yet expired at ``now_ms``, in order, and how many were expired (an item is
+    expired when its expiry is strictly before now, as in the front)."""
+    live = [item for item in items if item.expiry_ms is None or item.expiry_ms >= now_ms]
+    return live, len(items) - len(live)
+
+
+def batches(
+    items: Sequence[JournalItem],
+    entries_max: int = limits.import_batch_entries_max,
+    bytes_max: int = limits.import_batch_bytes_max,
+) -> list[tuple[int, int]]:
+    """``[start, end)`` index ranges of consecutive items, each within both bounds (an item
+    larger than ``bytes_max`` goes alone)."""
+    ranges: list[tuple[int, int]] = []
+    start = 0
+    size = 0
+    for index, item in enumerate(items):
+        length = len(item.data)
+        if index > start and (index - start >= entries_max or size + length > bytes_max):
+            ranges.append((start, index))
+            start, size = index, 0
+        size += length
+    if start < len(items):
+        ranges.append((start, len(items)))
+    return ranges
+
+
+def replay_queue(directory: Path, files: QueueFiles) -> JournalReplay:
+    """Reads a queue's files in replay order through the sans-IO reader, a chunk at a time."""
+    replay = JournalReplay(files.queue)
+    for name in files.files:
+        replay.begin_file(name)
+        with open(directory / name, "rb") as handle:
+            while chunk := handle.read(limits.journal_read_chunk_bytes):
+                replay.feed(chunk)
+        replay.end_file()
+    replay.finish()
+    return replay
+
+
+def plan(directory: Path, queues: Sequence[str] = ()) -> tuple[list[QueueFiles], list[str]]:
+    """The queues to import (all, or the ones named, in name order) and the directory warnings."""
+    names = [entry.name for entry in os.scandir(directory) if entry.is_file()]
+    found = plan_directory(names)
+    warnings = list(found.warnings)
+    wanted = sorted(set(queues)) if queues else sorted(found.queues)
+    chosen: list[QueueFiles] = []
+    for queue in wanted:
+        files = found.queues.get(queue)
+        if files is None:
+            warnings.append(f"{queue}: no journal file in {directory}, nothing to import")
+            continue
+        chosen.append(files)
+    return chosen, warnings
+
+
+async def import_queue(
+    backend: KayosBackend | None,
+    directory: Path,
+    files: QueueFiles,
+    *,
+    existing: set[tuple[str, str]],
+    force: bool = False,
+    now_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    on_start: Start | None = None,
+    on_progress: Progress | None = None,
+) -> QueueResult:
+    """Imports one queue; ``backend`` None is a dry run. Never raises for the queue's own
+    failures: they are in the result (``corrupt``, ``failed``)."""
+    started = time.monotonic()
+    result = QueueResult(files.queue)
+    log, group = log_and_group(files.queue)
+    try:
+        replay = replay_queue(directory, files)
+    except JournalCorrupt as exc:
+        result.result, result.message = CORRUPT, str(exc)
+        return result
+    except OSError as exc:
+        result.result, result.message = FAILED, f"cannot read the journal: {exc}"
+        return result
+    result.warnings += replay.warnings
+    clock = now_ms()
+    items, result.expired = live_items(replay.items, clock)
+    total_bytes = sum(len(item.data) for item in items)
+    if backend is None:
+        result.result, result.items, result.bytes = DRY_RUN, len(items), total_bytes
+        result.seconds = time.monotonic() - started
+        return result
+    if (log, group) in existing and not force:
+        result.result = ALREADY
+        result.message = "the cluster already has this queue (--force imports it again)"
+        result.seconds = time.monotonic() - started
+        return result
+    if on_start is not None:
+        on_start(files.queue, len(items), total_bytes)
+    groups = (group,)
+    first = last = 0
+    try:
+        for start, end in batches(items):
+            entries = [
+                NewEntry(
+                    item.data, clock if item.add_ms is None else item.add_ms, item.expiry_ms, groups
+                )
+                for item in items[start:end]
+            ]
+            seqs = await backend.append(log, entries)
+            first = first or seqs[0]
+            last = seqs[-1]
+            result.items += end - start
+            result.bytes += sum(len(entry.value) for entry in entries)
+            if on_progress is not None:
+                on_progress(files.queue, result.items, result.bytes)
+        # Below the first imported item; for an empty queue, below everything still to come.
+        hwm = first - 1 if first else await backend.last_seq(log)
+        await backend.commit_group(log, group, GroupState(hwm, encode_removed(hwm, [])))
+    except KayosError as exc:
+        result.result = FAILED
+        result.message = f"nothing imported (the queue stays invisible): {exc}"
+        result.items = result.bytes = 0
+        result.seconds = time.monotonic() - started
+        return result
+    result.result = IMPORTED
+    result.first_seq, result.last_seq = first, last
+    result.seconds = time.monotonic() - started
+    return result
+
+
+async def existing_groups(backend: KayosBackend) -> set[tuple[str, str]]:
+    """Every (log, group) the Kestrel front would recover from the cluster."""
+    return await backend.all_groups()
