@@ -135,6 +135,10 @@ async def import_queue(
     started = time.monotonic()
     result = QueueResult(files.queue)
     log, group = log_and_group(files.queue)
+    if backend is not None and (log, group) in existing and not force:
+        result.result = ALREADY
+        result.message = "the cluster already has this queue (--force imports it again)"
+        return result
     try:
         replay = replay_queue(directory, files)
     except JournalCorrupt as exc:
@@ -149,11 +153,6 @@ async def import_queue(
     total_bytes = sum(len(item.data) for item in items)
     if backend is None:
         result.result, result.items, result.bytes = DRY_RUN, len(items), total_bytes
-        result.seconds = time.monotonic() - started
-        return result
-    if (log, group) in existing and not force:
-        result.result = ALREADY
-        result.message = "the cluster already has this queue (--force imports it again)"
         result.seconds = time.monotonic() - started
         return result
     if on_start is not None:
