@@ -10,8 +10,10 @@ unless ``force``.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +29,13 @@ from kestrel_compat.journal import (
     plan_directory,
 )
 from kestrel_compat.kayos_backend import KayosBackend
+
+
+class OrderLost(KayosError):
+    """Pipelined batches of one queue landed out of order: the queue is not committed."""
+
+    code = "kestrel_import_order_lost"
+
 
 # Results of one queue, as the final table shows them.
 IMPORTED = "imported"
@@ -129,6 +138,7 @@ async def import_queue(
     now_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     on_start: Start | None = None,
     on_progress: Progress | None = None,
+    window: int = limits.import_batches_in_flight,
 ) -> QueueResult:
     """Imports one queue; ``backend`` None is a dry run. Never raises for the queue's own
     failures: they are in the result (``corrupt``, ``failed``)."""
@@ -158,7 +168,24 @@ async def import_queue(
     if on_start is not None:
         on_start(files.queue, len(items), total_bytes)
     groups = (group,)
+    in_flight: deque[tuple[asyncio.Task[list[int]], int, int]] = deque()
     first = last = 0
+
+    async def land_oldest() -> None:
+        nonlocal first, last
+        task, count, size = in_flight.popleft()
+        seqs = await task
+        # Batches are sent before the previous ones are answered; the node gives seqs in the
+        # order it takes them, so an answer below an earlier batch's means the order was lost.
+        if seqs[0] <= last:
+            raise OrderLost(f"batch at seq {seqs[0]} landed before one ending at seq {last}")
+        first = first or seqs[0]
+        last = seqs[-1]
+        result.items += count
+        result.bytes += size
+        if on_progress is not None:
+            on_progress(files.queue, result.items, result.bytes)
+
     try:
         for start, end in batches(items):
             entries = [
@@ -167,17 +194,32 @@ async def import_queue(
                 )
                 for item in items[start:end]
             ]
-            seqs = await backend.append(log, entries)
-            first = first or seqs[0]
-            last = seqs[-1]
-            result.items += end - start
-            result.bytes += sum(len(entry.value) for entry in entries)
-            if on_progress is not None:
-                on_progress(files.queue, result.items, result.bytes)
+            task = asyncio.create_task(backend.append(log, entries))
+            in_flight.append((task, end - start, sum(len(entry.value) for entry in entries)))
+            await asyncio.sleep(0)  # the batch goes out before the next one is built
+            # The first batch lands alone: it opens the connection to the shard's head, and
+            # batches sent while that is under way could leave in any order.
+            if len(in_flight) >= window or not first:
+                await land_oldest()
+        while in_flight:
+            await land_oldest()
         # Below the first imported item; for an empty queue, below everything still to come.
         hwm = first - 1 if first else await backend.last_seq(log)
         await backend.commit_group(log, group, GroupState(hwm, encode_removed(hwm, [])))
+    except OrderLost as exc:
+        await _cancel(in_flight)
+        if window <= 1:
+            raise AssertionError("one batch at a time cannot land out of order") from exc
+        retry = await import_queue(
+            backend, directory, files, existing=existing, force=True, now_ms=now_ms,
+            on_start=on_start, on_progress=on_progress, window=1,
+        )  # fmt: skip
+        retry.warnings.insert(0, f"{exc}: imported again one batch at a time")
+        return retry
     except KayosError as exc:
+        for task, _, _ in in_flight:
+            task.cancel()
+        await asyncio.gather(*(task for task, _, _ in in_flight), return_exceptions=True)
         result.result = FAILED
         result.message = f"nothing imported (the queue stays invisible): {exc}"
         result.items = result.bytes = 0
@@ -187,6 +229,13 @@ async def import_queue(
     result.first_seq, result.last_seq = first, last
     result.seconds = time.monotonic() - started
     return result
+
+
+async def _cancel(in_flight: deque[tuple[asyncio.Task[list[int]], int, int]]) -> None:
+    for task, _, _ in in_flight:
+        task.cancel()
+    await asyncio.gather(*(task for task, _, _ in in_flight), return_exceptions=True)
+    in_flight.clear()
 
 
 async def existing_groups(backend: KayosBackend) -> set[tuple[str, str]]:

@@ -151,8 +151,13 @@ assert append_batch_entries_max <= kayos_limits.batch_entries_max, "one append i
 # per-request cost (a round trip through the chain and an fsync on each replica) is spread over
 # many items, small enough that a batch is a small fraction of a Kayos batch and of the node's
 # group commit, and that a retried batch resends little.
-import_batch_entries_max = 16_384
+import_batch_entries_max = 4096
 import_batch_bytes_max = 8 * 1024 * 1024
+# Batches of one queue sent before the oldest is answered: the client builds and sends the next
+# while the chain commits the previous ones. One connection carries them in send order and the head
+# takes seqs in arrival order; the importer still checks the seqs, and re-imports the queue one
+# batch at a time if a retried batch ever landed behind a later one.
+import_batches_in_flight = 8
 # Bytes read from a journal file at a time: the reader's buffer never holds more than this plus
 # one partial record.
 journal_read_chunk_bytes = 1024 * 1024
