@@ -61,6 +61,7 @@ class Item:
     gone: bool = False  # Removed for good (confirmed, read, discarded, expired, flushed).
     xid: int = 0
     open_deadline_ms: int | None = None  # openTransactionTimeout, while an open read.
+    behind: bool = False  # Added while its queue was in read-behind: in the log only.
 
 
 @dataclass(eq=False, slots=True)
@@ -103,7 +104,14 @@ class DeleteLogOp:
     log: str
 
 
-PersistOp = AppendOp | CommitOp | DeleteGroupOp | DeleteLogOp
+@dataclass(eq=False, slots=True)
+class RefillOp:
+    """Page a read-behind queue's items back in from its log (docs/kestrel-compat.md §10)."""
+
+    queue: KestrelQueue
+
+
+PersistOp = AppendOp | CommitOp | DeleteGroupOp | DeleteLogOp | RefillOp
 
 
 class GroupLedger:
@@ -123,6 +131,9 @@ class GroupLedger:
         # The state the backend last took, so an unchanged one is not sent again (a `set` to a
         # queue that already holds items changes nothing the backend keeps).
         self.committed: GroupState | None = None
+        # Read-behind: every seq above this one named for the group is behind (live, in the log
+        # only); None while the queue is not behind or its first behind entry has no seq yet.
+        self.behind_after: int | None = None
 
     def live(self, seq: int) -> None:
         assert seq > self.hwm, "a live seq is above the hwm"
@@ -142,6 +153,8 @@ class GroupLedger:
         while heap and heap[0] not in live:
             heapq.heappop(heap)
         hwm = heap[0] - 1 if heap else tail_seq
+        if self.behind_after is not None:
+            hwm = min(hwm, self.behind_after)
         if hwm > self.hwm:
             self.hwm = hwm
             if self._removed:
@@ -211,6 +224,10 @@ class KestrelQueue:
         self.journal_rotations = 0
         self.logsize = 0
         self.last_removed_add_ms: int | None = None
+        # Read-behind (docs/kestrel-compat.md §10): items past max_memory_size_bytes.
+        self.behind_items = 0
+        self.behind_bytes = 0
+        self.refill_pending = False
 
     # --- time and expiry ---
 
@@ -285,7 +302,10 @@ class KestrelQueue:
             return False
         if self.config.fanout_only and not self.is_fanout:
             return True
-        while len(self.items) >= self.config.max_items or self.bytes >= self.config.max_size_bytes:
+        while (
+            len(self.items) + self.behind_items >= self.config.max_items
+            or self.bytes + self.behind_bytes >= self.config.max_size_bytes
+        ):
             if not self.config.discard_old_when_full:
                 return False
             if self._remove_head(transactional=False) is None:
@@ -295,8 +315,13 @@ class KestrelQueue:
         item = Item(data, add_ms, self._cap_expiry(self._now_ms(), expiry_ms))
         self._check_rotate_journal()
         self.discard_expired()
-        self.items.append(item)
-        self.bytes += len(data)
+        if self._goes_behind(len(data)):
+            item.behind = True
+            self.behind_items += 1
+            self.behind_bytes += len(data)
+        else:
+            self.items.append(item)
+            self.bytes += len(data)
         self.total_items += 1
         self.put_bytes += len(data)
         self._journal(JOURNAL_ADD_OVERHEAD_BYTES + len(data))
@@ -307,10 +332,60 @@ class KestrelQueue:
     def restore(self, item: Item) -> None:
         """Recovery: an item read back from the log, live for this group."""
         assert item.seq is not None
+        self._journal(JOURNAL_ADD_OVERHEAD_BYTES + len(item.data))
+        if self._goes_behind(len(item.data)):
+            if not self.behind_items:
+                self.ledger.behind_after = item.seq - 1
+            self.behind_items += 1
+            self.behind_bytes += len(item.data)
+            return
         self.items.append(item)
         self.bytes += len(item.data)
         self.ledger.live(item.seq)
-        self._journal(JOURNAL_ADD_OVERHEAD_BYTES + len(item.data))
+
+    # --- read-behind ---
+
+    def _goes_behind(self, size_bytes: int) -> bool:
+        """An item added now stays in the log only: the queue is behind already, or the item
+        would take the memory part past maxMemorySize (which always holds at least one item)."""
+        if self.behind_items:
+            return True
+        return bool(self.items) and self.bytes + size_bytes > self.config.max_memory_size_bytes
+
+    def wants_refill(self) -> bool:
+        """Ask the persister to page items in once the memory part is under half its bound."""
+        if (
+            not self.behind_items
+            or self.refill_pending
+            or self.closed
+            or self.bytes >= self.config.max_memory_size_bytes // 2
+        ):
+            return False
+        self.refill_pending = True
+        self._collection.outbox.append(RefillOp(self))
+        return True
+
+    def page_in(self, items: list[Item], scanned_to: int, log_done: bool) -> None:
+        """A refill read ``items`` (in seq order, live for this group) and every entry up to
+        ``scanned_to``. ``log_done``: the log holds nothing more for this queue (no append in
+        flight), so whatever the counters still say is behind was never stored."""
+        self.refill_pending = False
+        if self.closed:
+            return
+        for item in items:
+            assert item.seq is not None
+            self.items.append(item)
+            self.bytes += len(item.data)
+            self.ledger.live(item.seq)
+            self.behind_items -= 1
+            self.behind_bytes -= len(item.data)
+        self.ledger.behind_after = scanned_to
+        if self.behind_items <= 0 or log_done:
+            self.behind_items = self.behind_bytes = 0
+            self.ledger.behind_after = None
+        for _ in items:
+            self.trigger()
+        self.wants_refill()
 
     # --- removing ---
 
@@ -350,6 +425,8 @@ class KestrelQueue:
                 item.open_deadline_ms = self._now_ms() + timeout_ms
             self._journal(JOURNAL_XID_RECORD_BYTES if transactional else JOURNAL_REMOVE_BYTES)
             self._check_rotate_journal()
+        if self.behind_items:
+            self.wants_refill()
         return item
 
     def peek(self) -> Item | None:
@@ -394,9 +471,14 @@ class KestrelQueue:
             self._gone(item)
 
     def flush(self) -> None:
-        """Remove every queued item (open reads stay), one REMOVE each as Kestrel does."""
+        """Remove every queued item (open reads stay), one REMOVE each as Kestrel does; the items
+        behind go at once (the group's hwm passes them)."""
         while self.remove(transactional=False) is not None:
             pass
+        if self.behind_items:
+            self.behind_items = self.behind_bytes = 0
+            self.ledger.behind_after = None
+            self._collection.mark_dirty(self)
         self.total_flushes += 1
 
     # --- waiters ---
@@ -443,13 +525,14 @@ class KestrelQueue:
         return (
             max_queue_age_ms is not None
             and not self.items
+            and not self.behind_items
             and self._now_ms() > self.created_ms + max_queue_age_ms
         )
 
     def dump_stats(self) -> list[tuple[str, str | int]]:
         return [
-            ("items", len(self.items)),
-            ("bytes", self.bytes),
+            ("items", len(self.items) + self.behind_items),
+            ("bytes", self.bytes + self.behind_bytes),
             ("total_items", self.total_items),
             ("logsize", self.logsize),
             ("expired_items", self.expired_items),
@@ -618,6 +701,13 @@ class QueueCollection:
                 continue
             if item.gone:
                 queue.ledger.gone(seq)
+            elif item.behind:
+                # In the log only: live without a place in the ledger's live set, which would
+                # otherwise grow with the queue. The first one marks where the behind part starts.
+                if not queue.behind_items:
+                    queue.ledger.gone(seq)  # flushed while its append was in flight
+                elif queue.ledger.behind_after is None:
+                    queue.ledger.behind_after = seq - 1
             else:
                 queue.ledger.live(seq)
             self.mark_dirty(queue)

@@ -145,6 +145,13 @@ assert 0 < commit_retry_delay_ms_min <= commit_retry_delay_ms_max
 assert waiter_resolution_ms < shutdown_grace_ms
 assert append_batch_entries_max <= kayos_limits.batch_entries_max, "one append is one Kayos batch"
 
+# --- read-behind (docs/kestrel-compat.md section 10) ---------------------------------------------
+
+# How long a fetch waits for a refill when its queue's items are all behind (in the log only),
+# whatever its t=: one or a few backend reads of recovery_read_entries, far less than this unless
+# the cluster is away, when the fetch answers as an empty one rather than hang.
+read_behind_wait_ms = 30_000
+
 # --- journal import (kestrel_compat/importer.py, docs/migrating-from-kestrel.md) ------------------
 
 # Items and bytes of one all-or-nothing produce of `kayos import-kestrel`: large enough that the

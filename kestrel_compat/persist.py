@@ -36,6 +36,7 @@ from kestrel_compat.engine import (
     LogEntry,
     PersistOp,
     QueueCollection,
+    RefillOp,
 )
 
 log = logging.getLogger("kestrel_compat.persist")
@@ -230,6 +231,9 @@ class Persister:
         if isinstance(op, CommitOp):
             await self._commit(name, op.queue)
             return
+        if isinstance(op, RefillOp):
+            await self._refill(name, op.queue)
+            return
         try:
             if isinstance(op, DeleteGroupOp):
                 await self.backend.delete_group(op.log, op.group)
@@ -256,6 +260,43 @@ class Persister:
         queue.ledger.committed = state
         if self._commit_retries:
             self._commit_retries.pop(queue, None)
+
+    async def _refill(self, name: str, queue: KestrelQueue) -> None:
+        """Read-behind: page the queue's next items in from its log, up to its memory bound.
+        This log's worker runs it after every append queued before it, so each behind entry
+        queued earlier has its seq (docs/kestrel-compat.md §10)."""
+        after = queue.ledger.behind_after
+        if after is None or not self._is_live(queue) or queue.closed:
+            queue.refill_pending = False
+            return
+        budget = queue.config.max_memory_size_bytes - queue.bytes
+        found: list[Item] = []
+        wanted = queue.behind_items
+        scanned = after
+        log_done = False
+        try:
+            while len(found) < wanted and budget > 0:
+                entries = await self.backend.read(name, scanned, limits.recovery_read_entries)
+                if not entries:
+                    # Nothing more in the log: with no append of this log still queued, the
+                    # counters were off (an append failed) and nothing is behind.
+                    log_done = not any(isinstance(op, AppendOp) for op in self._ops.get(name, ()))
+                    break
+                for entry in entries:
+                    if queue.name in entry.groups and not queue.ledger.is_removed(entry.seq):
+                        if budget <= 0 or len(found) >= wanted:
+                            break
+                        found.append(
+                            Item(entry.value, entry.add_ms, entry.expiry_ms, seq=entry.seq)
+                        )
+                        budget -= len(entry.value)
+                    scanned = entry.seq
+        except Exception as error:  # The backend boundary: the next fetch asks again.
+            log.error("read-behind refill of %r failed: %r", queue.name, error)
+            queue.refill_pending = False
+            return
+        queue.page_in(found, scanned, log_done)
+        self.kick()
 
     def _is_live(self, queue: KestrelQueue) -> bool:
         if self.collection.queues.get(queue.name) is not queue:
@@ -335,7 +376,7 @@ class Persister:
 
 
 def _op_log(op: PersistOp) -> str:
-    if isinstance(op, CommitOp):
+    if isinstance(op, CommitOp | RefillOp):
         return op.queue.log
     if isinstance(op, DeleteGroupOp | DeleteLogOp):
         return op.log

@@ -160,6 +160,13 @@ class SessionBase:
     ) -> Item | None:
         """Fetch now, or wait until ``deadline`` (loop time) for an add or abort to wake us."""
         item = self.collection.fetch(queue, transactional=transactional, peek=peek)
+        if item is None and queue.behind_items and not (queue.closed or queue.paused):
+            # Read-behind: the queue holds items, all in the log; a fetch waits for the refill
+            # whatever its t= (docs/kestrel-compat.md §10).
+            if queue.wants_refill():
+                self.service.after_change()
+            refill_deadline = asyncio.get_running_loop().time() + limits.read_behind_wait_ms / 1000
+            deadline = refill_deadline if deadline is None else max(deadline, refill_deadline)
         if item is not None or deadline is None or queue.closed or queue.paused:
             return item
         # Only a fetch that may wait asks for the loop: asyncio.get_running_loop() costs a getpid
@@ -191,6 +198,8 @@ class SessionBase:
             item = self.collection.fetch(queue, transactional=transactional, peek=peek)
             if item is not None or loop.time() >= deadline or queue.closed or queue.paused:
                 return item
+            if queue.wants_refill():
+                self.service.after_change()
 
     @staticmethod
     def _cancelled() -> bool:
