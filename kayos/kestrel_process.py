@@ -47,7 +47,8 @@ class KestrelFront:
     restart reuses it, so clients reconnect to the same address. ``cluster`` is a node's HTTP URL
     (items kept on that cluster), else the front keeps items in its memory. ``text_port`` and
     ``thrift_port`` (0: any free port) serve those protocols too; None leaves them out. After
-    ``start``, ``ports`` maps each protocol that listens to its port."""
+    ``start``, ``ports`` maps each protocol that listens to its port. ``config``: a TOML file
+    for ``--config``."""
 
     def __init__(
         self,
@@ -61,8 +62,10 @@ class KestrelFront:
         ready_timeout_s: float = kestrel_ready_timeout_s,
         stop_timeout_s: float = kestrel_stop_timeout_s,
         log_level: str = "WARNING",
+        config: str | os.PathLike[str] | None = None,
     ) -> None:
         self.log_path = Path(log_path)
+        self.config = config
         self.host = host
         self.port = port
         self.cluster = cluster
@@ -84,6 +87,8 @@ class KestrelFront:
         command += ["--port", str(self.port), "--log-level", self.log_level]
         if self.cluster is not None:
             command += ["--cluster", self.cluster]
+        if self.config is not None:
+            command += ["--config", str(self.config)]
         for name, port in (("text", self.text_port), ("thrift", self.thrift_port)):
             command += [f"--no-{name}"] if port is None else [f"--{name}-port", str(port)]
         return command
