@@ -13,7 +13,8 @@ The mapping (docs/kestrel-compat.md, "Persistence"):
   earlier read was still open). Open reads are not durable: after a crash they are live again,
   which is Kestrel's at-least-once.
 
-The front never reads a log except at start-up (recovery); everything else is served from memory.
+The front reads a log at start-up (recovery) and to page in the items of a queue in read-behind
+(docs/kestrel-compat.md section 10); everything else is served from memory.
 Implementations must keep appends to one log in call order. A backend whose calls never wait
 (they finish without suspending, as ``MemoryBackend``'s do) may say so with a class attribute
 ``completes_at_once = True``: the front then makes its calls in the caller, outside any task

@@ -10,7 +10,7 @@
 - A group (a Kestrel queue or fanout child) is a Kayos consumer group: its high-water mark and
   blob are committed with ``acks=all`` semantics, so a confirmed removal survives the loss of any
   one replica.
-- Reads (recovery at start-up only) page through a tail with ``AsyncClient.read``.
+- Reads (recovery at start-up, read-behind refills) page through a tail with ``AsyncClient.read``.
 
 Consumed items stay in the Kayos log; reclaiming them needs tombstone-aware compaction (not built).
 """
