@@ -358,7 +358,7 @@ class KestrelQueue:
             not self.behind_items
             or self.refill_pending
             or self.closed
-            or self.bytes >= self.config.max_memory_size_bytes // 2
+            or (self.items and self.bytes >= self.config.max_memory_size_bytes // 2)
         ):
             return False
         self.refill_pending = True

@@ -275,7 +275,8 @@ class Persister:
         scanned = after
         log_done = False
         try:
-            while len(found) < wanted and budget > 0:
+            # At least one item, whatever the bound: the memory part is never left empty.
+            while len(found) < wanted and (budget > 0 or not found):
                 entries = await self.backend.read(name, scanned, limits.recovery_read_entries)
                 if not entries:
                     # Nothing more in the log: with no append of this log still queued, the
@@ -284,7 +285,7 @@ class Persister:
                     break
                 for entry in entries:
                     if queue.name in entry.groups and not queue.ledger.is_removed(entry.seq):
-                        if budget <= 0 or len(found) >= wanted:
+                        if (budget <= 0 and found) or len(found) >= wanted:
                             break
                         found.append(
                             Item(entry.value, entry.add_ms, entry.expiry_ms, seq=entry.seq)

@@ -126,3 +126,33 @@ async def test_fanout_children_page_only_their_own_items() -> None:
     assert master == [value("q", item(index)) for index in range(25)]
     assert child == [value("q+c", item(index)) for index in range(30)]
     assert await client.send(b"get q\r\n") == END
+
+
+@pytest.mark.asyncio
+async def test_a_bound_of_zero_keeps_one_item_in_memory() -> None:
+    h = await Harness(make_config(default={"max_memory_size_bytes": 0})).start()
+    client = h.client()
+    for index in range(5):
+        await client.send(set_request("q", item(index)))
+    assert memory_part(h) == (1, 4)
+    served = []
+    for _ in range(5):
+        served.append(await client.send(b"get q\r\n"))
+        assert memory_part(h)[0] <= 1
+    assert served == [value("q", item(index)) for index in range(5)]
+    assert await client.send(b"get q\r\n") == END
+
+
+@pytest.mark.asyncio
+async def test_a_peek_and_a_waiting_get_see_items_that_are_behind() -> None:
+    h = await Harness(make_config(default={"max_memory_size_bytes": 0})).start()
+    client = h.client()
+    for index in range(3):
+        await client.send(set_request("q", item(index)))
+    assert await client.send(b"get q\r\n") == value("q", item(0))
+    assert memory_part(h)[0] == 1  # the refill after the remove
+    assert await client.send(b"get q/peek\r\n") == value("q", item(1))
+    assert await client.send(b"get q/t=10\r\n") == value("q", item(1))
+    assert await client.send(b"get q/open\r\n") == value("q", item(2))
+    assert await client.send(b"get q/abort\r\n") == END
+    assert await client.send(b"get q/t=10\r\n") == value("q", item(2))
