@@ -1172,6 +1172,23 @@ class ShardStore:
         self.compactions += 1
         old.file.release()
 
+    def forget_keys(self, entries: Sequence[tuple[bytes, int]]) -> None:
+        """Takes each ``(key, seq)`` out of the key index if that seq is still the key's newest
+        version: compaction dropped it (retention, docs/retention.md). Call with the write lock
+        held, after the compacted file is installed (the index is never ahead of the file)."""
+        if not entries:
+            return
+        index = self._index
+        txn = index.begin_write()
+        try:
+            found = index.lookup_many(txn, sorted({key for key, _ in entries}))
+            gone = [key for key, seq in entries if found.get(key, (0, 0))[0] == seq]
+            index.write_latest(txn, {}, gone, index.applied_seq)
+            index.commit(txn, index.applied_seq)
+        except BaseException:
+            txn.abort()
+            raise
+
     # --- close ----------------------------------------------------------------------------------
 
     def close(self) -> None:
