@@ -278,6 +278,22 @@ commit_point_persist_interval_ms = 1000
 # How often a node looks at its stores' garbage ratios to start a background compaction: often
 # enough that a busy shard's file never grows far past the ratio, rare enough to cost nothing.
 compaction_check_interval_ms = 5_000
+# Retention (docs/retention.md). How often a head decides its queues' retention floors: an
+# entry outlives its policy by about this much at most (plus the compaction below).
+retention_check_interval_ms = 1_000
+# A replica compacts for retention when a floor in its metadata rose, at most this often per
+# shard: each compaction rewrites the live data, so more often costs I/O for little.
+retention_compaction_interval_ms = 2_000
+# The head counts a queue's bytes (for max_bytes) in buckets of at most this many entries, the
+# granularity at which it drops them: a queue keeps at most one bucket over its max_bytes.
+retention_bucket_entries_max = 1_000
+# A head keeps at most this many buckets per queue in memory (16 bytes each; over it, adjacent
+# buckets are merged, coarsening the granularity rather than growing).
+retention_buckets_max = 100_000
+# While a head's disk is full (a commit failed with ENOSPC) it retries starting a new history this
+# often, so writes resume by themselves within this bound once space is freed.
+disk_full_retry_ms = 500
+
 # A node compacts a store again only after its log moved on by this fraction of the rollback window
 # (1/N of it): what compaction may drop grows only as seqs leave the window.
 compaction_window_fraction = 10

@@ -41,6 +41,7 @@ from kayos import limits
 from kayos.clock import Clock, SystemClock
 from kayos.errors import (
     CorruptionError,
+    DiskFullError,
     InvalidRequest,
     KayosError,
     ProtocolError,
@@ -412,6 +413,8 @@ class ShardReplica:
         self._next_seq = self.store.last_seq + 1
         # Set when a head commit failed: no seq is given out until a new takeover entry is down.
         self._write_failure: BaseException | None = None
+        # The last commit attempt failed for lack of space (docs/retention.md, "Disk full").
+        self.disk_full = False
         self._background: set[asyncio.Task[None]] = set()
         # The store commit running in a worker thread, if any: cancelling the task that awaits it
         # does not stop it, so whoever needs the store settled waits for this (``settle``).
@@ -749,6 +752,11 @@ class ShardReplica:
         return self._write_failure is not None
 
     def _check_writable(self) -> None:
+        if isinstance(self._write_failure, DiskFullError):
+            raise DiskFullError(
+                f"shard {self.shard_id}: the disk of head {self.node_id} is full; writes resume "
+                "by themselves once space is freed"
+            )
         if self._write_failure is not None:
             raise StorageError(
                 f"shard {self.shard_id}: a commit failed on head {self.node_id} "
@@ -870,7 +878,7 @@ class ShardReplica:
             with contextlib.suppress(Exception):
                 await asyncio.shield(writer)
         try:
-            await self.become_head()
+            await self._become_head_when_space()
         except Exception as exc:
             log.error(
                 "shard %s: head cannot start a new history (%s); writes stay refused until the "
@@ -883,10 +891,29 @@ class ShardReplica:
         self._write_failure = None
         log.warning("shard %s: head resumes writes at seq %s", self.shard_id, self._next_seq)
 
+    async def _become_head_when_space(self) -> None:
+        """``become_head``, tried again every ``limits.disk_full_retry_ms`` while the disk is
+        full (until the replica closes, which cancels this task), so that writes resume by
+        themselves once space is freed."""
+        while True:
+            try:
+                await self.become_head()
+            except DiskFullError:
+                self.disk_full = True
+                await asyncio.sleep(limits.disk_full_retry_ms / 1000)
+                continue
+            self.disk_full = False
+            return
+
     def _commit_now(self, columns: Columns, **options: Any) -> CommitResult:
         """A store commit on the event loop (small ones only: it blocks for one fsync)."""
         started = time.perf_counter()
-        result = self.store.commit_columns(*columns, **options)
+        try:
+            result = self.store.commit_columns(*columns, **options)
+        except DiskFullError:
+            self.disk_full = True
+            raise
+        self.disk_full = False
         if self.commit_observer is not None:
             self.commit_observer(time.perf_counter() - started)
         return result
@@ -904,7 +931,12 @@ class ShardReplica:
             asyncio.to_thread(self.store.commit_columns, *columns, **options)
         )
         self._commit_in_flight = future
-        result = await asyncio.shield(future)
+        try:
+            result = await asyncio.shield(future)
+        except DiskFullError:
+            self.disk_full = True
+            raise
+        self.disk_full = False
         if self.commit_observer is not None:
             self.commit_observer(time.perf_counter() - started)
         return result

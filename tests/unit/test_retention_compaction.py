@@ -56,7 +56,8 @@ def test_floor_drops_the_queue_entries_below_it_and_nothing_else(tmp_path: Path)
     assert store.get(b"q\x00k5") is None
     assert store.get(b"q\x00k0") is None
     k2 = store.get(b"q\x00k2")
-    assert k2 is not None and k2.seq == 33
+    assert k2 is not None
+    assert k2.seq == 33
     # Counters: live payload is what the live entries hold.
     live_bytes = sum(len(e.key) + len(e.value or b"") for e in store.scan())
     assert after.payload_bytes - after.superseded_bytes == live_bytes
@@ -68,7 +69,8 @@ def test_floor_drops_the_queue_entries_below_it_and_nothing_else(tmp_path: Path)
     store = open_store(tmp_path / "s")
     store.commit([Put(b"q\x00k5", b"back")])
     entry = store.get(b"q\x00k5")
-    assert entry is not None and entry.value == b"back"
+    assert entry is not None
+    assert entry.value == b"back"
     store.close()
     assert check_store(path).ok
 
