@@ -32,6 +32,7 @@ from kayos.storage.retention import (
     Bucket,
     RetentionPolicy,
     decide_floor,
+    encode_policy,
     floor_of,
     floors_in,
     group_marks,
@@ -66,14 +67,20 @@ def check_floor(meta: Mapping[str, Any], queue: str, start: int) -> None:
         )
 
 
-def retention_status(meta: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """``{queue: {"policy", "floor"}}`` for every queue with a policy or a floor."""
+def retention_status(
+    meta: Mapping[str, Any], compacted: Mapping[bytes, int] | None = None
+) -> dict[str, dict[str, Any]]:
+    """``{queue: {"policy", "floor", "compacted_floor"}}`` for every queue with a policy or a
+    floor; ``compacted_floor``: the floor this replica's last retention compaction applied since
+    the node started (0: none yet)."""
     policies = policies_in(meta)
     floors = floors_in(meta)
+    done = compacted or {}
     return {
         queue: {
             "policy": policies[queue].to_meta() if queue in policies else None,
             "floor": floors.get(queue, 0),
+            "compacted_floor": done.get(queue.encode() + b"\x00", 0),
         }
         for queue in sorted(set(policies) | set(floors))
     }
@@ -219,15 +226,17 @@ class RetentionDriver:
         policy = parse_policy(raw)
         node = self.node
         replica = node.replica_for(queue, want="head")
-        value = policy.to_meta() or None
-        result = await replica.commit_meta({POLICY_META + queue: value})
+        result = await replica.commit_meta({POLICY_META + queue: encode_policy(policy)})
         await node.await_committed(replica, result.last_seq)
         return {
             "queue": queue,
-            "policy": value,
+            "policy": policy.to_meta() or None,
             "floor": floor_of(replica.store.meta, queue),
             "seq": result.last_seq,
         }
+
+    def status(self, replica: ShardReplica) -> dict[str, dict[str, Any]]:
+        return retention_status(replica.store.meta, self._compacted.get(replica.shard_id))
 
     def get_policy(self, queue: str) -> dict[str, Any]:
         replica = self.node.replica_for(queue, want="member")

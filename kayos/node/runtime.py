@@ -38,7 +38,7 @@ from kayos.errors import (
 from kayos.identity import check_data_dir
 from kayos.node import learners
 from kayos.node.reconfigure import Reconfigurer
-from kayos.node.retention import RetentionDriver, check_floor, retention_floors, retention_status
+from kayos.node.retention import RetentionDriver, check_floor, retention_floors
 from kayos.replication import frames as fr
 from kayos.replication.handshake import HostAddresses, accept_peer, shown
 from kayos.replication.latency import LatencyWindow
@@ -485,7 +485,7 @@ class Node:
                     "refetched_entries": replica.refetched_entries,
                     "repair": replica.repair_status(),
                     "disk_full": replica.disk_full,
-                    "retention": retention_status(replica.store.meta),
+                    "retention": self.retention.status(replica),
                 }
                 for shard_id, replica in self.replicas.items()
             }

@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
+
 from kayos import limits
 from kayos.errors import InvalidRequest
 
@@ -73,15 +75,22 @@ def parse_policy(raw: Any) -> RetentionPolicy:
     return RetentionPolicy(limits_set["max_age_ms"], limits_set["max_bytes"], until)
 
 
+def encode_policy(policy: RetentionPolicy) -> bytes | None:
+    """The metadata value of ``retain/<queue>``: a msgpack map of the fields set (metadata values
+    are integers or bytes); None (the key deleted) for keep-all."""
+    fields = policy.to_meta()
+    return msgpack.packb(fields, use_bin_type=True) if fields else None
+
+
 def policies_in(meta: Mapping[str, Any]) -> dict[str, RetentionPolicy]:
     """Every queue's policy in a shard's metadata (values that fail to parse are skipped: the
     head only ever writes parsed ones)."""
     out: dict[str, RetentionPolicy] = {}
     for name, value in meta.items():
-        if name.startswith(POLICY_META) and value is not None:
+        if name.startswith(POLICY_META) and isinstance(value, bytes):
             try:
-                out[name[len(POLICY_META) :]] = parse_policy(value)
-            except InvalidRequest:
+                out[name[len(POLICY_META) :]] = parse_policy(msgpack.unpackb(value, raw=False))
+            except (InvalidRequest, ValueError, msgpack.UnpackException):
                 continue
     return out
 

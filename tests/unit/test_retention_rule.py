@@ -11,6 +11,7 @@ from kayos.storage.retention import (
     age_floor,
     bytes_floor,
     decide_floor,
+    encode_policy,
     floors_in,
     group_marks,
     parse_policy,
@@ -86,8 +87,9 @@ def test_decide_floor_only_rises_and_never_passes_the_commit_point() -> None:
 
 def test_metadata_readers() -> None:
     meta = {
-        "retain/q": {"until_consumed": True},
-        "retain/bad": {"nope": 1},
+        "retain/q": encode_policy(RetentionPolicy(until_consumed=True)),
+        "retain/bad": b"\x81\xa4nope\x01",
+        "retain/junk": b"\xc1",
         "floor/q": 12,
         "floor/zero": 0,
         "hwm/q/g1": 5,
