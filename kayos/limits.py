@@ -290,6 +290,12 @@ retention_bucket_entries_max = 1_000
 # A head keeps at most this many buckets per queue in memory (16 bytes each; over it, adjacent
 # buckets are merged, coarsening the granularity rather than growing).
 retention_buckets_max = 100_000
+# Disk space a store leaves free (docs/retention.md, "Disk full"): a commit that would leave less
+# fails with disk_full before it writes a byte. The derived index (lmdb, mapped writable) and the
+# successor map grow pages through memory maps, where a full disk is a SIGBUS rather than an
+# error; the reserve keeps room for their growth. Compaction may use half of it, so that a
+# retention compaction can still write its (small) new file and free the old one on a full disk.
+disk_reserve_bytes = 32 * 1024 * 1024
 # While a head's disk is full (a commit failed with ENOSPC) it retries starting a new history this
 # often, so writes resume by themselves within this bound once space is freed.
 disk_full_retry_ms = 500

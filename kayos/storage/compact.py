@@ -72,7 +72,8 @@ class _RetentionDrops:
 class _Copier:
     """Streams leaves from the old file into the new one through a right edge."""
 
-    def __init__(self, source: DataFile, target: FileHandle) -> None:
+    def __init__(self, source: DataFile, target: FileHandle, store: ShardStore) -> None:
+        self.store = store
         self.source = source
         self.target = target
         self.edge = btree.Edge()
@@ -114,6 +115,9 @@ class _Copier:
     def flush(self) -> None:
         data = self.out.take()
         if data:
+            # Compaction may use half the disk reserve (limits.disk_reserve_bytes): enough for
+            # a retention compaction to free a full disk, never the room the index needs.
+            self.store.check_space(len(data), self.store.options.disk_reserve_bytes // 2)
             self.target.append(data)
             self.unsynced_bytes += len(data)
         if self.unsynced_bytes >= limits.compaction_sync_bytes:
@@ -183,7 +187,7 @@ def _compact(store: ShardStore, floors: dict[bytes, int]) -> CompactionResult:
         target = ops.open(temp_path, create=True)
         target.truncate(0)
         try:
-            copier = _Copier(source, target)
+            copier = _Copier(source, target, store)
             floor = max(
                 header.min_rollback_seq, header.last_seq - store.options.rollback_window_seqs
             )

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import pytest
+
+from kayos.errors import DiskFullError
 from kayos.storage.check import check_store
 from kayos.storage.compact import compact
 from kayos.storage.engine import Delete, Put, ShardStore, StoreOptions
@@ -113,3 +116,26 @@ def test_no_floors_is_the_old_compaction(tmp_path: Path) -> None:
     assert result.retention_dropped == 0
     assert live(store) == before
     store.close()
+
+
+def test_a_commit_that_would_eat_the_disk_reserve_fails_clean_and_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    """docs/retention.md, "Disk full": below the reserve a commit is refused before it writes a
+    byte; the store stays usable and writes go on once space is there again."""
+    store = open_store(tmp_path / "s")
+    store.commit([Put(b"q\x00a", b"1")])
+    size, header = store.file_bytes(), store.header
+    store.options.disk_reserve_bytes = 1 << 62  # more than any disk has free
+    with pytest.raises(DiskFullError):
+        store.commit([Put(b"q\x00b", b"2")])
+    with pytest.raises(DiskFullError):
+        compact(store)
+    assert store.file_bytes() == size
+    assert store.header == header
+    store.options.disk_reserve_bytes = 0
+    store.commit([Put(b"q\x00b", b"2")])
+    assert [e.key for e in store.scan()] == [b"q\x00a", b"q\x00b"]
+    path = store.directory
+    store.close()
+    assert check_store(path).ok
