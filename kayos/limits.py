@@ -296,6 +296,11 @@ retention_buckets_max = 100_000
 # error; the reserve keeps room for their growth. Compaction may use half of it, so that a
 # retention compaction can still write its (small) new file and free the old one on a full disk.
 disk_reserve_bytes = 32 * 1024 * 1024
+# A head refuses a batch (disk_full, before it takes a seq or goes down the chain) when less than
+# the reserve plus this margin plus twice the batch's payload is free: the commits already on their
+# way (group commit) then still fit, so a full disk refuses new writes without breaking the chain's
+# history (a commit failing at the head itself makes it start a new history).
+disk_head_margin_bytes = 8 * 1024 * 1024
 # While a head's disk is full (a commit failed with ENOSPC) it retries starting a new history this
 # often, so writes resume by themselves within this bound once space is freed.
 disk_full_retry_ms = 500

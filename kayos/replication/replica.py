@@ -763,6 +763,17 @@ class ShardReplica:
                 f"({self._write_failure}); writes resume once it starts a new history"
             )
 
+    def _check_space(self, payload: int) -> None:
+        """Refuses a head write (``DiskFullError``) before it takes a seq when the disk is too
+        full for it with ``limits.disk_head_margin_bytes`` to spare (docs/retention.md)."""
+        try:
+            self.store.check_space(
+                2 * payload + limits.disk_head_margin_bytes, self.store.options.disk_reserve_bytes
+            )
+        except DiskFullError:
+            self.disk_full = True
+            raise
+
     def _take_seqs(self, count: int) -> tuple[int, int]:
         first = self._next_seq
         self._next_seq = first + count
@@ -783,6 +794,7 @@ class ShardReplica:
         payload = prepare_columns(*columns).payload_bytes
         if not columns[0]:
             raise InvalidRequest("a batch needs at least one entry")
+        self._check_space(payload)
         first, last = self._take_seqs(len(columns[0]))
         # Unchecked: prepare_columns checked the columns, and the seqs are made right here.
         batch = fr.Batch.unchecked(
@@ -795,6 +807,7 @@ class ShardReplica:
         the replication stream like any other commit."""
         self.check_head()
         self._check_writable()
+        self._check_space(64 * len(meta))
         seq, _ = self._take_seqs(1)
         batch = fr.Batch(self.shard_id, seq, seq, True, (), (), (), None, None, meta)
         return await self._head_write(batch, 64 * len(meta))
