@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
@@ -44,10 +44,21 @@ from kayos.storage.retention import (
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from kayos.node.runtime import Node
+    from kayos.clock import Clock
     from kayos.replication.replica import ShardReplica
 
 log = logging.getLogger("kayos.retention")
+
+
+class Node(Protocol):
+    """What the driver needs of ``kayos.node.runtime.Node`` (which imports this module)."""
+
+    replicas: dict[int, ShardReplica]
+    clock: Clock
+
+    def replica_for(self, queue: str, *, want: str) -> ShardReplica: ...
+
+    async def await_committed(self, replica: ShardReplica, seq: int) -> None: ...
 
 
 def retention_floors(meta: Mapping[str, Any]) -> dict[bytes, int]:
