@@ -5,13 +5,16 @@ not read, and a consumer below the floor gets 410 retention_gap naming the floor
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from kayos.cli.main import cli
 from kayos.launcher import LocalCluster, http_json
 from kayos.storage import ShardStore
 from kayos.storage.check import check_store
@@ -199,3 +202,39 @@ def test_max_age_drops_old_entries_and_keeps_young_ones(
     assert all(stores[node] == entries for node in cluster.ids), "replicas differ"
     # Everything at or below the floor went, everything above it stayed.
     assert queue_seqs(entries, "ages") == [t for t in ticks if t > floor]
+
+
+def test_ctl_retention_sets_shows_and_clears_a_policy(
+    start_cluster: Callable[..., LocalCluster],
+) -> None:
+    """`kayos ctl retention` puts the policy at the head (asked of any node), every member shows
+    it, --keep-all clears it, and a bad policy is refused with the node's error."""
+    cluster = start_cluster(nodes=3, replicas=3, shards=1)
+    not_head = next(node for node in cluster.ids if node != cluster.head_of("jobs"))
+    runner = CliRunner()
+    url = cluster.url(not_head)
+    result = runner.invoke(
+        cli, ["ctl", "retention", "jobs", "--url", url, "--max-bytes", "1000", "--until-consumed"]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["policy"] == {"max_bytes": 1000, "until_consumed": True}
+    for node in cluster.ids:
+        shown = runner.invoke(cli, ["ctl", "retention", "jobs", "--url", cluster.url(node)])
+        assert shown.exit_code == 0, shown.output
+        assert json.loads(shown.output)["policy"] == {"max_bytes": 1000, "until_consumed": True}
+        status = cluster.status(node)
+        assert status is not None
+        assert status["shards"]["0"]["retention"]["jobs"]["policy"] == {
+            "max_bytes": 1000,
+            "until_consumed": True,
+        }
+    cleared = runner.invoke(cli, ["ctl", "retention", "jobs", "--url", url, "--keep-all"])
+    assert cleared.exit_code == 0, cleared.output
+    assert json.loads(cleared.output)["policy"] is None
+    status, body = http_json(
+        f"{cluster.url(cluster.head_of('jobs'))}/v1/queues/jobs/retention",
+        method="PUT",
+        body={"max_age": 5},
+    )
+    assert status == 400, body
+    assert "max_age" in body["error"]["message"]
