@@ -278,12 +278,16 @@ commit_point_persist_interval_ms = 1000
 # How often a node looks at its stores' garbage ratios to start a background compaction: often
 # enough that a busy shard's file never grows far past the ratio, rare enough to cost nothing.
 compaction_check_interval_ms = 5_000
-# Retention (docs/retention.md). How often a head decides its queues' retention floors: an
-# entry outlives its policy by about this much at most (plus the compaction below).
-retention_check_interval_ms = 1_000
-# A replica compacts for retention when a floor in its metadata rose, at most this often per
-# shard: each compaction rewrites the live data, so more often costs I/O for little.
+# Retention (docs/retention.md). How often a head decides its queues' retention floors (and each
+# replica looks whether to compact for them): an entry outlives its policy by about this much
+# (plus the compaction below). A decision that moves no floor commits nothing.
+retention_check_interval_ms = 200
+# A replica compacts for retention when a floor in its metadata rose and either its file grew by
+# as much as the compaction left (and by retention_compaction_growth_bytes_min) since the last
+# one, or this long passed: each compaction rewrites the live data, so the growth rule keeps the
+# rewriting to about one copy of what is written, and the time rule catches slow queues.
 retention_compaction_interval_ms = 2_000
+retention_compaction_growth_bytes_min = 1024 * 1024
 # The head counts a queue's bytes (for max_bytes) in buckets of at most this many entries, the
 # granularity at which it drops them: a queue keeps at most one bucket over its max_bytes.
 retention_bucket_entries_max = 1_000

@@ -163,6 +163,7 @@ class RetentionDriver:
         # shard -> the floors its last retention compaction applied, and when (monotonic s).
         self._compacted: dict[int, dict[bytes, int]] = {}
         self._compacted_at: dict[int, float] = {}
+        self._left_bytes: dict[int, int] = {}  # shard -> file bytes its last one left
         registry.register(_Collector(node))
 
     async def run(self) -> None:
@@ -219,7 +220,10 @@ class RetentionDriver:
         now = asyncio.get_running_loop().time()
         last = self._compacted_at.get(shard)
         if last is not None and now - last < limits.retention_compaction_interval_ms / 1000:
-            return
+            left = self._left_bytes.get(shard, 0)
+            grown = replica.store.file_bytes() - left
+            if grown < max(left, limits.retention_compaction_growth_bytes_min):
+                return
         self._compacted_at[shard] = now
         try:
             result = await asyncio.to_thread(compact, replica.store, floors)
@@ -227,6 +231,7 @@ class RetentionDriver:
             log.info("shard %s: retention compaction not done now: %s", shard, exc)
             return
         self._compacted[shard] = floors
+        self._left_bytes[shard] = result.bytes_after
         log.info("shard %s: retention compaction: %s", shard, result)
 
     # --- the calls ---------------------------------------------------------------------------
