@@ -1120,7 +1120,11 @@ class ShardStore:
             if not prev:
                 continue
             located = btree.find_entry(reader, header.root, prev)
-            size = located[0].sizes[located[1]] if located else 0
+            if located is None or located[0].flags[located[1]] & fmt.FLAG_COMMIT_MARKER:
+                # A retention floor dropped the version this one superseded (docs/retention.md):
+                # the key has no version left, so it leaves the index.
+                continue
+            size = located[0].sizes[located[1]]
             restored[key] = (prev, size)
             unsuperseded_count += 1
             unsuperseded_bytes += size

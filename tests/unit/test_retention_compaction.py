@@ -139,3 +139,31 @@ def test_a_commit_that_would_eat_the_disk_reserve_fails_clean_and_writes_nothing
     path = store.directory
     store.close()
     assert check_store(path).ok
+
+
+def test_rollback_past_a_version_retention_dropped_leaves_the_key_absent(tmp_path: Path) -> None:
+    """A key written below the floor and again in a batch that is then rolled back (an uncommitted
+    tail): the version the rollback would restore is gone, so the key has none; the index says
+    so and the store checks."""
+    store = open_store(tmp_path / "s")
+    store.commit([Put(b"q\x00k", b"old")])
+    store.commit([Put(b"r\x00x", b"other")])
+    store.commit([Put(b"q\x00k", b"new")])
+    compact(store, {b"q\x00": 1})
+    assert [e.seq for e in store.scan()] == [2, 3]
+    store.rollback_to(2)
+    assert store.get(b"q\x00k") is None
+    assert [e.seq for e in store.scan()] == [2]
+    path = store.directory
+    store.close()
+    report = check_store(path)  # the index names no entry the file lacks
+    assert report.ok, report.problem
+    store = open_store(tmp_path / "s")
+    store.commit([Put(b"q\x00k", b"again")])
+    assert store.header.superseded_count == 0
+    entry = store.get(b"q\x00k")
+    assert entry is not None
+    assert entry.value == b"again"
+    store.close()
+    report = check_store(path)
+    assert report.ok, report.problem
