@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kayos.errors import InvalidRequest
+from kayos.client.policy import error_from_http
+from kayos.errors import InvalidRequest, RetentionGapError
 from kayos.storage.retention import (
     Bucket,
     RetentionPolicy,
@@ -100,3 +101,11 @@ def test_metadata_readers() -> None:
     assert floors_in(meta) == {"q": 12}
     assert sorted(group_marks(meta, "q")) == [5, 9]
     assert prefix_floors({"q": 12, "z": 0}) == {b"q\x00": 12}
+
+
+def test_the_client_reads_retention_gap_with_its_floor() -> None:
+    body = {"error": {"code": "retention_gap", "message": "below", "floor": 41, "epoch": 1}}
+    error = error_from_http(410, body)
+    assert isinstance(error, RetentionGapError)
+    assert error.floor == 41
+    assert isinstance(error_from_http(410, "gone"), RetentionGapError)
