@@ -288,6 +288,9 @@ retention_check_interval_ms = 200
 # rewriting to about one copy of what is written, and the time rule catches slow queues.
 retention_compaction_interval_ms = 2_000
 retention_compaction_growth_bytes_min = 1024 * 1024
+# Floors a head commits in one metadata write (a shard with more queues whose floor rose in one
+# round takes several writes): well inside frame_meta_entries_max and one meta chunk.
+retention_floor_changes_per_commit_max = 1_000
 # The head counts a queue's bytes (for max_bytes) in buckets of at most this many entries, the
 # granularity at which it drops them: a queue keeps at most one bucket over its max_bytes.
 retention_bucket_entries_max = 1_000

@@ -208,8 +208,10 @@ class RetentionDriver:
                 state = self._bytes.get((replica.shard_id, queue))
                 if state is not None:
                     state.trim(new)
-        if changes:
-            await replica.commit_meta(changes)
+        items = sorted(changes.items())
+        step = limits.retention_floor_changes_per_commit_max
+        for start in range(0, len(items), step):
+            await replica.commit_meta(dict(items[start : start + step]))
 
     async def maybe_compact(self, replica: ShardReplica) -> None:
         """On any replica: compacts once the floors in its metadata rose since the last time."""
