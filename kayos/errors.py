@@ -81,6 +81,18 @@ class SnapshotInvalidatedError(StorageError):
     code = "snapshot_invalidated"
 
 
+class RetentionGapError(KayosError):
+    """A consumer asked to read from below its queue's retention floor (docs/retention.md):
+    what lies between its position and ``floor`` was given up by the queue's retention policy.
+    It goes on by committing (or reading after) ``floor``."""
+
+    code = "retention_gap"
+
+    def __init__(self, message: str, *, floor: int = 0) -> None:
+        super().__init__(message)
+        self.floor = floor
+
+
 # --- cluster -----------------------------------------------------------------------------------
 
 

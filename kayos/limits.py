@@ -278,6 +278,40 @@ commit_point_persist_interval_ms = 1000
 # How often a node looks at its stores' garbage ratios to start a background compaction: often
 # enough that a busy shard's file never grows far past the ratio, rare enough to cost nothing.
 compaction_check_interval_ms = 5_000
+# Retention (docs/retention.md). How often a head decides its queues' retention floors (and each
+# replica looks whether to compact for them): an entry outlives its policy by about this much
+# (plus the compaction below). A decision that moves no floor commits nothing.
+retention_check_interval_ms = 200
+# A replica compacts for retention when a floor in its metadata rose and either its file grew by
+# as much as the compaction left (and by retention_compaction_growth_bytes_min) since the last
+# one, or this long passed: each compaction rewrites the live data, so the growth rule keeps the
+# rewriting to about one copy of what is written, and the time rule catches slow queues.
+retention_compaction_interval_ms = 2_000
+retention_compaction_growth_bytes_min = 1024 * 1024
+# Floors a head commits in one metadata write (a shard with more queues whose floor rose in one
+# round takes several writes): well inside frame_meta_entries_max and one meta chunk.
+retention_floor_changes_per_commit_max = 1_000
+# The head counts a queue's bytes (for max_bytes) in buckets of at most this many entries, the
+# granularity at which it drops them: a queue keeps at most one bucket over its max_bytes.
+retention_bucket_entries_max = 1_000
+# A head keeps at most this many buckets per queue in memory (16 bytes each; over it, adjacent
+# buckets are merged, coarsening the granularity rather than growing).
+retention_buckets_max = 100_000
+# Disk space a store leaves free (docs/retention.md, "Disk full"): a commit that would leave less
+# fails with disk_full before it writes a byte. The derived index (lmdb, mapped writable) and the
+# successor map grow pages through memory maps, where a full disk is a SIGBUS rather than an
+# error; the reserve keeps room for their growth. Compaction may use half of it, so that a
+# retention compaction can still write its (small) new file and free the old one on a full disk.
+disk_reserve_bytes = 32 * 1024 * 1024
+# A head refuses a batch (disk_full, before it takes a seq or goes down the chain) when less than
+# the reserve plus this margin plus twice the batch's payload is free: the commits already on their
+# way (group commit) then still fit, so a full disk refuses new writes without breaking the chain's
+# history (a commit failing at the head itself makes it start a new history).
+disk_head_margin_bytes = 8 * 1024 * 1024
+# While a head's disk is full (a commit failed with ENOSPC) it retries starting a new history this
+# often, so writes resume by themselves within this bound once space is freed.
+disk_full_retry_ms = 500
+
 # A node compacts a store again only after its log moved on by this fraction of the rollback window
 # (1/N of it): what compaction may drop grows only as seqs leave the window.
 compaction_window_fraction = 10

@@ -88,3 +88,75 @@ async def fetch_summary(urls: list[str], timeout_s: float) -> dict[str, Any]:
         return summarise(url, topology, {n.id: a for n, a in zip(nodes, answers, strict=True)})
     finally:
         await transport.close()
+
+
+@ctl.command()
+@click.argument("queue")
+@click.option("--url", default=SEED_DEFAULT, show_default=True, help="A node's HTTP base URL.")
+@click.option("--max-age-ms", type=click.IntRange(min=1), help="Drop entries older than this.")
+@click.option("--max-bytes", type=click.IntRange(min=1), help="Keep at most this many bytes.")
+@click.option(
+    "--until-consumed", is_flag=True, help="Drop what every registered group has consumed."
+)
+@click.option("--keep-all", is_flag=True, help="Clear the policy: keep everything.")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0.001),
+    default=limits.produce_commit_timeout_ms / 1000 + 5,
+    show_default=True,
+    help="Seconds to wait for the reply.",
+)
+def retention(
+    queue: str,
+    url: str,
+    max_age_ms: int | None,
+    max_bytes: int | None,
+    until_consumed: bool,
+    keep_all: bool,
+    timeout_s: float,
+) -> None:
+    """Show QUEUE's retention policy and floor, or set it (any option; --keep-all clears it).
+    Prints the node's JSON reply. See docs/retention.md."""
+    policy: dict[str, Any] = {}
+    if max_age_ms is not None:
+        policy["max_age_ms"] = max_age_ms
+    if max_bytes is not None:
+        policy["max_bytes"] = max_bytes
+    if until_consumed:
+        policy["until_consumed"] = True
+    if keep_all and policy:
+        raise click.UsageError("--keep-all clears the policy; give it alone")
+    body = policy if (policy or keep_all) else None
+    reply = asyncio.run(_retention_call(url.rstrip("/"), queue, body, timeout_s))
+    click.echo(json.dumps(reply, indent=2))
+
+
+async def _retention_call(
+    url: str, queue: str, body: dict[str, Any] | None, timeout_s: float
+) -> Any:
+    """GET from the node at ``url``, or PUT at the head of the queue's shard (from the topology)."""
+    from kayos.client.http import HttpTransport
+    from kayos.errors import KayosError
+    from kayos.topology import Topology
+
+    transport = HttpTransport()
+    await transport.open()
+    try:
+        if body is None:
+            target = url
+            method = "GET"
+        else:
+            topology = Topology.from_json(
+                await transport.request("GET", f"{url}/v1/topology", timeout_s=timeout_s)
+            )
+            target = topology.nodes[topology.chain_for(queue).head].http_url
+            method = "PUT"
+        try:
+            return await transport.request(
+                method, f"{target}/v1/queues/{queue}/retention", timeout_s=timeout_s, body=body
+            )
+        except KayosError as exc:
+            raise click.ClickException(f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        await transport.close()

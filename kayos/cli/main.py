@@ -105,6 +105,43 @@ def _bench_report(
             click.echo(f"{name:>26}: {value}")
 
 
+@bench.command("retention")
+@click.option("--budget-bytes", type=int, help="Disk budget per node.  [default: 64 MiB]")
+@click.option("--volume-factor", type=int, help="Payload produced, in budgets.  [default: 10]")
+@click.option("--value-bytes", type=int, help="Bytes per value.  [default: 1000]")
+@click.option("--deadline-s", type=float, help="Stop after this long.  [default: 900]")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+@click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
+@click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
+def bench_retention_command(
+    budget_bytes: int | None,
+    volume_factor: int | None,
+    value_bytes: int | None,
+    deadline_s: float | None,
+    as_json: bool,
+    out: str | None,
+    base: str | None,
+) -> None:
+    """The retention soak: a queue with until_consumed and a consumer keeping up; produces
+    volume-factor x budget and reports each node's disk use against the budget."""
+    from kayos.bench.retention import RetentionSoakParameters, bench_retention
+
+    given: dict[str, Any] = {
+        "budget_bytes": budget_bytes,
+        "volume_factor": volume_factor,
+        "value_bytes": value_bytes,
+        "deadline_s": deadline_s,
+    }
+    try:
+        parameters = RetentionSoakParameters(**{k: v for k, v in given.items() if v is not None})
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    result = bench_retention(parameters, base)
+    _bench_report(result, as_json, out, skip=("machine", "parameters"))
+    if not result["within_budget"] or result["consumed"] != result["messages"]:
+        sys.exit(1)
+
+
 @bench.command("produce")
 @click.option("--messages", type=int, help="Messages to produce.  [default: 300000]")
 @click.option("--batch", type=int, help="Messages per produce call.  [default: 100]")

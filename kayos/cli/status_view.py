@@ -204,6 +204,16 @@ def _member_alerts(
                 **where,
             )
         )
+    if replica.get("disk_full"):
+        alerts.append(
+            _alert(
+                "critical",
+                "disk_full",
+                f"shard {shard_id}: node {node_id} cannot commit: its disk is full (writes are "
+                "refused with disk_full until space is freed; docs/retention.md)",
+                **where,
+            )
+        )
 
 
 def _edges(chain: tuple[str, ...], fanout: tuple[str, ...]) -> list[tuple[str, str]]:

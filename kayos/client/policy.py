@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from kayos import errors, limits
-from kayos.errors import KayosError, WrongRoleError, error_from_code
+from kayos.errors import KayosError, RetentionGapError, WrongRoleError, error_from_code
 from kayos.replication.frames import ErrorFrame
 from kayos.topology import Topology
 
@@ -27,6 +27,7 @@ _CODE_BY_STATUS: Final = {
     400: "invalid_request",
     404: "invalid_request",
     405: "invalid_request",
+    410: "retention_gap",
     413: "limit_exceeded",
     421: "wrong_role",
     500: "storage_error",
@@ -46,12 +47,16 @@ def error_from_http(status: int, body: Any) -> KayosError:
         # A 421 names the right node twice: ``redirect`` (its URL) and ``node`` (its id). The id
         # is what a binary ERROR frame gives too, so the driver resolves one kind of name.
         redirect = _str_or_none(detail.get("node")) or _str_or_none(detail.get("redirect"))
-        return error_from_code(
+        error = error_from_code(
             detail["code"],
             str(detail.get("message", "")),
             redirect=redirect,
             epoch=epoch if isinstance(epoch, int) else 0,
         )
+        floor = detail.get("floor")
+        if isinstance(error, RetentionGapError) and isinstance(floor, int):
+            error.floor = floor
+        return error
     code = _CODE_BY_STATUS.get(status, "unavailable" if status >= 500 else "invalid_request")
     text = body if isinstance(body, str) else repr(body)
     return error_from_code(code, f"HTTP {status}: {text[:200]}")

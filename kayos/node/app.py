@@ -33,6 +33,7 @@ from kayos.errors import (
     KayosError,
     LimitExceeded,
     ProtocolError,
+    RetentionGapError,
     UnavailableError,
     WrongRoleError,
 )
@@ -55,6 +56,7 @@ STATUS_FOR_CODE = {
     "timeout": 504,
     "unavailable": 503,
     "disk_full": 507,
+    "retention_gap": 410,
 }
 _ACKS = {"0": 0, "1": 1, "all": -1, "-1": -1}
 _NODE_KEY = web.AppKey("node", Node)
@@ -94,6 +96,8 @@ def error_reply(request: web.Request, exc: KayosError, node: Node) -> web.Respon
             "epoch": node.epoch,
         }
     }
+    if isinstance(exc, RetentionGapError):
+        payload["error"]["floor"] = exc.floor
     return _reply(request, payload, STATUS_FOR_CODE.get(exc.code, 500))
 
 
@@ -400,6 +404,17 @@ def make_app(node: Node) -> web.Application:
         except WrongRoleError as exc:
             return await _relay(request, exc, None)
         return _reply(request, {"deleted": True, "seq": seq})
+
+    @routes.put("/v1/queues/{queue}/retention")
+    async def set_retention(request: web.Request) -> web.Response:
+        queue = request.match_info["queue"]
+        node.replica_for(queue, want="head")  # wrong role before reading the body
+        body = await read_body(request)
+        return _reply(request, await node.retention.set_policy(queue, body))
+
+    @routes.get("/v1/queues/{queue}/retention")
+    async def get_retention(request: web.Request) -> web.Response:
+        return _reply(request, node.retention.get_policy(request.match_info["queue"]))
 
     @routes.get("/v1/shards/{shard}/groups")
     async def list_groups(request: web.Request) -> web.Response:

@@ -38,6 +38,7 @@ from kayos.errors import (
 from kayos.identity import check_data_dir
 from kayos.node import learners
 from kayos.node.reconfigure import Reconfigurer
+from kayos.node.retention import RetentionDriver, check_floor, retention_floors
 from kayos.replication import frames as fr
 from kayos.replication.handshake import HostAddresses, accept_peer, shown
 from kayos.replication.latency import LatencyWindow
@@ -165,6 +166,7 @@ class Node:
             registry=self.registry,
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
         )
+        self.retention = RetentionDriver(self, self.registry)
 
     @property
     def epoch(self) -> int:
@@ -197,6 +199,7 @@ class Node:
         for shard in self.topology.shards_of(self.node_id):
             await self.reconfigure.open_replica(shard)
         self._spawn(self._compaction_loop())
+        self._spawn(self.retention.run())
         self._spawn(self._commit_point_loop())
         if bin_listener is not None:
             self._server = await asyncio.start_server(
@@ -228,7 +231,8 @@ class Node:
                     continue
                 compacted_at[replica.shard_id] = store.last_seq
                 try:
-                    result = await asyncio.to_thread(compact, store)
+                    floors = retention_floors(store.meta)
+                    result = await asyncio.to_thread(compact, store, floors)
                 except KayosError as exc:
                     log.warning("shard %s: compaction failed: %s", replica.shard_id, exc)
                     continue
@@ -337,6 +341,8 @@ class Node:
                 f"{limits.produce_commit_timeout_ms} ms (committed: {committed})"
             )
 
+    await_committed = _await_committed
+
     async def commit_group(self, queue: str, group: str, hwm: int, state: bytes | None) -> int:
         """Commits a consumer group's high-water mark at the head; returns once every member
         holds it (so it survives the loss of any one replica)."""
@@ -417,6 +423,7 @@ class Node:
         replica = self.replica_for(queue, want="tail")
         hwm = int(replica.store.meta.get(f"{HWM_META}{queue}/{group}", 0))
         start = hwm if after is None else after
+        check_floor(replica.store.meta, queue, start)
         limit = max(1, min(limit, limits.consume_page_entries_max))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(wait_ms, limits.consume_wait_ms_max) / 1000
@@ -477,6 +484,8 @@ class Node:
                     "refused_rollbacks": replica.refused_rollbacks,
                     "refetched_entries": replica.refetched_entries,
                     "repair": replica.repair_status(),
+                    "disk_full": replica.disk_full,
+                    "retention": self.retention.status(replica),
                 }
                 for shard_id, replica in self.replicas.items()
             }

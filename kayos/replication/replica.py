@@ -41,6 +41,7 @@ from kayos import limits
 from kayos.clock import Clock, SystemClock
 from kayos.errors import (
     CorruptionError,
+    DiskFullError,
     InvalidRequest,
     KayosError,
     ProtocolError,
@@ -412,6 +413,8 @@ class ShardReplica:
         self._next_seq = self.store.last_seq + 1
         # Set when a head commit failed: no seq is given out until a new takeover entry is down.
         self._write_failure: BaseException | None = None
+        # The last commit attempt failed for lack of space (docs/retention.md, "Disk full").
+        self.disk_full = False
         self._background: set[asyncio.Task[None]] = set()
         # The store commit running in a worker thread, if any: cancelling the task that awaits it
         # does not stop it, so whoever needs the store settled waits for this (``settle``).
@@ -749,11 +752,27 @@ class ShardReplica:
         return self._write_failure is not None
 
     def _check_writable(self) -> None:
+        if isinstance(self._write_failure, DiskFullError):
+            raise DiskFullError(
+                f"shard {self.shard_id}: the disk of head {self.node_id} is full; writes resume "
+                "by themselves once space is freed"
+            )
         if self._write_failure is not None:
             raise StorageError(
                 f"shard {self.shard_id}: a commit failed on head {self.node_id} "
                 f"({self._write_failure}); writes resume once it starts a new history"
             )
+
+    def _check_space(self, payload: int) -> None:
+        """Refuses a head write (``DiskFullError``) before it takes a seq when the disk is too
+        full for it with ``limits.disk_head_margin_bytes`` to spare (docs/retention.md)."""
+        try:
+            self.store.check_space(
+                2 * payload + limits.disk_head_margin_bytes, self.store.options.disk_reserve_bytes
+            )
+        except DiskFullError:
+            self.disk_full = True
+            raise
 
     def _take_seqs(self, count: int) -> tuple[int, int]:
         first = self._next_seq
@@ -775,6 +794,7 @@ class ShardReplica:
         payload = prepare_columns(*columns).payload_bytes
         if not columns[0]:
             raise InvalidRequest("a batch needs at least one entry")
+        self._check_space(payload)
         first, last = self._take_seqs(len(columns[0]))
         # Unchecked: prepare_columns checked the columns, and the seqs are made right here.
         batch = fr.Batch.unchecked(
@@ -787,6 +807,7 @@ class ShardReplica:
         the replication stream like any other commit."""
         self.check_head()
         self._check_writable()
+        self._check_space(64 * len(meta))
         seq, _ = self._take_seqs(1)
         batch = fr.Batch(self.shard_id, seq, seq, True, (), (), (), None, None, meta)
         return await self._head_write(batch, 64 * len(meta))
@@ -870,7 +891,7 @@ class ShardReplica:
             with contextlib.suppress(Exception):
                 await asyncio.shield(writer)
         try:
-            await self.become_head()
+            await self._become_head_when_space()
         except Exception as exc:
             log.error(
                 "shard %s: head cannot start a new history (%s); writes stay refused until the "
@@ -883,10 +904,29 @@ class ShardReplica:
         self._write_failure = None
         log.warning("shard %s: head resumes writes at seq %s", self.shard_id, self._next_seq)
 
+    async def _become_head_when_space(self) -> None:
+        """``become_head``, tried again every ``limits.disk_full_retry_ms`` while the disk is
+        full (until the replica closes, which cancels this task), so that writes resume by
+        themselves once space is freed."""
+        while True:
+            try:
+                await self.become_head()
+            except DiskFullError:
+                self.disk_full = True
+                await asyncio.sleep(limits.disk_full_retry_ms / 1000)
+                continue
+            self.disk_full = False
+            return
+
     def _commit_now(self, columns: Columns, **options: Any) -> CommitResult:
         """A store commit on the event loop (small ones only: it blocks for one fsync)."""
         started = time.perf_counter()
-        result = self.store.commit_columns(*columns, **options)
+        try:
+            result = self.store.commit_columns(*columns, **options)
+        except DiskFullError:
+            self.disk_full = True
+            raise
+        self.disk_full = False
         if self.commit_observer is not None:
             self.commit_observer(time.perf_counter() - started)
         return result
@@ -904,7 +944,12 @@ class ShardReplica:
             asyncio.to_thread(self.store.commit_columns, *columns, **options)
         )
         self._commit_in_flight = future
-        result = await asyncio.shield(future)
+        try:
+            result = await asyncio.shield(future)
+        except DiskFullError:
+            self.disk_full = True
+            raise
+        self.disk_full = False
         if self.commit_observer is not None:
             self.commit_observer(time.perf_counter() - started)
         return result

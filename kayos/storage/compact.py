@@ -12,7 +12,8 @@ import errno
 import os
 import threading
 import weakref
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kayos import limits
@@ -48,12 +49,31 @@ class CompactionResult:
     entries_dropped: int
     catchup_rounds: int
     min_rollback_seq: int
+    # Entries dropped because their queue's retention floor passed them (docs/retention.md).
+    retention_dropped: int = 0
+
+
+@dataclass(slots=True)
+class _RetentionDrops:
+    """Entries dropped by a retention floor (not for being superseded): whether each was
+    superseded is settled only when the header is written (a commit during the catch-up may
+    supersede it), so ``_finish`` counts them then. ``markers``: those left as commit-end
+    markers (an entry of no bytes, counted as superseded)."""
+
+    seqs: list[int] = field(default_factory=list)
+    keys: list[bytes] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    markers: list[bool] = field(default_factory=list)
+    # (key, seq) of those still the newest version of their key: they leave the key index once
+    # the new file is installed.
+    forgotten: list[tuple[bytes, int]] = field(default_factory=list)
 
 
 class _Copier:
     """Streams leaves from the old file into the new one through a right edge."""
 
-    def __init__(self, source: DataFile, target: FileHandle) -> None:
+    def __init__(self, source: DataFile, target: FileHandle, store: ShardStore) -> None:
+        self.store = store
         self.source = source
         self.target = target
         self.edge = btree.Edge()
@@ -95,6 +115,9 @@ class _Copier:
     def flush(self) -> None:
         data = self.out.take()
         if data:
+            # Compaction may use half the disk reserve (limits.disk_reserve_bytes): enough for
+            # a retention compaction to free a full disk, never the room the index needs.
+            self.store.check_space(len(data), self.store.options.disk_reserve_bytes // 2)
             self.target.append(data)
             self.unsynced_bytes += len(data)
         if self.unsynced_bytes >= limits.compaction_sync_bytes:
@@ -130,13 +153,17 @@ def _lock_for(store: ShardStore) -> threading.Lock:
         return _compaction_locks.setdefault(store, threading.Lock())
 
 
-def compact(store: ShardStore) -> CompactionResult:
-    """Compacts ``store`` into a new file generation; commits keep flowing meanwhile."""
+def compact(store: ShardStore, floors: Mapping[bytes, int] | None = None) -> CompactionResult:
+    """Compacts ``store`` into a new file generation; commits keep flowing meanwhile.
+
+    ``floors`` (retention, docs/retention.md): key prefix (the bytes up to and including a key's
+    first NUL) -> seq; every entry whose key has that prefix and whose seq is at or below it is
+    dropped too, superseded or not."""
     lock = _lock_for(store)
     if not lock.acquire(blocking=False):
         raise StorageError("a compaction of this store is already running")
     try:
-        return _compact(store)
+        return _compact(store, dict(floors or {}))
     except OSError as exc:
         # _compact removed its unfinished file; callers see kayos errors only.
         if exc.errno == errno.ENOSPC:
@@ -146,7 +173,7 @@ def compact(store: ShardStore) -> CompactionResult:
         lock.release()
 
 
-def _compact(store: ShardStore) -> CompactionResult:
+def _compact(store: ShardStore, floors: dict[bytes, int]) -> CompactionResult:
     ops = store.fileops
     epoch = store.rollback_epoch
     snapshot = store.snapshot()
@@ -160,12 +187,13 @@ def _compact(store: ShardStore) -> CompactionResult:
         target = ops.open(temp_path, create=True)
         target.truncate(0)
         try:
-            copier = _Copier(source, target)
+            copier = _Copier(source, target, store)
             floor = max(
                 header.min_rollback_seq, header.last_seq - store.options.rollback_window_seqs
             )
+            retained = _RetentionDrops()
             dropped, dropped_bytes, dropped_superseded, dropped_superseded_bytes = _bulk_copy(
-                store, copier, header, floor
+                store, copier, header, floor, floors, retained
             )
         except BaseException:
             target.close()
@@ -195,12 +223,14 @@ def _compact(store: ShardStore) -> CompactionResult:
                 generation=generation,
                 floor=floor,
                 dropped=(dropped, dropped_bytes, dropped_superseded, dropped_superseded_bytes),
+                retained=retained,
             )
             target.close()
             ops.rename(temp_path, final_path)
             ops.sync_dir(store.directory)
             handle = ops.open(final_path)
             store.install_compacted(handle, generation, new_header, header_block, copier.edge)
+            store.forget_keys(retained.forgotten)
             # Measured before the lock goes: later commits are not compaction output.
             bytes_after = handle.size()
             ops.unlink(source.handle.path)
@@ -217,13 +247,21 @@ def _compact(store: ShardStore) -> CompactionResult:
         entries_dropped=dropped,
         catchup_rounds=rounds,
         min_rollback_seq=floor,
+        retention_dropped=len(retained.seqs) - sum(retained.markers),
     )
 
 
 def _bulk_copy(
-    store: ShardStore, copier: _Copier, header: fmt.Header, floor: int
+    store: ShardStore,
+    copier: _Copier,
+    header: fmt.Header,
+    floor: int,
+    floors: dict[bytes, int],
+    retained: _RetentionDrops,
 ) -> tuple[int, int, int, int]:
-    """Copies the snapshot's entries, dropping versions superseded at or below ``floor``."""
+    """Copies the snapshot's entries, dropping versions superseded at or below ``floor`` and
+    entries at or below their queue's retention floor (``floors``; counted in ``retained``, not
+    in the returned counts)."""
     segments = store.succ_segments
     dropped = dropped_bytes = 0
     # Commit boundaries outlive the entries that ended them (docs/storage-format.md, "Commit
@@ -234,19 +272,44 @@ def _bulk_copy(
     # hands its flag on when the commit's last kept entry now shares its leaf.
     last_boundary = 0  # seq of the last commit boundary walked, as the new file will know it
     last_kept = 0  # seq of the last entry kept (markers aside)
+    highest_floor = max(floors.values(), default=0)
     for leaf in btree.iter_leaves(copier.source.reader, header.root, 0, header.last_seq):
         keep: list[int] = []
         ends: list[int] = []  # kept entries that now end their commit
         markers: list[int] = []
         segment_count = len(segments)
+        check_floors = leaf.seqs[0] <= highest_floor
         for index, seq in enumerate(leaf.seqs):
             flag = leaf.flags[index]
+            by_retention = False
             if flag & fmt.FLAG_COMMIT_MARKER:
                 drop = True  # it stands for a dropped entry; kept below only while still needed
             else:
                 segment = seq >> SEGMENT_SHIFT
                 successor = segments[segment][seq & SEGMENT_MASK] if segment < segment_count else 0
                 drop = 0 < successor <= floor
+                if not drop and check_floors:
+                    key = leaf.keys[index]
+                    cut = key.find(b"\x00")
+                    if cut >= 0 and seq <= floors.get(key[: cut + 1], 0):
+                        drop = by_retention = True
+            if by_retention:
+                # Counted when the header is written (_finish); boundaries as for any drop.
+                marker = False
+                if flag & fmt.FLAG_BATCH_END:
+                    if last_kept > last_boundary:
+                        if keep and leaf.seqs[keep[-1]] == last_kept:
+                            ends.append(keep[-1])
+                        else:
+                            markers.append(index)
+                            keep.append(index)
+                            marker = True
+                    last_boundary = seq
+                retained.seqs.append(seq)
+                retained.keys.append(leaf.keys[index])
+                retained.sizes.append(leaf.sizes[index])
+                retained.markers.append(marker)
+                continue
             if drop:
                 dropped_bytes += leaf.sizes[index]
                 if flag & fmt.FLAG_BATCH_END:
@@ -300,8 +363,31 @@ def _finish(
     generation: int,
     floor: int,
     dropped: tuple[int, int, int, int],
+    retained: _RetentionDrops,
 ) -> tuple[fmt.Header, int]:
     dropped_count, dropped_bytes, dropped_superseded, dropped_superseded_bytes = dropped
+    if retained.seqs:
+        # Settled now, under the commit lock: superseded as of the header being written. A
+        # dropped entry still the newest version of its key leaves the key index with it.
+        segments = store.succ_segments
+        for seq, key, size, marker in zip(
+            retained.seqs, retained.keys, retained.sizes, retained.markers, strict=True
+        ):
+            segment = seq >> SEGMENT_SHIFT
+            superseded = segment < len(segments) and segments[segment][seq & SEGMENT_MASK] != 0
+            dropped_bytes += size
+            if marker:  # stays as an entry of no bytes that counts as superseded
+                if superseded:
+                    dropped_superseded_bytes += size
+                else:
+                    dropped_superseded -= 1
+            else:
+                dropped_count += 1
+                if superseded:
+                    dropped_superseded += 1
+                    dropped_superseded_bytes += size
+            if not superseded:
+                retained.forgotten.append((key, seq))
     out = copier.out
     root = copier.edge.write_root(out)
     meta = store.meta

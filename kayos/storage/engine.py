@@ -37,7 +37,7 @@ from kayos.errors import (
 )
 from kayos.storage import btree
 from kayos.storage import format as fmt
-from kayos.storage.fileops import OS_FILEOPS, FileHandle, FileOps
+from kayos.storage.fileops import OS_FILEOPS, FileHandle, FileOps, free_bytes
 from kayos.storage.index import SEGMENT_MASK, SEGMENT_SHIFT, DerivedIndex
 
 if TYPE_CHECKING:
@@ -100,6 +100,7 @@ class StoreOptions:
     compaction_garbage_ratio: float = limits.compaction_garbage_ratio
     compaction_file_bytes_min: int = limits.compaction_file_bytes_min
     index_checkpoint_commits: int = limits.index_checkpoint_commits
+    disk_reserve_bytes: int = limits.disk_reserve_bytes  # 0: no reserve
     store_uuid: bytes | None = None  # for tests; new stores get a random one
 
 
@@ -954,6 +955,7 @@ class ShardStore:
             header, prev_header=previous_block, region_start=region_start, region_crc=region_crc
         )
         header_bytes, block_pos, _ = fmt.header_block(out.pos, fmt.encode_header(header))
+        self.check_space(len(body) + len(header_bytes), self.options.disk_reserve_bytes)
         try:
             handle.append(body + header_bytes)
         except OSError as exc:
@@ -968,6 +970,21 @@ class ShardStore:
             raise StorageError(f"{handle.path}: fsync failed, store closed: {exc}") from exc
         self._last_header_block = block_pos
         return header
+
+    def check_space(self, size: int, reserve: int) -> None:
+        """Refuses (``DiskFullError``) a write of ``size`` bytes that would leave less than
+        ``reserve`` bytes free on the store's filesystem; nothing is written."""
+        if reserve <= 0:
+            return
+        try:
+            free = free_bytes(self.directory)
+        except OSError as exc:
+            raise StorageError(f"{self.directory}: cannot read free space: {exc}") from exc
+        if free < reserve + size:
+            raise DiskFullError(
+                f"{self.directory}: disk full: {free} bytes free, a write of {size} would pass "
+                f"the reserve of {reserve} (limits.disk_reserve_bytes); nothing written"
+            )
 
     def _undo_append(self, handle: FileHandle, size: int) -> None:
         try:
@@ -1103,7 +1120,11 @@ class ShardStore:
             if not prev:
                 continue
             located = btree.find_entry(reader, header.root, prev)
-            size = located[0].sizes[located[1]] if located else 0
+            if located is None or located[0].flags[located[1]] & fmt.FLAG_COMMIT_MARKER:
+                # A retention floor dropped the version this one superseded (docs/retention.md):
+                # the key has no version left, so it leaves the index.
+                continue
+            size = located[0].sizes[located[1]]
             restored[key] = (prev, size)
             unsuperseded_count += 1
             unsuperseded_bytes += size
@@ -1171,6 +1192,23 @@ class ShardStore:
         self._last_header_block = header_block
         self.compactions += 1
         old.file.release()
+
+    def forget_keys(self, entries: Sequence[tuple[bytes, int]]) -> None:
+        """Takes each ``(key, seq)`` out of the key index if that seq is still the key's newest
+        version: compaction dropped it (retention, docs/retention.md). Call with the write lock
+        held, after the compacted file is installed (the index is never ahead of the file)."""
+        if not entries:
+            return
+        index = self._index
+        txn = index.begin_write()
+        try:
+            found = index.lookup_many(txn, sorted({key for key, _ in entries}))
+            gone = [key for key, seq in entries if found.get(key, (0, 0))[0] == seq]
+            index.write_latest(txn, {}, gone, index.applied_seq)
+            index.commit(txn, index.applied_seq)
+        except BaseException:
+            txn.abort()
+            raise
 
     # --- close ----------------------------------------------------------------------------------
 

@@ -120,6 +120,12 @@ class OsFileOps:
 OS_FILEOPS = OsFileOps()
 
 
+def free_bytes(path: str) -> int:
+    """Bytes an unprivileged writer may still use on ``path``'s filesystem."""
+    stats = os.statvfs(path)
+    return stats.f_bavail * stats.f_frsize
+
+
 # --- the faulty twin ----------------------------------------------------------------------------
 
 

@@ -178,6 +178,16 @@ def test_a_catching_up_replica_is_an_alert_and_not_in_sync() -> None:
     assert "c: catching up" in render(summary, lambda text, **_: text)
 
 
+def test_a_replica_whose_disk_is_full_is_a_critical_alert() -> None:
+    topo = topology()
+    answers = healthy_answers(topo)
+    replica(answers, "a", 0)["disk_full"] = True
+    summary = summarise(SOURCE, topo, answers)
+    assert codes(summary) == ["disk_full"]
+    assert summary["alerts"][0]["severity"] == "critical"
+    assert summary["exit_code"] == 1
+
+
 def test_lag_above_the_bound_on_an_up_link_is_a_warning_below_it_nothing() -> None:
     topo = topology()
     answers = healthy_answers(topo)
