@@ -12,7 +12,10 @@
   one replica.
 - Reads (recovery at start-up, read-behind refills) page through a tail with ``AsyncClient.read``.
 
-Consumed items stay in the Kayos log; reclaiming them needs tombstone-aware compaction (not built).
+- Consumed items are reclaimed by the cluster's retention (docs/retention.md): the first append
+  to a log whose queue has no policy sets ``until_consumed``, so an item leaves the log once every
+  group (every Kestrel queue and fanout child reading it) has confirmed it. A policy someone set
+  on the queue is kept as it is.
 """
 
 from __future__ import annotations
@@ -83,6 +86,8 @@ class KayosBackend:
         self._client = client
         self._boot = uuid.uuid4().hex[:16]
         self._counter = itertools.count(1)
+        # Logs whose queue is known to have a retention policy (set here or by someone else).
+        self._retained: set[str] = set()
 
     @classmethod
     async def connect(cls, seeds: str | list[str]) -> KayosBackend:
@@ -103,6 +108,8 @@ class KayosBackend:
             )
             for entry in entries
         ]
+        if log not in self._retained:
+            await self._retain_until_consumed(log)
         try:
             first, last = await self._client.produce_batch(
                 queue_for(log), items, acks="all", txn=True
@@ -112,6 +119,16 @@ class KayosBackend:
         if last - first + 1 != len(entries):
             raise BackendError(f"append to {log!r} got seqs {first}..{last} for {len(entries)}")
         return list(range(first, last + 1))
+
+    async def _retain_until_consumed(self, log: str) -> None:
+        queue = queue_for(log)
+        try:
+            current = await self._client.retention(queue)
+            if current.get("policy") is None:
+                await self._client.set_retention(queue, {"until_consumed": True})
+        except KayosError as exc:
+            raise BackendError(f"retention policy of {log!r} not set: {exc}") from exc
+        self._retained.add(log)
 
     async def read(self, log: str, after_seq: int, limit: int) -> list[Entry]:
         found: list[Entry] = []

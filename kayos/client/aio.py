@@ -442,6 +442,40 @@ class AsyncClient:
 
         return await self._retrying(attempt)
 
+    async def retention(self, queue: str) -> dict[str, Any]:
+        """The queue's retention policy (None: keep everything) and floor (docs/retention.md)."""
+        check_queue_name(queue)
+
+        async def attempt(redirect: str | None) -> dict[str, Any]:
+            node = redirect or self.topology.chain_for(queue).head
+            reply = await self._http.request(
+                "GET", f"{self._url(node)}/v1/queues/{queue}/retention", timeout_s=self.timeout_s
+            )
+            if not isinstance(reply, dict):
+                raise ProtocolError(f"malformed retention reply {reply!r}")
+            return reply
+
+        return await self._retrying(attempt)
+
+    async def set_retention(self, queue: str, policy: dict[str, Any]) -> dict[str, Any]:
+        """Sets the queue's retention policy (``max_age_ms``, ``max_bytes``, ``until_consumed``;
+        ``{}`` keeps everything), replicated through the head (docs/retention.md)."""
+        check_queue_name(queue)
+
+        async def attempt(redirect: str | None) -> dict[str, Any]:
+            node = redirect or self.topology.chain_for(queue).head
+            reply = await self._http.request(
+                "PUT",
+                f"{self._url(node)}/v1/queues/{queue}/retention",
+                body=policy,
+                timeout_s=self.timeout_s,
+            )
+            if not isinstance(reply, dict):
+                raise ProtocolError(f"malformed retention reply {reply!r}")
+            return reply
+
+        return await self._retrying(attempt)
+
     async def group(self, queue: str, group: str) -> GroupInfo:
         """The group's high-water mark, the shard's committed boundary and the lag."""
         check_queue_name(queue)

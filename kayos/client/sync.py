@@ -147,6 +147,12 @@ class Client:
     def group(self, queue: str, group: str) -> GroupInfo:
         return self._run(self._client.group(queue, group))
 
+    def retention(self, queue: str) -> dict[str, Any]:
+        return self._run(self._client.retention(queue))
+
+    def set_retention(self, queue: str, policy: dict[str, Any]) -> dict[str, Any]:
+        return self._run(self._client.set_retention(queue, policy))
+
     def read(self, queue: str, *, after: int, limit: int = 1000, upto: int | None = None) -> Page:
         return self._run(self._client.read(queue, after=after, limit=limit, upto=upto))
 

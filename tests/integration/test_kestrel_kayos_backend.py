@@ -12,6 +12,7 @@ import pytest
 from kayos.launcher import LocalCluster
 from kestrel_compat.backend import GroupState, NewEntry
 from kestrel_compat.kayos_backend import KayosBackend, log_for, queue_for
+from tests.integration.conftest import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -75,3 +76,47 @@ def test_append_read_groups_and_recovery(start_cluster: Callable[..., LocalClust
     assert result["groups"] == ["jobs", "jobs+audit"]
     assert result["last"] >= second
     assert result["groups_after"] == ["jobs"]
+
+
+def test_consumed_items_are_reclaimed_by_until_consumed_retention(
+    start_cluster: Callable[..., LocalCluster],
+) -> None:
+    """The first append to a log sets `until_consumed` on its queue (a policy already set is
+    kept), and a confirmed removal raises the queue's retention floor past the item."""
+    cluster = start_cluster(nodes=3, replicas=3)
+    seed = cluster.url(cluster.ids[0])
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any], int]:
+        backend = await KayosBackend.connect(seed)
+        try:
+            await backend._client.set_retention(queue_for("aged"), {"max_age_ms": 3_600_000})
+            await backend.append("aged", [NewEntry(b"x", 1000, None, ("aged",))])
+            seqs = await backend.append(
+                "jobs",
+                [NewEntry(b"one", 1000, None, ("jobs",)), NewEntry(b"two", 1001, None, ("jobs",))],
+            )
+            # Kestrel confirmed the first item only.
+            await backend.commit_group("jobs", "jobs", GroupState(seqs[0], b""))
+            jobs = await backend._client.retention(queue_for("jobs"))
+            aged = await backend._client.retention(queue_for("aged"))
+        finally:
+            await backend.close()
+        return jobs, aged, seqs[0]
+
+    jobs, aged, confirmed = asyncio.run(scenario())
+    assert jobs["policy"] == {"until_consumed": True}
+    assert aged["policy"] == {"max_age_ms": 3_600_000}
+
+    def floor() -> int:
+        async def ask() -> int:
+            backend = await KayosBackend.connect(seed)
+            try:
+                reply = await backend._client.retention(queue_for("jobs"))
+            finally:
+                await backend.close()
+            return int(reply.get("floor") or 0)
+
+        return asyncio.run(ask())
+
+    wait_until(lambda: floor() >= confirmed, "the floor of k.jobs to pass the confirmed item")
+    assert floor() == confirmed  # never past the unconfirmed item (no group has passed it)
