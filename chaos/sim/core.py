@@ -1,0 +1,168 @@
+"""The simulator's world: one event heap, a fake clock, a seeded ``random.Random``, the network.
+
+Nothing here reads a real clock, opens a socket or starts a thread: time is ``World.now`` (float
+milliseconds), advanced only by taking the next event off the heap, and every random draw comes
+from the one ``World.rng`` seeded by the run. Events at the same time run in the order they were
+scheduled, so a seed always replays the same run.
+
+The network (docs/testing.md, "The simulator"): a replication link is a pair of FIFO queues (a TCP
+connection): messages on it arrive in order, each after its own delay, or not at all once the link
+is closed. Links are closed by a crash of either end (the peer notices at once: the kernel resets
+the connection), by a reset fault, and by silence: an end that cannot hear the other (a partition,
+a paused process) for ``peer_silence_ms`` closes it. Messages that are not on a link (heartbeats,
+the manager's orders, client requests and replies) are datagrams: each may be lost, and a
+partition drops them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+# Endpoints that are not nodes.
+MANAGER = "mgr"
+CLIENT = "client"
+
+
+@dataclass
+class Link:
+    """One replication connection of one shard: ``upstream`` serves, ``downstream`` subscribed."""
+
+    id: int
+    upstream: str
+    downstream: str
+    shard: int
+    open: bool = True
+    # The time the last message in each direction is due: a later one never overtakes it.
+    due: dict[str, float] = field(default_factory=dict)
+
+
+class Endpoint:
+    """Something that receives messages: a node, the manager, the client."""
+
+    id: str
+
+    def reachable(self) -> bool:
+        """Up (not crashed); a paused endpoint is reachable but defers what it receives."""
+        return True
+
+    def deliver(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+        fn(*args)
+
+
+class World:
+    def __init__(self, seed: int, *, delay_ms: tuple[float, float], slow_delay_ms: float,
+                 slow_share: float, datagram_loss: float, peer_silence_ms: float) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.now = 0.0
+        self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
+        self._order = 0
+        self.endpoints: dict[str, Endpoint] = {}
+        self.cut: set[frozenset[str]] = set()
+        self.links: dict[int, Link] = {}
+        self._link_ids = 0
+        self.delay_ms = delay_ms
+        self.slow_delay_ms = slow_delay_ms
+        self.slow_share = slow_share
+        self.datagram_loss = datagram_loss
+        self.peer_silence_ms = peer_silence_ms
+        self.events_run = 0
+        # Called when a link closes, once per end that is a node: (node, link).
+        self.on_link_closed: Callable[[str, Link], None] = lambda node, link: None
+
+    # --- the clock -------------------------------------------------------------------------------
+
+    def at(self, delay: float, fn: Callable[..., None], *args: Any) -> None:
+        self._order += 1
+        heapq.heappush(self._heap, (self.now + max(0.0, delay), self._order, fn, args))
+
+    def run_until(self, until_ms: float, stop: Callable[[], bool] | None = None) -> None:
+        """Runs events due before ``until_ms`` (bounded: the heap only holds finite work per
+        simulated millisecond), or until ``stop()`` holds after an event."""
+        heap = self._heap
+        while heap and heap[0][0] <= until_ms:
+            when, _, fn, args = heapq.heappop(heap)
+            self.now = when
+            self.events_run += 1
+            fn(*args)
+            if stop is not None and stop():
+                return
+        self.now = max(self.now, until_ms)
+
+    # --- the network -----------------------------------------------------------------------------
+
+    def is_cut(self, a: str, b: str) -> bool:
+        return bool(self.cut) and frozenset((a, b)) in self.cut
+
+    def _delay(self) -> float:
+        rng = self.rng
+        if rng.random() < self.slow_share:
+            return rng.uniform(self.delay_ms[1], self.slow_delay_ms)
+        return rng.uniform(*self.delay_ms)
+
+    def send(self, src: str, dst: str, fn: Callable[..., None], *args: Any) -> None:
+        """A datagram: lost with ``datagram_loss``, dropped by a partition."""
+        if self.is_cut(src, dst) or self.rng.random() < self.datagram_loss:
+            return
+        self.at(self._delay(), self._arrive, src, dst, None, fn, args)
+
+    def open_link(self, upstream: str, downstream: str, shard: int) -> Link:
+        self._link_ids += 1
+        link = Link(self._link_ids, upstream, downstream, shard)
+        self.links[link.id] = link
+        if self.is_cut(upstream, downstream):
+            self.at(self.peer_silence_ms, self.close_link, link)
+        return link
+
+    def send_on(self, link: Link, src: str, fn: Callable[..., None], *args: Any) -> None:
+        if not link.open:
+            return
+        dst = link.downstream if src == link.upstream else link.upstream
+        if self.is_cut(src, dst):
+            return  # lost; the silence closes the link
+        due = max(self.now + self._delay(), link.due.get(src, 0.0))
+        link.due[src] = due
+        self._order += 1
+        heapq.heappush(self._heap, (due, self._order, self._arrive, (src, dst, link, fn, args)))
+
+    def _arrive(
+        self, src: str, dst: str, link: Link | None, fn: Callable[..., None], args: tuple[Any, ...]
+    ) -> None:
+        if link is not None and not link.open:
+            return
+        if self.is_cut(src, dst):
+            return
+        endpoint = self.endpoints[dst]
+        if endpoint.reachable():
+            endpoint.deliver(fn, args)
+
+    def close_link(self, link: Link) -> None:
+        if not link.open:
+            return
+        link.open = False
+        self.links.pop(link.id, None)
+        for end in (link.upstream, link.downstream):
+            self.on_link_closed(end, link)
+
+    def links_of(self, node: str) -> list[Link]:
+        return [link for link in self.links.values() if node in (link.upstream, link.downstream)]
+
+    def partition(self, a: str, b: str) -> None:
+        pair = frozenset((a, b))
+        if pair in self.cut:
+            return
+        self.cut.add(pair)
+        for link in list(self.links.values()):
+            if {link.upstream, link.downstream} == set(pair):
+                self.at(self.peer_silence_ms, self._silence, link, pair)
+
+    def _silence(self, link: Link, pair: frozenset[str]) -> None:
+        if pair in self.cut:
+            self.close_link(link)
+
+    def heal(self, a: str, b: str) -> None:
+        self.cut.discard(frozenset((a, b)))

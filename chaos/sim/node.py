@@ -1,0 +1,658 @@
+"""A simulated node: a durable store per shard and a volatile part, driving the real chain logic.
+
+Every commit decision goes through ``kayos.replication.chain.step``; every divergence through
+``rollback_point``; every takeover entry through ``with_takeover``; every link's window through
+``LinkWindow``. What is simulated is only what the asyncio drivers and the store do around them:
+sending frames, writing and syncing batches, opening and closing links (docs/testing.md).
+
+A store write is visible at once and durable only when its sync completes; syncs complete in
+order, one at a time. A crash loses every write not yet synced and all volatile state; a pause
+defers everything the node would do (messages, timers, sync completions) until it resumes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kayos.replication import chain
+from kayos.replication.chain import LinkWindow, Progress, TakeoverTable, rollback_point
+
+from chaos.sim.core import CLIENT, MANAGER, Endpoint, Link, World
+
+PLANTS = ("tail_acks_before_fsync", "skip_rollback", "head_counts_no_ack")
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One seq of a shard's log: a version of ``key``, or (``group`` set) a consumer group's
+    high-water mark committed as ``hwm``."""
+
+    seq: int
+    key: str
+    value: str | None
+    group: str = ""
+    hwm: int = 0
+
+
+Batch = tuple[Entry, ...]
+
+
+class Store:
+    """What survives a crash: synced batches, the takeover table, the persisted commit point and
+    the node's record of the shard's chain. ``pending`` is written but not synced."""
+
+    def __init__(self) -> None:
+        self.batches: list[Batch] = []
+        self.pending: list[Batch] = []
+        self.table: TakeoverTable = []
+        self.commit_point = 0
+        self.chain: tuple[str, ...] = ()
+        self.epoch = 0
+
+    def durable_last(self) -> int:
+        return self.batches[-1][-1].seq if self.batches else 0
+
+    def last(self) -> int:
+        return self.pending[-1][-1].seq if self.pending else self.durable_last()
+
+    def crash(self) -> None:
+        self.pending = []
+
+    def batches_from(self, seq: int) -> list[Batch]:
+        """Every batch holding seqs from ``seq`` on, the first cut to start at ``seq``."""
+        out: list[Batch] = []
+        for batch in reversed(self.pending + self.batches):
+            if batch[-1].seq < seq:
+                break
+            out.append(tuple(e for e in batch if e.seq >= seq) if batch[0].seq < seq else batch)
+        out.reverse()
+        return out
+
+    def truncate(self, seq: int) -> None:
+        kept: list[Batch] = []
+        for batch in self.batches:
+            if batch[-1].seq <= seq:
+                kept.append(batch)
+            elif batch[0].seq <= seq:
+                kept.append(tuple(e for e in batch if e.seq <= seq))
+        self.batches = kept
+        if seq == 0:
+            self.table = []
+
+    def entries_upto(self, seq: int) -> list[Entry]:
+        out: list[Entry] = []
+        for batch in self.batches + self.pending:
+            for entry in batch:
+                if entry.seq > seq:
+                    return out
+                out.append(entry)
+        return out
+
+
+class Replica:
+    """One node's copy of one shard. ``progress`` is None while the node holds no role in it."""
+
+    def __init__(self, node: Node, shard: int) -> None:
+        self.node = node
+        self.shard = shard
+        self.store = Store()
+        self.reset()
+
+    def reset(self) -> None:
+        self.progress: Progress | None = None
+        self.up_link: Link | None = None
+        self.linked = False
+        self.catch_up: str | None = None  # the upstream a non-member copies from
+        self.catch_target = -1
+        self.done_sent = False
+        self.down: dict[str, Link] = {}
+        self.windows: dict[int, LinkWindow] = {}
+        self.next_send: dict[int, int] = {}
+        self.followers: set[str] = set()
+        self.head_ready = False
+        self.waiters: list[tuple[int, Callable[[bool, int, int], None]]] = []
+        self.disk_free = 0.0
+        self.disk_ops = 0
+        self.cp_write_queued = False
+        self.rolled_back_on: int = 0
+
+    # --- helpers ---------------------------------------------------------------------------------
+
+    @property
+    def world(self) -> World:
+        return self.node.world
+
+    def member_role(self) -> tuple[bool, tuple[str, ...]] | None:
+        me, members = self.node.id, self.store.chain
+        if me in members:
+            i = members.index(me)
+            return i > 0, members[i + 1 : i + 2]
+        if self.catch_up is not None:
+            return True, ()
+        return None
+
+    def upstream(self) -> str | None:
+        me, members = self.node.id, self.store.chain
+        if me in members:
+            i = members.index(me)
+            return members[i - 1] if i > 0 else None
+        return self.catch_up
+
+    def peer(self, node_id: str) -> Node:
+        peer = self.world.endpoints[node_id]
+        assert isinstance(peer, Node)
+        return peer
+
+    def is_head(self) -> bool:
+        return self.progress is not None and not self.progress.has_upstream
+
+    def is_serving_tail(self) -> bool:
+        p = self.progress
+        return p is not None and p.is_tail and self.catch_up is None and self.linked_or_alone()
+
+    def linked_or_alone(self) -> bool:
+        return not self.progress or not self.progress.has_upstream or self.linked
+
+    def step(self, event: chain.Event) -> None:
+        assert self.progress is not None
+        self.progress, actions = chain.step(self.progress, event)
+        for action in actions:
+            self.act(action)
+
+    def act(self, action: chain.Action) -> None:
+        if isinstance(action, chain.SendAck | chain.SendCommitted):
+            if self.up_link is not None and self.linked:
+                kind = "ack" if isinstance(action, chain.SendAck) else "committed"
+                upstream = self.up_link.upstream
+                self.world.send_on(
+                    self.up_link, self.node.id, self.peer(upstream).on_report, self.shard, self.up_link, self.node.id, kind, action.seq,
+                )
+        elif isinstance(action, chain.SendCommitPoint):
+            targets = [action.node] if action.node is not None else list(self.down)
+            for target in targets:
+                link = self.down.get(target)
+                if link is not None:
+                    self.world.send_on(
+                        link, self.node.id, self.peer(target).on_commit_point, self.shard, link, action.seq,
+                    )
+        elif isinstance(action, chain.CommitPointAdvanced):
+            if self.is_head():
+                self.release(action.seq)
+            elif not self.cp_write_queued:
+                self.cp_write_queued = True
+                self.disk("cp", None)
+        elif isinstance(action, chain.Violation):
+            link = self.down.get(action.node)
+            if link is not None:
+                self.world.close_link(link)
+
+    def release(self, seq: int) -> None:
+        still = []
+        for last, reply in self.waiters:
+            if last <= seq:
+                reply(True, last, seq)
+            else:
+                still.append((last, reply))
+        self.waiters = still
+
+    # --- the disk --------------------------------------------------------------------------------
+
+    def disk(self, kind: str, payload: Any) -> None:
+        node = self.node
+        latency = node.world.rng.uniform(*node.sync_ms)
+        if node.slow_disk_until > node.world.now:
+            latency += node.world.rng.uniform(*node.slow_sync_ms)
+        self.disk_free = max(node.world.now, self.disk_free) + latency
+        self.disk_ops += 1
+        node.later(self.disk_free - node.world.now, self.synced, kind, payload)
+
+    def synced(self, kind: str, payload: Any) -> None:
+        self.disk_ops -= 1
+        store = self.store
+        if kind == "batch":
+            if not store.pending:
+                return  # rolled back meanwhile
+            store.batches.append(store.pending.pop(0))
+            if self.progress is not None:
+                self.step(chain.Durable(store.durable_last()))
+                if self.is_head() and self.node.plant == "head_counts_no_ack":
+                    self.release(store.durable_last())
+                self.check_caught_up()
+        elif kind == "table":
+            store.table = list(payload)
+        elif kind == "takeover":
+            store.table = chain.with_takeover(store.table, payload, store.last())
+            self.head_ready = True
+            self.node.to_manager("took_over", self.shard, payload, store.last())
+            for link in list(self.down.values()):
+                self.pump(link)
+        elif kind == "cp":
+            self.cp_write_queued = False
+            if self.progress is not None and self.progress.has_upstream:
+                store.commit_point = max(store.commit_point, self.progress.commit_point)
+        elif kind == "rollback":
+            seq, link = payload
+            store.truncate(seq)
+            store.commit_point = min(store.commit_point, seq)
+            self.rebuild(fresh=True)
+            if link is not None and link is self.up_link and link.open:
+                self.subscribe_on(link)
+        if self.disk_ops == 0:
+            self.node.later(0, self.subscribe)
+
+    def write(self, batch: Batch) -> None:
+        self.store.pending.append(batch)
+        self.disk("batch", None)
+
+    # --- roles -----------------------------------------------------------------------------------
+
+    def adopt(self, members: tuple[str, ...], epoch: int) -> None:
+        if epoch <= self.store.epoch:
+            return
+        self.store.chain, self.store.epoch = members, epoch
+        self.followers -= set(members)
+        if self.node.id in members:
+            self.catch_up = None
+        self.apply_role()
+
+    def start_catch_up(self, upstream: str, rollback_to: int | None) -> None:
+        if self.node.id in self.store.chain:
+            return
+        if self.catch_up == upstream and self.progress is not None:
+            return
+        self.catch_up = upstream
+        self.catch_target = -1
+        self.done_sent = False
+        if rollback_to is not None and self.node.plant != "skip_rollback":
+            self.close_links()
+            self.progress = None
+            self.disk("rollback", (rollback_to, None))
+        self.apply_role()
+
+    def close_links(self) -> None:
+        for link in [self.up_link, *self.down.values()]:
+            if link is not None:
+                self.world.close_link(link)
+        self.up_link, self.linked = None, False
+        self.down, self.windows, self.next_send = {}, {}, {}
+
+    def apply_role(self) -> None:
+        """Takes up the role the recorded chain (or a catch-up) gives: links are rebuilt."""
+        self.close_links()
+        self.rebuild(fresh=self.progress is None)
+        if self.progress is not None and self.progress.has_upstream:
+            self.subscribe()
+
+    def rebuild(self, *, fresh: bool) -> None:
+        role = self.member_role()
+        old = self.progress
+        if role is None:
+            self.progress = None
+            self.head_ready = False
+            return
+        has_up, downs = role
+        store = self.store
+        if fresh or old is None:
+            point = store.commit_point if has_up else 0
+            base = Progress(has_up, downs, commit_point=point, upstream_point=point)
+        else:
+            base = Progress(
+                has_up, downs, committed=old.committed, commit_point=old.commit_point,
+                upstream_point=old.upstream_point if has_up else 0,
+            )
+        was_head = old is not None and not old.has_upstream and not fresh
+        self.progress = base
+        self.step(chain.Durable(store.durable_last()))
+        self.step(chain.Accepted(store.last()))
+        if not has_up and not was_head:
+            self.head_ready = False
+            self.disk("takeover", self.node.world.rng.randbytes(16))
+        elif has_up:
+            self.head_ready = False
+
+    # --- the downstream side of a link -----------------------------------------------------------
+
+    def subscribe(self) -> None:
+        p = self.progress
+        upstream = self.upstream()
+        if p is None or not p.has_upstream or upstream is None or self.up_link is not None:
+            return
+        if self.disk_ops:
+            return  # let running writes land first: the SUBSCRIBE names where the store ends
+        link = self.world.open_link(upstream, self.node.id, self.shard)
+        self.up_link, self.linked = link, False
+        self.subscribe_on(link)
+
+    def subscribe_on(self, link: Link) -> None:
+        self.world.send_on(
+            link, self.node.id, self.peer(link.upstream).on_subscribe, self.shard, link,
+            self.node.id, self.store.last() + 1, tuple(self.store.table),
+        )
+
+    def on_rollback(self, link: Link, seq: int) -> None:
+        if link is not self.up_link or self.linked:
+            return
+        self.close_down()
+        self.progress = None
+        self.disk("rollback", (seq, link))
+
+    def close_down(self) -> None:
+        for link in list(self.down.values()):
+            self.world.close_link(link)
+
+    def on_subscribed(self, link: Link, table: TakeoverTable, last: int) -> None:
+        if link is not self.up_link or self.linked or self.progress is None:
+            return
+        if list(table) != self.store.table:
+            self.disk("table", list(table))
+            self.close_down()
+        self.linked = True
+        if self.catch_up is not None:
+            self.catch_target = last
+        self.step(chain.UpstreamLinked())
+        self.check_caught_up()
+
+    def on_batch(self, link: Link, batch: Batch) -> None:
+        p = self.progress
+        if link is not self.up_link or not self.linked or p is None:
+            return
+        if batch[0].seq != p.accepted + 1:
+            self.world.close_link(link)  # protocol_error: ranges on a link are contiguous
+            return
+        self.write(batch)
+        last = batch[-1].seq
+        self.step(chain.Accepted(last))
+        if self.node.plant == "tail_acks_before_fsync" and p.is_tail and self.catch_up is None:
+            self.step(chain.Durable(last))
+        for down in list(self.down.values()):
+            self.pump(down)
+
+    def on_commit_point(self, link: Link, seq: int) -> None:
+        if link is self.up_link and self.linked and self.progress is not None:
+            self.step(chain.UpstreamCommitPoint(seq))
+
+    def check_caught_up(self) -> None:
+        if (
+            self.catch_up is not None
+            and self.linked
+            and not self.done_sent
+            and 0 <= self.catch_target <= self.store.durable_last()
+        ):
+            self.done_sent = True
+            self.node.to_manager("caught_up", self.shard)
+
+    # --- the upstream side of a link -------------------------------------------------------------
+
+    def on_subscribe(self, link: Link, who: str, from_seq: int, table: TakeoverTable) -> None:
+        p = self.progress
+        ready = p is not None and (p.has_upstream or self.head_ready)
+        member = p is not None and (who in p.downstreams or who in self.followers)
+        if not (ready and member and link.open):
+            self.world.close_link(link)  # refused: it subscribes again after a pause
+            return
+        assert p is not None
+        old = self.down.get(who)
+        if old is not None and old is not link:
+            self.world.close_link(old)
+        if self.node.plant == "skip_rollback":
+            back = None
+        else:
+            back = rollback_point(list(table), self.store.table, from_seq - 1, self.store.last())
+        if back is not None:
+            self.world.send_on(
+                link, self.node.id, self.peer(who).on_rollback_msg, self.shard, link, back
+            )
+            return
+        self.down[who] = link
+        self.windows[link.id] = LinkWindow()
+        self.next_send[link.id] = from_seq
+        self.world.send_on(
+            link, self.node.id, self.peer(who).on_subscribed_msg, self.shard, link,
+            tuple(self.store.table), self.store.last(),
+        )
+        if who in p.downstreams:
+            self.step(chain.DownstreamLinked(who))
+        self.pump(link)
+
+    def pump(self, link: Link) -> None:
+        window = self.windows.get(link.id)
+        if window is None or not link.open:
+            return
+        if not self.head_ready and not (self.progress and self.progress.has_upstream):
+            return
+        start = self.next_send[link.id]
+        if start > self.store.last() or not window.can_send():
+            return
+        for batch in self.store.batches_from(start):
+            if not window.can_send():
+                break
+            window.sent(batch[-1].seq, 64 * len(batch))
+            self.next_send[link.id] = batch[-1].seq + 1
+            self.world.send_on(
+                link, self.node.id, self.peer(link.downstream).on_batch_msg, self.shard, link,
+                batch,
+            )
+
+    def on_report(self, link: Link, who: str, kind: str, seq: int) -> None:
+        if self.down.get(who) is not link or self.progress is None:
+            return
+        window = self.windows[link.id]
+        window.acknowledged(seq)
+        self.pump(link)
+        if who in self.progress.downstreams:
+            if kind == "ack":
+                self.step(chain.DownstreamAck(who, seq))
+            else:
+                self.step(chain.DownstreamCommitted(who, seq))
+
+    def link_closed(self, link: Link) -> None:
+        if link is self.up_link:
+            self.up_link, self.linked = None, False
+            self.node.later(self.world.rng.uniform(5, 30), self.subscribe)
+            return
+        for who, down in list(self.down.items()):
+            if down is link:
+                del self.down[who]
+                self.windows.pop(link.id, None)
+                self.next_send.pop(link.id, None)
+
+    # --- clients ---------------------------------------------------------------------------------
+
+    def produce(
+        self, op: int, items: tuple[tuple[str, str | None, str, int], ...],
+        reply: Callable[[bool, int, int], None],
+    ) -> bool:
+        """Appends a batch as head; ``reply`` is called once it is committed. False: refused."""
+        p = self.progress
+        if p is None or p.has_upstream or not self.head_ready or self.catch_up is not None:
+            return False
+        self.node.heads_seen(self.shard, self.store.epoch)
+        first = self.store.last() + 1
+        batch = tuple(
+            Entry(first + i, key, value, group, hwm)
+            for i, (key, value, group, hwm) in enumerate(items)
+        )
+        self.write(batch)
+        self.step(chain.Accepted(batch[-1].seq))
+        first_seq = first
+
+        def answer(ok: bool, last: int, _point: int) -> None:
+            reply(ok, first_seq, last)
+
+        self.waiters.append((batch[-1].seq, answer))
+        for link in list(self.down.values()):
+            self.pump(link)
+        return True
+
+    def snapshot(self, group: str) -> tuple[int, int, list[Entry]] | None:
+        """(hwm, boundary, latest version of each key in (hwm, boundary]) served by a tail; None
+        while it is not a serving tail or its commit point does not yet cover what it holds."""
+        p = self.progress
+        if p is None or not self.is_serving_tail() or p.commit_point < p.durable:
+            return None
+        boundary = p.commit_point
+        hwm = 0
+        latest: dict[str, Entry] = {}
+        for entry in self.store.entries_upto(boundary):
+            if entry.group:
+                if entry.group == group:
+                    hwm = entry.hwm
+            else:
+                latest[entry.key] = entry
+        return hwm, boundary, sorted((e for e in latest.values() if e.seq > hwm), key=_seq)
+
+
+def _seq(entry: Entry) -> int:
+    return entry.seq
+
+
+class Node(Endpoint):
+    def __init__(self, world: World, node_id: str, shards: int, *, plant: str | None,
+                 sync_ms: tuple[float, float], slow_sync_ms: tuple[float, float],
+                 heartbeat_ms: float, heads: dict[tuple[int, int], set[str]]) -> None:
+        self.world = world
+        self.id = node_id
+        self.plant = plant
+        self.sync_ms = sync_ms
+        self.slow_sync_ms = slow_sync_ms
+        self.heartbeat_ms = heartbeat_ms
+        self.replicas = [Replica(self, shard) for shard in range(shards)]
+        self.up = True
+        self.paused = False
+        self.incarnation = 0
+        self.inbox: list[tuple[int, Callable[..., None], tuple[Any, ...]]] = []
+        self.slow_disk_until = 0.0
+        self._heads = heads
+        self.manager_inbox: Callable[..., None] = lambda *args: None
+
+    def heads_seen(self, shard: int, epoch: int) -> None:
+        self._heads.setdefault((shard, epoch), set()).add(self.id)
+
+    # --- process life ----------------------------------------------------------------------------
+
+    def reachable(self) -> bool:
+        return self.up
+
+    def deliver(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+        if self.paused:
+            self.inbox.append((self.incarnation, fn, args))
+        else:
+            fn(*args)
+
+    def later(self, delay: float, fn: Callable[..., None], *args: Any) -> None:
+        """A timer or a sync completion of this incarnation (dropped by a crash)."""
+        self.world.at(delay, self._fire, self.incarnation, fn, args)
+
+    def _fire(self, incarnation: int, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+        if incarnation == self.incarnation and self.up:
+            self.deliver(fn, args)
+
+    def start(self) -> None:
+        self.up, self.paused = True, False
+        for replica in self.replicas:
+            replica.reset()
+            if replica.store.chain:
+                replica.apply_role()
+        self.to_manager("returned", self.reports())
+        self.heartbeat()
+
+    def crash(self) -> None:
+        if not self.up:
+            return
+        self.up, self.paused = False, False
+        self.incarnation += 1
+        self.inbox = []
+        for replica in self.replicas:
+            replica.store.crash()
+            replica.reset()
+        for link in self.world.links_of(self.id):
+            self.world.close_link(link)
+
+    def pause(self) -> None:
+        if not self.up or self.paused:
+            return
+        self.paused = True
+        self.world.at(self.world.peer_silence_ms, self._silence, self.incarnation)
+
+    def _silence(self, incarnation: int) -> None:
+        if self.paused and incarnation == self.incarnation:
+            for link in self.world.links_of(self.id):
+                self.world.close_link(link)
+
+    def resume(self) -> None:
+        if not self.up or not self.paused:
+            return
+        self.paused = False
+        inbox, self.inbox = self.inbox, []
+        for incarnation, fn, args in inbox:
+            if incarnation == self.incarnation and self.up and not self.paused:
+                fn(*args)
+            elif self.paused:
+                self.inbox.append((incarnation, fn, args))
+
+    # --- messages (each runs on the receiving node) ---------------------------------------------
+
+    def link_closed(self, link: Link) -> None:
+        if 0 <= link.shard < len(self.replicas):
+            self.replicas[link.shard].link_closed(link)
+
+    def on_subscribe(self, shard: int, link: Link, who: str, from_seq: int,
+                     table: tuple[tuple[bytes, int], ...]) -> None:
+        self.replicas[shard].on_subscribe(link, who, from_seq, list(table))
+
+    def on_rollback_msg(self, shard: int, link: Link, seq: int) -> None:
+        self.replicas[shard].on_rollback(link, seq)
+
+    def on_subscribed_msg(self, shard: int, link: Link, table: tuple[tuple[bytes, int], ...],
+                          last: int) -> None:
+        self.replicas[shard].on_subscribed(link, list(table), last)
+
+    def on_batch_msg(self, shard: int, link: Link, batch: Batch) -> None:
+        self.replicas[shard].on_batch(link, batch)
+
+    def on_report(self, shard: int, link: Link, who: str, kind: str, seq: int) -> None:
+        self.replicas[shard].on_report(link, who, kind, seq)
+
+    def on_commit_point(self, shard: int, link: Link, seq: int) -> None:
+        self.replicas[shard].on_commit_point(link, seq)
+
+    def on_chain(self, shard: int, members: tuple[str, ...], epoch: int) -> None:
+        self.replicas[shard].adopt(members, epoch)
+
+    def on_catch_up(self, shard: int, node: str, upstream: str, rollback_to: int | None) -> None:
+        replica = self.replicas[shard]
+        if node == self.id:
+            replica.start_catch_up(upstream, rollback_to)
+        else:
+            replica.followers.add(node)
+
+    # --- the manager -----------------------------------------------------------------------------
+
+    def reports(self) -> tuple[tuple[int, tuple[tuple[bytes, int], ...], int, bool], ...]:
+        return tuple(
+            (r.store.last(), tuple(r.store.table), r.store.epoch, r.catch_up is not None)
+            for r in self.replicas
+        )
+
+    def heartbeat(self) -> None:
+        self.to_manager("heartbeat", self.reports())
+        self.later(self.heartbeat_ms, self.heartbeat)
+
+    def to_manager(self, kind: str, *args: Any) -> None:
+        self.world.send(self.id, MANAGER, self.manager_inbox, kind, self.id, self.world.now, args)
+
+    # --- clients ---------------------------------------------------------------------------------
+
+    def on_produce(self, shard: int, op: int, items: tuple[tuple[str, str | None, str, int], ...],
+                   reply: Callable[[int, bool, int, int], None]) -> None:
+        def answer(ok: bool, first: int, last: int) -> None:
+            self.world.send(self.id, CLIENT, reply, op, ok, first, last)
+
+        if not self.replicas[shard].produce(op, items, answer):
+            self.world.send(self.id, CLIENT, reply, op, False, 0, 0)
+
+    def on_snapshot(self, shard: int, op: int, group: str,
+                    reply: Callable[[int, tuple[int, int, list[Entry]] | None], None]) -> None:
+        self.world.send(self.id, CLIENT, reply, op, self.replicas[shard].snapshot(group))
