@@ -38,12 +38,16 @@ class Link:
     open: bool = True
     # The time the last message in each direction is due: a later one never overtakes it.
     due: dict[str, float] = field(default_factory=dict)
+    # Messages a partition holds back (TCP retransmits them once it heals), by send order.
+    held: list[tuple[int, str, Callable[..., None], tuple[Any, ...]]] = field(default_factory=list)
+    sent: int = 0
 
 
 class Endpoint:
     """Something that receives messages: a node, the manager, the client."""
 
     id: str
+    paused = False
 
     def reachable(self) -> bool:
         """Up (not crashed); a paused endpoint is reachable but defers what it receives."""
@@ -121,24 +125,41 @@ class World:
     def send_on(self, link: Link, src: str, fn: Callable[..., None], *args: Any) -> None:
         if not link.open:
             return
+        link.sent += 1
+        self._send_on(link, src, link.sent, fn, args)
+
+    def _send_on(
+        self, link: Link, src: str, number: int, fn: Callable[..., None], args: tuple[Any, ...]
+    ) -> None:
         dst = link.downstream if src == link.upstream else link.upstream
         if self.is_cut(src, dst):
-            return  # lost; the silence closes the link
+            link.held.append((number, src, fn, args))  # until the heal, or the silence closes it
+            return
         due = max(self.now + self._delay(), link.due.get(src, 0.0))
         link.due[src] = due
         self._order += 1
-        heapq.heappush(self._heap, (due, self._order, self._arrive, (src, dst, link, fn, args)))
+        heapq.heappush(
+            self._heap, (due, self._order, self._arrive, (src, dst, link, fn, args, number))
+        )
 
     def _arrive(
-        self, src: str, dst: str, link: Link | None, fn: Callable[..., None], args: tuple[Any, ...]
+        self, src: str, dst: str, link: Link | None, fn: Callable[..., None],
+        args: tuple[Any, ...], number: int = 0,
     ) -> None:
         if link is not None and not link.open:
             return
         if self.is_cut(src, dst):
+            if link is not None:
+                link.held.append((number, src, fn, args))
             return
         endpoint = self.endpoints[dst]
-        if endpoint.reachable():
-            endpoint.deliver(fn, args)
+        if not endpoint.reachable():
+            if link is not None:
+                self.close_link(link)  # a connection to a dead process is reset
+            return
+        if link is not None and endpoint.paused:
+            self.at(self.peer_silence_ms, self._silence_paused, link, endpoint)
+        endpoint.deliver(fn, args)
 
     def close_link(self, link: Link) -> None:
         if not link.open:
@@ -164,5 +185,17 @@ class World:
         if pair in self.cut:
             self.close_link(link)
 
+    def _silence_paused(self, link: Link, endpoint: Endpoint) -> None:
+        if endpoint.paused:
+            self.close_link(link)
+
     def heal(self, a: str, b: str) -> None:
-        self.cut.discard(frozenset((a, b)))
+        pair = frozenset((a, b))
+        if pair not in self.cut:
+            return
+        self.cut.discard(pair)
+        for link in list(self.links.values()):
+            if {link.upstream, link.downstream} == set(pair) and link.held:
+                held, link.held = sorted(link.held, key=lambda h: h[0]), []
+                for number, src, fn, args in held:
+                    self._send_on(link, src, number, fn, args)

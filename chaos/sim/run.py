@@ -419,7 +419,8 @@ class Sim:
             self.world.heal(node_id, other)
 
     def heal_all(self) -> None:
-        self.world.cut.clear()
+        for pair in list(self.world.cut):
+            self.world.heal(*sorted(pair))
         for node in self.nodes.values():
             node.slow_disk_until = 0.0
             if not node.up:
@@ -458,18 +459,19 @@ class Sim:
         violations: list[dict[str, Any]] = []
         world.run_until(deadline, self._settled)
         targets: dict[int, int] = {}
-        if self._settled():
+        settled = self._settled()
+        if settled:
             for shard in self.manager.view.shards:
                 head = self.nodes[shard.chain[0]].replicas[shard.id]
                 targets[shard.id] = max(
                     (e.seq for b in head.store.batches for e in b if not e.group), default=0
                 )
             world.run_until(deadline, lambda: self._drained(targets))
-        if not self._settled() or not self._drained(targets):
+        if not settled or not self._drained(targets):
             violations.append({
                 "property": "liveness",
                 "message": "the cluster did not converge and drain within the heal bound",
-                "detail": {"converged": self.converged(), "targets": targets,
+                "detail": {"converged": settled, "targets": targets,
                            "reached": {f"{s}/{g}": v for (s, g), v in self.client.reached.items()},
                            "chains": [list(s.chain) for s in self.manager.view.shards]},
             })
