@@ -36,7 +36,7 @@ from kayos.manager.view import ManagerView
 from chaos import checker
 from chaos.history import Commit, Event, Note, Produce, Snapshot
 from chaos.sim.core import CLIENT, MANAGER, Endpoint, World
-from chaos.sim.node import PLANTS, Entry, Node
+from chaos.sim.node import PLANTS, Entry, Node, Store
 
 FAULT_KINDS = ("kill", "pause", "partition", "reset", "power_loss", "slow_disk", "manager_failover")
 SIM_PROPERTIES = ("split_brain", "liveness")
@@ -62,8 +62,8 @@ class SimConfig:
     delete_share: float = 0.05
     groups: tuple[str, ...] = ("g1", "g2")
     delay_ms: tuple[float, float] = (0.1, 2.0)
-    slow_delay_ms: float = 40.0
-    slow_share: float = 0.03
+    slow_delay_ms: float = 20.0
+    slow_share: float = 0.005
     datagram_loss: float = 0.01
     sync_ms: tuple[float, float] = (0.3, 6.0)
     slow_sync_ms: tuple[float, float] = (20.0, 200.0)
@@ -431,17 +431,20 @@ class Sim:
     # --- phases ----------------------------------------------------------------------------------
 
     def converged(self) -> bool:
+        """Every node is in every chain, and every member holds, and the head has committed,
+        every produced entry its head holds (consumers' marks may still be in flight)."""
         view = self.manager.view
         ids = set(self.nodes)
         for shard in view.shards:
             if set(shard.chain) != ids or shard.departed or shard.catching_up:
                 return False
             head = self.nodes[shard.chain[0]].replicas[shard.id]
-            if head.progress is None or head.progress.commit_point != head.store.last():
+            target = _last_produced(head.store)
+            if head.progress is None or head.progress.commit_point < target:
                 return False
             for node_id in shard.chain:
                 replica = self.nodes[node_id].replicas[shard.id]
-                if replica.store.last() != head.store.last() or replica.progress is None:
+                if replica.progress is None or replica.store.durable_last() < target:
                     return False
         return True
 
@@ -463,9 +466,7 @@ class Sim:
         if settled:
             for shard in self.manager.view.shards:
                 head = self.nodes[shard.chain[0]].replicas[shard.id]
-                targets[shard.id] = max(
-                    (e.seq for b in head.store.batches for e in b if not e.group), default=0
-                )
+                targets[shard.id] = _last_produced(head.store)
             world.run_until(deadline, lambda: self._drained(targets))
         if not settled or not self._drained(targets):
             violations.append({
@@ -506,6 +507,14 @@ class Sim:
             for shard, target in targets.items()
             for group in self.config.groups
         )
+
+
+def _last_produced(store: Store) -> int:
+    for batch in reversed(store.pending + store.batches):
+        for entry in reversed(batch):
+            if not entry.group:
+                return entry.seq
+    return 0
 
 
 def run_seed(seed: int, *, plant: str | None = None, config: SimConfig | None = None) -> Report:
