@@ -116,7 +116,8 @@ class Replica:
         self.disk_free = 0.0
         self.disk_ops = 0
         self.cp_write_queued = False
-        self.rolled_back_on: int = 0
+        self.syncing = False
+        self.when_idle: list[Callable[[], None]] = []
 
     # --- helpers ---------------------------------------------------------------------------------
 
@@ -212,9 +213,12 @@ class Replica:
         self.disk_ops -= 1
         store = self.store
         if kind == "batch":
-            if not store.pending:
-                return  # rolled back meanwhile
-            store.batches.append(store.pending.pop(0))
+            # One sync makes durable every batch written before it started (a group commit).
+            store.batches += store.pending[:payload]
+            del store.pending[:payload]
+            self.syncing = False
+            if store.pending:
+                self.start_sync()
             if self.progress is not None:
                 self.step(chain.Durable(store.durable_last()))
                 if self.is_head() and self.node.plant == "head_counts_no_ack":
@@ -240,11 +244,30 @@ class Replica:
             if link is not None and link is self.up_link and link.open:
                 self.subscribe_on(link)
         if self.disk_ops == 0:
-            self.node.later(0, self.subscribe)
+            waiting, self.when_idle = self.when_idle, []
+            for fn in waiting:
+                fn()
+            if self.disk_ops == 0:
+                self.node.later(0, self.subscribe)
 
     def write(self, batch: Batch) -> None:
         self.store.pending.append(batch)
-        self.disk("batch", None)
+        if not self.syncing:
+            self.start_sync()
+
+    def start_sync(self) -> None:
+        self.syncing = True
+        self.disk("batch", len(self.store.pending))
+
+    def after_disk(self, fn: Callable[[], None]) -> None:
+        """Runs ``fn`` once every write and sync begun so far has landed."""
+        if self.disk_ops == 0:
+            fn()
+        else:
+            self.when_idle.append(fn)
+
+    def roll_back(self, seq: int, link: Link | None) -> None:
+        self.after_disk(lambda: self.disk("rollback", (seq, link)))
 
     # --- roles -----------------------------------------------------------------------------------
 
@@ -268,7 +291,7 @@ class Replica:
         if rollback_to is not None and self.node.plant != "skip_rollback":
             self.close_links()
             self.progress = None
-            self.disk("rollback", (rollback_to, None))
+            self.roll_back(rollback_to, None)
         self.apply_role()
 
     def close_links(self) -> None:
@@ -336,7 +359,7 @@ class Replica:
             return
         self.close_down()
         self.progress = None
-        self.disk("rollback", (seq, link))
+        self.roll_back(seq, link)
 
     def close_down(self) -> None:
         for link in list(self.down.values()):
