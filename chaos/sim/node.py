@@ -653,9 +653,10 @@ class Node(Endpoint):
 
     # --- the manager -----------------------------------------------------------------------------
 
-    def reports(self) -> tuple[tuple[int, tuple[tuple[bytes, int], ...], int, bool], ...]:
+    def reports(self) -> tuple[tuple[int, tuple[tuple[bytes, int], ...], int, str], ...]:
+        """Per shard: last seq, takeover table, epoch held, the upstream it catches up from."""
         return tuple(
-            (r.store.last(), tuple(r.store.table), r.store.epoch, r.catch_up is not None)
+            (r.store.last(), tuple(r.store.table), r.store.epoch, r.catch_up or "")
             for r in self.replicas
         )
 

@@ -208,7 +208,7 @@ class Manager(Endpoint):
             if epoch < shard.epoch:
                 self.world.send(MANAGER, node, endpoint.on_chain, shard.id, shard.chain,
                                 shard.epoch)
-            if node in shard.catching_up and not catching:
+            if node in shard.catching_up and catching != shard.tail:
                 self.order_catch_up(node, shard.id, shard.tail, None)
 
     def failover(self) -> None:
