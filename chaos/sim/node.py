@@ -104,6 +104,7 @@ class Replica:
         self.progress: Progress | None = None
         self.up_link: Link | None = None
         self.linked = False
+        self.heard_point = False  # a COMMIT_POINT came on the current upstream link
         self.catch_up: str | None = None  # the upstream a non-member copies from
         self.catch_target = -1
         self.done_sent = False
@@ -345,7 +346,7 @@ class Replica:
         if self.disk_ops:
             return  # let running writes land first: the SUBSCRIBE names where the store ends
         link = self.world.open_link(upstream, self.node.id, self.shard)
-        self.up_link, self.linked = link, False
+        self.up_link, self.linked, self.heard_point = link, False, False
         self.subscribe_on(link)
 
     def subscribe_on(self, link: Link) -> None:
@@ -394,6 +395,7 @@ class Replica:
 
     def on_commit_point(self, link: Link, seq: int) -> None:
         if link is self.up_link and self.linked and self.progress is not None:
+            self.heard_point = True
             self.step(chain.UpstreamCommitPoint(seq))
 
     def check_caught_up(self) -> None:
@@ -514,6 +516,10 @@ class Replica:
         while it is not a serving tail or its commit point does not yet cover what it holds."""
         p = self.progress
         if p is None or not self.is_serving_tail() or p.commit_point < p.durable:
+            return None
+        if p.has_upstream and (not self.heard_point or p.upstream_point > p.durable):
+            # The shard committed seqs this tail does not hold yet (it has just joined, or its
+            # link was rebuilt): serving now could show a group an older mark than it committed.
             return None
         boundary = p.commit_point
         hwm = 0
