@@ -1,4 +1,5 @@
-"""``kayos chaos``: ``run`` a real-process fault campaign, ``check`` a recorded history again.
+"""``kayos chaos``: ``run`` a real-process fault campaign, ``sim`` the deterministic simulator,
+``check`` a recorded history again.
 Added to the ``kayos`` command by kayos/cli/main.py; docs/testing.md explains the report."""
 
 from __future__ import annotations
@@ -10,8 +11,17 @@ from pathlib import Path
 import click
 
 from chaos import checker
-from chaos.history import load_jsonl
+from chaos.history import dump_jsonl, load_jsonl
 from chaos.procs import faults
+
+# A bound on one `kayos chaos sim` call: about an hour at the simulator's ~30 seeds/s.
+SIM_SEEDS_MAX = 100_000
+
+
+def sim_plants() -> list[str]:
+    from chaos.sim.node import PLANTS
+
+    return list(PLANTS)
 
 
 @click.group()
@@ -95,3 +105,49 @@ def check_command(history: str) -> None:
         )
     )
     sys.exit(0 if verdict.ok else 1)
+
+
+@chaos.command("sim")
+@click.option("--seeds", "count", default=200, show_default=True, help="How many seeds to run.")
+@click.option("--seed", type=int, default=None, help="First seed (default: random, printed).")
+@click.option(
+    "--plant",
+    type=click.Choice(sim_plants()),
+    default=None,
+    help="Plant a known bug (the simulator must find it).",
+)
+@click.option("--history", type=click.Path(), default=None, help="Write a failing seed's history.")
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON summary.")
+def sim_command(
+    count: int, seed: int | None, plant: str | None, history: str | None, as_json: bool
+) -> None:
+    """Runs seeds S .. S+N-1 through the simulator; exits 1 on any violation. A failing seed
+    replays exactly with ``--seed S --seeds 1`` (and the same ``--plant``)."""
+    from chaos.procs.campaign import new_seed
+    from chaos.sim import run_seeds
+
+    if not 1 <= count <= SIM_SEEDS_MAX:
+        raise click.BadParameter(f"--seeds must be in 1..{SIM_SEEDS_MAX}")
+    first = new_seed() if seed is None else seed
+    click.echo(f"chaos sim: seeds {first}..{first + count - 1}", err=True)
+    summary = run_seeds(range(first, first + count), plant=plant)
+    report = summary.to_json()
+    failure = summary.first_failure
+    if failure is not None:
+        report["replay"] = f"kayos chaos sim --seed {failure.seed} --seeds 1" + (
+            f" --plant {plant}" if plant else ""
+        )
+        if history:
+            dump_jsonl(failure.history, history)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        brief = {k: v for k, v in report.items() if k != "first_failure"}
+        click.echo(json.dumps(brief, indent=2))
+        if failure is not None:
+            for violation in failure.violations:
+                click.echo(
+                    f"VIOLATION seed {failure.seed} {violation['property']}: {violation['message']}"
+                )
+            click.echo(f"replay: {report['replay']}")
+    sys.exit(0 if summary.ok else 1)

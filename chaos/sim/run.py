@@ -120,7 +120,7 @@ class Report:
 
     def replay(self) -> str:
         plant = f" --plant {self.plant}" if self.plant else ""
-        return f"kayos chaos sim --seed {self.seed}{plant}"
+        return f"kayos chaos sim --seed {self.seed} --seeds 1{plant}"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -536,6 +536,10 @@ class Summary:
     violations: dict[str, int]
     seconds: float
     first_failure: Report | None
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
 
     def to_json(self) -> dict[str, Any]:
         return {
