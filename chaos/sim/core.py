@@ -58,8 +58,16 @@ class Endpoint:
 
 
 class World:
-    def __init__(self, seed: int, *, delay_ms: tuple[float, float], slow_delay_ms: float,
-                 slow_share: float, datagram_loss: float, peer_silence_ms: float) -> None:
+    def __init__(
+        self,
+        seed: int,
+        *,
+        delay_ms: tuple[float, float],
+        slow_delay_ms: float,
+        slow_share: float,
+        datagram_loss: float,
+        peer_silence_ms: float,
+    ) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.now = 0.0
@@ -143,8 +151,13 @@ class World:
         )
 
     def _arrive(
-        self, src: str, dst: str, link: Link | None, fn: Callable[..., None],
-        args: tuple[Any, ...], number: int = 0,
+        self,
+        src: str,
+        dst: str,
+        link: Link | None,
+        fn: Callable[..., None],
+        args: tuple[Any, ...],
+        number: int = 0,
     ) -> None:
         if link is not None and not link.open:
             return

@@ -16,10 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from chaos.sim.core import CLIENT, MANAGER, Endpoint, Link, World
 from kayos.replication import chain
 from kayos.replication.chain import LinkWindow, Progress, TakeoverTable, rollback_point
-
-from chaos.sim.core import CLIENT, MANAGER, Endpoint, Link, World
 
 PLANTS = ("tail_acks_before_fsync", "skip_rollback", "head_counts_no_ack")
 
@@ -169,7 +168,14 @@ class Replica:
                 kind = "ack" if isinstance(action, chain.SendAck) else "committed"
                 upstream = self.up_link.upstream
                 self.world.send_on(
-                    self.up_link, self.node.id, self.peer(upstream).on_report, self.shard, self.up_link, self.node.id, kind, action.seq,
+                    self.up_link,
+                    self.node.id,
+                    self.peer(upstream).on_report,
+                    self.shard,
+                    self.up_link,
+                    self.node.id,
+                    kind,
+                    action.seq,
                 )
         elif isinstance(action, chain.SendCommitPoint):
             targets = [action.node] if action.node is not None else list(self.down)
@@ -177,7 +183,12 @@ class Replica:
                 link = self.down.get(target)
                 if link is not None:
                     self.world.send_on(
-                        link, self.node.id, self.peer(target).on_commit_point, self.shard, link, action.seq,
+                        link,
+                        self.node.id,
+                        self.peer(target).on_commit_point,
+                        self.shard,
+                        link,
+                        action.seq,
                     )
         elif isinstance(action, chain.CommitPointAdvanced):
             if self.is_head():
@@ -323,7 +334,10 @@ class Replica:
             base = Progress(has_up, downs, commit_point=point, upstream_point=point)
         else:
             base = Progress(
-                has_up, downs, committed=old.committed, commit_point=old.commit_point,
+                has_up,
+                downs,
+                committed=old.committed,
+                commit_point=old.commit_point,
                 upstream_point=old.upstream_point if has_up else 0,
             )
         was_head = old is not None and not old.has_upstream and not fresh
@@ -351,8 +365,14 @@ class Replica:
 
     def subscribe_on(self, link: Link) -> None:
         self.world.send_on(
-            link, self.node.id, self.peer(link.upstream).on_subscribe, self.shard, link,
-            self.node.id, self.store.last() + 1, tuple(self.store.table),
+            link,
+            self.node.id,
+            self.peer(link.upstream).on_subscribe,
+            self.shard,
+            link,
+            self.node.id,
+            self.store.last() + 1,
+            tuple(self.store.table),
         )
 
     def on_rollback(self, link: Link, seq: int) -> None:
@@ -434,8 +454,13 @@ class Replica:
         self.windows[link.id] = LinkWindow()
         self.next_send[link.id] = from_seq
         self.world.send_on(
-            link, self.node.id, self.peer(who).on_subscribed_msg, self.shard, link,
-            tuple(self.store.table), self.store.last(),
+            link,
+            self.node.id,
+            self.peer(who).on_subscribed_msg,
+            self.shard,
+            link,
+            tuple(self.store.table),
+            self.store.last(),
         )
         if who in p.downstreams:
             self.step(chain.DownstreamLinked(who))
@@ -456,7 +481,11 @@ class Replica:
             window.sent(batch[-1].seq, 64 * len(batch))
             self.next_send[link.id] = batch[-1].seq + 1
             self.world.send_on(
-                link, self.node.id, self.peer(link.downstream).on_batch_msg, self.shard, link,
+                link,
+                self.node.id,
+                self.peer(link.downstream).on_batch_msg,
+                self.shard,
+                link,
                 batch,
             )
 
@@ -486,7 +515,9 @@ class Replica:
     # --- clients ---------------------------------------------------------------------------------
 
     def produce(
-        self, op: int, items: tuple[tuple[str, str | None, str, int], ...],
+        self,
+        op: int,
+        items: tuple[tuple[str, str | None, str, int], ...],
         reply: Callable[[bool, int, int], None],
     ) -> bool:
         """Appends a batch as head; ``reply`` is called once it is committed. False: refused."""
@@ -538,9 +569,18 @@ def _seq(entry: Entry) -> int:
 
 
 class Node(Endpoint):
-    def __init__(self, world: World, node_id: str, shards: int, *, plant: str | None,
-                 sync_ms: tuple[float, float], slow_sync_ms: tuple[float, float],
-                 heartbeat_ms: float, heads: dict[tuple[int, int], set[str]]) -> None:
+    def __init__(
+        self,
+        world: World,
+        node_id: str,
+        shards: int,
+        *,
+        plant: str | None,
+        sync_ms: tuple[float, float],
+        slow_sync_ms: tuple[float, float],
+        heartbeat_ms: float,
+        heads: dict[tuple[int, int], set[str]],
+    ) -> None:
         self.world = world
         self.id = node_id
         self.plant = plant
@@ -627,15 +667,17 @@ class Node(Endpoint):
         if 0 <= link.shard < len(self.replicas):
             self.replicas[link.shard].link_closed(link)
 
-    def on_subscribe(self, shard: int, link: Link, who: str, from_seq: int,
-                     table: tuple[tuple[bytes, int], ...]) -> None:
+    def on_subscribe(
+        self, shard: int, link: Link, who: str, from_seq: int, table: tuple[tuple[bytes, int], ...]
+    ) -> None:
         self.replicas[shard].on_subscribe(link, who, from_seq, list(table))
 
     def on_rollback_msg(self, shard: int, link: Link, seq: int) -> None:
         self.replicas[shard].on_rollback(link, seq)
 
-    def on_subscribed_msg(self, shard: int, link: Link, table: tuple[tuple[bytes, int], ...],
-                          last: int) -> None:
+    def on_subscribed_msg(
+        self, shard: int, link: Link, table: tuple[tuple[bytes, int], ...], last: int
+    ) -> None:
         self.replicas[shard].on_subscribed(link, list(table), last)
 
     def on_batch_msg(self, shard: int, link: Link, batch: Batch) -> None:
@@ -675,14 +717,24 @@ class Node(Endpoint):
 
     # --- clients ---------------------------------------------------------------------------------
 
-    def on_produce(self, shard: int, op: int, items: tuple[tuple[str, str | None, str, int], ...],
-                   reply: Callable[[int, bool, int, int], None]) -> None:
+    def on_produce(
+        self,
+        shard: int,
+        op: int,
+        items: tuple[tuple[str, str | None, str, int], ...],
+        reply: Callable[[int, bool, int, int], None],
+    ) -> None:
         def answer(ok: bool, first: int, last: int) -> None:
             self.world.send(self.id, CLIENT, reply, op, ok, first, last)
 
         if not self.replicas[shard].produce(op, items, answer):
             self.world.send(self.id, CLIENT, reply, op, False, 0, 0)
 
-    def on_snapshot(self, shard: int, op: int, group: str,
-                    reply: Callable[[int, tuple[int, int, list[Entry]] | None], None]) -> None:
+    def on_snapshot(
+        self,
+        shard: int,
+        op: int,
+        group: str,
+        reply: Callable[[int, tuple[int, int, list[Entry]] | None], None],
+    ) -> None:
         self.world.send(self.id, CLIENT, reply, op, self.replicas[shard].snapshot(group))

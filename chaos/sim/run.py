@@ -17,6 +17,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from chaos import checker
+from chaos.history import Commit, Event, Note, Outcome, Produce, Snapshot
+from chaos.sim.core import CLIENT, MANAGER, Endpoint, World
+from chaos.sim.node import PLANTS, Entry, Node, Store
 from kayos.manager import (
     CatchUpDone,
     HeadTookOver,
@@ -32,11 +36,6 @@ from kayos.manager import (
 from kayos.manager.events import Event as ManagerEvent
 from kayos.manager.view import Config as ManagerConfig
 from kayos.manager.view import ManagerView
-
-from chaos import checker
-from chaos.history import Commit, Event, Note, Produce, Snapshot
-from chaos.sim.core import CLIENT, MANAGER, Endpoint, World
-from chaos.sim.node import PLANTS, Entry, Node, Store
 
 FAULT_KINDS = ("kill", "pause", "partition", "reset", "power_loss", "slow_disk", "manager_failover")
 SIM_PROPERTIES = ("split_brain", "liveness")
@@ -144,8 +143,14 @@ class Report:
 class Manager(Endpoint):
     """The manager leader: feeds events to the real ``decide`` and carries its actions out."""
 
-    def __init__(self, world: World, nodes: dict[str, Node], view: ManagerView, tick_ms: float,
-                 client: Client) -> None:
+    def __init__(
+        self,
+        world: World,
+        nodes: dict[str, Node],
+        view: ManagerView,
+        tick_ms: float,
+        client: Client,
+    ) -> None:
         self.id = MANAGER
         self.world = world
         self.nodes = nodes
@@ -171,8 +176,9 @@ class Manager(Endpoint):
             if isinstance(action, SpliceChain):
                 self.splices += 1
                 for node in self.nodes.values():
-                    self.world.send(MANAGER, node.id, node.on_chain, action.shard, action.chain,
-                                    action.epoch)
+                    self.world.send(
+                        MANAGER, node.id, node.on_chain, action.shard, action.chain, action.epoch
+                    )
             elif isinstance(action, StartCatchUp):
                 self.catch_ups += 1
                 self.order_catch_up(action.node, action.shard, action.upstream, action.rollback_to)
@@ -206,14 +212,16 @@ class Manager(Endpoint):
         endpoint = self.nodes[node]
         for shard, (_last, _table, epoch, catching) in zip(self.view.shards, reports, strict=True):
             if epoch < shard.epoch:
-                self.world.send(MANAGER, node, endpoint.on_chain, shard.id, shard.chain,
-                                shard.epoch)
+                self.world.send(
+                    MANAGER, node, endpoint.on_chain, shard.id, shard.chain, shard.epoch
+                )
             if node in shard.catching_up and catching != shard.tail:
                 self.order_catch_up(node, shard.id, shard.tail, None)
             if node == shard.tail:
                 for follower in shard.catching_up:
-                    self.world.send(MANAGER, node, endpoint.on_catch_up, shard.id, follower,
-                                    node, None)
+                    self.world.send(
+                        MANAGER, node, endpoint.on_catch_up, shard.id, follower, node, None
+                    )
 
     def failover(self) -> None:
         self.decide(ManagerLeaderChanged(self.now()))
@@ -222,8 +230,13 @@ class Manager(Endpoint):
 class Client(Endpoint):
     """Producers and consumers, recording the history the checker judges."""
 
-    def __init__(self, world: World, nodes: dict[str, Node], config: SimConfig,
-                 chains: tuple[tuple[str, ...], ...]) -> None:
+    def __init__(
+        self,
+        world: World,
+        nodes: dict[str, Node],
+        config: SimConfig,
+        chains: tuple[tuple[str, ...], ...],
+    ) -> None:
         self.id = CLIENT
         self.world = world
         self.nodes = nodes
@@ -287,18 +300,30 @@ class Client(Endpoint):
         shard, invoked, what = entry
         completed = self.tick()
         at_s = self.world.now / 1000
-        outcome = "ok" if ok else "unknown"
+        outcome: Outcome = "ok" if ok else "unknown"
         if what[0] == "produce":
             _, queue, items, txn = what
             self.events.append(
-                Produce(op, queue, items, txn, "all", outcome, first if ok else 0,
-                        last if ok else 0, invoked, completed, at_s)
+                Produce(
+                    op,
+                    queue,
+                    items,
+                    txn,
+                    "all",
+                    outcome,
+                    first if ok else 0,
+                    last if ok else 0,
+                    invoked,
+                    completed,
+                    at_s,
+                )
             )
         else:
             _, queue, group, hwm = what
             self.events.append(Commit(op, queue, group, hwm, outcome, invoked, completed, at_s))
-            self.world.at(self.world.rng.uniform(*self.config.consume_gap_ms), self.consume,
-                          shard, group)
+            self.world.at(
+                self.world.rng.uniform(*self.config.consume_gap_ms), self.consume, shard, group
+            )
 
     def pending_produces(self) -> bool:
         return any(what[0] == "produce" for _s, _i, what in self.pending.values())
@@ -326,8 +351,19 @@ class Client(Endpoint):
         queue = f"q{shard}"
         messages = tuple((e.seq, e.key, e.value) for e in entries)
         self.events.append(
-            Snapshot(op, queue, group, shard, hwm, boundary, messages, True, invoked, self.tick(),
-                     self.world.now / 1000)
+            Snapshot(
+                op,
+                queue,
+                group,
+                shard,
+                hwm,
+                boundary,
+                messages,
+                True,
+                invoked,
+                self.tick(),
+                self.world.now / 1000,
+            )
         )
         self.reached[(shard, group)] = max(boundary, self.reached.get((shard, group), 0))
         if boundary > hwm:
@@ -342,26 +378,39 @@ class Sim:
             raise ValueError(f"unknown plant {plant!r}; known: {', '.join(PLANTS)}")
         self.seed, self.config, self.plant = seed, config, plant
         self.world = World(
-            seed, delay_ms=config.delay_ms, slow_delay_ms=config.slow_delay_ms,
-            slow_share=config.slow_share, datagram_loss=config.datagram_loss,
+            seed,
+            delay_ms=config.delay_ms,
+            slow_delay_ms=config.slow_delay_ms,
+            slow_share=config.slow_share,
+            datagram_loss=config.datagram_loss,
             peer_silence_ms=config.peer_silence_ms,
         )
         self.heads: dict[tuple[int, int], set[str]] = {}
         ids = [f"n{i}" for i in range(1, config.nodes + 1)]
         self.nodes = {
-            node_id: Node(self.world, node_id, config.shards, plant=plant,
-                          sync_ms=config.sync_ms, slow_sync_ms=config.slow_sync_ms,
-                          heartbeat_ms=config.heartbeat_ms, heads=self.heads)
+            node_id: Node(
+                self.world,
+                node_id,
+                config.shards,
+                plant=plant,
+                sync_ms=config.sync_ms,
+                slow_sync_ms=config.slow_sync_ms,
+                heartbeat_ms=config.heartbeat_ms,
+                heads=self.heads,
+            )
             for node_id in ids
         }
         for node in self.nodes.values():
             self.world.endpoints[node.id] = node
-        chains = tuple(tuple(ids[(s + i) % len(ids)] for i in range(len(ids)))
-                       for s in range(config.shards))
+        chains = tuple(
+            tuple(ids[(s + i) % len(ids)] for i in range(len(ids))) for s in range(config.shards)
+        )
         self.client = Client(self.world, self.nodes, config, chains)
-        mconfig = ManagerConfig(detection_window_ms=config.detection_window_ms,
-                                suspect_after_ms=config.suspect_after_ms,
-                                min_replicas=config.min_replicas)
+        mconfig = ManagerConfig(
+            detection_window_ms=config.detection_window_ms,
+            suspect_after_ms=config.suspect_after_ms,
+            min_replicas=config.min_replicas,
+        )
         view = ManagerView.bootstrap(mconfig, ids, chains)
         self.manager = Manager(self.world, self.nodes, view, config.tick_ms, self.client)
         self.world.endpoints[MANAGER] = self.manager
@@ -386,9 +435,14 @@ class Sim:
         world, node = self.world, self.nodes[fault.node]
         self.faults[fault.kind] += 1
         self.client.events.append(
-            Note(self.client.next_op(), "fault", {"kind": fault.kind, "node": fault.node,
-                                                  "hold_ms": round(fault.hold_ms, 1)},
-                 self.client._tick, self.client._tick, world.now / 1000)
+            Note(
+                self.client.next_op(),
+                "fault",
+                {"kind": fault.kind, "node": fault.node, "hold_ms": round(fault.hold_ms, 1)},
+                self.client._tick,
+                self.client._tick,
+                world.now / 1000,
+            )
         )
         if fault.kind == "kill":
             node.crash()
@@ -406,9 +460,9 @@ class Sim:
             if links:
                 world.close_link(links[int(fault.pick * len(links))])
         elif fault.kind == "power_loss":
-            for other, hold in zip(self.nodes.values(), fault.holds, strict=True):
-                other.crash()
-                world.at(hold, self.restart, other)
+            for each, hold in zip(self.nodes.values(), fault.holds, strict=True):
+                each.crash()
+                world.at(hold, self.restart, each)
         elif fault.kind == "slow_disk":
             node.slow_disk_until = max(node.slow_disk_until, world.now + fault.hold_ms)
         elif fault.kind == "manager_failover":
@@ -473,33 +527,49 @@ class Sim:
                 targets[shard.id] = _last_produced(head.store)
             world.run_until(deadline, lambda: self._drained(targets))
         if not settled or not self._drained(targets):
-            violations.append({
-                "property": "liveness",
-                "message": "the cluster did not converge and drain within the heal bound",
-                "detail": {"converged": settled, "targets": targets,
-                           "reached": {f"{s}/{g}": v for (s, g), v in self.client.reached.items()},
-                           "chains": [list(s.chain) for s in self.manager.view.shards]},
-            })
-        for (shard, epoch), heads in sorted(self.heads.items()):
+            violations.append(
+                {
+                    "property": "liveness",
+                    "message": "the cluster did not converge and drain within the heal bound",
+                    "detail": {
+                        "converged": settled,
+                        "targets": targets,
+                        "reached": {f"{s}/{g}": v for (s, g), v in self.client.reached.items()},
+                        "chains": [list(s.chain) for s in self.manager.view.shards],
+                    },
+                }
+            )
+        for (shard_id, epoch), heads in sorted(self.heads.items()):
             if len(heads) > 1:
-                violations.append({
-                    "property": "split_brain",
-                    "message": f"shard {shard}: {sorted(heads)} accepted writes as head at epoch "
-                               f"{epoch}",
-                    "detail": {"shard": shard, "epoch": epoch, "heads": sorted(heads)},
-                })
+                violations.append(
+                    {
+                        "property": "split_brain",
+                        "message": (
+                            f"shard {shard_id}: {sorted(heads)} accepted writes as head"
+                            f" at epoch {epoch}"
+                        ),
+                        "detail": {"shard": shard_id, "epoch": epoch, "heads": sorted(heads)},
+                    }
+                )
         events = self.client.events
         verdict = checker.check(events)
         violations = [v.to_json() for v in verdict.violations] + violations
         calls = Counter(e.outcome for e in events if isinstance(e, Produce))
         return Report(
-            seed=self.seed, plant=self.plant, ok=not violations,
+            seed=self.seed,
+            plant=self.plant,
+            ok=not violations,
             faults={kind: self.faults.get(kind, 0) for kind in FAULT_KINDS},
-            produce_calls=dict(sorted(calls.items())), acked=verdict.acked_versions,
-            lost=verdict.lost_versions, delivered=verdict.delivered_messages,
+            produce_calls=dict(sorted(calls.items())),
+            acked=verdict.acked_versions,
+            lost=verdict.lost_versions,
+            delivered=verdict.delivered_messages,
             snapshots=verdict.snapshots,
             commits=sum(1 for e in events if isinstance(e, Commit)),
-            violations=violations, events=world.events_run, sim_ms=world.now, history=events,
+            violations=violations,
+            events=world.events_run,
+            sim_ms=world.now,
+            history=events,
         )
 
     def _settled(self) -> bool:
@@ -559,7 +629,10 @@ class Summary:
 
 
 def run_seeds(
-    seeds: range | list[int], *, plant: str | None = None, config: SimConfig | None = None,
+    seeds: range | list[int],
+    *,
+    plant: str | None = None,
+    config: SimConfig | None = None,
     stop_at_first: bool = False,
 ) -> Summary:
     started = time.perf_counter()
@@ -583,8 +656,13 @@ def run_seeds(
                 break
     props = (*checker.PROPERTIES, *SIM_PROPERTIES)
     return Summary(
-        seeds=count, plant=plant, failed=failed,
-        faults={kind: faults.get(kind, 0) for kind in FAULT_KINDS}, acked=acked, lost=lost,
+        seeds=count,
+        plant=plant,
+        failed=failed,
+        faults={kind: faults.get(kind, 0) for kind in FAULT_KINDS},
+        acked=acked,
+        lost=lost,
         violations={p: violations.get(p, 0) for p in props},
-        seconds=time.perf_counter() - started, first_failure=first,
+        seconds=time.perf_counter() - started,
+        first_failure=first,
     )
