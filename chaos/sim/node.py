@@ -62,7 +62,7 @@ class Store:
     def batches_from(self, seq: int) -> list[Batch]:
         """Every batch holding seqs from ``seq`` on, the first cut to start at ``seq``."""
         out: list[Batch] = []
-        for batch in reversed(self.pending + self.batches):
+        for batch in reversed(self.batches + self.pending):
             if batch[-1].seq < seq:
                 break
             out.append(tuple(e for e in batch if e.seq >= seq) if batch[0].seq < seq else batch)
@@ -111,6 +111,10 @@ class Replica:
         self.windows: dict[int, LinkWindow] = {}
         self.next_send: dict[int, int] = {}
         self.followers: set[str] = set()
+        # Followers this upstream counts in its commit (docs/testing.md, "Findings"), and whether
+        # this follower's upstream counts it.
+        self.counted: set[str] = set()
+        self.counted_upstream = False
         self.head_ready = False
         self.waiters: list[tuple[int, Callable[[bool, int, int], None]]] = []
         self.disk_free = 0.0
@@ -150,8 +154,14 @@ class Replica:
         return self.progress is not None and not self.progress.has_upstream
 
     def is_serving_tail(self) -> bool:
-        p = self.progress
-        return p is not None and p.is_tail and self.catch_up is None and self.linked_or_alone()
+        members = self.store.chain
+        return (
+            self.progress is not None
+            and bool(members)
+            and members[-1] == self.node.id
+            and self.catch_up is None
+            and self.linked_or_alone()
+        )
 
     def linked_or_alone(self) -> bool:
         return not self.progress or not self.progress.has_upstream or self.linked
@@ -312,6 +322,7 @@ class Replica:
                 self.world.close_link(link)
         self.up_link, self.linked = None, False
         self.down, self.windows, self.next_send = {}, {}, {}
+        self.counted = set()
 
     def apply_role(self) -> None:
         """Takes up the role the recorded chain (or a catch-up) gives: links are rebuilt."""
@@ -328,17 +339,24 @@ class Replica:
             self.head_ready = False
             return
         has_up, downs = role
+        downs = downs + tuple(sorted(f for f in self.counted if f not in downs))
         store = self.store
         if fresh or old is None:
             point = store.commit_point if has_up else 0
             base = Progress(has_up, downs, commit_point=point, upstream_point=point)
         else:
+            # Reports of downstreams still linked stay (a follower counted or dropped).
+            linked = [d for d in downs if d in self.down]
             base = Progress(
                 has_up,
                 downs,
                 committed=old.committed,
                 commit_point=old.commit_point,
                 upstream_point=old.upstream_point if has_up else 0,
+                acked={d: old.acked[d] for d in linked if d in old.acked},
+                downstream_committed={
+                    d: old.downstream_committed[d] for d in linked if d in old.downstream_committed
+                },
             )
         was_head = old is not None and not old.has_upstream and not fresh
         self.progress = base
@@ -361,6 +379,7 @@ class Replica:
             return  # let running writes land first: the SUBSCRIBE names where the store ends
         link = self.world.open_link(upstream, self.node.id, self.shard)
         self.up_link, self.linked, self.heard_point = link, False, False
+        self.counted_upstream = False
         self.subscribe_on(link)
 
     def subscribe_on(self, link: Link) -> None:
@@ -422,6 +441,7 @@ class Replica:
         if (
             self.catch_up is not None
             and self.linked
+            and self.counted_upstream
             and not self.done_sent
             and 0 <= self.catch_target <= self.store.durable_last()
         ):
@@ -495,11 +515,31 @@ class Replica:
         window = self.windows[link.id]
         window.acknowledged(seq)
         self.pump(link)
+        if (
+            who in self.followers
+            and who not in self.progress.downstreams
+            and kind == "committed"
+            and seq >= self.progress.commit_point
+        ):
+            self.count_follower(who, link)
         if who in self.progress.downstreams:
             if kind == "ack":
                 self.step(chain.DownstreamAck(who, seq))
             else:
                 self.step(chain.DownstreamCommitted(who, seq))
+
+    def count_follower(self, who: str, link: Link) -> None:
+        """A follower that holds this member's commit point counts in its commit from now on, so
+        every seq the shard commits later is on it too; it may then say it caught up."""
+        self.counted.add(who)
+        self.rebuild(fresh=False)
+        self.step(chain.DownstreamLinked(who))
+        self.world.send_on(link, self.node.id, self.peer(who).on_counted_msg, self.shard, link)
+
+    def on_counted(self, link: Link) -> None:
+        if link is self.up_link and self.linked:
+            self.counted_upstream = True
+            self.check_caught_up()
 
     def link_closed(self, link: Link) -> None:
         if link is self.up_link:
@@ -511,6 +551,9 @@ class Replica:
                 del self.down[who]
                 self.windows.pop(link.id, None)
                 self.next_send.pop(link.id, None)
+                if who in self.counted:
+                    self.counted.discard(who)
+                    self.rebuild(fresh=False)
 
     # --- clients ---------------------------------------------------------------------------------
 
@@ -679,6 +722,9 @@ class Node(Endpoint):
         self, shard: int, link: Link, table: tuple[tuple[bytes, int], ...], last: int
     ) -> None:
         self.replicas[shard].on_subscribed(link, list(table), last)
+
+    def on_counted_msg(self, shard: int, link: Link) -> None:
+        self.replicas[shard].on_counted(link)
 
     def on_batch_msg(self, shard: int, link: Link, batch: Batch) -> None:
         self.replicas[shard].on_batch(link, batch)

@@ -584,7 +584,7 @@ class Sim:
 
 
 def _last_produced(store: Store) -> int:
-    for batch in reversed(store.pending + store.batches):
+    for batch in reversed(store.batches + store.pending):
         for entry in reversed(batch):
             if not entry.group:
                 return entry.seq
