@@ -756,6 +756,9 @@ class Node(Endpoint):
 
     def heartbeat(self) -> None:
         self.to_manager("heartbeat", self.reports())
+        for replica in self.replicas:
+            if replica.catch_up is not None and replica.done_sent:
+                self.to_manager("caught_up", replica.shard)  # again: a datagram may be lost
         self.later(self.heartbeat_ms, self.heartbeat)
 
     def to_manager(self, kind: str, *args: Any) -> None:
