@@ -242,6 +242,44 @@ def test_hwm_from_nowhere() -> None:
     assert props(b.events) == {"hwm"}
 
 
+
+def test_atomic_snapshot_range_splits_a_transaction() -> None:
+    b = Builder()
+    b.produce([("a", "a1"), ("b", "b1")], 1, txn=True)
+    b.snapshot(0, 1, [(1, "a", "a1")])  # a boundary inside the transaction
+    b.commit(1)
+    b.snapshot(1, 2, [(2, "b", "b1")])
+    violations = checker.check_atomic(b.events)
+    assert props(b.events) == {"atomic"}
+    assert "splits the transaction" in violations[0].detail["examples"][0]["why"]
+
+
+def test_dedup_not_what_was_acknowledged_at_the_seq() -> None:
+    # a2 was produced (in doubt), but seq 1 was acknowledged to a1's call.
+    b = Builder()
+    b.produce([("a", "a1")], 1)
+    b.produce([("a", "a2")], 0, outcome="unknown")
+    b.snapshot(0, 1, [(1, "a", "a2")])
+    violations = checker.check_dedup(b.events)
+    assert props(b.events) == {"dedup"}
+    assert violations[0].detail["examples"][0]["why"] == "not what was acknowledged at this seq"
+
+
+def test_hwm_starts_below_an_acknowledged_commit() -> None:
+    b = Builder()
+    b.produce([("a", "a1")], 1)
+    b.produce([("b", "b1")], 2)
+    b.snapshot(0, 1, [(1, "a", "a1")])
+    b.commit(1)
+    b.snapshot(0, 2, [(2, "b", "b1")])  # the group committed 1, and is served from 0
+    violations = checker.check_hwm(b.events)
+    assert "hwm" in props(b.events)
+    assert any(
+        "below the acknowledged commit" in example["why"]
+        for violation in violations
+        for example in violation.detail["examples"]
+    )
+
 @pytest.mark.parametrize("prop", checker.PROPERTIES)
 def test_each_property_is_checked(prop: str) -> None:
     """Every property named has a function, and the good history is clean for it."""
