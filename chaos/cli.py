@@ -13,9 +13,7 @@ import click
 from chaos import checker
 from chaos.history import dump_jsonl, load_jsonl
 from chaos.procs import faults
-
-# A bound on one `kayos chaos sim` call: about an hour at the simulator's ~30 seeds/s.
-SIM_SEEDS_MAX = 100_000
+from kayos import limits
 
 
 def sim_plants() -> list[str]:
@@ -126,8 +124,8 @@ def sim_command(
     from chaos.procs.campaign import new_seed
     from chaos.sim import run_seeds
 
-    if not 1 <= count <= SIM_SEEDS_MAX:
-        raise click.BadParameter(f"--seeds must be in 1..{SIM_SEEDS_MAX}")
+    if not 1 <= count <= limits.chaos_sim_seeds_max:
+        raise click.BadParameter(f"--seeds must be in 1..{limits.chaos_sim_seeds_max}")
     first = new_seed() if seed is None else seed
     click.echo(f"chaos sim: seeds {first}..{first + count - 1}", err=True)
     summary = run_seeds(range(first, first + count), plant=plant)

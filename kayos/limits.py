@@ -460,3 +460,9 @@ assert 0 < spark_read_page_rows_default <= consume_page_entries_max
 assert 0 < spark_write_batch_rows <= batch_entries_max
 assert 0 < spark_write_in_flight_batches <= client_in_flight_requests_max
 assert spark_range_catch_up_ms > 0
+
+# --- chaos testing (chaos/, docs/testing.md) ----------------------------------------------------
+
+# Seeds one `kayos chaos sim` call runs: about an hour of the simulator at ~30 seeds/s; a longer
+# run is several calls with different --seed, each replayable on its own.
+chaos_sim_seeds_max = 100_000

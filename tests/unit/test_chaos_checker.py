@@ -242,7 +242,6 @@ def test_hwm_from_nowhere() -> None:
     assert props(b.events) == {"hwm"}
 
 
-
 def test_atomic_snapshot_range_splits_a_transaction() -> None:
     b = Builder()
     b.produce([("a", "a1"), ("b", "b1")], 1, txn=True)
@@ -279,6 +278,7 @@ def test_hwm_starts_below_an_acknowledged_commit() -> None:
         for violation in violations
         for example in violation.detail["examples"]
     )
+
 
 @pytest.mark.parametrize("prop", checker.PROPERTIES)
 def test_each_property_is_checked(prop: str) -> None:
