@@ -234,7 +234,11 @@ class Replica:
     def synced(self, kind: str, payload: Any) -> None:
         self.disk_ops -= 1
         store = self.store
-        if kind == "batch":
+        if kind == "batch" and self.node.failing_syncs > 0:
+            self.node.failing_syncs -= 1
+            if not self.sync_failed():
+                return
+        elif kind == "batch":
             # One sync makes durable every batch written before it started (a group commit).
             store.batches += store.pending[:payload]
             del store.pending[:payload]
@@ -271,6 +275,29 @@ class Replica:
                 fn()
             if self.disk_ops == 0:
                 self.node.later(0, self.subscribe)
+
+    def sync_failed(self) -> bool:
+        """A sync failed (``fsync_error``): what it held, and every write behind it, is lost.
+
+        A head follows docs/replication-protocol.md ("A head starts a new history after a
+        loss"): it fails the writes waiting on it, closes its downstream links (they may hold
+        seqs it lost), forgets their reports and writes a takeover entry before it takes another
+        write. Any other member stops (a process that cannot sync exits) and is started again.
+        Returns whether the replica goes on."""
+        self.syncing = False
+        self.store.pending = []
+        if not self.is_head():
+            self.node.crash()
+            self.node.world.at(self.node.restart_after_ms, self.node.start_if_down)
+            return False
+        self.step(chain.Discarded())
+        waiting, self.waiters = self.waiters, []
+        for last, reply in waiting:
+            reply(False, last, 0)
+        self.close_down()
+        self.head_ready = False
+        self.disk("takeover", self.node.world.rng.randbytes(16))
+        return True
 
     def write(self, batch: Batch) -> None:
         self.store.pending.append(batch)
@@ -636,6 +663,8 @@ class Node(Endpoint):
         self.incarnation = 0
         self.inbox: list[tuple[int, Callable[..., None], tuple[Any, ...]]] = []
         self.slow_disk_until = 0.0
+        self.failing_syncs = 0  # the next syncs that fail (an fsync_error fault)
+        self.restart_after_ms = 50.0
         self._heads = heads
         self.manager_inbox: Callable[..., None] = lambda *args: None
 
@@ -660,6 +689,10 @@ class Node(Endpoint):
     def _fire(self, incarnation: int, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
         if incarnation == self.incarnation and self.up:
             self.deliver(fn, args)
+
+    def start_if_down(self) -> None:
+        if not self.up:
+            self.start()
 
     def start(self) -> None:
         self.up, self.paused = True, False

@@ -37,7 +37,16 @@ from kayos.manager.events import Event as ManagerEvent
 from kayos.manager.view import Config as ManagerConfig
 from kayos.manager.view import ManagerView
 
-FAULT_KINDS = ("kill", "pause", "partition", "reset", "power_loss", "slow_disk", "manager_failover")
+FAULT_KINDS = (
+    "kill",
+    "pause",
+    "partition",
+    "reset",
+    "power_loss",
+    "slow_disk",
+    "fsync_error",
+    "manager_failover",
+)
 SIM_PROPERTIES = ("split_brain", "liveness")
 
 
@@ -465,6 +474,8 @@ class Sim:
                 world.at(hold, self.restart, each)
         elif fault.kind == "slow_disk":
             node.slow_disk_until = max(node.slow_disk_until, world.now + fault.hold_ms)
+        elif fault.kind == "fsync_error":
+            node.failing_syncs += 1
         elif fault.kind == "manager_failover":
             self.manager.failover()
 

@@ -269,8 +269,11 @@ def rollback_point(
 
 
 def with_takeover(table: TakeoverTable, uuid: bytes, seq: int) -> TakeoverTable:
-    """The table after a member becomes head at ``seq`` (oldest entries dropped past the cap)."""
-    return [*table, (uuid, seq)][-limits.takeover_table_entries_max :]
+    """The table after a member becomes head at ``seq``: entries past ``seq`` dropped (they name
+    masters of seqs this member never held, which the new master now writes), then the new entry
+    added, then the oldest entries dropped past the cap. A table's seqs never decrease."""
+    kept = [entry for entry in table if entry[1] <= seq]
+    return [*kept, (uuid, seq)][-limits.takeover_table_entries_max :]
 
 
 # --- learner and repair links -----------------------------------------------------------------
