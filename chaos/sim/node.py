@@ -120,6 +120,7 @@ class Replica:
         self.disk_free = 0.0
         self.disk_ops = 0
         self.cp_write_queued = False
+        self.table_pending = False  # the upstream's table is recorded but not yet durable
         self.syncing = False
         self.when_idle: list[Callable[[], None]] = []
 
@@ -252,6 +253,7 @@ class Replica:
                 self.check_caught_up()
         elif kind == "table":
             store.table = list(payload)
+            self.table_pending = False
         elif kind == "takeover":
             store.table = chain.with_takeover(store.table, payload, store.last())
             self.head_ready = True
@@ -436,7 +438,10 @@ class Replica:
         if link is not self.up_link or self.linked or self.progress is None:
             return
         if list(table) != self.store.table:
+            # The real replica commits the table before it applies a batch; here batches may be
+            # taken in meanwhile (their syncs queue behind it), so SUBSCRIBE waits for it instead.
             self.disk("table", list(table))
+            self.table_pending = True
             self.close_down()
         self.linked = True
         if self.catch_up is not None:
@@ -479,7 +484,7 @@ class Replica:
 
     def on_subscribe(self, link: Link, who: str, from_seq: int, table: TakeoverTable) -> None:
         p = self.progress
-        ready = p is not None and (p.has_upstream or self.head_ready)
+        ready = p is not None and (p.has_upstream or self.head_ready) and not self.table_pending
         member = p is not None and (who in p.downstreams or who in self.followers)
         if not (ready and member and link.open):
             self.world.close_link(link)  # refused: it subscribes again after a pause
