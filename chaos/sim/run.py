@@ -124,6 +124,8 @@ class Report:
     violations: list[dict[str, Any]]
     events: int
     sim_ms: float
+    splices: int = 0  # SpliceChain orders the manager gave (chain changes, shard by shard)
+    catch_ups: int = 0  # StartCatchUp orders (returned nodes sent to copy from a tail)
     history: list[Event] = field(default_factory=list, repr=False)
 
     def replay(self) -> str:
@@ -144,6 +146,7 @@ class Report:
             "commits": self.commits,
             "events": self.events,
             "sim_ms": round(self.sim_ms, 1),
+            "manager": {"splices": self.splices, "catch_ups": self.catch_ups},
             "violations": self.violations,
             "replay": self.replay(),
         }
@@ -580,6 +583,8 @@ class Sim:
             violations=violations,
             events=world.events_run,
             sim_ms=world.now,
+            splices=self.manager.splices,
+            catch_ups=self.manager.catch_ups,
             history=events,
         )
 
@@ -616,6 +621,8 @@ class Summary:
     lost: int
     violations: dict[str, int]
     seconds: float
+    splices: int
+    catch_ups: int
     first_failure: Report | None
 
     @property
@@ -630,6 +637,7 @@ class Summary:
             "failed_seeds": self.failed[:50],
             "failed": len(self.failed),
             "faults": self.faults,
+            "manager": {"splices": self.splices, "catch_ups": self.catch_ups},
             "acked": self.acked,
             "lost": self.lost,
             "violations": self.violations,
@@ -650,7 +658,7 @@ def run_seeds(
     faults: Counter[str] = Counter()
     violations: Counter[str] = Counter()
     failed: list[int] = []
-    acked = lost = count = 0
+    acked = lost = count = splices = catch_ups = 0
     first: Report | None = None
     for seed in seeds:
         report = run_seed(seed, plant=plant, config=config)
@@ -658,6 +666,8 @@ def run_seeds(
         faults.update(report.faults)
         acked += report.acked
         lost += report.lost
+        splices += report.splices
+        catch_ups += report.catch_ups
         for violation in report.violations:
             violations[violation["property"]] += 1
         if not report.ok:
@@ -675,5 +685,7 @@ def run_seeds(
         lost=lost,
         violations={p: violations.get(p, 0) for p in props},
         seconds=time.perf_counter() - started,
+        splices=splices,
+        catch_ups=catch_ups,
         first_failure=first,
     )
