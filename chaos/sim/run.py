@@ -20,7 +20,8 @@ from typing import Any
 from chaos import checker
 from chaos.history import Commit, Event, Note, Outcome, Produce, Snapshot
 from chaos.sim.core import CLIENT, MANAGER, Endpoint, World
-from chaos.sim.node import PLANTS, Entry, Node, Store
+from chaos.sim.node import PLANTS, Node
+from chaos.sim.store import Entry, Store
 from kayos.manager import (
     CatchUpDone,
     HeadTookOver,
