@@ -81,13 +81,17 @@ def test_cli_sim_reports_and_replays() -> None:
     assert result.exit_code == (0 if report["ok"] else 1)
     assert report["seeds"] == 2
     assert set(report["faults"]) == set(FAULT_KINDS)
+    plant = "head_counts_no_ack"
+    found = run_seeds(range(PLANT_SEEDS_MAX), plant=plant, stop_at_first=True).failed
+    assert found, f"{plant} not found in {PLANT_SEEDS_MAX} seeds"
+    seed = found[0]
     planted = runner.invoke(
-        chaos, ["sim", "--seeds", "1", "--seed", "0", "--plant", "head_counts_no_ack", "--json"]
+        chaos, ["sim", "--seeds", "1", "--seed", str(seed), "--plant", plant, "--json"]
     )
     assert planted.exit_code == 1
     body = json.loads(planted.stdout)
-    assert body["failed_seeds"] == [0]
-    assert body["replay"] == "kayos chaos sim --seed 0 --seeds 1 --plant head_counts_no_ack"
+    assert body["failed_seeds"] == [seed]
+    assert body["replay"] == f"kayos chaos sim --seed {seed} --seeds 1 --plant {plant}"
     assert body["first_failure"]["violations"]
 
 
