@@ -22,6 +22,7 @@ from chaos.history import Commit, Event, Note, Outcome, Produce, Snapshot
 from chaos.sim.core import CLIENT, MANAGER, Endpoint, World
 from chaos.sim.node import PLANTS, Node
 from chaos.sim.store import Entry, Store
+from kayos.errors import InvalidRequest
 from kayos.manager import (
     CatchUpDone,
     HeadTookOver,
@@ -388,7 +389,7 @@ class Client(Endpoint):
 class Sim:
     def __init__(self, seed: int, config: SimConfig, plant: str | None) -> None:
         if plant is not None and plant not in PLANTS:
-            raise ValueError(f"unknown plant {plant!r}; known: {', '.join(PLANTS)}")
+            raise InvalidRequest(f"unknown plant {plant!r}; known: {', '.join(PLANTS)}")
         self.seed, self.config, self.plant = seed, config, plant
         self.world = World(
             seed,

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from chaos import checker
 from chaos.cli import chaos
 from chaos.sim import FAULT_KINDS, PLANTS, SimConfig, run_seed, run_seeds, schedule
+from kayos.errors import InvalidRequest
 
 CI_SEEDS = range(200)
 PLANT_SEEDS_MAX = 1_000
@@ -70,7 +71,7 @@ def test_a_planted_bug_is_found_within_1000_seeds(plant: str) -> None:
 
 
 def test_an_unknown_plant_is_refused() -> None:
-    with pytest.raises(ValueError, match="unknown plant"):
+    with pytest.raises(InvalidRequest, match="unknown plant"):
         run_seed(1, plant="no_such_bug")
 
 
