@@ -449,6 +449,8 @@ class Replica:
         )
         if who in p.downstreams:
             self.step(chain.DownstreamLinked(who))
+        if who in self.counted:
+            self.world.send_on(link, self.node.id, self.peer(who).on_counted_msg, self.shard, link)
         self.pump(link)
 
     def pump(self, link: Link) -> None:
@@ -493,6 +495,22 @@ class Replica:
             else:
                 self.step(chain.DownstreamCommitted(who, seq))
 
+    def set_followers(self, names: tuple[str, ...], epoch: int) -> None:
+        """The manager's list of this tail's catch-up followers at ``epoch``; one dropped from it
+        (it went down) no longer counts in the commit. A list from an epoch this replica has not
+        adopted is ignored: the follower may have joined the chain in it."""
+        if epoch != self.store.epoch:
+            return
+        self.followers = set(names)
+        dropped = self.counted - self.followers
+        if dropped:
+            self.counted -= dropped
+            for who in dropped:
+                link = self.down.get(who)
+                if link is not None:
+                    self.world.close_link(link)
+            self.rebuild(fresh=False)
+
     def count_follower(self, who: str, link: Link) -> None:
         """A follower that holds this member's commit point counts in its commit from now on, so
         every seq the shard commits later is on it too; it may then say it caught up."""
@@ -516,9 +534,10 @@ class Replica:
                 del self.down[who]
                 self.windows.pop(link.id, None)
                 self.next_send.pop(link.id, None)
-                if who in self.counted:
-                    self.counted.discard(who)
-                    self.rebuild(fresh=False)
+                # A counted follower stays counted when its link drops: the manager may already
+                # have made it a member, and committing without it would leave a seq off a
+                # member (a partitioned head acked writes alone). Only the manager's word (a new
+                # chain, or the follower gone from its catch-ups) ends the count.
 
     # --- clients ---------------------------------------------------------------------------------
 
@@ -708,6 +727,9 @@ class Node(Endpoint):
 
     def on_chain(self, shard: int, members: tuple[str, ...], epoch: int) -> None:
         self.replicas[shard].adopt(members, epoch)
+
+    def on_followers(self, shard: int, names: tuple[str, ...], epoch: int) -> None:
+        self.replicas[shard].set_followers(names, epoch)
 
     def on_catch_up(self, shard: int, node: str, upstream: str, rollback_to: int | None) -> None:
         replica = self.replicas[shard]

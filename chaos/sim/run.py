@@ -232,10 +232,9 @@ class Manager(Endpoint):
             if node in shard.catching_up and catching != shard.tail:
                 self.order_catch_up(node, shard.id, shard.tail, None)
             if node == shard.tail:
-                for follower in shard.catching_up:
-                    self.world.send(
-                        MANAGER, node, endpoint.on_catch_up, shard.id, follower, node, None
-                    )
+                self.world.send(
+                    MANAGER, node, endpoint.on_followers, shard.id, shard.catching_up, shard.epoch
+                )
 
     def failover(self) -> None:
         self.decide(ManagerLeaderChanged(self.now()))
