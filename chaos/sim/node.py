@@ -39,6 +39,7 @@ class Replica:
         self.heard_point = False  # a COMMIT_POINT came on the current upstream link
         self.catch_up: str | None = None  # the upstream a non-member copies from
         self.catch_target = -1
+        self.catch_order = 0
         self.done_sent = False
         self.down: dict[str, Link] = {}
         self.windows: dict[int, LinkWindow] = {}
@@ -264,11 +265,15 @@ class Replica:
             self.catch_up = None
         self.apply_role()
 
-    def start_catch_up(self, upstream: str, rollback_to: int | None) -> None:
+    def start_catch_up(self, upstream: str, rollback_to: int | None, order: int) -> None:
+        """``order`` names the manager's order: ``CatchUpDone`` carries it, so a report of an
+        earlier catch-up arriving late is not taken for this one."""
         if self.node.id in self.store.chain:
             return
-        if self.catch_up == upstream and self.progress is not None:
+        if self.catch_up == upstream and self.progress is not None and rollback_to is None:
+            self.catch_order = order  # the same catch-up, ordered again
             return
+        self.catch_order = order
         self.catch_up = upstream
         self.catch_target = -1
         self.done_sent = False
@@ -411,7 +416,7 @@ class Replica:
             and 0 <= self.catch_target <= self.store.durable_last()
         ):
             self.done_sent = True
-            self.node.to_manager("caught_up", self.shard)
+            self.node.to_manager("caught_up", self.shard, self.catch_order)
 
     # --- the upstream side of a link -------------------------------------------------------------
 
@@ -731,19 +736,22 @@ class Node(Endpoint):
     def on_followers(self, shard: int, names: tuple[str, ...], epoch: int) -> None:
         self.replicas[shard].set_followers(names, epoch)
 
-    def on_catch_up(self, shard: int, node: str, upstream: str, rollback_to: int | None) -> None:
+    def on_catch_up(
+        self, shard: int, node: str, upstream: str, rollback_to: int | None, order: int
+    ) -> None:
         replica = self.replicas[shard]
         if node == self.id:
-            replica.start_catch_up(upstream, rollback_to)
+            replica.start_catch_up(upstream, rollback_to, order)
         else:
             replica.followers.add(node)
 
     # --- the manager -----------------------------------------------------------------------------
 
-    def reports(self) -> tuple[tuple[int, tuple[tuple[bytes, int], ...], int, str], ...]:
-        """Per shard: last seq, takeover table, epoch held, the upstream it catches up from."""
+    def reports(self) -> tuple[tuple[int, tuple[tuple[bytes, int], ...], int, str, int], ...]:
+        """Per shard: last seq, takeover table, epoch held, the upstream it catches up from and
+        the manager's order it follows."""
         return tuple(
-            (r.store.last(), tuple(r.store.table), r.store.epoch, r.catch_up or "")
+            (r.store.last(), tuple(r.store.table), r.store.epoch, r.catch_up or "", r.catch_order)
             for r in self.replicas
         )
 
@@ -751,7 +759,8 @@ class Node(Endpoint):
         self.to_manager("heartbeat", self.reports())
         for replica in self.replicas:
             if replica.catch_up is not None and replica.done_sent:
-                self.to_manager("caught_up", replica.shard)  # again: a datagram may be lost
+                # Again: a datagram may be lost.
+                self.to_manager("caught_up", replica.shard, replica.catch_order)
         self.later(self.heartbeat_ms, self.heartbeat)
 
     def to_manager(self, kind: str, *args: Any) -> None:

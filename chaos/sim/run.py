@@ -174,6 +174,8 @@ class Manager(Endpoint):
         self.heard: list[tuple[str, int]] = []
         self.splices = 0
         self.catch_ups = 0
+        self.orders = 0
+        self.order_of: dict[tuple[str, int], int] = {}
         world.at(tick_ms, self.tick)
 
     def now(self) -> int:
@@ -200,9 +202,15 @@ class Manager(Endpoint):
                 self.client.chains = tuple(s.chain for s in self.view.shards)
 
     def order_catch_up(self, node: str, shard: int, upstream: str, rollback: int | None) -> None:
+        """Each order is numbered; a ``CatchUpDone`` answering an older one is dropped (a late
+        report of an earlier catch-up rejoined a node about to roll back: long run, seed 1523)."""
+        self.orders += 1
+        self.order_of[(node, shard)] = self.orders
         for target in (upstream, node):
             endpoint = self.nodes[target]
-            self.world.send(MANAGER, target, endpoint.on_catch_up, shard, node, upstream, rollback)
+            self.world.send(
+                MANAGER, target, endpoint.on_catch_up, shard, node, upstream, rollback, self.orders
+            )
 
     def inbox(self, kind: str, node: str, at: float, args: tuple[Any, ...]) -> None:
         if kind in ("heartbeat", "returned"):
@@ -211,7 +219,7 @@ class Manager(Endpoint):
             state = self.view.node(node)
             if kind == "returned" or (state is not None and state.state in ("down", "slow")):
                 shard_reports = tuple(
-                    ShardReport(i, last, table) for i, (last, table, _e, _c) in enumerate(reports)
+                    ShardReport(i, report[0], report[1]) for i, report in enumerate(reports)
                 )
                 self.decide(NodeReturned(node, self.now(), shard_reports))
             self.anti_entropy(node, reports)
@@ -219,17 +227,21 @@ class Manager(Endpoint):
             shard, master, seq = args
             self.decide(HeadTookOver(shard, node, master, seq))
         elif kind == "caught_up":
-            self.decide(CatchUpDone(node, args[0]))
+            shard, order = args
+            if self.order_of.get((node, shard)) == order:
+                self.decide(CatchUpDone(node, shard))
 
     def anti_entropy(self, node: str, reports: tuple[Any, ...]) -> None:
         """Orders a node missed (a lost datagram, a pause, a restart) are sent again."""
         endpoint = self.nodes[node]
-        for shard, (_last, _table, epoch, catching) in zip(self.view.shards, reports, strict=True):
+        for shard, report in zip(self.view.shards, reports, strict=True):
+            _last, _table, epoch, catching, order = report
             if epoch < shard.epoch:
                 self.world.send(
                     MANAGER, node, endpoint.on_chain, shard.id, shard.chain, shard.epoch
                 )
-            if node in shard.catching_up and catching != shard.tail:
+            current = self.order_of.get((node, shard.id))
+            if node in shard.catching_up and (catching != shard.tail or order != current):
                 self.order_catch_up(node, shard.id, shard.tail, None)
             if node == shard.tail:
                 self.world.send(
