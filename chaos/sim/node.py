@@ -270,9 +270,9 @@ class Replica:
         earlier catch-up arriving late is not taken for this one."""
         if self.node.id in self.store.chain:
             return
-        if self.catch_up == upstream and self.progress is not None and rollback_to is None:
-            self.catch_order = order  # the same catch-up, ordered again
-            return
+        if order == self.catch_order and self.catch_up == upstream and self.progress is not None:
+            return  # this very order, delivered twice
+        # A new order starts afresh (a report of the one before must not answer it).
         self.catch_order = order
         self.catch_up = upstream
         self.catch_target = -1
