@@ -17,7 +17,7 @@ def test_a_takeover_drops_entries_past_its_seq() -> None:
     assert with_takeover(table, N, 90) == [*table, (N, 90)]
 
 
-def test_the_seeds_never_decrease_whatever_the_takeovers() -> None:
+def test_the_seqs_never_decrease_whatever_the_takeovers() -> None:
     table: chain.TakeoverTable = []
     for i, seq in enumerate([0, 40, 12, 12, 80, 3, 50]):
         table = with_takeover(table, bytes([i + 1]) * 16, seq)
