@@ -157,6 +157,17 @@ class WrongPeerError(Unauthenticated):
     code = "wrong_peer"
 
 
+class NotLeaderError(KayosError):
+    """A manager member that does not lead was asked to change the view; ``redirect`` is the
+    leader's HTTP URL when known (docs/manager.md, "HTTP endpoints")."""
+
+    code = "not_leader"
+
+    def __init__(self, message: str, *, redirect: str | None = None) -> None:
+        super().__init__(message)
+        self.redirect = redirect
+
+
 # --- the host ------------------------------------------------------------------------------------
 
 
@@ -207,6 +218,8 @@ def error_from_code(
     cls = _CLASS_BY_CODE.get(code)
     if cls is WrongRoleError:
         return WrongRoleError(message, redirect=redirect, epoch=epoch)
+    if cls is NotLeaderError:
+        return NotLeaderError(message, redirect=redirect)
     if cls is None or cls is CorruptionError:
         # CorruptionError takes keyword arguments a wire reply does not carry.
         return (cls or KayosError)(f"{code}: {message}" if cls is None else message)

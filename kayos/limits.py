@@ -370,6 +370,48 @@ assert manager_detection_window_ms > peer_silence_ms_max
 assert 0 < manager_slow_p99_ms < manager_slow_window_ms
 assert manager_min_replicas_default >= 1
 
+# --- the manager process (kayos/control/, docs/manager.md "Running it") --------------------------
+
+# How often the leader polls every node's GET /v1/status: one Raft entry per round, so 5 entries
+# a second (pysyncobj commits far more asynchronously); a dead node is found within the detection
+# window plus one interval.
+manager_poll_interval_ms = 200
+# One status poll or admin message to a node: a node slower than this is not heard that round.
+# Well below the suspect bound, so one slow answer never makes a node suspect.
+manager_request_timeout_ms = 500
+# Raft election timeouts (pysyncobj raftMinTimeout/raftMaxTimeout). Measured on this machine with
+# pysyncobj 0.3.17: 0.15-0.45 s gives leader failover in 0.6-0.8 s (defaults 0.4-1.4 s: 1.3-1.8 s).
+manager_raft_min_timeout_ms = 150
+manager_raft_max_timeout_ms = 450
+# The leader's Raft heartbeat (appendEntriesPeriod): under a third of the least election timeout, so
+# a follower hears a live leader several times before it would call an election.
+manager_raft_heartbeat_ms = 40
+# Members of one manager group: 3 or 5 in practice (a majority must live); 1 for tests.
+manager_members_max = 7
+# A learner whose durable_seq is this close to the tail's is caught up: it joins the chain as
+# tail and its upstream link's handshake copies the last few entries (writes go on meanwhile).
+manager_catchup_done_lag_seqs = 1_000
+# A catch-up order the node does not act on (it does not report the shard as a learner) is sent
+# again after this long; also the least time between two topology re-sends to one node.
+manager_resend_interval_ms = 1_000
+# A node removed as slow returns after answering this many polls in a row within slow_p99_ms
+# (2 s at the default interval): a node that is still stuck does not flap back in.
+manager_slow_return_polls = 10
+# How long a member waits for its own log entry to be applied (remove-node, the leader-change
+# entry) before answering `timeout`.
+manager_apply_timeout_ms = 5_000
+# (entries applied, view hash) pairs each member keeps for GET /v1/manager/status, so members'
+# views can be compared at the same entry while the leader keeps logging.
+manager_hash_history = 64
+# Raft log entries kept before pysyncobj compacts them into the dump file.
+manager_log_compaction_entries = 5_000
+
+assert 0 < manager_request_timeout_ms < manager_suspect_after_ms
+assert 0 < manager_poll_interval_ms < manager_suspect_after_ms
+assert 0 < manager_raft_heartbeat_ms * 3 < manager_raft_min_timeout_ms  # pysyncobj requires it
+assert manager_raft_min_timeout_ms < manager_raft_max_timeout_ms
+assert manager_members_max >= 3 and manager_slow_return_polls >= 1
+
 # --- topology changes (docs/node-api.md, "Topology changes") -----------------------------------
 
 # A node starting asks each peer's GET /v1/topology for a newer signed topology, all at once, for

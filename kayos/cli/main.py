@@ -283,6 +283,35 @@ def node(config_path: str, node_id: str, data_dir: str, log_level: str) -> None:
 
 @cli.command()
 @click.option(
+    "--topology",
+    "config_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help='The cluster\'s topology file with its [managers."<id>"] tables (docs/manager.md).',
+)
+@click.option("--id", "member_id", required=True, help="This member's id in [managers].")
+@click.option("--data", "data_dir", required=True, help="This member's data directory.")
+@click.option("--log-level", default="INFO", show_default=True)
+def manager(config_path: str, member_id: str, data_dir: str, log_level: str) -> None:
+    """Run one member of the cluster manager in the foreground until SIGINT/SIGTERM."""
+    import asyncio
+    import logging
+
+    from kayos.control import config
+    from kayos.control.member import serve
+    from kayos.errors import KayosError
+
+    logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        setup = config.load(config_path)
+        setup.member(member_id)
+        asyncio.run(serve(setup, member_id, data_dir))
+    except KayosError as exc:
+        raise click.ClickException(f"{exc.code}: {exc}") from exc
+
+
+@cli.command()
+@click.option(
     "--out",
     "out_path",
     required=True,

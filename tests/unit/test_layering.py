@@ -41,7 +41,7 @@ FLOORS: list[tuple[int, tuple[str, ...]]] = [
         ),
     ),
     (2, ("kayos.replication",)),
-    (3, ("kayos.node", "kayos.client", "kayos.embedded")),
+    (3, ("kayos.node", "kayos.client", "kayos.embedded", "kayos.control")),
     (
         4,
         (
@@ -165,6 +165,21 @@ def test_no_import_cycles() -> None:
 
     for module in sorted(graph):
         visit(module)
+
+
+def test_only_the_raft_adapter_imports_pysyncobj() -> None:
+    """pysyncobj pickles what it replicates and runs its own threads: one module wraps it."""
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                names = []
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module]
+                if any(name.split(".")[0] == "pysyncobj" for name in names):
+                    assert module_name(path) == "kayos.control.raft", path
 
 
 def test_the_manager_core_is_pure() -> None:

@@ -1,0 +1,336 @@
+"""The leader's driver (docs/manager.md, "The driver loop"): poll every node, log what was seen,
+carry out what ``decide`` asked.
+
+``plan_round`` is the whole of the choosing: the view, one round's answers and the driver's small
+memory in; the events to log and the messages to send out. It reads no clock and does no I/O.
+``Driver`` is the thin asyncio part: it asks, logs, sends, and sleeps until the next round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kayos import limits
+from kayos.control.codec import action_to_data
+from kayos.errors import KayosError
+from kayos.identity import ClusterIdentity
+from kayos.manager import (
+    Action,
+    Alert,
+    CatchUpDone,
+    ClearAlert,
+    Event,
+    LatencyReport,
+    ManagerLeaderChanged,
+    ManagerView,
+    NodeReturned,
+    PublishTopology,
+    RejoinAsTail,
+    ShardReport,
+    SpliceChain,
+    StartCatchUp,
+    TimerTick,
+)
+from kayos.signing import sign
+from kayos.topology import NodeAddr, ShardChain, Topology
+
+log = logging.getLogger("kayos.manager.driver")
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One node's answer in a round: its ``GET /v1/status`` body (None: no answer within the
+    bound), the time it arrived, and how long it took."""
+
+    status: Mapping[str, Any] | None
+    at_ms: int
+    elapsed_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """What the driver remembers between rounds (leader-local, lost on a leader change, which
+    only costs a re-send): who answered last round, how many fast answers in a row each slow
+    node gave, and when each message was last sent."""
+
+    answered: frozenset[str] = frozenset()
+    fast_answers: Mapping[str, int] = field(default_factory=dict)
+    sent_topology_ms: Mapping[str, int] = field(default_factory=dict)
+    sent_catch_up_ms: Mapping[tuple[str, int], int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class CatchUpOrder:
+    node: str
+    shard: int
+    upstream: str
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    events: list[Event]
+    send_topology: list[str]
+    send_catch_up: list[CatchUpOrder]
+    memory: Memory
+
+
+def _shard_status(status: Mapping[str, Any] | None, shard: int) -> Mapping[str, Any] | None:
+    if status is None:
+        return None
+    shards = status.get("shards")
+    entry = shards.get(str(shard)) if isinstance(shards, dict) else None
+    return entry if isinstance(entry, dict) else None
+
+
+def durable_seq(entry: Mapping[str, Any]) -> int | None:
+    """A shard's durable seq from a status entry (``durable_seq``, else ``last_seq``)."""
+    value = entry.get("durable_seq", entry.get("last_seq"))
+    return value if type(value) is int and value >= 0 else None
+
+
+def _reports(status: Mapping[str, Any]) -> tuple[ShardReport, ...]:
+    shards = status.get("shards")
+    if not isinstance(shards, dict):
+        return ()
+    reports = []
+    for key, entry in sorted(shards.items()):
+        if not (isinstance(key, str) and key.isdigit() and isinstance(entry, dict)):
+            continue
+        seq = durable_seq(entry)
+        if seq is None:
+            continue
+        takeover: list[tuple[bytes, int]] = []
+        for item in entry.get("takeover") or ():
+            try:
+                master, at = item
+                if type(at) is int and at >= 0 and 1 <= len(bytes.fromhex(master)) <= 16:
+                    takeover.append((bytes.fromhex(master), at))
+            except (TypeError, ValueError):
+                takeover = []
+                break
+        reports.append(
+            ShardReport(int(key), seq, tuple(takeover[: limits.takeover_table_entries_max]))
+        )
+    return tuple(reports[: limits.manager_shards_max])
+
+
+def _latency_events(view: ManagerView, reporter: str, status: Mapping[str, Any]) -> list[Event]:
+    """The reporter's measurements worth logging: over the slow bound on a long enough window,
+    or about a node the view holds slow (so it can recover)."""
+    table = status.get("latency")
+    if not isinstance(table, dict):
+        return []
+    states = {n.id: n.state for n in view.nodes}
+    events: list[Event] = []
+    for peer, entry in sorted(table.items()):
+        if peer not in states or peer == reporter or not isinstance(entry, dict):
+            continue
+        p99, window, samples = entry.get("p99_ms"), entry.get("window_ms"), entry.get("samples")
+        if not isinstance(p99, int | float) or type(window) is not int or type(samples) is not int:
+            continue
+        if samples <= 0 or window < view.config.slow_window_ms or not math.isfinite(p99) or p99 < 0:
+            continue
+        p99_ms = math.ceil(p99)
+        if p99_ms > view.config.slow_p99_ms or states[peer] == "slow":
+            events.append(LatencyReport(reporter, peer, p99_ms, window))
+    return events
+
+
+def plan_round(
+    view: ManagerView, answers: Mapping[str, Answer], now_ms: int, memory: Memory
+) -> Plan:
+    """One round: ``answers`` holds every node the view knows (status None: no answer)."""
+    states = {n.id: n.state for n in view.nodes}
+    in_chain = {m for s in view.shards for m in s.chain}
+    answered = {n for n, a in answers.items() if a.status is not None and n in states}
+    heard = tuple(sorted((n, answers[n].at_ms) for n in answered))
+    events: list[Event] = [TimerTick(now_ms, heard)]
+    fast = dict(memory.fast_answers)
+    for node in sorted(answered):
+        status = answers[node].status
+        assert status is not None
+        if states[node] == "down":
+            events.append(NodeReturned(node, answers[node].at_ms, _reports(status)))
+        elif states[node] == "slow" and node not in in_chain:
+            quick = answers[node].elapsed_ms <= view.config.slow_p99_ms
+            fast[node] = fast.get(node, 0) + 1 if quick else 0
+            if fast[node] >= limits.manager_slow_return_polls:
+                events.append(NodeReturned(node, answers[node].at_ms, _reports(status)))
+                fast.pop(node)
+        if states[node] == "up":
+            events += _latency_events(view, node, status)
+    fast = {n: c for n, c in fast.items() if states.get(n) == "slow" and n in answered}
+
+    # Catch-ups: done when close to the tail; ordered again when the node does not act on it.
+    send_catch_up: list[CatchUpOrder] = []
+    sent_catch_up = dict(memory.sent_catch_up_ms)
+    for shard in view.shards:
+        tail_entry = _shard_status(
+            answers[shard.tail].status if shard.tail in answers else None, shard.id
+        )
+        tail_seq = durable_seq(tail_entry) if tail_entry is not None else None
+        for node in shard.catching_up:
+            entry = _shard_status(answers[node].status if node in answers else None, shard.id)
+            if entry is None or node not in answered:
+                continue
+            seq = durable_seq(entry)
+            if (
+                tail_seq is not None
+                and seq is not None
+                and seq >= tail_seq - limits.manager_catchup_done_lag_seqs
+            ):
+                events.append(CatchUpDone(node, shard.id))
+                continue
+            last = sent_catch_up.get((node, shard.id))
+            if entry.get("role") != "learner" and (
+                last is None or now_ms - last >= limits.manager_resend_interval_ms
+            ):
+                send_catch_up.append(CatchUpOrder(node, shard.id, shard.tail))
+                sent_catch_up[(node, shard.id)] = now_ms
+    live_orders = {(n, s.id) for s in view.shards for n in s.catching_up}
+    sent_catch_up = {k: v for k, v in sent_catch_up.items() if k in live_orders}
+
+    # Topology: to every node behind the view's epoch, and to one that answers again.
+    send_topology: list[str] = []
+    sent_topology = dict(memory.sent_topology_ms)
+    for node in sorted(answered):
+        status = answers[node].status
+        assert status is not None
+        epoch = status.get("epoch")
+        behind = type(epoch) is int and epoch < view.epoch
+        back = node not in memory.answered
+        last = sent_topology.get(node)
+        recent = last is not None and now_ms - last < limits.manager_resend_interval_ms
+        if back or (behind and not recent):
+            send_topology.append(node)
+            sent_topology[node] = now_ms
+    memory = Memory(frozenset(answered), fast, sent_topology, sent_catch_up)
+    return Plan(events, send_topology, send_catch_up, memory)
+
+
+def topology_of(view: ManagerView, nodes: Mapping[str, NodeAddr]) -> Topology:
+    """The topology the view describes: its epoch and chains, the file's node addresses."""
+    shards = {s.id: ShardChain(s.id, s.chain) for s in view.shards}
+    return Topology(view.epoch, dict(nodes), shards)
+
+
+def signed(identity: ClusterIdentity, purpose: str, body: Any) -> dict[str, Any]:
+    return {"body": body, "mac": sign(identity, purpose, body)}
+
+
+@dataclass(frozen=True, slots=True)
+class Sends:
+    """What a batch of actions asks to send: the topology to these nodes, these catch-ups."""
+
+    topology_to: list[str]
+    catch_ups: list[CatchUpOrder]
+
+
+def sends_for(view: ManagerView, actions: list[Action] | tuple[Action, ...]) -> Sends:
+    """Chain changes and publications send the topology to every node not down or removed;
+    catch-up orders go to their node. Pure."""
+    topology = any(isinstance(a, SpliceChain | RejoinAsTail | PublishTopology) for a in actions)
+    live = [n.id for n in view.nodes if n.state not in ("down", "removed")]
+    orders = [
+        CatchUpOrder(a.node, a.shard, a.upstream) for a in actions if isinstance(a, StartCatchUp)
+    ]
+    return Sends(live if topology else [], orders)
+
+
+# --- the asyncio part ----------------------------------------------------------------------------
+
+Poster = Callable[[str, Any], Awaitable[Any]]
+Getter = Callable[[str], Awaitable[Any]]
+Submit = Callable[[list[Event]], Awaitable[tuple[ManagerView, tuple[Action, ...]]]]
+
+
+@dataclass(slots=True)
+class Driver:
+    """Runs while this member leads. ``get(url)`` / ``post(url, body)`` do the HTTP (raising a
+    Kayos error on failure); ``submit(events)`` logs an entry and returns the view after it and
+    the actions; ``view()`` is the member's current view; ``clock_ms`` the leader's monotonic
+    clock."""
+
+    identity: ClusterIdentity
+    nodes: Mapping[str, NodeAddr]
+    get: Getter
+    post: Poster
+    submit: Submit
+    view: Callable[[], ManagerView]
+    clock_ms: Callable[[], int]
+    memory: Memory = field(default_factory=Memory)
+    rounds: int = 0
+
+    async def lead(self, is_leader: Callable[[], bool]) -> None:
+        """Logs ManagerLeaderChanged, re-sends everything, then polls until leadership is lost."""
+        view, actions = await self.submit([ManagerLeaderChanged(self.clock_ms())])
+        log.info("became leader at epoch %d: logged ManagerLeaderChanged", view.epoch)
+        self.memory = Memory()
+        await self.carry_out(view, actions)
+        while is_leader():
+            started = self.clock_ms()
+            await self.round()
+            spent = self.clock_ms() - started
+            await asyncio.sleep(max(0, limits.manager_poll_interval_ms - spent) / 1000)
+
+    async def round(self) -> None:
+        view = self.view()
+        ids = [n.id for n in view.nodes if n.id in self.nodes]
+        answers = await asyncio.gather(*(self._ask(node) for node in ids))
+        plan = plan_round(view, dict(zip(ids, answers, strict=True)), self.clock_ms(), self.memory)
+        self.memory = plan.memory
+        self.rounds += 1
+        after, actions = await self.submit(plan.events)
+        sends = sends_for(after, actions)
+        topology_to = sorted(set(plan.send_topology) | set(sends.topology_to))
+        await self.carry_out(after, actions, topology_to, [*plan.send_catch_up, *sends.catch_ups])
+
+    async def _ask(self, node: str) -> Answer:
+        started = self.clock_ms()
+        try:
+            status = await self.get(f"{self.nodes[node].http_url}/v1/status")
+        except KayosError:
+            status = None
+        now = self.clock_ms()
+        ok = status if isinstance(status, dict) else None
+        return Answer(ok, now, now - started)
+
+    async def carry_out(
+        self,
+        view: ManagerView,
+        actions: tuple[Action, ...] | list[Action],
+        topology_to: list[str] | None = None,
+        catch_ups: list[CatchUpOrder] | None = None,
+    ) -> None:
+        for action in actions:
+            if isinstance(action, Alert | ClearAlert):
+                log.warning("%s", action_to_data(action))
+            elif not isinstance(action, PublishTopology):
+                log.info("%s", action_to_data(action))
+        if topology_to is None or catch_ups is None:
+            sends = sends_for(view, actions)
+            topology_to, catch_ups = sends.topology_to, sends.catch_ups
+        body = topology_of(view, self.nodes).to_json()
+        message = signed(self.identity, "topology", body)
+        jobs = [self._send(node, "/v1/admin/topology", message) for node in topology_to]
+        for order in catch_ups:
+            order_body = {"epoch": view.epoch, "shard": order.shard, "upstream": order.upstream}
+            message = signed(self.identity, "catch-up", order_body)
+            jobs.append(self._send(order.node, "/v1/admin/catch-up", message))
+        await asyncio.gather(*jobs)
+
+    async def _send(self, node: str, path: str, message: dict[str, Any]) -> None:
+        address = self.nodes.get(node)
+        if address is None:
+            return
+        try:
+            await self.post(f"{address.http_url}{path}", message)
+        except KayosError as exc:
+            # The next rounds send it again (a node behind the view's epoch, a catch-up not
+            # acted on): logged, not fatal.
+            log.info("sending %s to %s failed: %s", path, node, exc)
