@@ -31,9 +31,11 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, Any
 
+from kayos.control.config import Config, MemberAddr, managers_toml
 from kayos.datadir import DirectoryLock
 from kayos.errors import DirectoryInUseError, KayosError
 from kayos.identity import ClusterIdentity, write_private
+from kayos.manager_process import manager_command, manager_ids, members_on, wait_leader
 from kayos.ports import check_free
 from kayos.supervisor import GiveUp, Supervisor
 from kayos.topology import NodeAddr, ShardChain, Topology, rotated
@@ -251,6 +253,8 @@ class LocalCluster:
         stop_timeout_s: float = stop_timeout_s_default,
         env: dict[str, str] | None = None,
         node_command: list[str] | None = None,
+        managers: int = 0,
+        manager_config: Config | None = None,
     ) -> None:
         self.base_dir = Path(base_dir)
         self.ids = node_ids(nodes)
@@ -266,6 +270,10 @@ class LocalCluster:
         # here to test the launcher alone.
         self.node_command = node_command or [sys.executable, "-m", "kayos", "node"]
         self.topology_path = self.base_dir / "cluster.toml"
+        # Manager members (docs/manager.md): started after the nodes, supervised like them.
+        self.manager_ids = manager_ids(managers)
+        self.manager_config = manager_config
+        self.manager_members: list[MemberAddr] = []
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: dict[str, IO[bytes]] = {}
         # The cluster's id and secret: kept from an earlier run's file in base_dir (its data
@@ -277,13 +285,18 @@ class LocalCluster:
     # --- addresses -----------------------------------------------------------------------------
 
     def _make_topology(self) -> Topology:
-        count = len(self.ids)
+        count, managers = len(self.ids), len(self.manager_ids)
         if self.base_port is None:
-            ports = free_ports(2 * count, self.host)
-            http_ports, bin_ports = ports[:count], ports[count:]
+            ports = free_ports(2 * count + 2 * managers, self.host)
+            http_ports, bin_ports = ports[:count], ports[count : 2 * count]
+            manager_ports = ports[2 * count :]
         else:
             http_ports = [self.base_port + i for i in range(count)]
             bin_ports = [self.base_port + 100 + i for i in range(count)]
+            # Raft base+200+i, HTTP base+300+i (kayos up: 7301.., 7401..).
+            manager_ports = [self.base_port + 200 + i for i in range(managers)]
+            manager_ports += [self.base_port + 300 + i for i in range(managers)]
+        self.manager_members = members_on(self.manager_ids, self.host, manager_ports)
         addresses = [
             NodeAddr(node, self.host, http_port, bin_port)
             for node, http_port, bin_port in zip(self.ids, http_ports, bin_ports, strict=True)
@@ -333,12 +346,15 @@ class LocalCluster:
         everything again on fresh ports."""
         for attempt in range(1, port_race_attempts_max + 1):
             self.preflight()
-            write_private(str(self.topology_path), self.topology.dumps_toml())
+            write_private(str(self.topology_path), self.topology_text())
             for node in self.ids:
                 self._spawn(node)
             try:
                 self.wait_ready(self.ids)
                 self.wait_replicated(self.ready_timeout_s)
+                for member in self.manager_ids:
+                    self._spawn(member)
+                self.wait_manager_leader()
                 return
             except ClusterError:
                 raced = self.base_port is None and any(
@@ -376,6 +392,9 @@ class LocalCluster:
         for address in self.topology.nodes.values():
             for kind, port in (("http", address.http_port), ("bin", address.bin_port)):
                 self.check_port(port, f"node {address.id}'s {kind} port", "--base-port")
+        for member in self.manager_members:
+            for kind, port in (("raft", member.raft_port), ("http", member.http_port)):
+                self.check_port(port, f"manager {member.id}'s {kind} port", "--base-port")
 
     def check_port(self, port: int, what: str, flag: str) -> None:
         """``ClusterError`` if ``port`` is taken now, naming ``flag`` as the way to move it."""
@@ -396,12 +415,39 @@ class LocalCluster:
         if self.running(node):
             raise ClusterError(f"node {node} is already running")
         self._spawn(node)
-        if wait:
+        if wait and node in self.manager_ids:
+            self.wait_manager_leader()
+        elif wait:
             self.wait_ready([node])
 
     def members(self) -> list[str]:
-        """What ``kayos up`` supervises: every node (and, in a subclass, other processes)."""
-        return list(self.ids)
+        """What ``kayos up`` supervises: every node and manager member (and, in a subclass,
+        other processes)."""
+        return [*self.ids, *self.manager_ids]
+
+    # --- manager members -----------------------------------------------------------------------
+
+    def topology_text(self) -> str:
+        """The topology file: the nodes and shards, then the manager members and bounds."""
+        text = self.topology.dumps_toml()
+        if self.manager_members:
+            text += "\n" + managers_toml(self.manager_members, self.manager_config)
+        return text
+
+    def manager_url(self, member: str) -> str:
+        return next(m.http_url for m in self.manager_members if m.id == member)
+
+    def wait_manager_leader(self, timeout_s: float | None = None) -> str | None:
+        """The manager group's leader once every running member agrees on one (None without
+        managers); ``ClusterError`` with the members' logs if the bound passes."""
+        if not self.manager_members:
+            return None
+        running = [m for m in self.manager_members if self.running(m.id)]
+        leader = wait_leader(running, self.ready_timeout_s if timeout_s is None else timeout_s)
+        if leader is None:
+            logs = "\n".join(f"{m}: {_log_tail(self.log_path(m), 10)}" for m in self.manager_ids)
+            raise ClusterError(f"the manager members elected no leader in time:\n{logs}")
+        return leader
 
     def pid(self, node: str) -> int | None:
         """The process id of a running node, else None."""
@@ -441,7 +487,7 @@ class LocalCluster:
         return {node: code for node, code in codes.items() if code is not None}
 
     def _spawn(self, node: str) -> None:
-        assert node in self.topology.nodes, node
+        assert node in self.topology.nodes or node in self.manager_ids, node
         assert not self.running(node), node
         self.data_dir(node).mkdir(parents=True, exist_ok=True)
         self.log_path(node).parent.mkdir(parents=True, exist_ok=True)
@@ -458,6 +504,8 @@ class LocalCluster:
             "--data",
             str(self.data_dir(node)),
         ]
+        if node in self.manager_ids:
+            command = manager_command(str(self.topology_path), node, str(self.data_dir(node)))
         env = {**os.environ, **(self.env or {}), "PYTHONUNBUFFERED": "1"}
         self.processes[node] = subprocess.Popen(
             command,
@@ -568,6 +616,11 @@ class LocalCluster:
             lines.append(
                 f"shard {shard.id}: {chain}{fanout}  (head first; tails: {', '.join(shard.tails)})"
             )
+        lines += [
+            f"manager {m.id}: {m.http_url}  (raft {m.raft_address})  data {self.data_dir(m.id)}  "
+            f"log {self.log_path(m.id)}  pid {self.pid(m.id)}"
+            for m in self.manager_members
+        ]
         return lines
 
 

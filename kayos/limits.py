@@ -410,7 +410,8 @@ assert 0 < manager_request_timeout_ms < manager_suspect_after_ms
 assert 0 < manager_poll_interval_ms < manager_suspect_after_ms
 assert 0 < manager_raft_heartbeat_ms * 3 < manager_raft_min_timeout_ms  # pysyncobj requires it
 assert manager_raft_min_timeout_ms < manager_raft_max_timeout_ms
-assert manager_members_max >= 3 and manager_slow_return_polls >= 1
+assert manager_members_max >= 3
+assert manager_slow_return_polls >= 1
 
 # --- topology changes (docs/node-api.md, "Topology changes") -----------------------------------
 

@@ -421,6 +421,13 @@ def _node_address(spec: str, make: Any) -> Any:
     type=click.IntRange(0, 65535),
     help="Its thrift port; 0: none.",
 )
+@click.option(
+    "--managers",
+    default=3,
+    show_default=True,
+    type=click.IntRange(0, 7),
+    help="Manager members (Raft raft base+200+i, HTTP base+300+i); 0: no manager.",
+)
 def up(
     data_dir: str,
     nodes: int,
@@ -430,9 +437,11 @@ def up(
     kestrel_port: int,
     kestrel_text_port: int,
     kestrel_thrift_port: int,
+    managers: int,
 ) -> None:
     """Start a local cluster on 127.0.0.1: by default 3 nodes, 3 shards with rotated roles
-    (S0 a->b->c, S1 b->c->a, S2 c->a->b), replication factor 3, and the Kestrel front (memcache
+    (S0 a->b->c, S1 b->c->a, S2 c->a->b), replication factor 3, three cluster manager members
+    (docs/manager.md) that splice dead and slow nodes out of chains, and the Kestrel front (memcache
     22133, text 2222, thrift 2229) keeping its items on the cluster. Ctrl-C stops it cleanly."""
     from kayos.kestrel_process import LocalClusterWithKestrel
     from kayos.launcher import LocalCluster, run_foreground
@@ -440,7 +449,8 @@ def up(
     if not 1 <= replicas <= nodes:
         raise click.BadParameter(f"must be 1 .. {nodes}", param_hint="--replicas")
     options: dict[str, Any] = {
-        "nodes": nodes, "replicas": replicas, "shards": shards, "base_port": base_port
+        "nodes": nodes, "replicas": replicas, "shards": shards, "base_port": base_port,
+        "managers": managers,
     }  # fmt: skip
     cluster = (
         LocalClusterWithKestrel(

@@ -14,6 +14,8 @@ from kayos.identity import ClusterIdentity
 from kayos.manager import Config, ManagerView
 from kayos.topology import Topology, check_node_id
 
+__all__ = ["Config", "ManagerSetup", "MemberAddr", "load", "managers_toml", "parse_setup"]
+
 CONFIG_KEYS = tuple(f.name for f in fields(Config))
 
 

@@ -1,12 +1,12 @@
 """The Raft log under the manager: the ONLY module that imports pysyncobj (docs/manager.md).
 
-``ManagerLog`` is a ``SyncObj`` whose one replicated method, ``apply`` (pysyncobj method
-version 0, ``apply_v0``), takes an encoded batch of events (``codec.encode_entry``) and applies each with
+``ManagerLog`` is a ``SyncObj`` whose one replicated method, ``apply`` (pysyncobj method version 0,
+``apply_v0``), takes an encoded batch of events (``codec.encode_entry``) and applies each with
 ``kayos.manager.decide``. The replicated state is the view's canonical JSON (a string: what
 pysyncobj pickles into its dump is plain data, never our objects); ``None`` means the first view,
 which every member builds from the same topology file. The Raft transport binds to this member's
-``host:raft_port`` only and encrypts under the cluster secret (``password``); the log and its
-dump live in the member's data directory, so a whole-group restart keeps the view.
+``host:raft_port`` only and encrypts under the cluster secret (``password``); the log and its dump
+live in the member's data directory, so a whole-group restart keeps the view.
 
 pysyncobj applies entries on its own thread; readers on other threads see whole views only
 (one attribute assignment per applied entry).

@@ -49,6 +49,7 @@ FLOORS: list[tuple[int, tuple[str, ...]]] = [
             "kayos.bench",
             "kayos.launcher",
             "kayos.supervisor",
+            "kayos.manager_process",
             "kayos.kestrel_process",
             "kayos.__main__",
         ),
