@@ -13,7 +13,10 @@ import click
 
 from kayos import limits
 from kayos.cli.data import SEED_DEFAULT
-from kayos.cli.status_view import NodeAnswer, render, summarise, unreachable
+from kayos.cli.status_view import NodeAnswer, render, summarise, unreachable, with_manager
+
+# `kayos up`'s topology file (its default --data root).
+TOPOLOGY_DEFAULT = "./kayos-data/cluster.toml"
 
 
 @click.group()
@@ -38,12 +41,36 @@ def ctl() -> None:
     show_default=True,
     help="Seconds to wait for each node's reply.",
 )
+@click.option(
+    "--topology",
+    "topology_path",
+    default=TOPOLOGY_DEFAULT,
+    show_default=True,
+    help="The topology file: its [managers] members are asked for the manager's view "
+    "(skipped when the file does not exist).",
+)
+@click.option(
+    "--manager",
+    "manager_urls",
+    multiple=True,
+    help="A manager member's HTTP base URL (repeatable); overrides --topology's members.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the documented JSON schema instead.")
-def status(urls: tuple[str, ...], timeout_s: float, as_json: bool) -> None:
+def status(
+    urls: tuple[str, ...],
+    timeout_s: float,
+    topology_path: str,
+    manager_urls: tuple[str, ...],
+    as_json: bool,
+) -> None:
     """Topology, every node's reachability, every chain link's state and lag, whether each shard is
-    fully replicated, and alerts. Exits 0 when healthy, 1 when degraded (any alert), 2 when no
-    node could be reached. See docs/operations.md, "kayos ctl status"."""
+    fully replicated, the manager's view (leader, epoch, node states) and alerts. Exits 0 when
+    healthy, 1 when degraded (any alert), 2 when no node could be reached. See
+    docs/operations.md, "kayos ctl status"."""
+    managers = _manager_urls(topology_path, manager_urls)
     summary = asyncio.run(fetch_summary([url.rstrip("/") for url in urls], timeout_s))
+    answer = asyncio.run(fetch_manager(managers, timeout_s)) if managers else None
+    summary = with_manager(summary, answer, managers)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:
@@ -158,5 +185,129 @@ async def _retention_call(
             )
         except KayosError as exc:
             raise click.ClickException(f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        await transport.close()
+
+
+def _manager_urls(topology_path: str, given: tuple[str, ...]) -> list[str]:
+    if given:
+        return [url.rstrip("/") for url in given]
+    if not os.path.exists(topology_path):
+        return []
+    from kayos.control.config import members_from
+    from kayos.errors import KayosError
+
+    try:
+        return [member.http_url for member in members_from(topology_path)]
+    except KayosError as exc:
+        raise click.ClickException(f"{topology_path}: {exc}") from exc
+
+
+async def fetch_manager(urls: list[str], timeout_s: float) -> NodeAnswer:
+    """The leader's ``GET /v1/manager/status`` if it answers, else any member's; else why not."""
+    from kayos.client.http import HttpTransport
+    from kayos.errors import KayosError
+
+    transport = HttpTransport()
+    await transport.open()
+    try:
+
+        async def ask(url: str) -> NodeAnswer:
+            try:
+                answer = await transport.request(
+                    "GET", f"{url}/v1/manager/status", timeout_s=timeout_s
+                )
+            except KayosError as exc:
+                return f"{type(exc).__name__}: {exc}"
+            return answer if isinstance(answer, dict) else f"not a status reply: {answer!r:.80}"
+
+        answers = await asyncio.gather(*(ask(url) for url in urls))
+        found = [a for a in answers if isinstance(a, dict)]
+        for answer in found:
+            if answer.get("member") is not None and answer.get("member") == answer.get("leader"):
+                return answer
+        if found:
+            return found[0]
+        return "; ".join(str(a) for a in answers)
+    finally:
+        await transport.close()
+
+
+@ctl.command("remove-node")
+@click.argument("node")
+@click.option(
+    "--topology",
+    "topology_path",
+    default=TOPOLOGY_DEFAULT,
+    show_default=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="The topology file: the cluster secret signs the request; its [managers] are asked.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0.001),
+    default=limits.manager_apply_timeout_ms / 1000,
+    show_default=True,
+    help="Seconds to wait for the manager to commit the removal.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the reply as JSON.")
+def remove_node(node: str, topology_path: str, timeout_s: float, as_json: bool) -> None:
+    """Remove NODE from the cluster for good: the manager splices it out of every chain and it
+    never rejoins on its own (docs/manager.md). Exits 0 once the manager committed it, 1 if it
+    refused or no member could be reached."""
+    from kayos.control.config import load
+    from kayos.errors import KayosError
+
+    try:
+        setup = load(topology_path)
+    except KayosError as exc:
+        raise click.ClickException(f"{topology_path}: {exc}") from exc
+    body = {"node": node}
+    from kayos.signing import sign
+
+    message = {"body": body, "mac": sign(setup.identity, "remove-node", body)}
+    urls = [member.http_url for member in setup.members]
+    result = asyncio.run(_remove(urls, message, timeout_s))
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    elif result["ok"]:
+        click.echo(f"removed {node}: state {result['state']}, epoch {result['epoch']}")
+    else:
+        click.echo(f"remove-node {node} failed: {result['error']}", err=True)
+    sys.exit(0 if result["ok"] else 1)
+
+
+async def _remove(urls: list[str], message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Tries each member; a follower's ``not_leader`` names the leader, asked next."""
+    from kayos.client.http import HttpTransport
+    from kayos.errors import KayosError, NotLeaderError
+
+    transport = HttpTransport()
+    await transport.open()
+    errors: list[str] = []
+    queue = list(urls)
+    try:
+        for _ in range(2 * len(urls) + 1):  # each member, plus a redirect each: bounded
+            if not queue:
+                break
+            url = queue.pop(0)
+            try:
+                reply = await transport.request(
+                    "POST", f"{url}/v1/manager/remove-node", timeout_s=timeout_s, body=message
+                )
+            except NotLeaderError as exc:
+                errors.append(f"{url}: {exc}")
+                if exc.redirect:
+                    queue.insert(0, exc.redirect)
+                continue
+            except KayosError as exc:
+                errors.append(f"{url}: {exc.code}: {exc}")
+                if exc.code in ("invalid_request", "unauthenticated"):
+                    break  # every member would say the same
+                continue
+            if isinstance(reply, dict):
+                return {"ok": True, "manager": url, **reply, "error": None}
+        return {"ok": False, "error": "; ".join(errors) or "no manager member"}
     finally:
         await transport.close()

@@ -336,6 +336,7 @@ def render(summary: Mapping[str, Any], style: Style) -> str:
         for member in shard["members"]:
             if member["catching_up"]:
                 lines.append(f"  {member['node']}: {style('catching up', fg='yellow')}")
+    lines += render_manager(summary, style)
     if alerts:
         lines.append("alerts:")
         for alert in alerts:
@@ -347,3 +348,118 @@ def render(summary: Mapping[str, Any], style: Style) -> str:
 
 def _or_dash(value: Any) -> str:
     return "-" if value is None else str(value)
+
+
+# --- the manager's view (docs/manager.md) ---------------------------------------------------------
+
+# Manager alert kinds as `kayos ctl status` alerts: the shard cannot serve, or holds fewer copies
+# than asked (critical); a slow node kept in a chain (warning).
+_MANAGER_SEVERITY = {
+    "shard_no_live_member": "critical",
+    "shard_below_min_replicas": "critical",
+    "slow_node_kept": "warning",
+}
+
+
+def with_manager(
+    summary: dict[str, Any], answer: NodeAnswer | None, asked: list[str]
+) -> dict[str, Any]:
+    """``summary`` with the manager's view beside the nodes': ``answer`` is one member's
+    ``GET /v1/manager/status`` (the leader's when it answered), the reason none answered, or
+    None when the cluster has no manager members (``asked`` empty). Its alerts join the
+    summary's, and a manager no member of which answered is an alert of its own."""
+    out = dict(summary)
+    alerts = list(summary["alerts"])
+    if answer is None:
+        out["manager"] = None
+        return out
+    if isinstance(answer, str):
+        out["manager"] = {"reachable": False, "asked": asked, "error": answer}
+        alerts.append(
+            _alert(
+                "critical",
+                "manager_unreachable",
+                f"no manager member answered at {', '.join(asked)}: {answer}",
+            )
+        )
+    else:
+        raw_view = answer.get("view")
+        view: dict[str, Any] = raw_view if isinstance(raw_view, dict) else {}
+        nodes = [
+            {"id": n[0], "state": n[1]}
+            for n in view.get("nodes", [])
+            if isinstance(n, list) and len(n) >= 2
+        ]
+        shards = [
+            {
+                "id": s.get("id"),
+                "chain": s.get("chain", []),
+                "epoch": s.get("epoch"),
+                "departed": s.get("departed", []),
+                "catching_up": s.get("catching_up", []),
+            }
+            for s in view.get("shards", [])
+            if isinstance(s, dict)
+        ]
+        out["manager"] = {
+            "reachable": True,
+            "asked": asked,
+            "member": answer.get("member"),
+            "leader": answer.get("leader"),
+            "leader_url": answer.get("leader_url"),
+            "epoch": answer.get("epoch"),
+            "view_hash": answer.get("view_hash"),
+            "nodes": nodes,
+            "shards": shards,
+            "alerts": answer.get("alerts", []),
+        }
+        if answer.get("leader") is None:
+            alerts.append(_alert("critical", "manager_no_leader", "the manager has no leader"))
+        for alert in answer.get("alerts", []):
+            if not isinstance(alert, dict):
+                continue
+            kind, shard, node = alert.get("kind"), alert.get("shard"), alert.get("node")
+            where = f"shard {shard}" + (f", node {node}" if node else "")
+            alerts.append(
+                _alert(
+                    _MANAGER_SEVERITY.get(str(kind), "warning"),
+                    str(kind),
+                    f"manager: {where}",
+                    shard=shard,
+                    node=node or None,
+                )
+            )
+    out["alerts"] = alerts
+    if out["health"] != "unreachable":
+        out["health"] = "degraded" if alerts else "healthy"
+        out["exit_code"] = EXIT_DEGRADED if alerts else EXIT_HEALTHY
+    return out
+
+
+def render_manager(summary: Mapping[str, Any], style: Style) -> list[str]:
+    """The manager's part of ``render``: leader, epoch, node states, chains as it sees them."""
+    manager = summary.get("manager")
+    if manager is None:
+        return []
+    if not manager["reachable"]:
+        return [f"manager: {style('UNREACHABLE', fg='red', bold=True)}  {manager['error']}"]
+    leader = manager["leader"] or style("NO LEADER", fg="red", bold=True)
+    lines = [
+        f"manager: leader {leader} ({manager['leader_url'] or '-'}), epoch {manager['epoch']}, "
+        f"asked {manager['member']}"
+    ]
+    colours = {"up": "green", "suspect": "yellow", "slow": "yellow", "down": "red"}
+    states = "  ".join(
+        f"{n['id']} {style(n['state'], fg=colours.get(n['state'], 'red'))}"
+        for n in manager["nodes"]
+    )
+    lines.append(f"  node states: {states}")
+    for shard in manager["shards"]:
+        extra = ""
+        if shard["departed"]:
+            extra += f"  departed {', '.join(shard['departed'])}"
+        if shard["catching_up"]:
+            extra += f"  catching up {', '.join(shard['catching_up'])}"
+        chain = " -> ".join(shard["chain"])
+        lines.append(f"  shard {shard['id']}: {chain}  (epoch {shard['epoch']}){extra}")
+    return lines

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 from aiohttp import web
 
 from kayos import limits
@@ -107,9 +108,12 @@ async def _checked_remove(request: web.Request, state: MemberState) -> str:
     except web.HTTPRequestEntityTooLarge as exc:
         raise InvalidRequest(f"a remove-node request is at most {REQUEST_BYTES_MAX} bytes") from exc
     try:
-        message = json.loads(raw)
-    except ValueError as exc:
-        raise InvalidRequest(f"not JSON: {exc}") from exc
+        if request.content_type == "application/msgpack":
+            message = msgpack.unpackb(raw, raw=False)
+        else:
+            message = json.loads(raw)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise InvalidRequest(f"not a JSON or msgpack body: {exc}") from exc
     if not isinstance(message, dict) or not isinstance(message.get("body"), dict):
         raise InvalidRequest('expected {"body": {"node": id}, "mac": hex}')
     check_signed(state.setup.identity, "remove-node", message["body"], message.get("mac"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import signal
 import time
@@ -83,10 +84,16 @@ class Member:
         timeout = aiohttp.ClientTimeout(total=limits.manager_request_timeout_ms / 1000)
         try:
             async with self.session.request(method, url, json=body, timeout=timeout) as reply:
-                data = await reply.json(content_type=None)
+                raw = await reply.read()
                 status = reply.status
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        except (aiohttp.ClientError, TimeoutError) as exc:
             raise UnavailableError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+        try:
+            data = json.loads(raw) if raw else None
+        except ValueError as exc:
+            raise UnavailableError(
+                f"{method} {url}: HTTP {status}, not JSON: {raw[:80]!r}"
+            ) from exc
         if status >= 400:
             error = data.get("error") if isinstance(data, dict) else None
             if isinstance(error, dict):
