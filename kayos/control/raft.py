@@ -181,7 +181,8 @@ class ManagerLog(SyncObj):  # type: ignore[misc]  # pysyncobj ships no types
         self.apply(encode_entry(events), callback=callback)
 
     def close(self) -> None:
-        self.destroy()
+        """Stops pysyncobj's thread (and with it the Raft port and the journal)."""
+        self.destroy_synchronous()
 
 
 def wait_applied(log_: ManagerLog, events: list[Event], timeout_s: float) -> Applied:

@@ -1,0 +1,243 @@
+"""The leader driver's choices (kayos/control/driver.py ``plan_round``, ``sends_for``): canned
+status replies in, events and messages out. No processes, no clock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kayos import limits
+from kayos.control.driver import (
+    Answer,
+    CatchUpOrder,
+    Memory,
+    plan_round,
+    sends_for,
+    topology_of,
+)
+from kayos.manager import (
+    CatchUpDone,
+    Config,
+    LatencyReport,
+    ManagerView,
+    NodeReturned,
+    PublishTopology,
+    ShardReport,
+    SpliceChain,
+    StartCatchUp,
+    TimerTick,
+    decide,
+)
+from kayos.topology import NodeAddr
+
+CONFIG = Config(detection_window_ms=2_000, suspect_after_ms=1_000)
+NODES = {n: NodeAddr(n, "127.0.0.1", 7101 + i, 7201 + i) for i, n in enumerate("abc")}
+
+
+def view3() -> ManagerView:
+    return ManagerView.bootstrap(CONFIG, list("abc"), [list("abc"), list("bca"), list("cab")])
+
+
+def status(epoch: int = 1, shards: dict[int, dict[str, Any]] | None = None, **more: Any) -> Any:
+    entries = {
+        str(s): {"role": "head", "last_seq": 0, "takeover": [], **e}
+        for s, e in (shards or {}).items()
+    }
+    return {"node": "x", "epoch": epoch, "ready": True, "shards": entries, **more}
+
+
+def answers(at: int = 1_000, **replies: Any) -> dict[str, Answer]:
+    return {n: Answer(replies.get(n), at, 5) for n in "abc"}
+
+
+def everyone(view: ManagerView) -> Memory:
+    return Memory(answered=frozenset(n.id for n in view.nodes))
+
+
+def test_a_round_ticks_with_every_node_that_answered() -> None:
+    view = view3()
+    plan = plan_round(view, answers(a=status(), c=status()), 1_200, everyone(view))
+    assert plan.events == [TimerTick(1_200, (("a", 1_000), ("c", 1_000)))]
+    assert plan.send_topology == []
+    assert plan.memory.answered == frozenset({"a", "c"})
+
+
+def test_a_node_that_answers_again_is_sent_the_topology() -> None:
+    view = view3()
+    plan = plan_round(view, answers(a=status(), b=status(), c=status()), 1_200, Memory())
+    assert plan.send_topology == ["a", "b", "c"]
+    again = plan_round(view, answers(a=status(), b=status(), c=status()), 1_400, plan.memory)
+    assert again.send_topology == []
+
+
+def test_a_node_behind_the_views_epoch_is_sent_it_again_at_most_once_per_interval() -> None:
+    view = view3()
+    memory = everyone(view)
+    plan = plan_round(view, answers(a=status(epoch=0), b=status(), c=status()), 100, memory)
+    assert plan.send_topology == ["a"]
+    soon = plan_round(view, answers(a=status(epoch=0), b=status(), c=status()), 300, plan.memory)
+    assert soon.send_topology == []
+    later_ms = 100 + limits.manager_resend_interval_ms
+    later = plan_round(
+        view, answers(a=status(epoch=0), b=status(), c=status()), later_ms, soon.memory
+    )
+    assert later.send_topology == ["a"]
+
+
+def down_b() -> ManagerView:
+    view, _ = decide(view3(), TimerTick(5_000, (("a", 5_000), ("c", 5_000))))
+    assert view.node("b") is not None
+    assert view.node("b").state == "down"
+    return view
+
+
+def test_a_down_node_that_answers_returns_with_its_shard_reports() -> None:
+    view = down_b()
+    reply = status(
+        shards={0: {"durable_seq": 41, "last_seq": 40, "takeover": [["0a0b", 7]]}, 1: {}}
+    )
+    plan = plan_round(view, answers(5_200, a=status(), b=reply, c=status()), 5_200, everyone(view))
+    returned = [e for e in plan.events if isinstance(e, NodeReturned)]
+    assert returned == [
+        NodeReturned(
+            "b", 5_200, (ShardReport(0, 41, ((bytes.fromhex("0a0b"), 7),)), ShardReport(1, 0, ()))
+        )
+    ]
+    # and the manager sends it to catch up on every shard it departed
+    after = view
+    for event in plan.events:
+        after, actions = decide(after, event)
+    assert {a.shard for a in actions if isinstance(a, StartCatchUp)} == {0, 1, 2}
+
+
+def test_a_malformed_takeover_table_is_reported_empty_not_fatal() -> None:
+    view = down_b()
+    reply = status(shards={0: {"last_seq": 3, "takeover": [["not hex", 1]]}})
+    plan = plan_round(view, answers(a=status(), b=reply, c=status()), 5_200, everyone(view))
+    returned = [e for e in plan.events if isinstance(e, NodeReturned)]
+    assert returned[0].reports == (ShardReport(0, 3, ()),)
+
+
+def latency(p99: float, window: int = 6_000, samples: int = 100) -> dict[str, Any]:
+    return {"p99_ms": p99, "window_ms": window, "samples": samples}
+
+
+def test_only_slow_measurements_over_a_long_enough_window_are_logged() -> None:
+    view = view3()
+    table = {
+        "b": latency(900.2),  # slow: logged, rounded up
+        "c": latency(3.0),  # healthy: not logged
+        "zz": latency(999),  # unknown node: ignored
+    }
+    short = {"b": latency(900, window=100)}
+    memory = everyone(view)
+    plan = plan_round(
+        view, answers(a=status(latency=table), b=status(), c=status(latency=short)), 9, memory
+    )
+    assert [e for e in plan.events if isinstance(e, LatencyReport)] == [
+        LatencyReport("a", "b", 901, 6_000)
+    ]
+
+
+def test_a_healthy_measurement_of_a_slow_node_is_logged_so_it_can_recover() -> None:
+    view = view3()
+    view, _ = decide(view, LatencyReport("a", "b", 900, 6_000))
+    assert view.node("b").state == "slow"  # type: ignore[union-attr]
+    plan = plan_round(
+        view,
+        answers(a=status(latency={"b": latency(2)}), b=status(), c=status()),
+        9,
+        everyone(view),
+    )
+    assert LatencyReport("a", "b", 2, 6_000) in plan.events
+
+
+def test_a_node_removed_as_slow_returns_after_enough_quick_answers_in_a_row() -> None:
+    view = ManagerView.bootstrap(
+        Config(min_replicas=1), list("abc"), [list("abc"), list("bca"), list("cab")]
+    )
+    view, _ = decide(view, LatencyReport("a", "b", 900, 6_000))
+    assert all("b" not in s.chain for s in view.shards)
+    memory = everyone(view)
+    quick = {n: Answer(status(), 0, 5) for n in "abc"}
+    for _ in range(limits.manager_slow_return_polls - 1):
+        plan = plan_round(view, quick, 0, memory)
+        assert not [e for e in plan.events if isinstance(e, NodeReturned)]
+        memory = plan.memory
+    slow_answer = {**quick, "b": Answer(status(), 0, view.config.slow_p99_ms + 1)}
+    reset = plan_round(view, slow_answer, 0, memory)
+    assert reset.memory.fast_answers["b"] == 0  # a slow answer starts the count over
+    memory = reset.memory
+    for _ in range(limits.manager_slow_return_polls):
+        plan = plan_round(view, quick, 0, memory)
+        memory = plan.memory
+    assert next(e for e in plan.events if isinstance(e, NodeReturned)).node == "b"
+
+
+def catching_up_b() -> ManagerView:
+    view = down_b()
+    view, _ = decide(view, NodeReturned("b", 5_300))
+    assert all("b" in s.catching_up for s in view.shards)
+    return view
+
+
+def test_a_learner_near_the_tails_seq_is_caught_up() -> None:
+    view = catching_up_b()
+    tails = {s.id: s.tail for s in view.shards}
+    assert tails == {0: "c", 1: "a", 2: "a"}
+    lag = limits.manager_catchup_done_lag_seqs
+    a = status(shards={1: {"last_seq": 5_000}, 2: {"last_seq": 5_000}})
+    c = status(shards={0: {"last_seq": 5_000}})
+    b = status(
+        shards={
+            0: {"role": "learner", "durable_seq": 5_000 - lag},  # close enough
+            1: {"role": "learner", "durable_seq": 5_000 - lag - 1},  # not yet
+            2: {"role": "learner", "durable_seq": 5_000},
+        }
+    )
+    plan = plan_round(view, answers(a=a, b=b, c=c), 6_000, everyone(view))
+    assert [e for e in plan.events if isinstance(e, CatchUpDone)] == [
+        CatchUpDone("b", 0),
+        CatchUpDone("b", 2),
+    ]
+    assert plan.send_catch_up == []  # b learns shard 1 already: no order again
+
+
+def test_a_catch_up_order_not_acted_on_is_sent_again_after_the_interval() -> None:
+    view = catching_up_b()
+    a = status(shards={1: {"last_seq": 9_000}, 2: {"last_seq": 9_000}})
+    c = status(shards={0: {"last_seq": 9_000}})
+    b = status(shards={0: {"role": "tail"}, 1: {"role": "head"}, 2: {"role": "middle"}})
+    memory = everyone(view)
+    plan = plan_round(view, answers(a=a, b=b, c=c), 6_000, memory)
+    assert plan.send_catch_up == [
+        CatchUpOrder("b", 0, "c"),
+        CatchUpOrder("b", 1, "a"),
+        CatchUpOrder("b", 2, "a"),
+    ]
+    soon = plan_round(view, answers(a=a, b=b, c=c), 6_100, plan.memory)
+    assert soon.send_catch_up == []
+    interval = limits.manager_resend_interval_ms
+    later = plan_round(view, answers(a=a, b=b, c=c), 6_000 + interval, soon.memory)
+    assert len(later.send_catch_up) == 3
+
+
+def test_chain_changes_send_the_topology_to_every_node_not_down_or_removed() -> None:
+    view, actions = decide(view3(), TimerTick(5_000, (("a", 5_000), ("c", 5_000))))
+    assert any(isinstance(a, SpliceChain) for a in actions)
+    assert any(isinstance(a, PublishTopology) for a in actions)
+    sends = sends_for(view, actions)
+    assert sends.topology_to == ["a", "c"]
+    assert sends.catch_ups == []
+    assert sends_for(view, []).topology_to == []
+
+
+def test_the_published_topology_is_the_views_chains_at_its_epoch() -> None:
+    view, _ = decide(view3(), TimerTick(5_000, (("a", 5_000), ("c", 5_000))))
+    topology = topology_of(view, NODES)
+    assert topology.epoch == view.epoch == 2
+    assert {s.id: s.chain for s in topology.shards.values()} == {
+        0: ("a", "c"),
+        1: ("c", "a"),
+        2: ("c", "a"),
+    }
+    assert set(topology.to_json()["nodes"]) == {"a", "b", "c"}
