@@ -1,0 +1,167 @@
+"""End to end (issue 11): the manager heals a chain with nobody acting. Real nodes, three real
+manager members, producers with acks=all throughout. kill -9 of the middle: the manager finds it
+down within its detection window, splices it out, the producers go on through the repaired
+chain, and every acknowledged message is consumed (chaos/checker.py). The node started again
+returns, catches up and rejoins as tail: full replication, by itself."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from chaos.checker import check
+from chaos.history import Event as HistoryEvent
+from chaos.history import Produce, Snapshot
+from kayos.client.sync import Client
+from kayos.errors import KayosError
+from kayos.launcher import LocalCluster, http_json
+from kayos.manager import Config
+from tests.integration.conftest import WAIT_S, read_snapshot, wait_until
+
+pytestmark = pytest.mark.timeout(300)
+
+QUEUE = "healed"
+PRODUCERS = 2
+BEFORE = 20  # acks each producer gets before the fault
+AFTER = 20  # ... and after the repair
+# Short bounds so the test runs in seconds; kill -9 closes the dead node's links at once, so the
+# window need not outlast the links' silence bound here (the default does, for paused nodes).
+CONFIG = Config(detection_window_ms=2_000, suspect_after_ms=1_000)
+# Repaired chain accepting writes within the detection window plus this (the issue's target is
+# < 1 s beyond the window; the test allows for two busy shared cores).
+REPAIR_SLACK_S = 5.0
+
+
+@dataclass
+class Producer:
+    """Keys ``p<i>-<n>`` one at a time with acks=all, each recorded for the checker."""
+
+    index: int
+    urls: list[str]
+    history: list[Produce] = field(default_factory=list)
+    acked_at: list[float] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, name=f"producer-{self.index}")
+        self.thread.start()
+
+    def _run(self) -> None:
+        with Client(self.urls, name=f"producer-{self.index}") as client:
+            n = 0
+            while not self.stop.is_set():
+                key = f"p{self.index}-{n:05d}"
+                value = f"v-{key}"
+                n += 1
+                op = self.index * 1_000_000 + n
+                try:
+                    seq = client.produce(QUEUE, key, value, acks="all")
+                except KayosError as exc:
+                    item = ((key, value),)
+                    self.history.append(
+                        Produce(op, QUEUE, item, False, "all", "unknown", error=str(exc))
+                    )
+                    continue
+                self.history.append(
+                    Produce(op, QUEUE, ((key, value),), False, "all", "ok", seq, seq)
+                )
+                self.acked_at.append(time.monotonic())
+
+    def finish(self) -> None:
+        self.stop.set()
+        assert self.thread is not None
+        self.thread.join(WAIT_S * 2)
+        assert not self.thread.is_alive(), f"producer {self.index} did not stop"
+
+
+def manager_view(cluster: LocalCluster) -> dict[str, Any] | None:
+    leader = cluster.wait_manager_leader()
+    assert leader is not None
+    code, body = http_json(cluster.manager_url(leader) + "/v1/manager/status", timeout_s=2.0)
+    return body if code == 200 else None
+
+
+def chain_of(cluster: LocalCluster, shard: int) -> list[str] | None:
+    view = manager_view(cluster)
+    return None if view is None else view["view"]["shards"][shard]["chain"]
+
+
+def node_states(cluster: LocalCluster) -> dict[str, str]:
+    view = manager_view(cluster)
+    return {} if view is None else {n: s for n, s, _ in view["view"]["nodes"]}
+
+
+@pytest.fixture
+def cluster(tmp_path: Any) -> Any:
+    with LocalCluster(
+        tmp_path, nodes=3, replicas=3, shards=1, managers=3, manager_config=CONFIG
+    ) as c:
+        print("\n".join(c.describe()))
+        yield c
+
+
+def test_kill_9_of_the_middle_is_spliced_out_and_rejoins_by_itself(
+    cluster: LocalCluster,
+) -> None:
+    assert cluster.topology.shards[0].chain == ("a", "b", "c")
+    producers = [Producer(i, list(cluster.urls.values())) for i in range(PRODUCERS)]
+    for producer in producers:
+        producer.start()
+    try:
+        wait_until(lambda: all(len(p.acked_at) >= BEFORE for p in producers), "acks before")
+        killed = time.monotonic()
+        cluster.kill("b", signal.SIGKILL)
+        wait_until(lambda: chain_of(cluster, 0) == ["a", "c"], "the manager splicing b out")
+        spliced = time.monotonic()
+
+        def acks_after(since: float, count: int) -> bool:
+            return all(sum(1 for t in p.acked_at if t > since) >= count for p in producers)
+
+        wait_until(lambda: acks_after(killed, 1), "a first ack through the repaired chain")
+        first_ack = min(t for p in producers for t in p.acked_at if t > killed)
+        window_s = CONFIG.detection_window_ms / 1000
+        repaired_s = first_ack - killed
+        print(
+            f"kill -9 of the middle: spliced out in the manager's view after "
+            f"{spliced - killed:.2f}s, first acks=all write through the repaired chain "
+            f"{repaired_s:.2f}s after the kill (detection window {window_s:.1f}s: "
+            f"{repaired_s - window_s:+.2f}s beyond it)"
+        )
+        assert repaired_s < window_s + REPAIR_SLACK_S
+        wait_until(lambda: acks_after(first_ack, AFTER), "acks after the repair")
+    finally:
+        for producer in producers:
+            producer.finish()
+    assert node_states(cluster)["b"] == "down"
+    for node in ("a", "c"):
+        status = cluster.status(node)
+        assert status is not None
+        assert status["epoch"] >= 2  # the manager's topology reached the survivors
+
+    # Every acknowledged message is consumed (chaos checker: lost, order, dedup, hwm).
+    snapshot = read_snapshot(cluster.url("c"), QUEUE, "check")
+    history: list[HistoryEvent] = [e for p in producers for e in p.history]
+    messages = tuple((m["seq"], m["key"], m["value"]) for m in snapshot.messages)
+    history.append(
+        Snapshot(9_999_999, QUEUE, "check", 0, snapshot.hwm, snapshot.boundary, messages, True)
+    )
+    verdict = check(history)
+    print(
+        f"acked {verdict.acked_versions}, delivered {verdict.delivered_messages}, "
+        f"lost {verdict.lost_versions}"
+    )
+    assert verdict.ok, [v.to_json() for v in verdict.violations]
+    assert verdict.acked_versions >= PRODUCERS * (BEFORE + AFTER)
+
+    # b comes back: the manager sends it to catch up and it rejoins as the tail.
+    cluster.start("b")
+    wait_until(lambda: chain_of(cluster, 0) == ["a", "c", "b"], "b rejoining as tail", 60)
+    wait_until(lambda: node_states(cluster).get("b") == "up", "b up in the manager's view")
+    seqs = cluster.wait_replicated(WAIT_S)  # members agree on last and committed seq, linked
+    print(f"b rejoined; shard 0 fully replicated at seq {seqs[0]}")
