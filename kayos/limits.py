@@ -403,6 +403,11 @@ manager_apply_timeout_ms = 5_000
 # (entries applied, view hash) pairs each member keeps for GET /v1/manager/status, so members'
 # views can be compared at the same entry while the leader keeps logging.
 manager_hash_history = 64
+# Events in one Raft log entry: one poll round's (a tick, returns, latency reports, catch-ups)
+# stays far below it; an entry past it is refused before it is logged.
+manager_entry_events_max = 10_000
+# A request body to a manager member (POST /v1/manager/remove-node: a node id and a MAC).
+manager_request_bytes_max = 4_096
 # Raft log entries kept before pysyncobj compacts them into the dump file.
 manager_log_compaction_entries = 5_000
 

@@ -11,6 +11,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from kayos import limits
 from kayos.errors import InvalidRequest
 from kayos.manager import (
     Action,
@@ -34,8 +35,7 @@ from kayos.manager import (
 )
 
 ENTRY_VERSION = 1
-# An entry's events: one poll round's (a tick, returns, reports, catch-ups) stays far below this.
-ENTRY_EVENTS_MAX = 10_000
+ENTRY_EVENTS_MAX = limits.manager_entry_events_max
 
 
 def _int(value: Any) -> int:

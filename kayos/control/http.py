@@ -29,8 +29,7 @@ STATUS_FOR_CODE = {
     "timeout": 504,
     "unavailable": 503,
 }
-# A remove-node request is a node id and a MAC: anything larger is not one.
-REQUEST_BYTES_MAX = 4_096
+REQUEST_BYTES_MAX = limits.manager_request_bytes_max
 
 
 @dataclass(slots=True)
@@ -121,7 +120,3 @@ async def _checked_remove(request: web.Request, state: MemberState) -> str:
     if not isinstance(node, str) or node not in state.setup.topology.nodes:
         raise InvalidRequest(f"unknown node {node!r:.80}")
     return node
-
-
-# The request timeout of a remove-node: the entry must commit on a majority first.
-REMOVE_TIMEOUT_S = limits.manager_apply_timeout_ms / 1000
