@@ -25,6 +25,7 @@ from kayos.manager import (
     CatchUpDone,
     ClearAlert,
     Event,
+    HeadTookOver,
     LatencyReport,
     ManagerLeaderChanged,
     ManagerView,
@@ -141,6 +142,26 @@ def _latency_events(view: ManagerView, reporter: str, status: Mapping[str, Any])
     return events
 
 
+def _takeovers(view: ManagerView, answers: Mapping[str, Answer]) -> list[Event]:
+    """A head whose takeover table ends in an entry the view has not seen: ``HeadTookOver``, so
+    the view holds the head's table (the rollback point of a returning node is computed from
+    it)."""
+    events: list[Event] = []
+    for shard in view.shards:
+        head = shard.chain[0]
+        answer = answers.get(head)
+        entry = _shard_status(answer.status if answer is not None else None, shard.id)
+        if entry is None or entry.get("role") != "head":
+            continue
+        reports = [r for r in _reports({"shards": {str(shard.id): entry}}) if r.takeover]
+        if not reports:
+            continue
+        last = reports[0].takeover[-1]
+        if not shard.takeover or shard.takeover[-1] != last:
+            events.append(HeadTookOver(shard.id, head, last[0], last[1]))
+    return events
+
+
 def plan_round(
     view: ManagerView, answers: Mapping[str, Answer], now_ms: int, memory: Memory
 ) -> Plan:
@@ -165,6 +186,7 @@ def plan_round(
         if states[node] == "up":
             events += _latency_events(view, node, status)
     fast = {n: c for n, c in fast.items() if states.get(n) == "slow" and n in answered}
+    events += _takeovers(view, answers)
 
     # Catch-ups: done when close to the tail; ordered again when the node does not act on it.
     send_catch_up: list[CatchUpOrder] = []

@@ -17,6 +17,7 @@ from kayos.control.driver import (
 from kayos.manager import (
     CatchUpDone,
     Config,
+    HeadTookOver,
     LatencyReport,
     ManagerView,
     NodeReturned,
@@ -241,3 +242,19 @@ def test_the_published_topology_is_the_views_chains_at_its_epoch() -> None:
         2: ("c", "a"),
     }
     assert set(topology.to_json()["nodes"]) == {"a", "b", "c"}
+
+
+def test_a_heads_new_takeover_entry_is_logged_once() -> None:
+    view = view3()
+    entry = {"role": "head", "last_seq": 9, "takeover": [["01", 0], ["02", 9]]}
+    a = status(shards={0: entry})
+    plan = plan_round(view, answers(a=a, b=status(), c=status()), 9, everyone(view))
+    took = [e for e in plan.events if isinstance(e, HeadTookOver)]
+    assert took == [HeadTookOver(0, "a", b"\x02", 9)]
+    view, _ = decide(view, took[0])
+    again = plan_round(view, answers(a=a, b=status(), c=status()), 9, everyone(view))
+    assert not [e for e in again.events if isinstance(e, HeadTookOver)]
+    # a node that is not the view's head, or does not act as head, is not asked
+    b = status(shards={0: {**entry, "role": "middle"}})
+    other = plan_round(view3(), answers(a=status(), b=b, c=status()), 9, everyone(view))
+    assert not [e for e in other.events if isinstance(e, HeadTookOver)]
