@@ -1,9 +1,9 @@
 """End to end (issue 11): the manager heals a chain with nobody acting. Real nodes, three real
-manager members, producers with acks=all throughout. kill -9 of the middle: the manager finds it
-down within its detection window, splices it out, the producers go on through the repaired
-chain, and every acknowledged message is consumed (chaos/checker.py). A node started again
-returns, catches up and rejoins as tail: full replication, by itself (that part needs the learner
-side, POST /v1/admin/catch-up, and says so when it is missing)."""
+manager members, producers with acks=all throughout. kill -9 of the head, the middle or the tail:
+the manager finds it down within its detection window, splices it out, the producers go on
+through the repaired chain, and every acknowledged message is consumed (chaos/checker.py). A node
+started again returns, catches up and rejoins as tail: full replication, by itself (that part
+needs the learner side, POST /v1/admin/catch-up, and says so when it is missing)."""
 
 from __future__ import annotations
 
@@ -107,18 +107,20 @@ def cluster(tmp_path: Any) -> Any:
         yield c
 
 
-def test_kill_9_of_the_middle_is_spliced_out_with_nothing_acked_lost(
-    cluster: LocalCluster,
+@pytest.mark.parametrize(("victim", "role"), [("a", "head"), ("b", "middle"), ("c", "tail")])
+def test_kill_9_of_a_member_is_spliced_out_with_nothing_acked_lost(
+    cluster: LocalCluster, victim: str, role: str
 ) -> None:
     assert cluster.topology.shards[0].chain == ("a", "b", "c")
+    remaining = [n for n in "abc" if n != victim]
     producers = [Producer(i, list(cluster.urls.values())) for i in range(PRODUCERS)]
     for producer in producers:
         producer.start()
     try:
         wait_until(lambda: all(len(p.acked_at) >= BEFORE for p in producers), "acks before")
         killed = time.monotonic()
-        cluster.kill("b", signal.SIGKILL)
-        wait_until(lambda: chain_of(cluster, 0) == ["a", "c"], "the manager splicing b out")
+        cluster.kill(victim, signal.SIGKILL)
+        wait_until(lambda: chain_of(cluster, 0) == remaining, f"the manager splicing {victim} out")
         spliced = time.monotonic()
 
         def acks_after(since: float, count: int) -> bool:
@@ -129,7 +131,7 @@ def test_kill_9_of_the_middle_is_spliced_out_with_nothing_acked_lost(
         window_s = CONFIG.detection_window_ms / 1000
         repaired_s = first_ack - killed
         print(
-            f"kill -9 of the middle: spliced out in the manager's view after "
+            f"kill -9 of the {role}: spliced out in the manager's view after "
             f"{spliced - killed:.2f}s, first acks=all write through the repaired chain "
             f"{repaired_s:.2f}s after the kill (detection window {window_s:.1f}s: "
             f"{repaired_s - window_s:+.2f}s beyond it)"
@@ -139,14 +141,14 @@ def test_kill_9_of_the_middle_is_spliced_out_with_nothing_acked_lost(
     finally:
         for producer in producers:
             producer.finish()
-    assert node_states(cluster)["b"] == "down"
-    for node in ("a", "c"):
+    assert node_states(cluster)[victim] == "down"
+    for node in remaining:
         status = cluster.status(node)
         assert status is not None
         assert status["epoch"] >= 2  # the manager's topology reached the survivors
 
     # Every acknowledged message is consumed (chaos checker: lost, order, dedup, hwm).
-    snapshot = read_snapshot(cluster.url("c"), QUEUE, "check")
+    snapshot = read_snapshot(cluster.url(remaining[-1]), QUEUE, "check")
     history: list[HistoryEvent] = [e for p in producers for e in p.history]
     messages = tuple((m["seq"], m["key"], m["value"]) for m in snapshot.messages)
     history.append(
