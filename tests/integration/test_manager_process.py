@@ -153,6 +153,28 @@ def test_remove_node_through_the_cli_and_a_whole_group_restart_keeps_the_view(
     wait_until(lambda: agreed_entry(cluster, members), "members agreeing after the restart")
 
 
+def test_ctl_status_json_shows_the_managers_view(cluster: LocalCluster) -> None:
+    leader = wait_until(lambda: leader_of(cluster, cluster.manager_ids), "a leader")
+    done = subprocess.run(
+        [sys.executable, "-m", "kayos", "ctl", "status", "--json",
+         "--url", cluster.url("a"), "--topology", str(cluster.topology_path)],
+        capture_output=True, timeout=60, check=False,
+    )  # fmt: skip
+    summary = json.loads(done.stdout)
+    manager = summary["manager"]
+    assert manager["reachable"] is True
+    assert manager["leader"] == leader
+    assert manager["member"] == leader  # the leader's own answer is preferred
+    assert manager["nodes"] == [{"id": n, "state": "up"} for n in "abc"]
+    assert [s["chain"] for s in manager["shards"]] == [
+        ["a", "b", "c"],
+        ["b", "c", "a"],
+        ["c", "a", "b"],
+    ]
+    # Nothing is wrong: the nodes run the manager's epoch, every shard is replicated.
+    assert (done.returncode, summary["health"]) == (0, "healthy"), summary["alerts"]
+
+
 def test_the_detection_window_in_the_file_is_the_one_members_use(cluster: LocalCluster) -> None:
     status = wait_until(lambda: manager_status(cluster, "m1"), "m1 answering")
     assert status["view"]["config"]["detection_window_ms"] == CONFIG.detection_window_ms
