@@ -7,6 +7,7 @@ needs the learner side, POST /v1/admin/catch-up, and says so when it is missing)
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -225,6 +226,42 @@ def _chain_from(cluster: LocalCluster, member: str) -> list[str]:
     code, body = http_json(cluster.manager_url(member) + "/v1/manager/status", timeout_s=1.0)
     assert code == 200, body
     return list(body["view"]["shards"][0]["chain"])
+
+
+def test_a_paused_middle_is_removed_and_learns_the_new_topology_when_it_resumes(
+    cluster: LocalCluster,
+) -> None:
+    """SIGSTOP of the middle: it stops answering and is spliced out within the window, writes go
+    on; on SIGCONT it answers again and the leader sends it the newer topology it missed."""
+    producers = [Producer(i, list(cluster.urls.values())) for i in range(PRODUCERS)]
+    for producer in producers:
+        producer.start()
+    try:
+        wait_until(lambda: all(len(p.acked_at) >= BEFORE for p in producers), "acks before")
+        pid = cluster.pid("b")
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: chain_of(cluster, 0) == ["a", "c"], "the manager splicing b out")
+            since = time.monotonic()
+            wait_until(
+                lambda: all(sum(1 for t in p.acked_at if t > since) >= AFTER for p in producers),
+                "acks through the repaired chain while b is paused",
+            )
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    finally:
+        for producer in producers:
+            producer.finish()
+    check_nothing_lost(cluster, "c", producers)
+    view = manager_view(cluster)
+    assert view is not None
+
+    def b_runs_the_view_epoch() -> bool:
+        status = cluster.status("b")
+        return status is not None and status["epoch"] == view["epoch"]
+
+    wait_until(b_runs_the_view_epoch, "b adopting the topology it missed while paused")
 
 
 def test_a_returned_node_catches_up_and_rejoins_as_tail(cluster: LocalCluster) -> None:
