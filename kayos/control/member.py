@@ -136,9 +136,12 @@ class Member:
             self.address.http_url,
         )  # fmt: skip
         leading: asyncio.Task[None] | None = None
+        # After a driver failure (its entry not committed in time: a partition, a slow disk) the
+        # next start waits a poll interval, so a failing leader does not flood its own log.
+        retry_at = 0
         try:
             while not stop.is_set():
-                if self.log.is_leader() and leading is None:
+                if self.log.is_leader() and leading is None and monotonic_ms() >= retry_at:
                     log.info("manager %s became leader at term %d", self.member_id, self.log.term())
                     leading = asyncio.create_task(self.driver().lead(self.log.is_leader))
                 if leading is not None and leading.done():
@@ -146,6 +149,7 @@ class Member:
                         exc = leading.exception()
                         if exc is not None:
                             log.warning("driver stopped: %r", exc)
+                            retry_at = monotonic_ms() + limits.manager_poll_interval_ms
                     leading = None
                 if leading is not None and not self.log.is_leader():
                     log.info("manager %s no longer leads", self.member_id)
