@@ -23,6 +23,7 @@ from kayos.datadir import LOCK_FILE_NAME, read_holder_pid
 from kayos.embedded import open_queue
 from kayos.errors import DirectoryInUseError, KayosError
 from kayos.launcher import LocalCluster, free_ports, http_json
+from kayos.manager_process import MANAGERS_DEFAULT
 from kayos.ports import check_free
 from kayos.topology import Topology
 from tests.integration.conftest import WAIT_S, produce_ok, read_snapshot, wait_until
@@ -64,7 +65,8 @@ def run_refused(command: list[str]) -> tuple[subprocess.CompletedProcess[str], f
 
 
 def fixed_base_port(nodes: int, seed: int) -> int:
-    """A base port whose node ports (base+i, base+100+i) are all free now."""
+    """A base port whose node ports (base+i, base+100+i) and manager ports (base+200+i,
+    base+300+i: `kayos up` starts MANAGERS_DEFAULT members) are all free now."""
     rng = random.Random(seed)
     for _ in range(BASE_PORT_ATTEMPTS):
         base = rng.randrange(20_000, 60_000)
@@ -72,6 +74,9 @@ def fixed_base_port(nodes: int, seed: int) -> int:
             for i in range(nodes):
                 check_free("127.0.0.1", base + i, what="probe", hint="")
                 check_free("127.0.0.1", base + 100 + i, what="probe", hint="")
+            for i in range(MANAGERS_DEFAULT):
+                check_free("127.0.0.1", base + 200 + i, what="probe", hint="")
+                check_free("127.0.0.1", base + 300 + i, what="probe", hint="")
         except KayosError:
             continue
         return base

@@ -280,16 +280,17 @@ def test_kestrel_front_restarts(
 
 
 def _up_ports() -> int:
-    """A base port whose HTTP (base + i) and binary (base + 100 + i) ports are free now."""
+    """A base port whose HTTP (base + i), binary (base + 100 + i) and manager (Raft base + 200 + i,
+    HTTP base + 300 + i) ports are free now."""
     for _ in range(50):
         base = free_ports(1)[0]
-        if base + 103 > 65535:
+        if base + 303 > 65535:
             continue
         try:
             import socket
 
             probes = []
-            for port in (base, base + 1, base + 2, base + 100, base + 101, base + 102):
+            for port in (base + offset + i for offset in (0, 100, 200, 300) for i in range(3)):
                 probe = socket.socket()
                 probes.append(probe)
                 probe.bind(("127.0.0.1", port))
