@@ -269,8 +269,8 @@ def test_a_returned_node_catches_up_and_rejoins_as_tail(cluster: LocalCluster) -
     learner of the tail) and, caught up, it rejoins as the tail: full replication by itself."""
     if not serves_catch_up(cluster, "a"):
         pytest.skip(
-            "the nodes do not serve POST /v1/admin/catch-up (learners, branch s5-learn): a "
-            "returned node cannot catch up until that is merged"
+            "the nodes do not serve POST /v1/admin/catch-up (learners): a returned node "
+            "cannot catch up"
         )
     with Client(list(cluster.urls.values()), name="writer") as client:
         for n in range(BEFORE):
