@@ -197,10 +197,12 @@ def plan_round(
         )
         tail_seq = durable_seq(tail_entry) if tail_entry is not None else None
         for node in shard.catching_up:
-            entry = _shard_status(answers[node].status if node in answers else None, shard.id)
-            if entry is None or node not in answered:
+            if node not in answered:
                 continue
-            seq = durable_seq(entry)
+            # No entry: the node holds no replica of the shard (it closed it on learning that it
+            # left the chain, possibly after refusing an order sent while it still was a member).
+            entry = _shard_status(answers[node].status, shard.id)
+            seq = durable_seq(entry) if entry is not None else None
             if (
                 tail_seq is not None
                 and seq is not None
@@ -209,7 +211,7 @@ def plan_round(
                 events.append(CatchUpDone(node, shard.id))
                 continue
             last = sent_catch_up.get((node, shard.id))
-            if entry.get("role") != "learner" and (
+            if (entry is None or entry.get("role") != "learner") and (
                 last is None or now_ms - last >= limits.manager_resend_interval_ms
             ):
                 send_catch_up.append(CatchUpOrder(node, shard.id, shard.tail))

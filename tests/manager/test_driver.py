@@ -222,6 +222,26 @@ def test_a_catch_up_order_not_acted_on_is_sent_again_after_the_interval() -> Non
     assert len(later.send_catch_up) == 3
 
 
+def test_a_node_holding_no_copy_of_the_shard_is_ordered_again() -> None:
+    """A paused node that comes back still at the old epoch refuses the first order (it is a
+    member there); once it learns the topology it closes its replicas and reports no shard: the
+    order must go again (it used to be skipped for good, leaving the shard short a copy)."""
+    view = catching_up_b()
+    a = status(shards={1: {"last_seq": 9_000}, 2: {"last_seq": 9_000}})
+    c = status(shards={0: {"last_seq": 9_000}})
+    b = status(epoch=view.epoch)  # no shards at all
+    plan = plan_round(view, answers(a=a, b=b, c=c), 6_000, everyone(view))
+    assert plan.send_catch_up == [
+        CatchUpOrder("b", 0, "c"),
+        CatchUpOrder("b", 1, "a"),
+        CatchUpOrder("b", 2, "a"),
+    ]
+    later = plan_round(
+        view, answers(a=a, b=b, c=c), 6_000 + limits.manager_resend_interval_ms, plan.memory
+    )
+    assert len(later.send_catch_up) == 3
+
+
 def test_chain_changes_send_the_topology_to_every_node_not_down_or_removed() -> None:
     view, actions = decide(view3(), TimerTick(5_000, (("a", 5_000), ("c", 5_000))))
     assert any(isinstance(a, SpliceChain) for a in actions)
