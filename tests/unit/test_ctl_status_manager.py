@@ -12,7 +12,16 @@ from kayos.cli.status_view import (
     summarise,
     with_manager,
 )
-from kayos.manager import Config, ManagerView, RemoveNode, decide, view_hash
+from kayos.manager import (
+    CatchUpDone,
+    Config,
+    ManagerView,
+    NodeReturned,
+    RemoveNode,
+    TimerTick,
+    decide,
+    view_hash,
+)
 from tests.unit.test_ctl_status import healthy_answers, topology
 
 URLS = ["http://127.0.0.1:7401", "http://127.0.0.1:7402"]
@@ -88,3 +97,26 @@ def test_no_leader_or_no_member_answering_is_an_alert() -> None:
     assert [a["code"] for a in gone["alerts"]] == ["manager_unreachable"]
     assert gone["exit_code"] == EXIT_DEGRADED
     assert "manager: UNREACHABLE" in render(gone, plain)
+
+
+def test_a_shard_with_members_away_is_degraded_until_they_rejoin() -> None:
+    """A chain spliced down to two of its three members is not full replication: the summary says
+    which node is away and whether it is catching up, and clears once it rejoined."""
+    topo = topology()
+    view = first_view()
+    later = view.config.detection_window_ms + 1_000
+    view, _ = decide(view, TimerTick(later, (("a", later), ("b", later))))  # c silent: down
+    summary = with_manager(summarise("u", topo, healthy_answers(topo)), manager_reply(view), URLS)
+    away = [a for a in summary["alerts"] if a["code"] == "shard_members_away"]
+    assert sorted(a["shard"] for a in away) == [0, 1, 2], summary["alerts"]
+    assert all(a["message"].endswith("not back yet: c") for a in away)
+    assert summary["exit_code"] == EXIT_DEGRADED
+
+    view, _ = decide(view, NodeReturned("c", later + 100))
+    summary = with_manager(summarise("u", topo, healthy_answers(topo)), manager_reply(view), URLS)
+    away = [a for a in summary["alerts"] if a["code"] == "shard_members_away"]
+    assert all(a["message"].endswith("c (catching up)") for a in away), away
+    for shard in range(3):
+        view, _ = decide(view, CatchUpDone("c", shard))
+    summary = with_manager(summarise("u", topo, healthy_answers(topo)), manager_reply(view), URLS)
+    assert not [a for a in summary["alerts"] if a["code"] == "shard_members_away"]
