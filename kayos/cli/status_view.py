@@ -415,19 +415,19 @@ def with_manager(
         }
         if answer.get("leader") is None:
             alerts.append(_alert("critical", "manager_no_leader", "the manager has no leader"))
-        for shard in shards:
-            away = [str(n) for n in shard["departed"]]
+        for entry in shards:
+            away = [str(n) for n in entry["departed"]]
             if away:
                 # Not a copy short of the minimum (the manager alerts that), but short of the
                 # members it had: full replication is back only once they rejoin.
-                learning = {str(n) for n in shard["catching_up"]}
+                learning = {str(n) for n in entry["catching_up"]}
                 where = ", ".join(f"{n} (catching up)" if n in learning else n for n in away)
                 alerts.append(
                     _alert(
                         "warning",
                         "shard_members_away",
-                        f"shard {shard['id']}: left the chain and not back yet: {where}",
-                        shard=shard["id"],
+                        f"shard {entry['id']}: left the chain and not back yet: {where}",
+                        shard=entry["id"],
                     )
                 )
         for alert in answer.get("alerts", []):
