@@ -582,10 +582,28 @@ class LocalCluster:
                 raise ClusterError(f"replicas did not converge within {timeout_s}s: {seen}")
             time.sleep(poll_interval_s)  # a bounded poll of a condition
 
+    def live_topology(self) -> Topology:
+        """The newest topology the running nodes hold: after the manager changed chains it is
+        at a higher epoch than the file this launcher wrote (nodes keep it in their data
+        directories, docs/node-api.md "Topology changes"), and a restart must judge the chains by
+        it. The file's when no node answers with a newer one."""
+        newest = self.topology
+        for node in self.topology.nodes:
+            try:
+                code, body = http_json(
+                    self.url(node) + "/v1/topology", timeout_s=status_request_timeout_s
+                )
+                found = Topology.from_json(body) if code == 200 else None
+            except (OSError, ValueError, KayosError):
+                continue
+            if found is not None and found.epoch > newest.epoch:
+                newest = found
+        return newest
+
     def _replicated_seqs(self) -> dict[int, int] | None:
         statuses = {node: self.status(node) for node in self.topology.nodes}
         agreed: dict[int, int] = {}
-        for shard in self.topology.shards.values():
+        for shard in self.live_topology().shards.values():
             seqs: set[int] = set()
             for node in shard.members:
                 status = statuses[node]
@@ -610,7 +628,7 @@ class LocalCluster:
             f"data {self.data_dir(node)}  log {self.log_path(node)}  pid {self.pid(node)}"
             for node, address in self.topology.nodes.items()
         ]
-        for shard in self.topology.shards.values():
+        for shard in self.live_topology().shards.values():
             chain = " -> ".join(shard.chain)
             fanout = f" -> [{', '.join(shard.fanout)}]" if shard.fanout else ""
             lines.append(
