@@ -13,6 +13,7 @@ cluster is started again on fresh ports (every node reads every address from the
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -255,8 +256,11 @@ class LocalCluster:
         node_command: list[str] | None = None,
         managers: int = 0,
         manager_config: Config | None = None,
+        queue_shards: dict[str, int] | None = None,
     ) -> None:
         self.base_dir = Path(base_dir)
+        # Queues spread over several shards (docs/node-api.md, "Queues over several shards").
+        self.queue_shards = dict(queue_shards or {})
         self.ids = node_ids(nodes)
         self.replicas = replicas
         self.shard_count = shards
@@ -301,9 +305,10 @@ class LocalCluster:
             NodeAddr(node, self.host, http_port, bin_port)
             for node, http_port, bin_port in zip(self.ids, http_ports, bin_ports, strict=True)
         ]
-        return build_topology(
+        built = build_topology(
             addresses, replicas=self.replicas, shard_count=self.shard_count, fanout=self.fanout
-        ).with_identity(self.identity)
+        )
+        return dataclasses.replace(built, queues=self.queue_shards).with_identity(self.identity)
 
     @property
     def urls(self) -> dict[str, str]:

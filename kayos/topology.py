@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import tomllib
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -90,6 +91,10 @@ class Topology:
     # The cluster id and shared secret (kayos/identity.py); None in a file that has neither, which
     # then cannot replicate. Never part of ``to_json``: the HTTP face serves that to anyone.
     identity: ClusterIdentity | None = field(default=None, compare=False)
+    # How many shards a queue spreads over (docs/node-api.md, "Queues over several shards"): the
+    # cluster default and per-queue entries. The defaults mean one shard per queue.
+    queue_shards: int = 1
+    queues: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.epoch < 1:
@@ -107,10 +112,70 @@ class Topology:
             for node in members:
                 if node not in self.nodes:
                     raise InvalidRequest(f"shard {shard.id}: unknown node {node!r}")
+        count = len(self.shards)
+        for name, wanted in [("queue_shards", self.queue_shards), *self.queues.items()]:
+            if type(wanted) is not int or not 1 <= wanted <= count:
+                raise InvalidRequest(f"{name}: a queue's shard count must be 1 .. {count}")
+        for name in self.queues:
+            check_queue_name(name)
 
     def shard_for(self, queue: str) -> int:
-        """The shard a queue lives in: a stable hash of its name."""
+        """The queue's home shard, a stable hash of its name: its only shard when it has one."""
         return zlib.crc32(queue.encode()) % len(self.shards)
+
+    def queue_shard_count(self, queue: str) -> int:
+        """``S``: how many shards the queue spreads over."""
+        return self.queues.get(queue, self.queue_shards)
+
+    def shards_for(self, queue: str) -> tuple[int, ...]:
+        """The queue's shards: ``S`` consecutive ones from its home shard (with rotated roles
+        their heads are on consecutive nodes)."""
+        home, count = self.shard_for(queue), len(self.shards)
+        return tuple((home + i) % count for i in range(self.queue_shard_count(queue)))
+
+    def shard_for_key(self, queue: str, key: bytes) -> int:
+        """The shard an item key of ``queue`` goes to: every version of a key goes to one shard
+        (de-dup and per-key order hold)."""
+        shards = self.shards_for(queue)
+        return shards[zlib.crc32(key) % len(shards)] if len(shards) > 1 else shards[0]
+
+    def split_by_shard(self, queue: str, keys: Sequence[bytes]) -> dict[int, list[int]]:
+        """The positions of ``keys`` by the shard each goes to, in shard order."""
+        shards = self.shards_for(queue)
+        if len(shards) == 1:
+            return {shards[0]: list(range(len(keys)))}
+        parts: dict[int, list[int]] = {}
+        for index, key in enumerate(keys):
+            parts.setdefault(shards[zlib.crc32(key) % len(shards)], []).append(index)
+        return dict(sorted(parts.items()))
+
+    def shard_for_batch(self, queue: str, keys: Sequence[bytes]) -> int:
+        """The one shard a batch goes to; ``InvalidRequest`` if its keys span shards (a batch,
+        and so a transaction, commits in one shard)."""
+        shards = self.shards_for(queue)
+        if len(shards) == 1 or not keys:
+            return shards[0]
+        found = {shards[zlib.crc32(key) % len(shards)] for key in keys}
+        if len(found) > 1:
+            raise InvalidRequest(
+                f"the batch's keys span shards {sorted(found)} of queue {queue!r}: a batch "
+                "commits in one shard (split it by Topology.shard_for_key)"
+            )
+        return found.pop()
+
+    def queue_shard(self, queue: str, shard: int | None) -> int:
+        """The shard a per-shard request (consume, a group's mark) means: ``shard`` if it is
+        one of the queue's; None names the only shard of a one-shard queue."""
+        shards = self.shards_for(queue)
+        if shard is None:
+            if len(shards) > 1:
+                raise InvalidRequest(
+                    f"queue {queue!r} has {len(shards)} shards {list(shards)}: name one (shard=)"
+                )
+            return shards[0]
+        if shard not in shards:
+            raise InvalidRequest(f"shard {shard} holds no part of queue {queue!r} {list(shards)}")
+        return shard
 
     def chain_for(self, queue: str) -> ShardChain:
         return self.shards[self.shard_for(queue)]
@@ -119,7 +184,7 @@ class Topology:
         return [shard for shard in self.shards.values() if node in shard.members]
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "epoch": self.epoch,
             "nodes": {
                 node.id: {"host": node.host, "http_port": node.http_port, "bin_port": node.bin_port}
@@ -130,6 +195,12 @@ class Topology:
                 for shard in self.shards.values()
             ],
         }
+        # Only when set: an older topology's JSON (and so its MAC) stays byte for byte the same.
+        if self.queue_shards != 1:
+            data["queue_shards"] = self.queue_shards
+        if self.queues:
+            data["queues"] = {name: {"shards": count} for name, count in self.queues.items()}
+        return data
 
     @classmethod
     def from_json(cls, data: Any) -> Topology:
@@ -150,7 +221,9 @@ class Topology:
                 for shard in data["shards"]
             }
             identity = ClusterIdentity.from_data(data)
-            return cls(int(data["epoch"]), nodes, shards, identity)
+            queue_shards = data.get("queue_shards", 1)
+            queues = {str(name): entry["shards"] for name, entry in data.get("queues", {}).items()}
+            return cls(int(data["epoch"]), nodes, shards, identity, queue_shards, queues)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InvalidRequest(f"bad topology: {exc!r}") from exc
 
@@ -165,12 +238,16 @@ class Topology:
         return cls.from_json(data)
 
     def with_identity(self, identity: ClusterIdentity | None) -> Topology:
-        return Topology(self.epoch, self.nodes, self.shards, identity)
+        return Topology(
+            self.epoch, self.nodes, self.shards, identity, self.queue_shards, self.queues
+        )
 
     def dumps_toml(self) -> str:
         lines = [f"epoch = {self.epoch}"]
         if self.identity is not None:
             lines += self.identity.toml_lines()
+        if self.queue_shards != 1:
+            lines.append(f"queue_shards = {self.queue_shards}")
         lines.append("")
         for node in self.nodes.values():
             lines += [
@@ -185,6 +262,8 @@ class Topology:
             fanout = ", ".join(f'"{n}"' for n in shard.fanout)
             lines += ["[[shards]]", f"id = {shard.id}", f"chain = [{chain}]"]
             lines += [f"fanout = [{fanout}]", ""]
+        for name, count in self.queues.items():
+            lines += [f'[queues."{name}"]', f"shards = {count}", ""]
         return "\n".join(lines)
 
 

@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from kayos.client.aio import AsyncClient
     from kayos.client.sync import Client
-    from kayos.client.types import CommitInfo, GroupInfo, Item, Message, Page, Transaction
+    from kayos.client.types import (
+        CommitInfo,
+        GroupInfo,
+        Item,
+        Message,
+        Page,
+        ShardSeqs,
+        Transaction,
+    )
 
 _HOMES = {
     "AsyncClient": "kayos.client.aio",
@@ -20,6 +28,7 @@ _HOMES = {
     "Item": "kayos.client.types",
     "Message": "kayos.client.types",
     "Page": "kayos.client.types",
+    "ShardSeqs": "kayos.client.types",
     "Transaction": "kayos.client.types",
 }
 
@@ -31,6 +40,7 @@ __all__ = [
     "Item",
     "Message",
     "Page",
+    "ShardSeqs",
     "Transaction",
 ]
 

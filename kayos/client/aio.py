@@ -25,12 +25,14 @@ from kayos.client.http import HttpTransport
 from kayos.client.policy import RetryPolicy, RetryState, newest_topology
 from kayos.client.types import (
     Acks,
+    Columns,
     CommitInfo,
     Data,
     GroupInfo,
     Item,
     ItemLike,
     Page,
+    ShardSeqs,
     Transaction,
     acks_code,
     acks_param,
@@ -277,10 +279,53 @@ class AsyncClient:
     ) -> tuple[int, int]:
         """Produces a batch as one request to the shard's head; returns ``(first_seq,
         last_seq)`` (both 0 under ``acks=0``). ``txn`` makes it all-or-nothing. Retrying is safe:
-        a key produced twice keeps one version (de-dup)."""
+        a key produced twice keeps one version (de-dup). On a queue with several shards the keys
+        must all map to one shard (``InvalidRequest`` before sending, else): one seq range
+        names one shard's seqs; ``produce_sharded`` splits any batch."""
         check_queue_name(queue)
         columns = to_columns(items)
+        parts = self.topology.split_by_shard(queue, columns.keys)
+        if len(parts) > 1:
+            why = "a transaction commits in one shard" if txn else "use produce_sharded"
+            raise InvalidRequest(
+                f"the batch's keys span shards {sorted(parts)} of queue {queue!r}: {why}"
+            )
+        return await self._produce_part(queue, columns, acks_code(acks), txn)
+
+    async def produce_sharded(
+        self, queue: str, items: Iterable[ItemLike], *, acks: Acks = "all", txn: bool = False
+    ) -> list[ShardSeqs]:
+        """Splits a batch by the shard each key goes to (``Topology.shard_for_key``) and sends
+        every part to its shard's head at once; one ``ShardSeqs`` per part, in shard order.
+        ``acks`` holds per part. A ``txn`` batch must keep to one shard (``InvalidRequest``
+        before sending). If a part fails the error is raised once every part has finished; the
+        other parts may be written (retrying is safe: de-dup)."""
+        check_queue_name(queue)
+        columns = to_columns(items)
+        parts = self.topology.split_by_shard(queue, columns.keys)
+        if txn and len(parts) > 1:
+            raise InvalidRequest(
+                f"a transaction commits in one shard; its keys span shards {sorted(parts)} "
+                f"of queue {queue!r}"
+            )
         acks_value = acks_code(acks)
+        picked = [(shard, columns.pick(indexes)) for shard, indexes in parts.items()]
+        results = await asyncio.gather(
+            *(self._produce_part(queue, part, acks_value, txn) for _shard, part in picked),
+            return_exceptions=True,
+        )
+        out: list[ShardSeqs] = []
+        for (shard, part), result in zip(picked, results, strict=True):
+            if isinstance(result, BaseException):
+                raise result
+            out.append(ShardSeqs(shard, result[0], result[1], len(part)))
+        return out
+
+    async def _produce_part(
+        self, queue: str, columns: Columns, acks_value: int, txn: bool
+    ) -> tuple[int, int]:
+        """One batch whose keys all go to one shard, to that shard's head."""
+        shard = self.topology.shard_for_batch(queue, columns.keys)
 
         def frame(request_id: int) -> Produce:
             return Produce(
@@ -295,7 +340,7 @@ class AsyncClient:
             )
 
         async def attempt(redirect: str | None) -> tuple[int, int]:
-            node = redirect or self.topology.chain_for(queue).head
+            node = redirect or self.topology.shards[shard].head
             connection = await self._connection(node)
             reply = await connection.request(frame, self.timeout_s)
             if not isinstance(reply, Produced):
@@ -327,7 +372,7 @@ class AsyncClient:
             if shard not in self.topology.shards:
                 raise InvalidRequest(f"no shard {shard} in the topology")
         else:
-            shard = self.topology.shard_for(check_queue_name(queue_or_shard))
+            shard = self.topology.queue_shard(check_queue_name(queue_or_shard), None)
         deadline_s = self.clock.monotonic_s() + timeout_s
         while True:
             remaining_s = max(0.0, deadline_s - self.clock.monotonic_s())
@@ -359,7 +404,12 @@ class AsyncClient:
     ) -> AsyncGenerator[Page, None]:
         """One consumer snapshot ``(hwm, boundary]`` of the group, paged from a tail; the last
         page has ``end=True`` (then ``commit(queue, group, page.boundary)`` acknowledges it).
-        With ``wait_s`` and nothing new, the first request long-polls that long."""
+        With ``wait_s`` and nothing new, the first request long-polls that long.
+
+        A queue with several shards gives one snapshot per shard in turn (``page.shard`` says
+        which; each shard's last page has ``end=True``: commit it with ``shard=page.shard``).
+        With ``wait_s`` and nothing new anywhere, every shard is long-polled at once and the
+        first with entries is read first."""
         check_queue_name(queue)
         check_group_name(group)
         check_u64(page_size, "page_size", low=1, high=limits.consume_page_entries_max)
@@ -369,8 +419,44 @@ class AsyncClient:
         # and this client decodes with no object per message until the caller asks for them.
         params = {"group": group, "limit": str(page_size), "columns": "1"}
         wait_ms = min(int(wait_s * 1000), limits.consume_wait_ms_max)
-        first = dict(params, wait_ms=str(wait_ms)) if wait_ms else params
-        page = await self._page(queue, first, wait_ms / 1000)
+        shards = self.topology.shards_for(queue)
+        if len(shards) == 1:
+            first = dict(params, wait_ms=str(wait_ms)) if wait_ms else params
+            firsts = [await self._page(queue, shards[0], first, wait_ms / 1000)]
+        else:
+            firsts = await self._first_pages(queue, shards, params, wait_ms)
+        for page in firsts:
+            async for each in self._snapshot(queue, page, params):
+                yield each
+
+    async def _first_pages(
+        self, queue: str, shards: tuple[int, ...], params: dict[str, str], wait_ms: int
+    ) -> list[Page]:
+        """Every shard's first page at once; with ``wait_ms`` and all of them empty, long-polls
+        every shard and, once one has entries, reads the others anew without waiting."""
+        pages = await asyncio.gather(*(self._page(queue, s, params, 0.0) for s in shards))
+        if not wait_ms or any(len(page) or not page.end for page in pages):
+            return list(pages)
+        waiting = dict(params, wait_ms=str(wait_ms))
+        polls = [
+            asyncio.ensure_future(self._page(queue, s, waiting, wait_ms / 1000)) for s in shards
+        ]
+        try:
+            done, _pending = await asyncio.wait(polls, return_when=asyncio.FIRST_COMPLETED)
+            found = next(iter(done)).result()
+        finally:
+            for poll in polls:
+                if not poll.done():
+                    poll.cancel()
+                    poll.add_done_callback(_forget)
+        others = [s for s in shards if s != found.shard]
+        rest = await asyncio.gather(*(self._page(queue, s, params, 0.0) for s in others))
+        return [found, *rest]
+
+    async def _snapshot(
+        self, queue: str, page: Page, params: dict[str, str]
+    ) -> AsyncGenerator[Page, None]:
+        """The pages of one shard's snapshot from its first ``page``."""
         pending: asyncio.Task[Page] | None = None
         try:
             while True:
@@ -378,7 +464,7 @@ class AsyncClient:
                     # The next page's position is known: its request runs while the caller
                     # works on this page (node and client overlap instead of taking turns).
                     later = dict(params, after=str(page.next), upto=str(page.boundary))
-                    pending = asyncio.ensure_future(self._page(queue, later, 0.0))
+                    pending = asyncio.ensure_future(self._page(queue, page.shard, later, 0.0))
                 yield page
                 if pending is None:
                     return
@@ -398,28 +484,44 @@ class AsyncClient:
                 pending.cancel()
                 pending.add_done_callback(_forget)
 
-    async def _page(self, queue: str, params: dict[str, str], wait_s: float) -> Page:
-        shard = self.topology.shard_for(queue)
+    def _shard_params(self, queue: str, shard: int) -> dict[str, str]:
+        """``shard=`` for a queue with several shards (a one-shard queue's requests stay as
+        they were, so an older node serves them)."""
+        return {"shard": str(shard)} if len(self.topology.shards_for(queue)) > 1 else {}
 
+    async def _page(self, queue: str, shard: int, params: dict[str, str], wait_s: float) -> Page:
         async def attempt(redirect: str | None) -> Page:
             node = redirect or self._tail(shard)
             body = await self._http.request(
                 "GET",
                 f"{self._url(node)}/v1/queues/{queue}/consume",
-                params=params,
+                params=dict(params, **self._shard_params(queue, shard)),
                 timeout_s=wait_s + self.timeout_s,
             )
-            return page_from_reply(body)
+            page = page_from_reply(body)
+            if page.shard != shard:
+                raise ProtocolError(
+                    f"node {node} answered a page of shard {page.shard}, not {shard}"
+                )
+            return page
 
         return await self._retrying(attempt)
 
     async def commit(
-        self, queue: str, group: str, hwm: int, *, state: bytes | None = None
+        self,
+        queue: str,
+        group: str,
+        hwm: int,
+        *,
+        state: bytes | None = None,
+        shard: int | None = None,
     ) -> CommitInfo:
         """Commits the group's high-water mark (it has consumed every seq <= ``hwm``), with an
-        optional opaque ``state``; answered once committed on every member."""
+        optional opaque ``state``; answered once committed on every member. A queue with several
+        shards has one mark per shard: name it (``shard=page.shard``)."""
         check_queue_name(queue)
         check_group_name(group)
+        shard_id = self.topology.queue_shard(queue, shard)
         check_u64(hwm, "hwm")
         if state is not None and len(as_bytes(state, "state")) > limits.group_state_bytes_max:
             raise LimitExceeded(f"group state over {limits.group_state_bytes_max} bytes")
@@ -428,10 +530,11 @@ class AsyncClient:
             body["state"] = state
 
         async def attempt(redirect: str | None) -> CommitInfo:
-            node = redirect or self.topology.chain_for(queue).head
+            node = redirect or self.topology.shards[shard_id].head
             reply = await self._http.request(
                 "POST",
                 f"{self._url(node)}/v1/queues/{queue}/groups/{_quoted(group)}/commit",
+                params=self._shard_params(queue, shard_id),
                 body=body,
                 timeout_s=self.timeout_s,
             )
@@ -476,37 +579,53 @@ class AsyncClient:
 
         return await self._retrying(attempt)
 
-    async def group(self, queue: str, group: str) -> GroupInfo:
-        """The group's high-water mark, the shard's committed boundary and the lag."""
+    async def group(self, queue: str, group: str, *, shard: int | None = None) -> GroupInfo:
+        """The group's high-water mark, the shard's committed boundary and the lag (of shard
+        ``shard`` of a queue with several)."""
         check_queue_name(queue)
         check_group_name(group)
+        shard_id = self.topology.queue_shard(queue, shard)
 
         async def attempt(redirect: str | None) -> GroupInfo:
-            node = redirect or self.topology.chain_for(queue).head
+            node = redirect or self.topology.shards[shard_id].head
             reply = await self._http.request(
                 "GET",
                 f"{self._url(node)}/v1/queues/{queue}/groups/{_quoted(group)}",
+                params=self._shard_params(queue, shard_id),
                 timeout_s=self.timeout_s,
             )
             return group_from_reply(reply)
 
         return await self._retrying(attempt)
 
+    async def marks(self, queue: str, group: str) -> dict[int, int]:
+        """The group's high-water mark on each shard of the queue, ``{shard: hwm}``."""
+        shards = self.topology.shards_for(check_queue_name(queue))
+        infos = await asyncio.gather(*(self.group(queue, group, shard=s) for s in shards))
+        return {s: info.hwm for s, info in zip(shards, infos, strict=True)}
+
     async def read(
-        self, queue: str, *, after: int, limit: int = 1000, upto: int | None = None
+        self,
+        queue: str,
+        *,
+        after: int,
+        limit: int = 1000,
+        upto: int | None = None,
+        shard: int | None = None,
     ) -> Page:
         """One page of the queue's live entries after ``after`` as of now, from a tail, without
         a consumer group (for recovery scans of layers that keep their own cursors). With
         ``upto``, the page is of the snapshot ``(after, upto]`` read as of ``upto`` (a range
         reader's next page; the page's ``boundary`` is below ``upto`` while the answering tail's
-        commit point is)."""
+        commit point is). ``shard`` names one of a queue's several shards."""
         check_queue_name(queue)
+        shard_id = self.topology.queue_shard(queue, shard)
         check_u64(after, "after")
         check_u64(limit, "limit", low=1, high=limits.consume_page_entries_max)
         params = {"group": "_read", "after": str(after), "limit": str(limit), "columns": "1"}
         if upto is not None:
             params["upto"] = str(check_u64(upto, "upto"))
-        return await self._page(queue, params, 0.0)
+        return await self._page(queue, shard_id, params, 0.0)
 
     async def list_groups(self) -> list[tuple[str, str, int]]:
         """Every consumer group in the cluster as ``(queue, group, hwm)``, one shard at a time."""
@@ -528,29 +647,35 @@ class AsyncClient:
         return found
 
     async def delete_group(self, queue: str, group: str) -> None:
-        """Forgets a consumer group on every member; a missing group is not an error."""
+        """Forgets a consumer group on every member of every shard of the queue; a missing
+        group is not an error."""
         check_queue_name(queue)
         check_group_name(group)
 
-        async def attempt(redirect: str | None) -> None:
-            node = redirect or self.topology.chain_for(queue).head
-            await self._http.request(
-                "DELETE",
-                f"{self._url(node)}/v1/queues/{queue}/groups/{_quoted(group)}",
-                timeout_s=self.timeout_s,
-            )
+        for shard in self.topology.shards_for(queue):
 
-        await self._retrying(attempt)
+            async def attempt(redirect: str | None, shard: int = shard) -> None:
+                node = redirect or self.topology.shards[shard].head
+                await self._http.request(
+                    "DELETE",
+                    f"{self._url(node)}/v1/queues/{queue}/groups/{_quoted(group)}",
+                    params=self._shard_params(queue, shard),
+                    timeout_s=self.timeout_s,
+                )
+
+            await self._retrying(attempt)
 
     async def produce_http(
         self, queue: str, items: Iterable[ItemLike], *, acks: Acks = "all", txn: bool = True
     ) -> tuple[int, int]:
         """``produce_batch`` over HTTP instead of the binary port (for tools and tests)."""
         check_queue_name(queue)
-        body = {"messages": to_columns(items).to_messages(), "txn": txn}
+        columns = to_columns(items)
+        shard = self.topology.shard_for_batch(queue, columns.keys)
+        body = {"messages": columns.to_messages(), "txn": txn}
 
         async def attempt(redirect: str | None) -> tuple[int, int]:
-            node = redirect or self.topology.chain_for(queue).head
+            node = redirect or self.topology.shards[shard].head
             reply = await self._http.request(
                 "POST",
                 f"{self._url(node)}/v1/queues/{queue}/messages",

@@ -18,6 +18,7 @@ from kayos.client.types import (
     GroupInfo,
     ItemLike,
     Page,
+    ShardSeqs,
     Transaction,
 )
 from kayos.errors import InvalidRequest
@@ -113,6 +114,11 @@ class Client:
     ) -> tuple[int, int]:
         return self._run(self._client.produce_batch(queue, list(items), acks=acks, txn=txn))
 
+    def produce_sharded(
+        self, queue: str, items: Iterable[ItemLike], *, acks: Acks = "all", txn: bool = False
+    ) -> list[ShardSeqs]:
+        return self._run(self._client.produce_sharded(queue, list(items), acks=acks, txn=txn))
+
     @contextlib.contextmanager
     def transaction(self, queue: str, *, acks: Acks = "all") -> Iterator[Transaction]:
         """As ``AsyncClient.transaction``: produced as one batch on a clean exit."""
@@ -141,11 +147,19 @@ class Client:
                 with contextlib.suppress(RuntimeError):  # the iterator was mid-step when cancelled
                     self._run(pages.aclose())
 
-    def commit(self, queue: str, group: str, hwm: int, *, state: bytes | None = None) -> CommitInfo:
-        return self._run(self._client.commit(queue, group, hwm, state=state))
+    def commit(
+        self,
+        queue: str,
+        group: str,
+        hwm: int,
+        *,
+        state: bytes | None = None,
+        shard: int | None = None,
+    ) -> CommitInfo:
+        return self._run(self._client.commit(queue, group, hwm, state=state, shard=shard))
 
-    def group(self, queue: str, group: str) -> GroupInfo:
-        return self._run(self._client.group(queue, group))
+    def group(self, queue: str, group: str, *, shard: int | None = None) -> GroupInfo:
+        return self._run(self._client.group(queue, group, shard=shard))
 
     def retention(self, queue: str) -> dict[str, Any]:
         return self._run(self._client.retention(queue))
@@ -153,8 +167,19 @@ class Client:
     def set_retention(self, queue: str, policy: dict[str, Any]) -> dict[str, Any]:
         return self._run(self._client.set_retention(queue, policy))
 
-    def read(self, queue: str, *, after: int, limit: int = 1000, upto: int | None = None) -> Page:
-        return self._run(self._client.read(queue, after=after, limit=limit, upto=upto))
+    def marks(self, queue: str, group: str) -> dict[int, int]:
+        return self._run(self._client.marks(queue, group))
+
+    def read(
+        self,
+        queue: str,
+        *,
+        after: int,
+        limit: int = 1000,
+        upto: int | None = None,
+        shard: int | None = None,
+    ) -> Page:
+        return self._run(self._client.read(queue, after=after, limit=limit, upto=upto, shard=shard))
 
     def list_groups(self) -> list[tuple[str, str, int]]:
         return self._run(self._client.list_groups())

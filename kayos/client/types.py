@@ -258,6 +258,15 @@ class GroupInfo:
     lag_seconds: float | None = None
 
 
+class ShardSeqs(NamedTuple):
+    """The seqs one shard's part of a produced batch got (both 0 under ``acks=0``)."""
+
+    shard: int
+    first_seq: int
+    last_seq: int
+    items: int
+
+
 @dataclass(frozen=True, slots=True)
 class CommitInfo:
     """A committed high-water mark and the seq its commit claimed."""
@@ -303,6 +312,17 @@ class Columns:
 
     def __len__(self) -> int:
         return len(self.keys)
+
+    def pick(self, indexes: list[int]) -> Columns:
+        """The items at ``indexes``, in that order (a batch's part for one shard)."""
+        if len(indexes) == len(self.keys):
+            return self
+        return Columns(
+            tuple(self.keys[i] for i in indexes),
+            tuple(self.values[i] for i in indexes),
+            None if self.expiries_ms is None else tuple(self.expiries_ms[i] for i in indexes),
+            None if self.headers is None else tuple(self.headers[i] for i in indexes),
+        )
 
     def to_messages(self) -> list[dict[str, Any]]:
         """The HTTP body's ``messages`` list."""

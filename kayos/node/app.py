@@ -291,6 +291,16 @@ def parse_consume(query: Mapping[str, str]) -> dict[str, Any]:
     }
 
 
+def shard_query(query: Mapping[str, str]) -> int | None:
+    """The ``shard`` a per-shard request of a queue names (None: not given)."""
+    raw = query.get("shard")
+    if raw is None:
+        return None
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 10:
+        raise InvalidRequest(f"shard must be an integer, not {raw[:40]!r}")
+    return int(raw)
+
+
 def _shard_param(request: web.Request) -> int:
     raw = request.match_info["shard"]
     if not raw.isascii() or not raw.isdigit() or len(raw) > 10:
@@ -368,10 +378,11 @@ def make_app(node: Node) -> web.Application:
         acks = _ACKS.get(request.query.get("acks", "1"))
         if acks is None:
             raise InvalidRequest("acks must be 0, 1 or all")
-        node.replica_for(queue, want="head")  # wrong role before reading a large body
+        if len(node.topology.shards_for(queue)) == 1:  # else the keys name the shard
+            node.replica_for(queue, want="head")  # wrong role before reading a large body
         keys, values, expiries, headers = await read_body(request, parse_produce)
         first, last = await node.produce(queue, keys, values, expiries, headers, acks=acks)
-        shard = node.topology.shard_for(queue)
+        shard = node.topology.shard_for_batch(queue, keys)
         return _reply(request, {"shard": shard, "first_seq": first, "last_seq": last})
 
     @routes.get("/v1/queues/{queue}/consume")
@@ -380,6 +391,7 @@ def make_app(node: Node) -> web.Application:
             request.match_info["queue"],
             request.query.get("group", ""),
             **parse_consume(request.query),
+            shard_id=shard_query(request.query),
         )
         return _reply(request, page_payload(page, columns=request.query.get("columns") == "1"))
 
@@ -389,7 +401,7 @@ def make_app(node: Node) -> web.Application:
         group = request.match_info["group"]
         hwm, state = await read_body(request, parse_commit)
         try:
-            seq = await node.commit_group(queue, group, hwm, state)
+            seq = await node.commit_group(queue, group, hwm, state, shard_query(request.query))
         except WrongRoleError as exc:
             # Any member takes a group commit and relays it to the head.
             return await _relay(request, exc, {"hwm": hwm, "state": state})
@@ -400,7 +412,7 @@ def make_app(node: Node) -> web.Application:
         queue = request.match_info["queue"]
         group = request.match_info["group"]
         try:
-            seq = await node.delete_group(queue, group)
+            seq = await node.delete_group(queue, group, shard_query(request.query))
         except WrongRoleError as exc:
             return await _relay(request, exc, None)
         return _reply(request, {"deleted": True, "seq": seq})
@@ -436,6 +448,7 @@ def make_app(node: Node) -> web.Application:
             async with session.request(
                 request.method,
                 url,
+                params=dict(request.query),  # it names the shard of a queue with several
                 data=None if body is None else msgpack.packb(body, use_bin_type=True),
                 headers={"Content-Type": MSGPACK, "Accept": MSGPACK, "X-Kayos-Relayed": "1"},
                 timeout=aiohttp.ClientTimeout(total=limits.produce_commit_timeout_ms / 1000 + 5),
@@ -449,7 +462,11 @@ def make_app(node: Node) -> web.Application:
     async def group_info(request: web.Request) -> web.Response:
         return _reply(
             request,
-            await node.group_info(request.match_info["queue"], request.match_info["group"]),
+            await node.group_info(
+                request.match_info["queue"],
+                request.match_info["group"],
+                shard_query(request.query),
+            ),
         )
 
     @routes.get("/v1/shards/{shard}/committed")

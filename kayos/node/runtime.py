@@ -283,10 +283,11 @@ class Node:
 
     # --- routing -------------------------------------------------------------------------------
 
-    def replica_for(self, queue: str, *, want: str) -> ShardReplica:
-        """The local replica of ``queue``'s shard in the role ``want`` (head or tail)."""
+    def replica_for(self, queue: str, *, want: str, shard_id: int | None = None) -> ShardReplica:
+        """The local replica of ``queue``'s shard ``shard_id`` (None: its only shard) in the role
+        ``want`` (head or tail)."""
         check_queue_name(queue)
-        shard = self.topology.chain_for(queue)
+        shard = self.topology.shards[self.topology.queue_shard(queue, shard_id)]
         if shard.id in self.reconfigure.changing:
             raise UnavailableError(f"shard {shard.id} is changing at {self.node_id}; retry")
         replica = self.replicas.get(shard.id)
@@ -320,8 +321,11 @@ class Node:
         *,
         acks: int,
     ) -> tuple[int, int]:
-        """Commits one all-or-nothing batch at the head; answers per ``acks`` (0, 1, -1)."""
-        replica = self.replica_for(queue, want="head")
+        """Commits one all-or-nothing batch at the head; answers per ``acks`` (0, 1, -1). The
+        keys name the shard of a queue with several (all of them the same one)."""
+        check_queue_name(queue)
+        shard_id = self.topology.shard_for_batch(queue, keys)
+        replica = self.replica_for(queue, want="head", shard_id=shard_id)
         columns = build_columns(queue, keys, values, expiries_ms, headers)
         if acks == 0:
             # The store's checks run now, not in the task: "accepted" means the batch is valid.
@@ -343,11 +347,13 @@ class Node:
 
     await_committed = _await_committed
 
-    async def commit_group(self, queue: str, group: str, hwm: int, state: bytes | None) -> int:
-        """Commits a consumer group's high-water mark at the head; returns once every member
-        holds it (so it survives the loss of any one replica)."""
+    async def commit_group(
+        self, queue: str, group: str, hwm: int, state: bytes | None, shard_id: int | None = None
+    ) -> int:
+        """Commits a consumer group's high-water mark (of one shard of the queue) at the head;
+        returns once every member holds it (so it survives the loss of any one replica)."""
         check_group_name(group)
-        replica = self.replica_for(queue, want="head")
+        replica = self.replica_for(queue, want="head", shard_id=shard_id)
         if hwm < 0 or hwm > replica.durable:
             raise InvalidRequest(f"hwm must be in [0, {replica.durable}]")
         meta: dict[str, Any] = {f"{HWM_META}{queue}/{group}": hwm}
@@ -359,10 +365,10 @@ class Node:
         await self._await_committed(replica, result.last_seq)
         return result.last_seq
 
-    async def delete_group(self, queue: str, group: str) -> int:
+    async def delete_group(self, queue: str, group: str, shard_id: int | None = None) -> int:
         """Forgets a consumer group (its high-water mark and state) on every member."""
         check_group_name(group)
-        replica = self.replica_for(queue, want="head")
+        replica = self.replica_for(queue, want="head", shard_id=shard_id)
         meta: dict[str, Any] = {
             f"{HWM_META}{queue}/{group}": None,
             f"{GROUP_STATE_META}{queue}/{group}": None,
@@ -383,7 +389,9 @@ class Node:
                 groups.append({"queue": queue, "group": group, "hwm": value})
         return groups
 
-    async def group_info(self, queue: str, group: str) -> dict[str, Any]:
+    async def group_info(
+        self, queue: str, group: str, shard_id: int | None = None
+    ) -> dict[str, Any]:
         """The group's mark, this member's boundary (its commit point) and the lag: the entries of
         this queue in ``(hwm, boundary]`` a consumer snapshot would return, counted in a worker
         thread (at most ``limits.group_lag_scan_entries_max`` looked at; ``lag_complete`` is False
@@ -394,7 +402,7 @@ class Node:
         it (at most ``limits.time_index_interval_ms`` too old), 0 when nothing is unread, None
         when its time is unknown here (docs/node-api.md, "Lag")."""
         check_group_name(group)
-        replica = self.replica_for(queue, want="member")
+        replica = self.replica_for(queue, want="member", shard_id=shard_id)
         meta = replica.store.meta
         hwm = int(meta.get(f"{HWM_META}{queue}/{group}", 0))
         state = meta.get(f"{GROUP_STATE_META}{queue}/{group}")
@@ -418,9 +426,10 @@ class Node:
         upto: int | None,
         limit: int,
         wait_ms: int,
+        shard_id: int | None = None,
     ) -> Page:
         check_group_name(group)
-        replica = self.replica_for(queue, want="tail")
+        replica = self.replica_for(queue, want="tail", shard_id=shard_id)
         hwm = int(replica.store.meta.get(f"{HWM_META}{queue}/{group}", 0))
         start = hwm if after is None else after
         check_floor(replica.store.meta, queue, start)
