@@ -514,3 +514,12 @@ assert spark_range_catch_up_ms > 0
 # Seeds one `kayos chaos sim` call runs: about an hour of the simulator at ~30 seeds/s; a longer
 # run is several calls with different --seed, each replayable on its own.
 chaos_sim_seeds_max = 100_000
+
+# --- queues over several shards (docs/node-api.md, "Queues over several shards") --------------
+
+# Shards of the second queue `kayos bench produce --queue-shards N` measures: each is a chain of
+# `replicas` node processes' stores on this machine, and 64 of them already outnumber the cores
+# and file descriptors a bench run should take (the topology itself bounds S by its shard count).
+bench_queue_shards_max = 64
+
+assert bench_queue_shards_max >= 1

@@ -11,6 +11,12 @@ Figures:
 - ``consume_msgs_per_s``: one consumer snapshot of the whole bench queue read from the tail
   with the client's ``consume``.
 
+With ``queue_shards`` N > 1 (``--queue-shards``) the cluster has ``max(replicas, N)`` rotated
+shards and the batched phase runs twice in the same run, on the same nodes: on ``bench`` (one
+shard, one head) and on ``bench-sharded`` (N shards: with N = replicas one head on every node);
+the client splits each batch by shard (``produce_sharded``). ``sharded_msgs_per_s`` and
+``sharded_vs_one_ratio`` report the second against the first.
+
 The client runs in this process and the nodes in theirs, on the same machine: the figures are
 for one box, and ``machine`` says which.
 """
@@ -26,9 +32,11 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kayos import limits
 from kayos.launcher import LocalCluster
 
 BENCH_QUEUE = "bench"
+SHARDED_QUEUE = "bench-sharded"
 SINGLE_QUEUE = "bench-single"
 WARMUP_QUEUE = "bench-warmup"
 # Batches produced before timing starts: opens connections and warms the nodes' caches.
@@ -48,12 +56,21 @@ class ProduceBenchParameters:
     replicas: int = 3
     singles: int = 2000
     value_bytes: int = 100
+    # Shards of the second queue (1: no second queue, the figures are one shard's only).
+    queue_shards: int = 1
 
     def __post_init__(self) -> None:
         if self.messages < 1 or self.batch < 1 or self.in_flight < 1 or self.singles < 0:
             raise ValueError("messages, batch and in_flight must be >= 1, singles >= 0")
         if self.replicas < 1:
             raise ValueError("replicas must be >= 1")
+        if not 1 <= self.queue_shards <= limits.bench_queue_shards_max:
+            raise ValueError(f"queue_shards must be 1 .. {limits.bench_queue_shards_max}")
+
+    @property
+    def shard_count(self) -> int:
+        """The cluster's shards: one, or enough for the sharded queue and a head per node."""
+        return 1 if self.queue_shards == 1 else max(self.replicas, self.queue_shards)
 
 
 def percentile_ms(samples_s: list[float], fraction: float) -> float:
@@ -69,7 +86,7 @@ def _key(number: int) -> bytes:
 
 
 async def _produce_phase(
-    client: Any, parameters: ProduceBenchParameters, value: bytes
+    client: Any, parameters: ProduceBenchParameters, value: bytes, queue: str = BENCH_QUEUE
 ) -> tuple[float, list[float]]:
     """Produces ``messages`` in batches with ``in_flight`` batches outstanding; returns the wall
     time and each batch's produce->committed latency."""
@@ -81,7 +98,8 @@ async def _produce_phase(
             end = min(start + parameters.batch, parameters.messages)
             items = [(_key(n), value) for n in range(start, end)]
             began = time.perf_counter()
-            await client.produce_batch(BENCH_QUEUE, items, acks="all")
+            # Split by shard (one part on a one-shard queue), each part to its head at once.
+            await client.produce_sharded(queue, items, acks="all")
             latencies.append(time.perf_counter() - began)
 
     began = time.perf_counter()
@@ -98,10 +116,10 @@ async def _single_phase(client: Any, count: int, value: bytes) -> list[float]:
     return latencies
 
 
-async def _consume_phase(client: Any) -> tuple[int, float]:
+async def _consume_phase(client: Any, queue: str = BENCH_QUEUE) -> tuple[int, float]:
     consumed = 0
     began = time.perf_counter()
-    async for page in client.consume(BENCH_QUEUE, "bench-reader", page_size=10_000):
+    async for page in client.consume(queue, "bench-reader", page_size=10_000):
         consumed += len(page.messages)
     return consumed, time.perf_counter() - began
 
@@ -117,6 +135,20 @@ async def _run(urls: list[str], parameters: ProduceBenchParameters) -> dict[str,
         seconds, batch_latencies = await _produce_phase(client, parameters, value)
         single_latencies = await _single_phase(client, parameters.singles, value)
         consumed, consume_seconds = await _consume_phase(client)
+        sharded: dict[str, Any] = {}
+        if parameters.queue_shards > 1:
+            sharded_seconds, sharded_latencies = await _produce_phase(
+                client, parameters, value, SHARDED_QUEUE
+            )
+            sharded_consumed, _ = await _consume_phase(client, SHARDED_QUEUE)
+            sharded = {
+                "sharded_msgs_per_s": round(parameters.messages / sharded_seconds),
+                "sharded_commit_p50_ms": percentile_ms(sharded_latencies, 0.50),
+                "sharded_commit_p99_ms": percentile_ms(sharded_latencies, 0.99),
+                "sharded_produce_seconds": round(sharded_seconds, 3),
+                "sharded_vs_one_ratio": round(seconds / sharded_seconds, 2),
+                "sharded_consumed": sharded_consumed,
+            }
     result: dict[str, Any] = {
         "msgs_per_s": round(parameters.messages / seconds),
         "commit_p50_ms": percentile_ms(batch_latencies, 0.50),
@@ -128,7 +160,7 @@ async def _run(urls: list[str], parameters: ProduceBenchParameters) -> dict[str,
         result["single_commit_p99_ms"] = percentile_ms(single_latencies, 0.99)
     result["consume_msgs_per_s"] = round(consumed / consume_seconds) if consume_seconds else 0
     result["consumed"] = consumed
-    return result
+    return {**result, **sharded}
 
 
 def machine_facts() -> dict[str, Any]:
@@ -149,7 +181,10 @@ def bench_produce(parameters: ProduceBenchParameters, base: str | None = None) -
         os.path.join(directory, "cluster"),
         nodes=parameters.replicas,
         replicas=parameters.replicas,
-        shards=1,
+        shards=parameters.shard_count,
+        queue_shards={SHARDED_QUEUE: parameters.queue_shards}
+        if parameters.queue_shards > 1
+        else {},
     )
     try:
         with cluster:
@@ -158,12 +193,18 @@ def bench_produce(parameters: ProduceBenchParameters, base: str | None = None) -
     finally:
         if base is None:
             shutil.rmtree(directory, ignore_errors=True)
-    if figures["consumed"] != parameters.messages:
-        raise RuntimeError(f"consumed {figures['consumed']} of {parameters.messages} messages")
+    for name in ("consumed", "sharded_consumed"):
+        if figures.get(name, parameters.messages) != parameters.messages:
+            raise RuntimeError(f"{name} {figures[name]} of {parameters.messages} messages")
     return {
         "bench": "produce",
         **figures,
         "node_exit_codes": exits,
-        "parameters": {**asdict(parameters), "acks": "all", "shards": 1, "fsync": True},
+        "parameters": {
+            **asdict(parameters),
+            "acks": "all",
+            "shards": parameters.shard_count,
+            "fsync": True,
+        },
         "machine": machine_facts(),
     }

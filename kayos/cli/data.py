@@ -104,8 +104,14 @@ def produce(
                 click.echo(f"{queue}: seq {seq}")
                 return
             for batch in _file_items(source):
-                first, last = client.produce_batch(queue, batch, acks=_acks(acks))
-                click.echo(f"{queue}: {len(batch)} messages, seqs {first}..{last}")
+                for part in client.produce_sharded(queue, batch, acks=_acks(acks)):
+                    where = (
+                        f"shard {part.shard} " if len(client.topology.shards_for(queue)) > 1 else ""
+                    )
+                    click.echo(
+                        f"{queue}: {part.items} messages, {where}seqs "
+                        f"{part.first_seq}..{part.last_seq}"
+                    )
         except KayosError as exc:
             raise click.ClickException(f"{exc.code}: {exc}") from exc
 
@@ -147,17 +153,22 @@ def consume(
     with _client(seeds) as client:
         try:
             while True:
-                boundary, count = 0, 0
+                # Per shard (a queue may have several): the boundary and how many messages.
+                read: dict[int, tuple[int, int]] = {}
                 for page in client.consume(
                     queue, group, page_size=page_size, wait_s=FOLLOW_WAIT_S if follow else 0.0
                 ):
                     for message in page.messages:
                         click.echo(_message_line(message))
-                    boundary, count = page.boundary, count + len(page.messages)
+                    _, before = read.get(page.shard, (0, 0))
+                    read[page.shard] = (page.boundary, before + len(page.messages))
                 # Only after messages: a group commit takes a seq of its own, so committing an
                 # empty snapshot would make the next one non-empty and the loop never wait.
-                if commit and count:
-                    client.commit(queue, group, boundary)
+                for shard, (boundary, count) in read.items():
+                    if commit and count:
+                        client.commit(queue, group, boundary, shard=shard)
+                count = sum(count for _, count in read.values())
+                boundary = max((boundary for boundary, _ in read.values()), default=0)
                 if not follow:
                     click.echo(
                         f"{queue}/{group}: {count} messages through seq {boundary}", err=True

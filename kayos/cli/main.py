@@ -148,6 +148,11 @@ def bench_retention_command(
 @click.option("--in-flight", type=int, help="Batches outstanding at once.  [default: 128]")
 @click.option("--replicas", type=int, help="Nodes in the shard's chain.  [default: 3]")
 @click.option("--singles", type=int, help="One-message acks=all samples.  [default: 2000]")
+@click.option(
+    "--queue-shards",
+    type=int,
+    help="Also produce to a queue over this many shards and report the ratio.  [default: 1]",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
 @click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
@@ -157,6 +162,7 @@ def bench_produce_command(
     in_flight: int | None,
     replicas: int | None,
     singles: int | None,
+    queue_shards: int | None,
     as_json: bool,
     out: str | None,
     base: str | None,
@@ -171,6 +177,7 @@ def bench_produce_command(
         "in_flight": in_flight,
         "replicas": replicas,
         "singles": singles,
+        "queue_shards": queue_shards,
     }
     try:
         parameters = ProduceBenchParameters(**{k: v for k, v in given.items() if v is not None})

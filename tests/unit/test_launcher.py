@@ -281,6 +281,7 @@ def test_the_produce_bench_help_states_the_parameters_defaults() -> None:
         ("--in-flight", defaults.in_flight),
         ("--replicas", defaults.replicas),
         ("--singles", defaults.singles),
+        ("--queue-shards", defaults.queue_shards),
     ]:
         assert f"[default: {value}]" in text.split(option, 1)[1].split("--", 1)[0]
 
