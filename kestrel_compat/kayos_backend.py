@@ -11,6 +11,10 @@
   blob are committed with ``acks=all`` semantics, so a confirmed removal survives the loss of any
   one replica.
 - Reads (recovery at start-up, read-behind refills) page through a tail with ``AsyncClient.read``.
+- A Kestrel log is one FIFO sequence with one seq space, so it lives in one shard of its Kayos
+  queue even when the queue has several (docs/node-api.md, "Queues over several shards"): the
+  queue's first shard. Its keys are chosen so the hash puts them there; reads, marks and the tail
+  seq name that shard (docs/kestrel-compat.md, section 10).
 
 - Consumed items are reclaimed by the cluster's retention (docs/retention.md): the first append
   to a log whose queue has no policy sets ``until_consumed``, so an item leaves the log once every
@@ -26,6 +30,7 @@ import uuid
 from kayos import AsyncClient, Item
 from kayos.errors import InvalidRequest, KayosError
 from kayos.topology import check_queue_name
+from kestrel_compat import limits
 from kestrel_compat.backend import BackendError, Entry, GroupState, NewEntry
 
 _PREFIX = "k."
@@ -99,21 +104,29 @@ class KayosBackend:
             raise BackendError(f"cannot reach the Kayos cluster at {seeds}: {exc}") from exc
         return cls(client)
 
+    def _shard(self, queue: str) -> int:
+        """The one shard of ``queue`` a Kestrel log lives in (its first)."""
+        return self._client.topology.shards_for(queue)[0]
+
+    def _key(self, queue: str) -> bytes:
+        """A fresh unique key that the queue's key hash puts in the log's shard: with ``S``
+        shards one counter value in ``S`` does, so a few tries find one."""
+        shard = self._shard(queue)
+        for _ in range(limits.key_tries_max):
+            key = f"{self._boot}.{next(self._counter)}".encode()
+            if self._client.topology.shard_for_key(queue, key) == shard:
+                return key
+        raise BackendError(f"no key for shard {shard} of {queue!r} in {limits.key_tries_max}")
+
     async def append(self, log: str, entries: list[NewEntry]) -> list[int]:
         if not entries:
             return []
-        items = [
-            Item(
-                f"{self._boot}.{next(self._counter)}".encode(), entry.value, 0, entry_headers(entry)
-            )
-            for entry in entries
-        ]
+        queue = queue_for(log)
+        items = [Item(self._key(queue), entry.value, 0, entry_headers(entry)) for entry in entries]
         if log not in self._retained:
             await self._retain_until_consumed(log)
         try:
-            first, last = await self._client.produce_batch(
-                queue_for(log), items, acks="all", txn=True
-            )
+            first, last = await self._client.produce_batch(queue, items, acks="all", txn=True)
         except KayosError as exc:
             raise BackendError(f"append to {log!r} failed: {exc}") from exc
         if last - first + 1 != len(entries):
@@ -135,8 +148,12 @@ class KayosBackend:
         after = after_seq
         try:
             while len(found) < limit:
+                queue = queue_for(log)
                 page = await self._client.read(
-                    queue_for(log), after=after, limit=min(limit, _READ_PAGE_ENTRIES)
+                    queue,
+                    after=after,
+                    limit=min(limit, _READ_PAGE_ENTRIES),
+                    shard=self._shard(queue),
                 )
                 for message in page.messages:
                     if message.value is not None and len(found) < limit:
@@ -150,7 +167,10 @@ class KayosBackend:
 
     async def commit_group(self, log: str, group: str, state: GroupState) -> None:
         try:
-            await self._client.commit(queue_for(log), group, state.hwm, state=state.blob)
+            queue = queue_for(log)
+            await self._client.commit(
+                queue, group, state.hwm, state=state.blob, shard=self._shard(queue)
+            )
         except KayosError as exc:
             raise BackendError(f"commit of {log!r}/{group!r} failed: {exc}") from exc
 
@@ -160,7 +180,7 @@ class KayosBackend:
             known = {(q, g) for q, g, _ in await self._client.list_groups()}
             if (queue, group) not in known:
                 return None
-            info = await self._client.group(queue, group)
+            info = await self._client.group(queue, group, shard=self._shard(queue))
         except KayosError as exc:
             raise BackendError(f"load of {log!r}/{group!r} failed: {exc}") from exc
         return GroupState(info.hwm, info.state or b"")
@@ -201,7 +221,7 @@ class KayosBackend:
     async def last_seq(self, log: str) -> int:
         queue = queue_for(log)
         try:
-            info = await self._client.group(queue, "_last")
+            info = await self._client.group(queue, "_last", shard=self._shard(queue))
         except KayosError as exc:
             raise BackendError(f"last seq of {log!r} failed: {exc}") from exc
         return info.boundary

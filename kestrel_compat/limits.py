@@ -139,6 +139,10 @@ recovery_read_entries = 4096
 # back after a crash.
 commit_retry_delay_ms_min = 100
 commit_retry_delay_ms_max = 10_000
+# Counter values tried for one item key that the key hash puts in the log's shard of a Kayos queue
+# over S shards (kestrel_compat/kayos_backend.py): a value lands there with chance 1/S (S at most
+# the topology's shards), so 64 x 64 tries miss only with chance about e^-64 at S = 64.
+key_tries_max = 64 * 64
 
 assert pending_requests_max >= 1
 assert 0 < commit_retry_delay_ms_min <= commit_retry_delay_ms_max

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 SEED = 13_013
 WAIT_S = 60.0
-QUEUES = ("qs-order", "qs-groups", "qs-refuse", "qs-async", "qs-cli")
+QUEUES = ("qs-order", "qs-groups", "qs-refuse", "qs-async", "qs-cli", "k.qs-kestrel")
 
 
 @pytest.fixture(scope="module")
@@ -256,3 +256,44 @@ def test_cli_consume_commits_every_shard(cluster: LocalCluster, client: kayos.Cl
     done = CliRunner().invoke(cli, ["consume", queue, "--group", "g", *seed])
     assert done.exit_code == 0, done.output
     assert done.stdout == "", "committed on every shard: nothing left"
+
+
+def test_the_kestrel_backend_keeps_a_log_in_one_shard_of_a_sharded_queue(
+    cluster: LocalCluster, client: kayos.Client
+) -> None:
+    from kestrel_compat.backend import GroupState, NewEntry
+    from kestrel_compat.kayos_backend import KayosBackend, queue_for
+
+    log = "qs-kestrel"
+    queue = queue_for(log)
+    assert len(client.topology.shards_for(queue)) == 3
+
+    async def scenario() -> tuple[list[int], list[int], GroupState | None, int, list[str]]:
+        backend = await KayosBackend.connect(cluster.url("b"))
+        try:
+            seqs: list[int] = []
+            for batch in range(4):
+                entries = [
+                    NewEntry(f"{batch}.{i}".encode(), 1000 + i, None, (log,)) for i in range(25)
+                ]
+                seqs += await backend.append(log, entries)
+            read = [entry.seq for entry in await backend.read(log, 0, 1000)]
+            await backend.commit_group(log, log, GroupState(seqs[49], b""))
+            state = await backend.load_group(log, log)
+            last = await backend.last_seq(log)
+            groups = await backend.list_groups(log)
+        finally:
+            await backend.close()
+        return seqs, read, state, last, groups
+
+    seqs, read, state, last, groups = asyncio.run(scenario())
+    assert seqs == sorted(seqs), "one FIFO seq space"
+    assert len(set(seqs)) == 100
+    assert read == seqs, "every item read back, in order"
+    assert state == GroupState(seqs[49], b"")
+    assert last >= seqs[-1]
+    assert groups == [log]
+    home = client.topology.shards_for(queue)[0]
+    pages = list(client.consume(queue, "audit"))
+    assert sum(len(page.messages) for page in pages if page.shard == home) == 100
+    assert sum(len(page.messages) for page in pages if page.shard != home) == 0
