@@ -400,7 +400,13 @@ class AsyncClient:
     # --- consume ---------------------------------------------------------------------------------
 
     async def consume(
-        self, queue: str, group: str, *, page_size: int = 1000, wait_s: float = 0.0
+        self,
+        queue: str,
+        group: str,
+        *,
+        page_size: int = 1000,
+        wait_s: float = 0.0,
+        shard: int | None = None,
     ) -> AsyncGenerator[Page, None]:
         """One consumer snapshot ``(hwm, boundary]`` of the group, paged from a tail; the last
         page has ``end=True`` (then ``commit(queue, group, page.boundary)`` acknowledges it).
@@ -409,7 +415,8 @@ class AsyncClient:
         A queue with several shards gives one snapshot per shard in turn (``page.shard`` says
         which; each shard's last page has ``end=True``: commit it with ``shard=page.shard``).
         With ``wait_s`` and nothing new anywhere, every shard is long-polled at once and the
-        first with entries is read first."""
+        first with entries is read first. ``shard`` reads that shard of the queue only (one
+        consumer per shard, as a Kafka consumer owns partitions)."""
         check_queue_name(queue)
         check_group_name(group)
         check_u64(page_size, "page_size", low=1, high=limits.consume_page_entries_max)
@@ -420,6 +427,8 @@ class AsyncClient:
         params = {"group": group, "limit": str(page_size), "columns": "1"}
         wait_ms = min(int(wait_s * 1000), limits.consume_wait_ms_max)
         shards = self.topology.shards_for(queue)
+        if shard is not None:
+            shards = (self.topology.queue_shard(queue, shard),)
         if len(shards) == 1:
             first = dict(params, wait_ms=str(wait_ms)) if wait_ms else params
             firsts = [await self._page(queue, shards[0], first, wait_ms / 1000)]

@@ -132,9 +132,15 @@ class Client:
         return self._run(self._client.wait_committed(queue_or_shard, seq, timeout_s))
 
     def consume(
-        self, queue: str, group: str, *, page_size: int = 1000, wait_s: float = 0.0
+        self,
+        queue: str,
+        group: str,
+        *,
+        page_size: int = 1000,
+        wait_s: float = 0.0,
+        shard: int | None = None,
     ) -> Iterator[Page]:
-        pages = self._client.consume(queue, group, page_size=page_size, wait_s=wait_s)
+        pages = self._client.consume(queue, group, page_size=page_size, wait_s=wait_s, shard=shard)
         try:
             while True:
                 try:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from kayos import limits
 from kayos.client.aio import AsyncClient
 from kayos.client.sync import Client
-from kayos.client.types import Acks, ItemLike, Page
+from kayos.client.types import Acks, ItemLike, Page, ShardSeqs
 from kayos.errors import InvalidRequest, UnavailableError
 from kayos.spark.offsets import SeqRange, SourceOptions
 from kayos.topology import check_queue_name
@@ -46,8 +46,14 @@ def client_for(options: SourceOptions) -> Client:
 
 
 def shards_of(client: Client, queue: str) -> list[int]:
-    """The shards that hold ``queue``: one today (``Topology.shard_for``)."""
-    return [client.topology.shard_for(queue)]
+    """The shards that hold ``queue`` (``Topology.shards_for``: one unless the topology gives
+    the queue several, docs/node-api.md "Queues over several shards")."""
+    return list(client.topology.shards_for(queue))
+
+
+def marker_shard(client: Client, queue: str) -> int:
+    """The shard of ``queue`` that keeps the streaming sink's replay marker: its first."""
+    return client.topology.shards_for(queue)[0]
 
 
 @dataclass(frozen=True)
@@ -59,8 +65,8 @@ class Probe:
     has_rows: bool
 
 
-def probe(client: Client, queue: str, after: int, upto: int | None = None) -> Probe:
-    page = client.read(queue, after=after, limit=1, upto=upto)
+def probe(client: Client, queue: str, shard: int, after: int, upto: int | None = None) -> Probe:
+    page = client.read(queue, after=after, limit=1, upto=upto, shard=shard)
     return Probe(page.boundary, len(page) > 0)
 
 
@@ -70,16 +76,16 @@ def committed_through(client: Client, shard: int, seq: int) -> bool:
     return client.wait_committed(shard, seq, limits.spark_range_catch_up_ms / 1000)
 
 
-def boundary(client: Client, queue: str) -> int:
+def boundary(client: Client, queue: str, shard: int) -> int:
     """The shard's committed boundary as a tail reports it now."""
-    return probe(client, queue, 0).boundary
+    return probe(client, queue, shard, 0).boundary
 
 
-def earliest(client: Client, queue: str) -> int:
+def earliest(client: Client, queue: str, shard: int) -> int:
     """The position before the queue's first live entry (the boundary if it has none): a read
     from "earliest" starts there, not at 0, so the seqs of the shard's other queues before it do
     not count against a read limit."""
-    page = client.read(queue, after=0, limit=1)
+    page = client.read(queue, after=0, limit=1, shard=shard)
     return page.columns.seqs[0] - 1 if len(page) else page.boundary
 
 
@@ -136,7 +142,9 @@ def read_range(
     deadline = time.monotonic() + limits.spark_range_catch_up_ms / 1000
 
     def ask(after: int) -> Future[Page]:
-        return pool.submit(client.read, rng.queue, after=after, limit=page_rows, upto=rng.upto)
+        return pool.submit(
+            client.read, rng.queue, after=after, limit=page_rows, upto=rng.upto, shard=rng.shard
+        )
 
     if rng.after >= rng.upto:
         return
@@ -201,7 +209,7 @@ def batch_items(batch: pa.RecordBatch, queue: str) -> dict[str, list[ItemLike]]:
 @dataclass(frozen=True)
 class Written:
     """What one writer task acknowledged: rows, and the highest seq it got on the option's
-    queue (0 under acks=0)."""
+    queue's marker shard (``marker_shard``; 0 under acks=0)."""
 
     rows: int
     max_seq: int
@@ -220,19 +228,20 @@ async def _write(options: SourceOptions, batches: Iterable[pa.RecordBatch]) -> W
     rows = 0
     max_seq = 0
     async with AsyncClient(list(options.seeds), **options.client_options()) as client:
-        in_flight: list[tuple[str, asyncio.Future[tuple[int, int]]]] = []
+        in_flight: list[tuple[str, asyncio.Future[list[ShardSeqs]]]] = []
+        marker = client.topology.shards_for(options.queue)[0]
 
         async def settle(keep: int) -> None:
             nonlocal max_seq
             while len(in_flight) > keep:
                 target, future = in_flight.pop(0)
-                _first, last = await future
-                if target == options.queue:
-                    max_seq = max(max_seq, last)
+                for part in await future:  # one part per shard of a queue with several
+                    if target == options.queue and part.shard == marker:
+                        max_seq = max(max_seq, part.last_seq)
 
         def send(target: str, chunk: list[ItemLike]) -> None:
             nonlocal rows
-            future = asyncio.ensure_future(client.produce_batch(target, chunk, acks=acks))
+            future = asyncio.ensure_future(client.produce_sharded(target, chunk, acks=acks))
             in_flight.append((target, future))
             rows += len(chunk)
 
@@ -267,7 +276,7 @@ def sink_group(query_id: str) -> str:
 
 def last_committed_batch(client: Client, queue: str, query_id: str) -> int:
     """The last batch id the query's sink committed on ``queue``; -1 if none."""
-    info = client.group(queue, sink_group(query_id))
+    info = client.group(queue, sink_group(query_id), shard=marker_shard(client, queue))
     if not info.state:
         return -1
     try:
@@ -281,7 +290,7 @@ def record_committed_batch(
     client: Client, queue: str, query_id: str, batch_id: int, max_seq: int
 ) -> None:
     """Records ``batch_id`` as committed by the query's sink (one group commit, replicated)."""
-    group = sink_group(query_id)
-    hwm = max(max_seq, client.group(queue, group).hwm)
+    group, shard = sink_group(query_id), marker_shard(client, queue)
+    hwm = max(max_seq, client.group(queue, group, shard=shard).hwm)
     state = json.dumps({"query": query_id, "batch": batch_id}, sort_keys=True).encode()
-    client.commit(queue, group, hwm, state=state)
+    client.commit(queue, group, hwm, state=state, shard=shard)

@@ -88,16 +88,18 @@ def _resolve(
     queue, with the shards' current boundaries: ``(positions, boundaries)``."""
     client = io.client_for(options)
     shards = io.shards_of(client, options.queue)
-    bounds = {shard: io.boundary(client, options.queue) for shard in shards}
+    bounds = {shard: io.boundary(client, options.queue, shard) for shard in shards}
     word = spec.lower()
     if word == "earliest":
-        return {shard: io.earliest(client, options.queue) for shard in shards}, bounds
+        return {shard: io.earliest(client, options.queue, shard) for shard in shards}, bounds
     if word == "latest":
         return dict(bounds), bounds
     if word == "committed":
         assert options.consumer_group is not None  # checked with the options
-        hwm = client.group(options.queue, options.consumer_group).hwm
-        return dict.fromkeys(shards, hwm), bounds
+        group = options.consumer_group
+        return {shard: client.group(options.queue, group, shard=shard).hwm for shard in shards}, (
+            bounds
+        )
     given = parse_offset(spec, options.queue, what)
     unknown = set(given) - set(shards)
     if unknown:
@@ -106,7 +108,7 @@ def _resolve(
     for shard in shards:
         seq = given.get(shard, LATEST if default_latest else EARLIEST)
         if seq == EARLIEST:
-            seq = io.earliest(client, options.queue)
+            seq = io.earliest(client, options.queue, shard)
         positions[shard] = bounds[shard] if seq == LATEST else seq
     return positions, bounds
 
@@ -155,7 +157,7 @@ class KayosStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
     def prepareForTriggerAvailableNow(self) -> None:
         client = io.client_for(self.options)
         shards = io.shards_of(client, self.options.queue)
-        self._target = {shard: io.boundary(client, self.options.queue) for shard in shards}
+        self._target = {shard: io.boundary(client, self.options.queue, shard) for shard in shards}
 
     def _checked_start(self, start: Positions) -> Positions:
         """``start`` with every shard checked to hold it (docs/spark.md, "Data loss")."""
@@ -164,7 +166,7 @@ class KayosStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
         for shard in io.shards_of(client, self.options.queue):
             seq = start.get(shard, 0)
             if seq > 0 and not io.committed_through(client, shard, seq):
-                now = io.boundary(client, self.options.queue)
+                now = io.boundary(client, self.options.queue, shard)
                 message = (
                     f"queue {self.options.queue} shard {shard}: the query resumes after seq "
                     f"{seq} but the shard is committed only through {now}; rows may be lost"
@@ -192,7 +194,7 @@ class KayosStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
             if upto is not None and upto <= after:
                 ends[shard] = after
                 continue
-            found = io.probe(client, self.options.queue, after, upto)
+            found = io.probe(client, self.options.queue, shard, after, upto)
             # Nothing of this queue past the start (other queues' entries, group commits): the
             # offset stays, so Spark plans no empty batch.
             ends[shard] = found.boundary if found.has_rows else after
@@ -228,8 +230,8 @@ class KayosStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  #
             return
         try:
             client = io.client_for(self.options)
-            for seq in positions.values():
-                client.commit(self.options.queue, group, seq)
+            for shard, seq in positions.items():
+                client.commit(self.options.queue, group, seq, shard=shard)
             self._committed = positions
         except Exception as exc:  # the checkpoint is authoritative; the mark can wait
             log.warning("consumer group %s: commit of %s failed: %s", group, positions, exc)
