@@ -5,6 +5,11 @@ Producers write acks=all, keyed (a small key space per queue, so versions supers
 and de-dup is exercised), with a value unique to each call, some deletes and some all-or-nothing
 transactions of distinct keys. Each consumer owns one (queue, group): it takes a snapshot page by
 page, records it, and commits the snapshot's boundary; nothing else reads that group.
+
+A queue over several shards (docs/node-api.md, "Queues over several shards") is recorded as one
+history queue per shard, ``<queue>/<shard>`` (a name no Kayos queue can have): each shard has its
+own seqs, so the checker's per-queue properties hold per shard. A transaction keeps to one
+shard's keys, and a consumer then owns one (queue, group, shard).
 """
 
 from __future__ import annotations
@@ -28,6 +33,12 @@ page_size = 200
 consume_wait_s = 0.5
 # Joining a worker thread once told to stop: one call's retries (the client's own bound) at most.
 join_timeout_s = 120.0
+
+
+def history_queue(queue: str, shard: int | None) -> str:
+    """The queue name the history records: ``<queue>/<shard>`` for one shard of a queue with
+    several, else the queue's own name."""
+    return queue if shard is None else f"{queue}/{shard}"
 
 
 def _text(data: bytes | None) -> str | None:
@@ -72,6 +83,16 @@ class Producer(threading.Thread):
             while not self.stop.is_set():
                 queue = self.rng.choice(self.queues)
                 items, txn = self._items()
+                recorded = queue
+                if len(client.topology.shards_for(queue)) > 1:
+                    # One batch commits in one shard: keep the keys of the first key's shard.
+                    shard = client.topology.shard_for_key(queue, items[0][0].encode())
+                    items = [
+                        item
+                        for item in items
+                        if client.topology.shard_for_key(queue, item[0].encode()) == shard
+                    ]
+                    recorded = history_queue(queue, shard)
                 invoked = self.recorder.tick()
                 try:
                     first, last = client.produce_batch(
@@ -87,7 +108,7 @@ class Producer(threading.Thread):
                 self.recorder.add(
                     Produce(
                         invoked,
-                        queue,
+                        recorded,
                         tuple(items),
                         txn,
                         "all",
@@ -103,9 +124,20 @@ class Producer(threading.Thread):
 
 
 class Consumer(threading.Thread):
-    def __init__(self, queue: str, group: str, seeds: list[str], recorder: Recorder) -> None:
-        super().__init__(name=f"chaos-consumer-{queue}-{group}", daemon=True)
+    def __init__(
+        self,
+        queue: str,
+        group: str,
+        seeds: list[str],
+        recorder: Recorder,
+        shard: int | None = None,
+    ) -> None:
+        suffix = "" if shard is None else f"-{shard}"
+        super().__init__(name=f"chaos-consumer-{queue}-{group}{suffix}", daemon=True)
         self.queue = queue
+        # One shard of a queue with several (None: the queue's only shard).
+        self.shard = shard
+        self.recorded = history_queue(queue, shard)
         self.group = group
         self.seeds = seeds
         self.recorder = recorder
@@ -124,7 +156,7 @@ class Consumer(threading.Thread):
         why = ""
         try:
             for page in client.consume(
-                self.queue, self.group, page_size=page_size, wait_s=consume_wait_s
+                self.queue, self.group, page_size=page_size, wait_s=consume_wait_s, shard=self.shard
             ):
                 first = first or page
                 messages.extend((m.seq, m.key.decode(), _text(m.value)) for m in page.messages)
@@ -137,7 +169,7 @@ class Consumer(threading.Thread):
         completed = self.recorder.tick()
         snapshot = Snapshot(
             invoked,
-            self.queue,
+            self.recorded,
             self.group,
             first.shard,
             first.hwm,
@@ -156,7 +188,7 @@ class Consumer(threading.Thread):
     def _commit(self, client: Client, hwm: int) -> None:
         invoked = self.recorder.tick()
         try:
-            client.commit(self.queue, self.group, hwm)
+            client.commit(self.queue, self.group, hwm, shard=self.shard)
         except Exception as error:
             self.errors += 1
             outcome, why = "unknown", f"{type(error).__name__}: {error}"[:300]
@@ -166,7 +198,7 @@ class Consumer(threading.Thread):
         self.recorder.add(
             Commit(
                 invoked,
-                self.queue,
+                self.recorded,
                 self.group,
                 hwm,
                 outcome,  # type: ignore[arg-type]

@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING
 import pytest
 
 import kayos
+from chaos.history import Recorder
 from kayos.errors import InvalidRequest
 from kayos.launcher import LocalCluster, http_json
+from tests.integration.conftest import wait_until
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -23,7 +25,7 @@ pytestmark = pytest.mark.integration
 
 SEED = 13_013
 WAIT_S = 60.0
-QUEUES = ("qs-order", "qs-groups", "qs-refuse", "qs-async", "qs-cli", "k.qs-kestrel")
+QUEUES = ("qs-order", "qs-groups", "qs-refuse", "qs-async", "qs-cli", "k.qs-kestrel", "qs-chaos")
 
 
 @pytest.fixture(scope="module")
@@ -297,3 +299,56 @@ def test_the_kestrel_backend_keeps_a_log_in_one_shard_of_a_sharded_queue(
     pages = list(client.consume(queue, "audit"))
     assert sum(len(page.messages) for page in pages if page.shard == home) == 100
     assert sum(len(page.messages) for page in pages if page.shard != home) == 0
+
+
+def test_the_chaos_checker_passes_on_a_history_over_a_sharded_queue(
+    cluster: LocalCluster, client: kayos.Client
+) -> None:
+    from chaos import checker
+    from chaos.history import Produce
+    from chaos.procs.workload import Consumer, Producer, join_timeout_s
+
+    queue = "qs-chaos"
+    seeds = list(cluster.urls.values())
+    recorder = Recorder()
+    producers = [Producer(n, seeds, [queue], recorder, SEED) for n in range(2)]
+    consumers = [
+        Consumer(queue, "checked", seeds, recorder, shard=shard)
+        for shard in client.topology.shards_for(queue)
+    ]
+    for worker in [*producers, *consumers]:
+        worker.start()
+
+    def acked() -> int:
+        return sum(
+            1
+            for event in recorder.snapshot_of_events()
+            if isinstance(event, Produce) and event.outcome == "ok"
+        )
+
+    try:
+        wait_until(lambda: acked() >= 300, "300 acknowledged produce calls")
+    finally:
+        for producer in producers:
+            producer.stop.set()
+        for producer in producers:
+            producer.join(join_timeout_s)
+    final = cluster.wait_replicated(WAIT_S)
+    for consumer in consumers:
+        consumer.drain_to = final[consumer.shard]
+    try:
+        for consumer in consumers:
+            assert consumer.drained.wait(WAIT_S), f"{consumer.name} drained to {final}"
+    finally:
+        for consumer in consumers:
+            consumer.stop.set()
+        for consumer in consumers:
+            consumer.join(join_timeout_s)
+    events = recorder.snapshot_of_events()
+    verdict = checker.check(events)
+    assert verdict.ok, [v.to_json() for v in verdict.violations]
+    assert verdict.lost_versions == 0
+    assert verdict.acked_versions >= 300
+    recorded = {event.queue for event in events if isinstance(event, Produce)}
+    assert recorded == {f"{queue}/{shard}" for shard in client.topology.shards_for(queue)}
+    assert any(event.txn and len(event.items) > 1 for event in events if isinstance(event, Produce))

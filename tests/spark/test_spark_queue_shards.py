@@ -77,6 +77,7 @@ def test_a_stream_commits_one_mark_per_shard_and_its_sink_spreads(
         spark.readStream.format("kayos")
         .option("kayos.endpoints", endpoints(cluster))
         .option("queue", SOURCE)
+        .option("startingOffsets", "earliest")
         .option("maxRowsPerTrigger", "100")
         .option("consumerGroup", "etl")
         .load()
