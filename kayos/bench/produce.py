@@ -14,8 +14,10 @@ Figures:
 With ``queue_shards`` N > 1 (``--queue-shards``) the cluster has ``max(replicas, N)`` rotated
 shards and the batched phase runs twice in the same run, on the same nodes: on ``bench`` (one
 shard, one head) and on ``bench-sharded`` (N shards: with N = replicas one head on every node);
-the client splits each batch by shard (``produce_sharded``). ``sharded_msgs_per_s`` and
-``sharded_vs_one_ratio`` report the second against the first.
+each call carries ``batch`` x N messages, which the client splits by shard (``produce_sharded``)
+into about ``batch`` per shard, so each of the N chains sees the load the one chain saw (the
+same batch size, ``in_flight`` requests). ``sharded_msgs_per_s`` and ``sharded_vs_one_ratio``
+report the second against the first.
 
 The client runs in this process and the nodes in theirs, on the same machine: the figures are
 for one box, and ``machine`` says which.
@@ -58,19 +60,28 @@ class ProduceBenchParameters:
     value_bytes: int = 100
     # Shards of the second queue (1: no second queue, the figures are one shard's only).
     queue_shards: int = 1
+    # Node processes (None: ``replicas``). More nodes than replicas spread the shards' chains
+    # (rotated) over them, e.g. 3 nodes, replicas 1, queue_shards 3: one head on each node.
+    nodes: int | None = None
 
     def __post_init__(self) -> None:
         if self.messages < 1 or self.batch < 1 or self.in_flight < 1 or self.singles < 0:
             raise ValueError("messages, batch and in_flight must be >= 1, singles >= 0")
         if self.replicas < 1:
             raise ValueError("replicas must be >= 1")
+        if self.nodes is not None and self.nodes < self.replicas:
+            raise ValueError("nodes must be >= replicas")
         if not 1 <= self.queue_shards <= limits.bench_queue_shards_max:
             raise ValueError(f"queue_shards must be 1 .. {limits.bench_queue_shards_max}")
 
     @property
     def shard_count(self) -> int:
         """The cluster's shards: one, or enough for the sharded queue and a head per node."""
-        return 1 if self.queue_shards == 1 else max(self.replicas, self.queue_shards)
+        return 1 if self.queue_shards == 1 else max(self.node_count, self.queue_shards)
+
+    @property
+    def node_count(self) -> int:
+        return self.replicas if self.nodes is None else self.nodes
 
 
 def percentile_ms(samples_s: list[float], fraction: float) -> float:
@@ -86,16 +97,21 @@ def _key(number: int) -> bytes:
 
 
 async def _produce_phase(
-    client: Any, parameters: ProduceBenchParameters, value: bytes, queue: str = BENCH_QUEUE
+    client: Any,
+    parameters: ProduceBenchParameters,
+    value: bytes,
+    queue: str = BENCH_QUEUE,
+    per_call: int | None = None,
 ) -> tuple[float, list[float]]:
-    """Produces ``messages`` in batches with ``in_flight`` batches outstanding; returns the wall
-    time and each batch's produce->committed latency."""
+    """Produces ``messages`` in calls of ``per_call`` (default ``batch``) with ``in_flight``
+    calls outstanding; returns the wall time and each call's produce->committed latency."""
     latencies: list[float] = []
-    starts = iter(range(0, parameters.messages, parameters.batch))
+    size = per_call or parameters.batch
+    starts = iter(range(0, parameters.messages, size))
 
     async def worker() -> None:
         for start in starts:  # shared iterator: each batch is taken by one worker
-            end = min(start + parameters.batch, parameters.messages)
+            end = min(start + size, parameters.messages)
             items = [(_key(n), value) for n in range(start, end)]
             began = time.perf_counter()
             # Split by shard (one part on a one-shard queue), each part to its head at once.
@@ -138,7 +154,11 @@ async def _run(urls: list[str], parameters: ProduceBenchParameters) -> dict[str,
         sharded: dict[str, Any] = {}
         if parameters.queue_shards > 1:
             sharded_seconds, sharded_latencies = await _produce_phase(
-                client, parameters, value, SHARDED_QUEUE
+                client,
+                parameters,
+                value,
+                SHARDED_QUEUE,
+                parameters.batch * parameters.queue_shards,
             )
             sharded_consumed, _ = await _consume_phase(client, SHARDED_QUEUE)
             sharded = {
@@ -179,7 +199,7 @@ def bench_produce(parameters: ProduceBenchParameters, base: str | None = None) -
     directory = base or tempfile.mkdtemp(prefix="kayos-bench-produce-")
     cluster = LocalCluster(
         os.path.join(directory, "cluster"),
-        nodes=parameters.replicas,
+        nodes=parameters.node_count,
         replicas=parameters.replicas,
         shards=parameters.shard_count,
         queue_shards={SHARDED_QUEUE: parameters.queue_shards}

@@ -153,6 +153,9 @@ def bench_retention_command(
     type=int,
     help="Also produce to a queue over this many shards and report the ratio.  [default: 1]",
 )
+@click.option(
+    "--nodes", type=int, help="Node processes (more than --replicas spread the shards' chains)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
 @click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
@@ -163,6 +166,7 @@ def bench_produce_command(
     replicas: int | None,
     singles: int | None,
     queue_shards: int | None,
+    nodes: int | None,
     as_json: bool,
     out: str | None,
     base: str | None,
@@ -178,6 +182,7 @@ def bench_produce_command(
         "replicas": replicas,
         "singles": singles,
         "queue_shards": queue_shards,
+        "nodes": nodes,
     }
     try:
         parameters = ProduceBenchParameters(**{k: v for k, v in given.items() if v is not None})

@@ -44,3 +44,27 @@ def test_bench_produce_writes_its_figures(tmp_path: Path) -> None:
     assert figures["consume_msgs_per_s"] > 0
     assert figures["machine"]["cpu_count"] >= 1
     assert figures["parameters"]["replicas"] == 3
+
+
+def test_bench_produce_compares_a_sharded_queue_in_the_same_run(tmp_path: Path) -> None:
+    out = tmp_path / "sharded.json"
+    result = CliRunner().invoke(
+        cli,
+        [
+            "bench", "produce", "--messages", "1500", "--in-flight", "4", "--singles", "0",
+            "--queue-shards", "3", "--json", "--out", str(out), "--dir", str(tmp_path / "bench"),
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    figures = json.loads(out.read_text())
+    assert figures["consumed"] == 1500
+    assert figures["sharded_consumed"] == 1500
+    assert figures["parameters"]["shards"] == 3
+    assert figures["parameters"]["queue_shards"] == 3
+    for name in ("msgs_per_s", "sharded_msgs_per_s", "sharded_commit_p99_ms"):
+        assert figures[name] > 0, name
+    ratio = figures["sharded_msgs_per_s"] / figures["msgs_per_s"]
+    assert abs(figures["sharded_vs_one_ratio"] - ratio) < 0.05 * ratio + 0.01
+    bad = CliRunner().invoke(cli, ["bench", "produce", "--queue-shards", "0"])
+    assert bad.exit_code != 0
+    assert "queue_shards must be" in bad.output
