@@ -136,9 +136,10 @@ class KayosBackend:
     async def _retain_until_consumed(self, log: str) -> None:
         queue = queue_for(log)
         try:
-            current = await self._client.retention(queue)
+            shard = self._shard(queue)
+            current = await self._client.retention(queue, shard=shard)
             if current.get("policy") is None:
-                await self._client.set_retention(queue, {"until_consumed": True})
+                await self._client.set_retention(queue, {"until_consumed": True}, shard=shard)
         except KayosError as exc:
             raise BackendError(f"retention policy of {log!r} not set: {exc}") from exc
         self._retained.add(log)

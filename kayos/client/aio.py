@@ -554,32 +554,18 @@ class AsyncClient:
 
         return await self._retrying(attempt)
 
-    async def retention(self, queue: str) -> dict[str, Any]:
-        """The queue's retention policy (None: keep everything) and floor (docs/retention.md)."""
+    async def retention(self, queue: str, *, shard: int | None = None) -> dict[str, Any]:
+        """The queue's retention policy (None: keep everything) and floor (docs/retention.md);
+        of shard ``shard`` of a queue over several (each keeps its own floor)."""
         check_queue_name(queue)
+        shard_id = self.topology.queue_shard(queue, shard)
 
         async def attempt(redirect: str | None) -> dict[str, Any]:
-            node = redirect or self.topology.chain_for(queue).head
+            node = redirect or self.topology.shards[shard_id].head
             reply = await self._http.request(
-                "GET", f"{self._url(node)}/v1/queues/{queue}/retention", timeout_s=self.timeout_s
-            )
-            if not isinstance(reply, dict):
-                raise ProtocolError(f"malformed retention reply {reply!r}")
-            return reply
-
-        return await self._retrying(attempt)
-
-    async def set_retention(self, queue: str, policy: dict[str, Any]) -> dict[str, Any]:
-        """Sets the queue's retention policy (``max_age_ms``, ``max_bytes``, ``until_consumed``;
-        ``{}`` keeps everything), replicated through the head (docs/retention.md)."""
-        check_queue_name(queue)
-
-        async def attempt(redirect: str | None) -> dict[str, Any]:
-            node = redirect or self.topology.chain_for(queue).head
-            reply = await self._http.request(
-                "PUT",
+                "GET",
                 f"{self._url(node)}/v1/queues/{queue}/retention",
-                body=policy,
+                params=self._shard_params(queue, shard_id),
                 timeout_s=self.timeout_s,
             )
             if not isinstance(reply, dict):
@@ -587,6 +573,37 @@ class AsyncClient:
             return reply
 
         return await self._retrying(attempt)
+
+    async def set_retention(
+        self, queue: str, policy: dict[str, Any], *, shard: int | None = None
+    ) -> dict[str, Any]:
+        """Sets the queue's retention policy (``max_age_ms``, ``max_bytes``, ``until_consumed``;
+        ``{}`` keeps everything), replicated through the head (docs/retention.md). On a queue
+        over several shards it is set on each (or on ``shard`` only); the reply is the first's."""
+        check_queue_name(queue)
+        shards = (
+            self.topology.shards_for(queue)
+            if shard is None
+            else (self.topology.queue_shard(queue, shard),)
+        )
+        replies = []
+        for shard_id in shards:
+
+            async def attempt(redirect: str | None, shard_id: int = shard_id) -> dict[str, Any]:
+                node = redirect or self.topology.shards[shard_id].head
+                reply = await self._http.request(
+                    "PUT",
+                    f"{self._url(node)}/v1/queues/{queue}/retention",
+                    params=self._shard_params(queue, shard_id),
+                    body=policy,
+                    timeout_s=self.timeout_s,
+                )
+                if not isinstance(reply, dict):
+                    raise ProtocolError(f"malformed retention reply {reply!r}")
+                return reply
+
+            replies.append(await self._retrying(attempt))
+        return replies[0]
 
     async def group(self, queue: str, group: str, *, shard: int | None = None) -> GroupInfo:
         """The group's high-water mark, the shard's committed boundary and the lag (of shard

@@ -167,11 +167,13 @@ class Client:
     def group(self, queue: str, group: str, *, shard: int | None = None) -> GroupInfo:
         return self._run(self._client.group(queue, group, shard=shard))
 
-    def retention(self, queue: str) -> dict[str, Any]:
-        return self._run(self._client.retention(queue))
+    def retention(self, queue: str, *, shard: int | None = None) -> dict[str, Any]:
+        return self._run(self._client.retention(queue, shard=shard))
 
-    def set_retention(self, queue: str, policy: dict[str, Any]) -> dict[str, Any]:
-        return self._run(self._client.set_retention(queue, policy))
+    def set_retention(
+        self, queue: str, policy: dict[str, Any], *, shard: int | None = None
+    ) -> dict[str, Any]:
+        return self._run(self._client.set_retention(queue, policy, shard=shard))
 
     def marks(self, queue: str, group: str) -> dict[int, int]:
         return self._run(self._client.marks(queue, group))

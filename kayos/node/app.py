@@ -420,13 +420,17 @@ def make_app(node: Node) -> web.Application:
     @routes.put("/v1/queues/{queue}/retention")
     async def set_retention(request: web.Request) -> web.Response:
         queue = request.match_info["queue"]
-        node.replica_for(queue, want="head")  # wrong role before reading the body
+        shard_id = shard_query(request.query)
+        node.replica_for(queue, want="head", shard_id=shard_id)  # wrong role before the body
         body = await read_body(request)
-        return _reply(request, await node.retention.set_policy(queue, body))
+        return _reply(request, await node.retention.set_policy(queue, body, shard_id))
 
     @routes.get("/v1/queues/{queue}/retention")
     async def get_retention(request: web.Request) -> web.Response:
-        return _reply(request, node.retention.get_policy(request.match_info["queue"]))
+        return _reply(
+            request,
+            node.retention.get_policy(request.match_info["queue"], shard_query(request.query)),
+        )
 
     @routes.get("/v1/shards/{shard}/groups")
     async def list_groups(request: web.Request) -> web.Response:

@@ -56,7 +56,9 @@ class Node(Protocol):
     replicas: dict[int, ShardReplica]
     clock: Clock
 
-    def replica_for(self, queue: str, *, want: str) -> ShardReplica: ...
+    def replica_for(
+        self, queue: str, *, want: str, shard_id: int | None = None
+    ) -> ShardReplica: ...
 
     async def await_committed(self, replica: ShardReplica, seq: int) -> None: ...
 
@@ -238,12 +240,13 @@ class RetentionDriver:
 
     # --- the calls ---------------------------------------------------------------------------
 
-    async def set_policy(self, queue: str, raw: Any) -> dict[str, Any]:
-        """Sets (``{}``: clears) ``queue``'s policy at the head; answers once every member
+    async def set_policy(self, queue: str, raw: Any, shard_id: int | None = None) -> dict[str, Any]:
+        """Sets (``{}``: clears) ``queue``'s policy at the head (of shard ``shard_id`` of a queue
+        over several: each shard keeps its own copy and floor); answers once every member
         holds it."""
         policy = parse_policy(raw)
         node = self.node
-        replica = node.replica_for(queue, want="head")
+        replica = node.replica_for(queue, want="head", shard_id=shard_id)
         result = await replica.commit_meta({POLICY_META + queue: encode_policy(policy)})
         await node.await_committed(replica, result.last_seq)
         return {
@@ -256,8 +259,8 @@ class RetentionDriver:
     def status(self, replica: ShardReplica) -> dict[str, dict[str, Any]]:
         return retention_status(replica.store.meta, self._compacted.get(replica.shard_id))
 
-    def get_policy(self, queue: str) -> dict[str, Any]:
-        replica = self.node.replica_for(queue, want="member")
+    def get_policy(self, queue: str, shard_id: int | None = None) -> dict[str, Any]:
+        replica = self.node.replica_for(queue, want="member", shard_id=shard_id)
         meta = replica.store.meta
         policies = policies_in(meta)
         policy: RetentionPolicy | None = policies.get(queue)
