@@ -270,7 +270,7 @@ def test_the_kestrel_backend_keeps_a_log_in_one_shard_of_a_sharded_queue(
     queue = queue_for(log)
     assert len(client.topology.shards_for(queue)) == 3
 
-    async def scenario() -> tuple[list[int], list[int], GroupState | None, int, list[str]]:
+    async def append_and_read() -> tuple[list[int], list[int]]:
         backend = await KayosBackend.connect(cluster.url("b"))
         try:
             seqs: list[int] = []
@@ -279,26 +279,38 @@ def test_the_kestrel_backend_keeps_a_log_in_one_shard_of_a_sharded_queue(
                     NewEntry(f"{batch}.{i}".encode(), 1000 + i, None, (log,)) for i in range(25)
                 ]
                 seqs += await backend.append(log, entries)
-            read = [entry.seq for entry in await backend.read(log, 0, 1000)]
-            await backend.commit_group(log, log, GroupState(seqs[49], b""))
-            state = await backend.load_group(log, log)
-            last = await backend.last_seq(log)
-            groups = await backend.list_groups(log)
+            return seqs, [entry.seq for entry in await backend.read(log, 0, 1000)]
         finally:
             await backend.close()
-        return seqs, read, state, last, groups
 
-    seqs, read, state, last, groups = asyncio.run(scenario())
+    seqs, read = asyncio.run(append_and_read())
     assert seqs == sorted(seqs), "one FIFO seq space"
     assert len(set(seqs)) == 100
     assert read == seqs, "every item read back, in order"
-    assert state == GroupState(seqs[49], b"")
-    assert last >= seqs[-1]
-    assert groups == [log]
+    # Before any group confirms anything (the front's until_consumed retention then moves the
+    # log's floor), a plain consumer sees every item, all in the log's one shard.
     home = client.topology.shards_for(queue)[0]
     pages = list(client.consume(queue, "audit"))
     assert sum(len(page.messages) for page in pages if page.shard == home) == 100
     assert sum(len(page.messages) for page in pages if page.shard != home) == 0
+    assert client.retention(queue, shard=home)["policy"] == {"until_consumed": True}
+
+    async def groups() -> tuple[GroupState | None, int, list[str]]:
+        backend = await KayosBackend.connect(cluster.url("c"))
+        try:
+            await backend.commit_group(log, log, GroupState(seqs[49], b""))
+            return (
+                await backend.load_group(log, log),
+                await backend.last_seq(log),
+                await backend.list_groups(log),
+            )
+        finally:
+            await backend.close()
+
+    state, last, names = asyncio.run(groups())
+    assert state == GroupState(seqs[49], b"")
+    assert last >= seqs[-1]
+    assert names == [log], "the audit consumer never committed a mark"
 
 
 def test_the_chaos_checker_passes_on_a_history_over_a_sharded_queue(
@@ -352,3 +364,30 @@ def test_the_chaos_checker_passes_on_a_history_over_a_sharded_queue(
     recorded = {event.queue for event in events if isinstance(event, Produce)}
     assert recorded == {f"{queue}/{shard}" for shard in client.topology.shards_for(queue)}
     assert any(event.txn and len(event.items) > 1 for event in events if isinstance(event, Produce))
+
+
+def test_the_binary_port_refuses_a_batch_spanning_shards(cluster: LocalCluster) -> None:
+    from kayos.client.binary import BinaryConnection
+    from kayos.replication.frames import Produce
+
+    queue = "qs-refuse"
+    topology = cluster.topology
+    keys = tuple(f"bin{i}".encode() for i in range(30))
+    assert len({topology.shard_for_key(queue, key) for key in keys}) == 3
+    head = topology.shards[topology.shards_for(queue)[0]].head
+    address = topology.nodes[head]
+
+    async def send() -> None:
+        connection = await BinaryConnection.open(head, address.host, address.bin_port, name="t")
+        try:
+            await connection.request(
+                lambda rid: Produce(rid, queue, keys, (b"v",) * 30, None, None, -1, False), WAIT_S
+            )
+        finally:
+            await connection.close()
+
+    with pytest.raises(InvalidRequest, match="span shards"):
+        asyncio.run(send())
+    with kayos.Client(list(cluster.urls.values())) as client:
+        seen = {m.key for page in client.consume(queue, "bin-audit") for m in page.messages}
+    assert not seen & set(keys), "nothing of the refused batch was written"
