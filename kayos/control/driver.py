@@ -237,10 +237,17 @@ def plan_round(
     return Plan(events, send_topology, send_catch_up, memory)
 
 
-def topology_of(view: ManagerView, nodes: Mapping[str, NodeAddr]) -> Topology:
-    """The topology the view describes: its epoch and chains, the file's node addresses."""
+def topology_of(
+    view: ManagerView, nodes: Mapping[str, NodeAddr], base: Topology | None = None
+) -> Topology:
+    """The topology the view describes: its epoch and chains, the file's node addresses, and
+    the file's (``base``) queue shard counts (docs/node-api.md, "Queues over several shards")."""
     shards = {s.id: ShardChain(s.id, s.chain) for s in view.shards}
-    return Topology(view.epoch, dict(nodes), shards)
+    if base is None:
+        return Topology(view.epoch, dict(nodes), shards)
+    return Topology(
+        view.epoch, dict(nodes), shards, queue_shards=base.queue_shards, queues=dict(base.queues)
+    )
 
 
 def signed(identity: ClusterIdentity, purpose: str, body: Any) -> dict[str, Any]:
@@ -289,6 +296,8 @@ class Driver:
     clock_ms: Callable[[], int]
     memory: Memory = field(default_factory=Memory)
     rounds: int = 0
+    # The topology file: what the view does not hold (each queue's shard count) comes from it.
+    base: Topology | None = None
 
     async def lead(self, is_leader: Callable[[], bool]) -> None:
         """Logs ManagerLeaderChanged, re-sends everything, then polls until leadership is lost."""
@@ -339,7 +348,7 @@ class Driver:
         if topology_to is None or catch_ups is None:
             sends = sends_for(view, actions)
             topology_to, catch_ups = sends.topology_to, sends.catch_ups
-        body = topology_of(view, self.nodes).to_json()
+        body = topology_of(view, self.nodes, self.base).to_json()
         message = signed(self.identity, "topology", body)
         jobs = [self._send(node, "/v1/admin/topology", message) for node in topology_to]
         for order in catch_ups:

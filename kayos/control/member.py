@@ -110,6 +110,7 @@ class Member:
             self.submit,
             self.log.view,
             monotonic_ms,
+            base=self.setup.topology,
         )
 
     def state(self) -> MemberState:

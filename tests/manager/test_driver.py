@@ -28,7 +28,7 @@ from kayos.manager import (
     TimerTick,
     decide,
 )
-from kayos.topology import NodeAddr
+from kayos.topology import NodeAddr, ShardChain, Topology
 
 CONFIG = Config(detection_window_ms=2_000, suspect_after_ms=1_000)
 NODES = {n: NodeAddr(n, "127.0.0.1", 7101 + i, 7201 + i) for i, n in enumerate("abc")}
@@ -278,3 +278,22 @@ def test_a_heads_new_takeover_entry_is_logged_once() -> None:
     b = status(shards={0: {**entry, "role": "middle"}})
     other = plan_round(view3(), answers(a=status(), b=b, c=status()), 9, everyone(view))
     assert not [e for e in other.events if isinstance(e, HeadTookOver)]
+
+
+def test_the_published_topology_keeps_the_files_queue_shard_counts() -> None:
+    # The view holds chains only; each queue's shard count comes from the topology file, so a
+    # chain change never puts a queue over several shards back onto one.
+    view, _ = decide(view3(), TimerTick(5_000, (("a", 5_000), ("c", 5_000))))
+    base = Topology(
+        1,
+        dict(NODES),
+        {i: ShardChain(i, ("a", "b", "c")) for i in range(3)},
+        queue_shards=2,
+        queues={"orders": 3},
+    )
+    topology = topology_of(view, NODES, base)
+    assert (topology.queue_shards, topology.queues) == (2, {"orders": 3})
+    assert topology.to_json()["queues"] == {"orders": {"shards": 3}}
+    assert topology.shards_for("orders") == base.shards_for("orders")
+    plain = topology_of(view, NODES).to_json()
+    assert "queues" not in plain
