@@ -155,11 +155,15 @@ def node_get(url: str) -> Any:
 
 
 def tail_entries(cluster: LocalCluster, queue: str) -> dict[str, int]:
-    """Every entry of the Kestrel queue's log on its shard's tail, value -> seq (a consumer
-    group that never commits reads from seq 0)."""
+    """Every entry of the Kestrel queue's log on its shard's tail above its retention floor,
+    value -> seq: the front keeps its queues `until_consumed` (docs/retention.md), so confirmed
+    items may be gone below the floor, and a read from below it is refused (410)."""
     kayos_queue = queue_for(queue)
     url = cluster.url(cluster.tails_of(kayos_queue)[0])
-    page = node_get(f"{url}/v1/queues/{kayos_queue}/consume?group=probe&limit=1000")
+    retention = node_get(f"{url}/v1/queues/{kayos_queue}/retention")
+    assert retention is not None, "the tail did not answer"
+    floor = int(retention.get("floor") or 0)
+    page = node_get(f"{url}/v1/queues/{kayos_queue}/consume?group=probe&limit=1000&after={floor}")
     assert page is not None, "the tail did not answer"
     found = {m["value"].decode(): m["seq"] for m in page["messages"]}
     while not page["end"]:
