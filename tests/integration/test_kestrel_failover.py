@@ -160,11 +160,21 @@ def tail_entries(cluster: LocalCluster, queue: str) -> dict[str, int]:
     items may be gone below the floor, and a read from below it is refused (410)."""
     kayos_queue = queue_for(queue)
     url = cluster.url(cluster.tails_of(kayos_queue)[0])
-    retention = node_get(f"{url}/v1/queues/{kayos_queue}/retention")
-    assert retention is not None, "the tail did not answer"
-    floor = int(retention.get("floor") or 0)
-    page = node_get(f"{url}/v1/queues/{kayos_queue}/consume?group=probe&limit=1000&after={floor}")
-    assert page is not None, "the tail did not answer"
+    page = None
+
+    def first_page() -> bool:
+        # A restarted tail refuses reads while it catches up (503), and the floor may rise
+        # between the two requests (410): ask again until it answers, within the bound.
+        nonlocal page
+        retention = node_get(f"{url}/v1/queues/{kayos_queue}/retention")
+        floor = int(retention.get("floor") or 0) if isinstance(retention, dict) else 0
+        page = node_get(
+            f"{url}/v1/queues/{kayos_queue}/consume?group=probe&limit=1000&after={floor}"
+        )
+        return page is not None
+
+    wait_until(first_page, f"the tail of {kayos_queue} to answer a read from its floor")
+    assert page is not None
     found = {m["value"].decode(): m["seq"] for m in page["messages"]}
     while not page["end"]:
         page = node_get(
