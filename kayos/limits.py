@@ -195,6 +195,16 @@ catchup_live_window_ms = 1_000
 # batch_bytes_max): each is one commit and fsync downstream, and a short one delays the chain's
 # own fsyncs on a shared disk less; 4 MiB is still thousands of small entries per frame.
 catchup_piece_bytes_max = 4 * 1024 * 1024
+# Store snapshots (docs/replication-protocol.md, "Store snapshots"): a learner holding nothing
+# copies the upstream's store file. One SNAPSHOT_CHUNK carries at most this many raw file bytes
+# (big enough that per-frame work is noise next to the copy, small next to frame_bytes_max).
+snapshot_chunk_bytes_max = 4 * 1024 * 1024
+# The largest store file a learner accepts as a snapshot, in bytes (its disk, not its memory: the
+# copy is streamed to a file); a bigger shard is copied entry by entry.
+snapshot_bytes_max = 1024 * 1024 * 1024 * 1024
+# Failed snapshot attempts in a row (each restarts from offset 0 after the link backoff) before
+# the learner copies entry by entry instead (an upstream that predates the frames, say).
+snapshot_attempts_max = 5
 # A node verifies a shard store's every chunk (the walk of `kayos check`) before opening it when
 # its data file is at most this big: the walk reads the whole file once (about 1 s per 100 MiB
 # on a laptop disk), and a bigger store is checked on read (a CRC that fails is never served).
@@ -212,6 +222,8 @@ assert 0 < catchup_produce_share_max <= 1
 assert 0 < catchup_piece_bytes_max <= batch_bytes_max
 assert catchup_live_window_ms > 0
 assert salvage_rounds_max >= 1
+assert 0 < snapshot_chunk_bytes_max + 1024 <= frame_bytes_max
+assert snapshot_attempts_max >= 1
 
 # --- node API (see docs/node-api.md) -------------------------------------------------------------
 

@@ -252,6 +252,13 @@ _TAKEOVER: Final = WireType(
 _META: Final = WireType("meta", _is_meta, maps_max=1)
 
 
+def _is_snapshot_data(value: object) -> bool:
+    return type(value) is bytes and 0 < len(value) <= limits.snapshot_chunk_bytes_max
+
+
+_SNAPSHOT_DATA: Final = WireType("bin (1 .. snapshot_chunk_bytes_max)", _is_snapshot_data)
+
+
 # --- the frames ----------------------------------------------------------------------------------
 
 
@@ -445,6 +452,33 @@ class CommitPoint(_FrameBase):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class SnapshotRequest(_FrameBase):
+    """A learner holding nothing asks for a copy of the upstream's store file."""
+
+    shard: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SnapshotChunk(_FrameBase):
+    """Raw store file bytes at ``offset`` (the bytes sent before them)."""
+
+    shard: int
+    offset: int
+    data: bytes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SnapshotEnd(_FrameBase):
+    """The copy is complete: ``total_bytes`` ending at a header naming ``last_seq``."""
+
+    shard: int
+    total_bytes: int
+    prefix_crc: int
+    generation: int
+    last_seq: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Produce(_FrameBase):
     """A client appends items to a queue at the shard's head."""
 
@@ -509,6 +543,9 @@ Frame: TypeAlias = (
     | AuthOk
     | Subscribe
     | Subscribed
+    | SnapshotRequest
+    | SnapshotChunk
+    | SnapshotEnd
     | Batch
     | Ack
     | Committed
@@ -641,6 +678,21 @@ FRAME_TABLE: Final[tuple[FrameSpec, ...]] = (
     FrameSpec(21, "COMMIT_POINT", CommitPoint, "upstream -> downstream", 2, (
         FieldSpec("shard", _U32, 2),
         FieldSpec("committed_seq", _U64, 2),
+    )),
+    FrameSpec(22, "SNAPSHOT_REQUEST", SnapshotRequest, "downstream -> upstream", 3, (
+        FieldSpec("shard", _U32, 3),
+    )),
+    FrameSpec(23, "SNAPSHOT_CHUNK", SnapshotChunk, "upstream -> downstream", 3, (
+        FieldSpec("shard", _U32, 3),
+        FieldSpec("offset", _U64, 3),
+        FieldSpec("data", _SNAPSHOT_DATA, 3),
+    )),
+    FrameSpec(24, "SNAPSHOT_END", SnapshotEnd, "upstream -> downstream", 3, (
+        FieldSpec("shard", _U32, 3),
+        FieldSpec("total_bytes", _U64, 3),
+        FieldSpec("prefix_crc", _U32, 3),
+        FieldSpec("generation", _U64, 3),
+        FieldSpec("last_seq", _U64, 3),
     )),
     FrameSpec(32, "PRODUCE", Produce, "client -> head", 1, (
         _f("request_id", _U64),

@@ -55,6 +55,7 @@ from kayos.errors import (
 from kayos.replication import auth as link_auth
 from kayos.replication import chain, handshake, liveness, timeindex
 from kayos.replication import frames as fr
+from kayos.replication.snapshot import serve_snapshot
 from kayos.storage import CommitResult, Entry, ShardStore
 from kayos.storage.engine import prepare_columns
 from kayos.storage.readback import read_back
@@ -341,6 +342,7 @@ class ShardReplica:
         clock: Clock,
         rng: random.Random,
         learner_upstream: str | None = None,
+        copied: bool = False,
     ) -> None:
         self.node_id = node_id
         self.topology = topology
@@ -350,7 +352,8 @@ class ShardReplica:
         self.rng = rng
         # A store that fails its check is cut back to what verifies before it opens; the rest is
         # re-fetched from a peer (docs/node-api.md, "Self-repair").
-        self.salvage_report: SalvageReport | None = salvage(store_path)
+        # (A store copied by snapshot was checked end to end as it came: not walked again.)
+        self.salvage_report: SalvageReport | None = None if copied else salvage(store_path)
         self.store = ShardStore.open(store_path, clock=clock)
         if learner_upstream is not None:
             # A copy outside the chain: follows ``learner_upstream``, counts in no commit.
@@ -1507,6 +1510,9 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
     while True:
         frame = await _recv_answering_pings(stream)
         if frame is None:
+            return
+        if isinstance(frame, fr.SnapshotRequest):
+            await serve_snapshot(replica, stream, hello.role, frame)  # then the learner hangs up
             return
         if not isinstance(frame, fr.Subscribe) or frame.shard != replica.shard_id:
             raise ProtocolError(f"expected SUBSCRIBE, got {type(frame).__name__}")

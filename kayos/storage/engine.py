@@ -147,6 +147,11 @@ class _Current(NamedTuple):
     meta: dict[str, Any]
 
 
+# A learner's copy of a peer's store file in progress (docs/replication-protocol.md, "Store
+# snapshots"): deleted on open, it never became current.
+SNAPSHOT_SUFFIX = ".snapshot"
+
+
 def data_file_name(generation: int) -> str:
     return f"{DATA_PREFIX}{generation}{DATA_SUFFIX}"
 
@@ -534,8 +539,8 @@ class ShardStore:
         generations: list[int] = []
         for name in ops.listdir(self.directory):
             path = os.path.join(self.directory, name)
-            if name.endswith((".compact", ".init")):
-                ops.unlink(path)  # a compaction or creation that never finished
+            if name.endswith((".compact", ".init", SNAPSHOT_SUFFIX)):
+                ops.unlink(path)  # a compaction, creation or snapshot copy that never finished
                 continue
             generation = parse_generation(name)
             if generation is not None:
@@ -1008,6 +1013,20 @@ class ShardStore:
         self._check_open()
         current = self._pin_current()
         return Snapshot(self, current.file, current.header, current.meta)
+
+    def pin_prefix(self) -> tuple[DataFile, fmt.Header, int]:
+        """The current file pinned (release it when done), its current header and the end of
+        that header's chunk: bytes before it are a store by itself (docs/storage-format.md,
+        "A prefix ending at a header"). Read under the write lock, so the three agree."""
+        with self._write_lock:
+            self._check_open()
+            current = self._pin_current()
+            try:
+                end = header_end(current.file.handle, self._last_header_block)
+            except BaseException:
+                current.file.release()
+                raise
+        return current.file, current.header, end
 
     def _check_open(self) -> None:
         # A failed fsync poisons reads too: the page cache may hold bytes the disk never got.
