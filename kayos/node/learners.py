@@ -22,6 +22,8 @@ from kayos.checks import check_u64
 from kayos.clock import Clock
 from kayos.errors import InvalidRequest, KayosError, StaleEpochError
 from kayos.replication.replica import ShardReplica, UpstreamLink
+from kayos.replication.snapshot import store_is_empty
+from kayos.replication.snapshot_link import SnapshotProgress, fetch_snapshot
 from kayos.signing import check_signed
 from kayos.topology import Topology
 
@@ -32,9 +34,14 @@ CATCH_UP_FIELDS = frozenset({"epoch", "shard", "upstream"})
 
 @dataclass(slots=True)
 class Learner:
-    replica: ShardReplica
-    link: UpstreamLink
-    task: asyncio.Task[None]
+    """A learner's replica and link exist once its store is open: while it copies the store file
+    by snapshot (docs/replication-protocol.md, "Store snapshots") only ``snapshot`` does."""
+
+    upstream: str
+    task: asyncio.Task[None] | None = None
+    replica: ShardReplica | None = None
+    link: UpstreamLink | None = None
+    snapshot: SnapshotProgress | None = None
 
 
 class Node(Protocol):
@@ -93,11 +100,28 @@ async def start_catch_up(node: Node, order: CatchUpOrder) -> dict[str, Any]:
         raise InvalidRequest(f"{node.node_id} is a member of shard {order.shard}: no learner")
     current = node.learners.get(order.shard)
     if current is not None:
-        if current.replica.upstream == order.upstream:
+        if current.upstream == order.upstream:
             return {"shard": order.shard, "state": "learning"}
         await close_learner(node, order.shard)
     path = os.path.join(node.data_dir, "shards", str(order.shard))
     os.makedirs(path, exist_ok=True)
+    learner = Learner(order.upstream)
+    if await asyncio.to_thread(store_is_empty, path):
+        # Holds nothing: copy the upstream's store file, then follow it from its last seq.
+        learner.snapshot = SnapshotProgress(order.upstream)
+        learner.task = asyncio.create_task(_snapshot_then_learn(node, learner, order, path))
+        node.learners[order.shard] = learner
+        log.info("shard %s: copying the store of %s by snapshot", order.shard, order.upstream)
+        return {"shard": order.shard, "state": "learning"}
+    await _open_learner(node, learner, order, path, copied=False)
+    node.learners[order.shard] = learner
+    return {"shard": order.shard, "state": "learning"}
+
+
+async def _open_learner(
+    node: Node, learner: Learner, order: CatchUpOrder, path: str, *, copied: bool
+) -> None:
+    shard = node.topology.shards[order.shard]
     replica = await asyncio.to_thread(
         functools.partial(
             ShardReplica,
@@ -108,13 +132,41 @@ async def start_catch_up(node: Node, order: CatchUpOrder) -> dict[str, Any]:
             clock=node.clock,
             rng=node.rng,
             learner_upstream=order.upstream,
+            copied=copied,
         )
     )
-    link = UpstreamLink(replica)
-    task = asyncio.create_task(link.run())
-    node.learners[order.shard] = Learner(replica, link, task)
+    learner.replica = replica
+    learner.link = UpstreamLink(replica)
+    if learner.task is None:
+        learner.task = asyncio.create_task(learner.link.run())
     log.info("shard %s: learning from %s from seq %s", order.shard, order.upstream, replica.durable)
-    return {"shard": order.shard, "state": "learning"}
+
+
+async def _snapshot_then_learn(
+    node: Node, learner: Learner, order: CatchUpOrder, path: str
+) -> None:
+    assert learner.snapshot is not None
+    copied = await fetch_snapshot(
+        node_id=node.node_id,
+        topology=node.topology,
+        shard_id=order.shard,
+        peer=order.upstream,
+        directory=path,
+        clock=node.clock,
+        rng=node.rng,
+        progress=learner.snapshot,
+    )
+    if not copied:
+        log.warning(
+            "shard %s: no snapshot from %s after %d attempts (%s): copying entry by entry",
+            order.shard,
+            order.upstream,
+            learner.snapshot.attempts,
+            learner.snapshot.problem,
+        )
+    await _open_learner(node, learner, order, path, copied=copied)
+    assert learner.link is not None
+    await learner.link.run()
 
 
 async def close_learner(node: Node, shard_id: int) -> None:
@@ -122,10 +174,14 @@ async def close_learner(node: Node, shard_id: int) -> None:
     learner = node.learners.pop(shard_id, None)
     if learner is None:
         return
-    learner.link.stop()
-    learner.task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await learner.task
+    if learner.link is not None:
+        learner.link.stop()
+    if learner.task is not None:
+        learner.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await learner.task
+    if learner.replica is None:
+        return  # stopped mid snapshot: its file is deleted (here or by the next open)
     await learner.replica.settle()
     with contextlib.suppress(KayosError):
         await learner.replica.persist_commit_point()
@@ -135,6 +191,17 @@ async def close_learner(node: Node, shard_id: int) -> None:
 
 def learner_status(learner: Learner) -> dict[str, Any]:
     replica = learner.replica
+    snapshot = _snapshot_status(learner.snapshot)
+    if replica is None:
+        return {
+            "role": "learner",
+            "upstream": learner.upstream,
+            "durable_seq": 0,
+            "last_seq": 0,
+            "catching_up": True,
+            "upstream_linked": False,
+            "snapshot": snapshot,
+        }
     health = replica.link_health.get(replica.upstream or "")
     upstream_seq = health.peer_seq if health is not None else 0
     return {
@@ -150,6 +217,21 @@ def learner_status(learner: Learner) -> dict[str, Any]:
         "rolled_back_committed_entries": replica.rolled_back_committed_entries,
         "refetched_entries": replica.refetched_entries,
         "repair": replica.repair_status(),
+        "snapshot": snapshot,
+    }
+
+
+def _snapshot_status(progress: SnapshotProgress | None) -> dict[str, Any] | None:
+    if progress is None:
+        return None
+    return {
+        "attempts": progress.attempts,
+        "received_bytes": progress.received_bytes,
+        "total_bytes": progress.total_bytes,
+        "last_seq": progress.last_seq,
+        "seconds": round(progress.seconds, 3),
+        "done": progress.done,
+        "problem": progress.problem,
     }
 
 
@@ -186,5 +268,6 @@ async def follow_topology(node: Node, topology: Topology) -> None:
         if shard is None or node.node_id in shard.members:
             await close_learner(node, shard_id)
             continue
-        learner.replica.topology = topology
-        learner.replica.shard = shard
+        if learner.replica is not None:
+            learner.replica.topology = topology
+            learner.replica.shard = shard

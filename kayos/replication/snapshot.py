@@ -48,13 +48,15 @@ class SnapshotStream(Protocol):
 class SnapshotSource(Protocol):
     """What of a ``ShardReplica`` serving a snapshot needs."""
 
-    shard_id: int
     node_id: str
     store: engine.ShardStore
     catching_up: bool
     repairing: bool
     live_at_s: float
     clock: Clock
+
+    @property
+    def shard_id(self) -> int: ...
 
 
 async def serve_snapshot(

@@ -87,6 +87,17 @@ GOLDEN: list[tuple[f.Frame, str]] = [
     (f.Ack(shard=3, durable_seq=1000), "00000006 13 92 03 cd03e8"),
     (f.Committed(shard=7, committed_seq=103), "00000004 14 92 07 67"),
     (f.CommitPoint(shard=7, committed_seq=103), "00000004 15 92 07 67"),
+    (f.SnapshotRequest(shard=0), "00000003 16 91 00"),
+    (
+        f.SnapshotChunk(shard=0, offset=4096, data=b"\x01\x02\x03"),
+        "0000000b 17 93 00 cd1000 c403010203",
+    ),
+    (
+        f.SnapshotEnd(
+            shard=0, total_bytes=8192, prefix_crc=0x1234ABCD, generation=1, last_seq=1000
+        ),
+        "0000000f 18 95 00 cd2000 ce1234abcd 01 cd03e8",
+    ),
     (
         f.Produce(
             request_id=8,
@@ -179,13 +190,24 @@ def test_table_matches_protocol_document() -> None:
         19: "ACK",
         20: "COMMITTED",
         21: "COMMIT_POINT",
+        22: "SNAPSHOT_REQUEST",
+        23: "SNAPSHOT_CHUNK",
+        24: "SNAPSHOT_END",
         32: "PRODUCE",
         33: "PRODUCED",
         34: "WAIT_COMMITTED",
         35: "COMMITTED_REPLY",
     }
     for spec in f.FRAME_TABLE:
-        since = {"COMMIT_POINT": 2, "AUTH_CHALLENGE": 3, "AUTH_PROOF": 3, "AUTH_OK": 3}
+        since = {
+            "COMMIT_POINT": 2,
+            "AUTH_CHALLENGE": 3,
+            "AUTH_PROOF": 3,
+            "AUTH_OK": 3,
+            "SNAPSHOT_REQUEST": 3,
+            "SNAPSHOT_CHUNK": 3,
+            "SNAPSHOT_END": 3,
+        }
         assert spec.since_version == since.get(spec.name, 1)
         assert all(field.since_version == spec.since_version for field in spec.fields)
 
@@ -375,7 +397,7 @@ def test_round_trip_stream_in_random_chunks(frame_list: list[f.Frame], data: st.
 # --- malformed input -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", [0, 9, 15, 22, 31, 36, 255])
+@pytest.mark.parametrize("kind", [0, 9, 15, 25, 31, 36, 255])
 def test_unknown_kind(kind: int) -> None:
     decode_fails(raw_frame(kind, raw_body([5])), match=f"unknown frame kind {kind}")
 
@@ -426,6 +448,12 @@ BAD_VALUES: dict[str, list[Any]] = {
     "str | nil": [b"node", 5, False],
     "role": ["leader", "", b"tail", 1, None],
     "bool": [0, 1, None, "true"],
+    "bin (1 .. snapshot_chunk_bytes_max)": [
+        b"",
+        b"x" * (limits.snapshot_chunk_bytes_max + 1),
+        "text",
+        None,
+    ],
     "acks (0, 1 or -1)": [2, -2, 255, True, None, "all"],
     "takeover": [
         None,
