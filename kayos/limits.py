@@ -199,6 +199,12 @@ catchup_piece_bytes_max = 4 * 1024 * 1024
 # copies the upstream's store file. One SNAPSHOT_CHUNK carries at most this many raw file bytes
 # (big enough that per-frame work is noise next to the copy, small next to frame_bytes_max).
 snapshot_chunk_bytes_max = 4 * 1024 * 1024
+# Received chunks a learner holds while it writes the ones before them (memory: this many times
+# snapshot_chunk_bytes_max): receiving and writing overlap instead of taking turns.
+snapshot_chunks_queued_max = 4
+# A learner copying a store file fdatasyncs it every this many bytes (and at the end), so the
+# dirty pages of a large copy reach the disk as it goes instead of in one long final sync.
+snapshot_sync_bytes = 256 * 1024 * 1024
 # The largest store file a learner accepts as a snapshot, in bytes (its disk, not its memory: the
 # copy is streamed to a file); a bigger shard is copied entry by entry.
 snapshot_bytes_max = 1024 * 1024 * 1024 * 1024
@@ -224,6 +230,7 @@ assert catchup_live_window_ms > 0
 assert salvage_rounds_max >= 1
 assert 0 < snapshot_chunk_bytes_max + 1024 <= frame_bytes_max
 assert snapshot_attempts_max >= 1
+assert snapshot_chunks_queued_max >= 1
 
 # --- node API (see docs/node-api.md) -------------------------------------------------------------
 

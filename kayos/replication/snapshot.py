@@ -211,7 +211,7 @@ class SnapshotWriter:
             written = os.write(self._fd, view)
             view = view[written:]
         self._unsynced += len(frame.data)
-        if self._unsynced >= limits.compaction_sync_bytes:
+        if self._unsynced >= limits.snapshot_sync_bytes:
             os.fdatasync(self._fd)
             self._unsynced = 0
 

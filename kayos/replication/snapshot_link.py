@@ -6,6 +6,7 @@ offset 0, at most ``limits.snapshot_attempts_max`` times in a row."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import random
@@ -123,20 +124,42 @@ async def _attempt(
         stream.send(fr.SnapshotRequest(shard_id))
         writer_file = await asyncio.to_thread(SnapshotWriter, directory, shard_id)
         progress.received_bytes = 0
-        silence_s = limits.peer_silence_ms_max / 1000
+        await _receive(stream, writer_file, peer, progress)
+        writer_file = None
+    finally:
+        stream.close()
+        if writer_file is not None:
+            await asyncio.to_thread(writer_file.discard)
+
+
+async def _receive(
+    stream: FrameStream, writer_file: SnapshotWriter, peer: str, progress: SnapshotProgress
+) -> None:
+    """Reads chunks while a task writes the ones before them (at most
+    ``limits.snapshot_chunks_queued_max`` waiting), then installs the copy at ``SNAPSHOT_END``."""
+    queue: asyncio.Queue[fr.SnapshotChunk | None] = asyncio.Queue(limits.snapshot_chunks_queued_max)
+
+    async def write_all() -> None:
+        while (chunk := await queue.get()) is not None:
+            await asyncio.to_thread(writer_file.write, chunk)
+
+    writing = asyncio.create_task(write_all())
+    silence_s = limits.peer_silence_ms_max / 1000
+    try:
         while True:
             async with asyncio.timeout(silence_s):
                 frame = await stream.recv()
             if frame is None:
                 raise EOFError(f"{peer} closed the link mid snapshot")
             if isinstance(frame, fr.SnapshotChunk):
-                await asyncio.to_thread(writer_file.write, frame)
-                progress.received_bytes = writer_file.receiver.received
+                await _put_or_fail(queue, frame, writing)
+                progress.received_bytes += len(frame.data)
             elif isinstance(frame, fr.SnapshotEnd):
+                await _put_or_fail(queue, None, writing)
+                await writing
                 await asyncio.to_thread(writer_file.install, frame)
                 progress.total_bytes = frame.total_bytes
                 progress.last_seq = frame.last_seq
-                writer_file = None
                 return
             elif isinstance(frame, fr.Ping):
                 stream.send(fr.Pong(frame.nonce))
@@ -145,6 +168,27 @@ async def _attempt(
             elif not isinstance(frame, fr.Pong):
                 raise ProtocolError(f"unexpected {type(frame).__name__} in a snapshot")
     finally:
-        stream.close()
-        if writer_file is not None:
-            await asyncio.to_thread(writer_file.discard)
+        if not writing.done():
+            # Let the write under way finish (a thread cannot be cancelled): the file is closed
+            # and removed only after it.
+            while not queue.empty():
+                queue.get_nowait()
+            queue.put_nowait(None)
+            with contextlib.suppress(Exception):
+                await writing
+
+
+async def _put_or_fail(
+    queue: asyncio.Queue[fr.SnapshotChunk | None],
+    item: fr.SnapshotChunk | None,
+    writing: asyncio.Task[None],
+) -> None:
+    """Queues ``item`` for the writer, raising its error if it failed meanwhile."""
+    put = asyncio.ensure_future(queue.put(item))
+    await asyncio.wait({put, writing}, return_when=asyncio.FIRST_COMPLETED)
+    if writing.done() and not writing.cancelled() and writing.exception() is not None:
+        put.cancel()
+        writing.result()  # raises the writer's error
+    if not put.done():
+        put.cancel()
+        raise ProtocolError("the snapshot writer stopped before the copy's end")
