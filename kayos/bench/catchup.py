@@ -11,7 +11,8 @@ before each copy). Figures: ``disk_seq_write_mb_per_s`` (one file of ``disk_prob
 copy over the copy's wall time, the median of ``idle_copies`` copies of the idle shard; a learner
 holding nothing copies the source's store file whole, docs/replication-protocol.md "Store
 snapshots", so its file is the source's) on an idle shard and under live writes, produce msgs/s
-with and without a copy running, and ``produce_drop_during_catchup`` (1 - with / without, mean over the rounds).
+with and without a copy running, and ``produce_drop_during_catchup`` (1 - with / without, mean
+over the rounds).
 """
 
 from __future__ import annotations
