@@ -124,7 +124,7 @@ async def _attempt(
         stream.send(fr.SnapshotRequest(shard_id))
         writer_file = await asyncio.to_thread(SnapshotWriter, directory, shard_id)
         progress.received_bytes = 0
-        await _receive(stream, writer_file, peer, progress)
+        await receive_snapshot(stream, writer_file, peer, progress)
         writer_file = None
     finally:
         stream.close()
@@ -132,7 +132,7 @@ async def _attempt(
             await asyncio.to_thread(writer_file.discard)
 
 
-async def _receive(
+async def receive_snapshot(
     stream: FrameStream, writer_file: SnapshotWriter, peer: str, progress: SnapshotProgress
 ) -> None:
     """Reads chunks while a task writes the ones before them (at most

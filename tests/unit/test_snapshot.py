@@ -5,6 +5,7 @@ a torn or altered copy is refused."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -14,12 +15,14 @@ from kayos import limits
 from kayos.clock import ManualClock
 from kayos.errors import CorruptionError, InvalidRequest, ProtocolError, ReplicationError
 from kayos.replication import frames as fr
+from kayos.replication.replica import FrameStream
 from kayos.replication.snapshot import (
     SnapshotReceiver,
     SnapshotWriter,
     check_prefix,
     store_is_empty,
 )
+from kayos.replication.snapshot_link import SnapshotProgress, receive_snapshot
 from kayos.storage.check import check_store
 from kayos.storage.compact import compact
 from kayos.storage.engine import Delete, Put, ShardStore, data_file_name
@@ -174,3 +177,65 @@ def test_a_left_over_copy_is_deleted_when_the_store_opens(tmp_path: Path) -> Non
     store = ShardStore.open(str(tmp_path), clock=ManualClock())
     store.close()
     assert not os.path.exists(writer.path)
+
+
+class _NoWriter:
+    """The sending half of a stream no test frame answers to."""
+
+    def write(self, data: bytes) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _receive_from(frames: list[fr.Frame], directory: Path) -> SnapshotProgress:
+    """Runs the learner's receive loop over ``frames`` (as bytes on a stream that then ends)."""
+
+    async def run() -> SnapshotProgress:
+        reader = asyncio.StreamReader()
+        reader.feed_data(b"".join(fr.encode(frame) for frame in frames))
+        reader.feed_eof()
+        stream = FrameStream(reader, _NoWriter(), ManualClock())  # type: ignore[arg-type]
+        writer = SnapshotWriter(str(directory), 0)
+        progress = SnapshotProgress("c")
+        try:
+            await receive_snapshot(stream, writer, "c", progress)
+        except BaseException:
+            writer.discard()
+            raise
+        return progress
+
+    return asyncio.run(run())
+
+
+def _chunks_of(data: bytes, size: int) -> list[fr.Frame]:
+    return [fr.SnapshotChunk(0, at, data[at : at + size]) for at in range(0, len(data), size)]
+
+
+def test_receive_overlaps_writing_and_installs_at_the_end(tmp_path: Path) -> None:
+    source = _filled_store(tmp_path / "source", 30)
+    data_file, header, end = source.pin_prefix()
+    data = data_file.handle.pread(end, 0)
+    data_file.release()
+    source.close()
+    receiver = SnapshotReceiver(0)
+    receiver.chunk(fr.SnapshotChunk(0, 0, data))
+    finish = fr.SnapshotEnd(0, end, receiver.crc, 1, header.last_seq)
+    chunks = _chunks_of(data, 3000)
+    assert len(chunks) > limits.snapshot_chunks_queued_max  # the queue fills and drains
+    progress = _receive_from([*chunks, fr.Ping(7), finish], tmp_path / "copy")
+    assert (progress.received_bytes, progress.total_bytes) == (end, end)
+    assert progress.last_seq == header.last_seq
+    assert os.listdir(tmp_path / "copy") == [data_file_name(1)]
+
+
+def test_receive_stops_at_a_gap_or_an_early_end_and_leaves_nothing(tmp_path: Path) -> None:
+    data = bytes(range(256)) * 64
+    chunks = _chunks_of(data, 1000)
+    with pytest.raises(ProtocolError, match="offset"):
+        _receive_from([*chunks[:3], *chunks[4:]], tmp_path / "gap")
+    assert os.listdir(tmp_path / "gap") == []
+    with pytest.raises(EOFError):
+        _receive_from(chunks[:5], tmp_path / "cut")  # the upstream died mid-copy
+    assert os.listdir(tmp_path / "cut") == []
