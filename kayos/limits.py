@@ -205,6 +205,12 @@ snapshot_chunks_queued_max = 4
 # A learner copying a store file fdatasyncs it every this many bytes (and at the end), so the
 # dirty pages of a large copy reach the disk as it goes instead of in one long final sync.
 snapshot_sync_bytes = 256 * 1024 * 1024
+# While its shard takes live writes, a member serving a store snapshot spends at most this share of
+# its time on it (the learner link's duty cycle, chain.copy_pause_s). Lower than
+# catchup_produce_share_max: a snapshot moves far more bytes per unit of the member's time, and
+# the learner's writes and CPU land on the same machine and disk (measured: at 0.2 live produce
+# dropped by 0.35 on a shared 2-core box, docs/performance.md).
+snapshot_produce_share_max = 0.05
 # The largest store file a learner accepts as a snapshot, in bytes (its disk, not its memory: the
 # copy is streamed to a file); a bigger shard is copied entry by entry.
 snapshot_bytes_max = 1024 * 1024 * 1024 * 1024
@@ -231,6 +237,7 @@ assert salvage_rounds_max >= 1
 assert 0 < snapshot_chunk_bytes_max + 1024 <= frame_bytes_max
 assert snapshot_attempts_max >= 1
 assert snapshot_chunks_queued_max >= 1
+assert 0 < snapshot_produce_share_max <= 1
 
 # --- node API (see docs/node-api.md) -------------------------------------------------------------
 

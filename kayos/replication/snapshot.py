@@ -97,7 +97,7 @@ async def serve_snapshot(
                 time.perf_counter() - started,
                 live_s_ago=live_s_ago,
                 live_window_s=limits.catchup_live_window_ms / 1000,
-                share=limits.catchup_produce_share_max,
+                share=limits.snapshot_produce_share_max,
             )
             if pause_s > 0:
                 await asyncio.sleep(pause_s)
