@@ -215,8 +215,10 @@ snapshot_produce_share_max = 0.05
 # copy is streamed to a file); a bigger shard is copied entry by entry.
 snapshot_bytes_max = 1024 * 1024 * 1024 * 1024
 # Failed snapshot attempts in a row (each restarts from offset 0 after the link backoff) before
-# the learner copies entry by entry instead (an upstream that predates the frames, say).
-snapshot_attempts_max = 5
+# the learner copies entry by entry instead (an upstream that predates the frames, say). With the
+# link backoff (at most link_retry_delay_ms_max) that is about half a minute: long enough for an
+# upstream that restarts and catches up itself (it refuses snapshots meanwhile).
+snapshot_attempts_max = 30
 # A node verifies a shard store's every chunk (the walk of `kayos check`) before opening it when
 # its data file is at most this big: the walk reads the whole file once (about 1 s per 100 MiB
 # on a laptop disk), and a bigger store is checked on read (a CRC that fails is never served).

@@ -119,24 +119,24 @@ def test_a_copy_broken_by_kill_9_of_either_side_starts_again(start_cluster: Any)
     cluster = start_cluster(nodes=4, replicas=3, shards=1)
     head = cluster.url("a")
     acked = _fill(head, "q", 60, 8, 128 * 1024)
-    stop = threading.Event()
     live_acked: dict[str, int] = {}
+    counter = iter(range(10**9))
 
-    def produce_live() -> None:
-        n = 0
-        while not stop.is_set() and n < 100_000:
-            key = f"live-{n}"
+    def produce_live(stop: threading.Event) -> None:
+        while not stop.is_set():
+            key = f"live-{next(counter)}"
             status, reply = produce(head, "live", [(key, "v")])
             if status == 200:
                 live_acked[key] = int(reply["last_seq"])
-            n += 1
 
-    producer = threading.Thread(target=produce_live, daemon=True)
-    producer.start()
     body = {"epoch": cluster.topology.epoch, "shard": 0, "upstream": "c"}
     broken = []
-    try:
-        for victim in ("c", "d"):
+    for victim in ("c", "d"):
+        # Live writes while the copy starts: the throttle slows it, so a poll can find it mid-way.
+        stop = threading.Event()
+        producer = threading.Thread(target=produce_live, args=(stop,), daemon=True)
+        producer.start()
+        try:
             assert catch_up(cluster, "d", body)[0] == 200
 
             def copying() -> bool:
@@ -150,30 +150,29 @@ def test_a_copy_broken_by_kill_9_of_either_side_starts_again(start_cluster: Any)
                 continue  # the copy finished between two polls: nothing broken this round
             cluster.kill(victim, signal.SIGKILL)
             broken.append(victim)
-            if victim == "c":
-                cluster.start("c")
-            else:
-                cluster.start("d")
-                assert catch_up(cluster, "d", body)[0] == 200
-            wait_until(
-                lambda: (
-                    (s := shard_status(cluster, "d")) is not None
-                    and s.get("snapshot") is not None
-                    and s["snapshot"]["done"]
-                ),
-                "d's copy completed after the break",
-            )
-            if victim == "c":
-                snap = shard_status(cluster, "d")
-                assert snap is not None
-                assert snap["snapshot"]["attempts"] >= 2, snap
-                # Start over for the second break: d holds nothing again.
-                cluster.kill("d", signal.SIGKILL)
-                shutil.rmtree(_shard_dir(cluster, "d"))
-                cluster.start("d")
-    finally:
-        stop.set()
-        producer.join(WAIT_S)
+            # Back at once: producers with acks=all wait for the chain's tail c.
+            cluster.start(victim)
+        finally:
+            stop.set()
+            producer.join(WAIT_S)
+        if victim == "d":
+            assert catch_up(cluster, "d", body)[0] == 200
+        wait_until(
+            lambda: (
+                (s := shard_status(cluster, "d")) is not None
+                and s.get("snapshot") is not None
+                and s["snapshot"]["done"]
+            ),
+            "d's copy completed after the break",
+        )
+        if victim == "c":
+            snap = shard_status(cluster, "d")
+            assert snap is not None
+            assert snap["snapshot"]["attempts"] >= 2, snap
+            # Start over for the second break: d holds nothing again.
+            cluster.kill("d", signal.SIGKILL)
+            shutil.rmtree(_shard_dir(cluster, "d"))
+            cluster.start("d")
     print(f"copies broken by kill -9 of: {broken}")
     if not broken:
         pytest.skip("every copy finished between two status polls: no break happened")
