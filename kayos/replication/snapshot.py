@@ -58,6 +58,9 @@ class SnapshotSource(Protocol):
     @property
     def shard_id(self) -> int: ...
 
+    @property
+    def starting_new_history(self) -> bool: ...
+
 
 async def serve_snapshot(
     replica: SnapshotSource, stream: SnapshotStream, role: str, request: fr.SnapshotRequest
@@ -70,7 +73,7 @@ async def serve_snapshot(
         raise ProtocolError(
             f"SNAPSHOT_REQUEST for shard {request.shard} on a {replica.shard_id} link"
         )
-    if replica.catching_up or replica.repairing:
+    if replica.catching_up or replica.repairing or replica.starting_new_history:
         raise UnavailableError(
             f"{replica.node_id} is catching up on shard {replica.shard_id}; retry later"
         )
