@@ -19,8 +19,9 @@ threads then produce one 100 B message at a time with acks=all until the run end
    1 - (acks/s during the copy) / (acks/s in the ``baseline_s`` just before it).
 
 ``disk_seq_write_mb_per_s`` is measured in the same run on the same filesystem (one file of
-``disk_probe_mb`` in 1 MiB writes, one fsync). ``repeat`` runs the whole scenario again on a fresh
-cluster; each figure is then reported as the median with its range.
+``disk_probe_mb``, by default the shard's size, in 1 MiB writes, one fsync). ``repeat`` runs the
+whole scenario again on a fresh cluster; each figure is then reported as the median with its
+range.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class FailoverBenchParameters:
     slow_stop_ms: int = 400
     slow_run_ms: int = 100
     slow_timeout_s: float = 30.0
-    disk_probe_mb: int = 256
+    disk_probe_mb: int | None = None  # None: as large as the shard (at least 16 MiB)
     repeat: int = 1
     step_timeout_s: float = 120.0
     catchup_timeout_s: float = 900.0
@@ -158,14 +159,23 @@ def _wait(condition: Callable[[], Any], what: str, timeout_s: float) -> Any:
         time.sleep(POLL_S)
 
 
-def _chain(cluster: LocalCluster) -> list[str] | None:
+def _manager_view(cluster: LocalCluster) -> dict[str, Any] | None:
     leader = cluster.wait_manager_leader()
     if leader is None:
         return None
     code, body = http_json(cluster.manager_url(leader) + "/v1/manager/status", timeout_s=2.0)
-    if code != 200:
-        return None
-    return list(body["view"]["shards"][0]["chain"])
+    return body["view"] if code == 200 else None
+
+
+def _chain(cluster: LocalCluster) -> list[str] | None:
+    view = _manager_view(cluster)
+    return None if view is None else list(view["shards"][0]["chain"])
+
+
+def _node_state(cluster: LocalCluster, node: str) -> str | None:
+    view = _manager_view(cluster)
+    states = {} if view is None else {n: s for n, s, _ in view["nodes"]}
+    return states.get(node)
 
 
 def _shard_status(cluster: LocalCluster, node: str) -> dict[str, Any]:
@@ -198,12 +208,15 @@ def _fill(urls: list[str], megabytes: int, value_bytes: int) -> None:
 
 def _slow_phase(
     cluster: LocalCluster, parameters: FailoverBenchParameters, victim: str
-) -> tuple[float | None, str | None]:
+) -> tuple[float | None, str | None, str | None]:
+    """Returns the seconds until ``victim`` left the chain (or None and why not) and the state
+    the manager gave it then ("slow", or "down" if it judged the node silent instead)."""
     pid = cluster.pid(victim)
     assert pid is not None
     began = time.monotonic()
     deadline = began + parameters.slow_timeout_s
     removed: float | None = None
+    state: str | None = None
     stop_s, run_s = parameters.slow_stop_ms / 1000, parameters.slow_run_ms / 1000
     try:
         while time.monotonic() < deadline:
@@ -214,24 +227,28 @@ def _slow_phase(
             chain = _chain(cluster)
             if chain is not None and victim not in chain:
                 removed = time.monotonic() - began
+                state = _node_state(cluster, victim)
                 break
     finally:
         os.kill(pid, signal.SIGCONT)
     if removed is None:
-        return None, (
-            f"{victim} under a {parameters.slow_stop_ms} ms stopped / {parameters.slow_run_ms} ms "
-            f"running duty cycle was not removed within {parameters.slow_timeout_s} s"
+        cycle = f"{parameters.slow_stop_ms} ms stopped / {parameters.slow_run_ms} ms running"
+        why = (
+            f"{victim} under a {cycle} duty cycle was not removed in {parameters.slow_timeout_s} s"
         )
-    return round(removed, 3), None
+        return None, None, why
+    return round(removed, 3), state, None
 
 
 def _full_again(cluster: LocalCluster, timeout_s: float) -> None:
+    """Waits until the manager put every node back in the chain: it does so once a returning node
+    has caught up (writes go on, so the members' seqs never stand still to be compared)."""
     _wait(lambda: sorted(_chain(cluster) or []) == ["a", "b", "c"], "full replication", timeout_s)
-    cluster.wait_replicated(timeout_s)
 
 
 def _one_run(directory: str, parameters: FailoverBenchParameters) -> dict[str, Any]:
-    disk = disk_seq_write_mb_per_s(directory, parameters.disk_probe_mb)
+    probe_mb = parameters.disk_probe_mb or max(16, parameters.shard_mb)
+    disk = disk_seq_write_mb_per_s(directory, probe_mb)
     window_s = parameters.detection_window_ms / 1000
     figures: dict[str, Any] = {"disk_seq_write_mb_per_s": disk}
     cluster = LocalCluster(
@@ -254,8 +271,9 @@ def _one_run(directory: str, parameters: FailoverBenchParameters) -> dict[str, A
             victim = "b"
 
             # 1. Slow node.
-            slow_s, reason = _slow_phase(cluster, parameters, victim)
+            slow_s, state, reason = _slow_phase(cluster, parameters, victim)
             figures["slow_node_removed_s"] = slow_s
+            figures["slow_node_removed_as"] = state
             figures["slow_node_reason"] = reason
             _full_again(cluster, step)
 
@@ -274,7 +292,8 @@ def _one_run(directory: str, parameters: FailoverBenchParameters) -> dict[str, A
             shutil.rmtree(cluster.data_dir(victim) / "shards" / "0", ignore_errors=True)
             target = int(_shard_status(cluster, "c")["last_seq"])
             started = time.monotonic()
-            cluster.start(victim)
+            cluster.start(victim)  # returns once the node answers
+            ready = time.monotonic()
             caught = _wait(
                 lambda: (
                     int(_shard_status(cluster, victim).get("durable_seq", 0)) >= target
@@ -283,15 +302,16 @@ def _one_run(directory: str, parameters: FailoverBenchParameters) -> dict[str, A
                 f"{victim} catching up to seq {target}",
                 parameters.catchup_timeout_s,
             )
-            copy_s = caught - started
+            copy_s = caught - ready
             shard_mb = _file_mb(cluster, victim)
             rate_before = producers.acked_between(baseline_start, baseline_end) / (
                 baseline_end - baseline_start
             )
-            rate_during = producers.acked_between(started, caught) / copy_s
+            rate_during = producers.acked_between(ready, caught) / copy_s
             figures["catchup_mb_per_s"] = round(shard_mb / copy_s, 1)
             figures["catchup_shard_mb"] = round(shard_mb, 1)
             figures["catchup_s"] = round(copy_s, 2)
+            figures["catchup_node_start_s"] = round(ready - started, 2)
             figures["produce_acks_per_s_before_catchup"] = round(rate_before, 1)
             figures["produce_acks_per_s_during_catchup"] = round(rate_during, 1)
             figures["produce_drop_during_catchup"] = (

@@ -198,6 +198,7 @@ def bench_produce_command(
 @click.option(
     "--detection-window-ms", type=int, help="The manager's detection window.  [default: limits]"
 )
+@click.option("--slow-window-ms", type=int, help="The manager's slow window.  [default: limits]")
 @click.option(
     "--repeat", type=int, help="Runs, each on a fresh cluster: median and range.  [default: 1]"
 )
@@ -207,6 +208,7 @@ def bench_produce_command(
 def bench_failover_command(
     shard_mb: int | None,
     detection_window_ms: int | None,
+    slow_window_ms: int | None,
     repeat: int | None,
     as_json: bool,
     out: str | None,
@@ -216,7 +218,12 @@ def bench_failover_command(
     from kayos.bench.failover import FailoverBenchParameters, bench_failover
     from kayos.errors import KayosError
 
-    given = {"shard_mb": shard_mb, "detection_window_ms": detection_window_ms, "repeat": repeat}
+    given = {
+        "shard_mb": shard_mb,
+        "detection_window_ms": detection_window_ms,
+        "slow_window_ms": slow_window_ms,
+        "repeat": repeat,
+    }
     try:
         parameters = FailoverBenchParameters(**{k: v for k, v in given.items() if v is not None})
     except (ValueError, KayosError) as exc:
