@@ -10,13 +10,15 @@ threads then produce one 100 B message at a time with acks=all until the run end
    ``slow_node_removed_s``: from the first SIGSTOP until the manager's chain leaves b out; null,
    with ``slow_node_reason``, if that does not happen within ``slow_timeout_s``. b is then let run
    and the run waits for full replication again (the manager brings it back by itself).
-2. **dead node**: kill -9 of b. ``dead_node_removed_s``: from the kill until the first acks=all
-   write *begun after the kill* is acknowledged (only a repaired chain acknowledges one).
-3. **catch-up**: b's copy of the shard is deleted and b is started again; whatever catch-up path
-   the node and the manager take (a streamed copy today, a snapshot when there is one) brings it
-   back. ``catchup_mb_per_s``: b's store file after the copy, over the seconds from its start until
-   its durable seq reaches what the tail held when it started. ``produce_drop_during_catchup``:
-   1 - (acks/s during the copy) / (acks/s in the ``baseline_s`` just before it).
+2. **dead node**: kill -9 of the chain's middle (c, b having rejoined as the tail).
+   ``dead_node_removed_s``: from the kill until the first acks=all write *begun after the kill*
+   is acknowledged (only a repaired chain acknowledges one).
+3. **catch-up**: the killed node's copy of the shard is deleted and it is started again; whatever
+   catch-up path the node and the manager take (a streamed copy today, a snapshot when there is
+   one) brings it back. ``catchup_mb_per_s``: its store file after the copy, over the seconds from
+   its readiness until its durable seq reaches what the tail held when it started.
+   ``produce_drop_during_catchup``: 1 - (acks/s during the copy) / (acks/s in the ``baseline_s``
+   just before it).
 
 ``disk_seq_write_mb_per_s`` is measured in the same run on the same filesystem (one file of
 ``disk_probe_mb``, by default the shard's size, in 1 MiB writes, one fsync). ``repeat`` runs the
@@ -277,13 +279,17 @@ def _one_run(directory: str, parameters: FailoverBenchParameters) -> dict[str, A
             figures["slow_node_reason"] = reason
             _full_again(cluster, step)
 
-            # 2. Dead node.
+            # 2. Dead node: the middle of the chain as it is now (b rejoined as the tail).
+            chain = _wait(lambda: _chain(cluster), "the manager's chain", step)
+            victim = chain[1]
+            survivors = [n for n in chain if n != victim]
+            figures["dead_node_role"] = "middle"
             killed = time.monotonic()
             cluster.kill(victim, signal.SIGKILL)
             first = _wait(lambda: producers.first_begun_after(killed), "a repaired chain", step)
             figures["dead_node_removed_s"] = round(first - killed, 3)
             figures["dead_node_beyond_window_s"] = round(first - killed - window_s, 3)
-            _wait(lambda: _chain(cluster) == ["a", "c"], f"{victim} spliced out", step)
+            _wait(lambda: _chain(cluster) == survivors, f"{victim} spliced out", step)
 
             # 3. Catch-up of a returning node with no copy of the shard.
             before = time.monotonic()
