@@ -296,7 +296,7 @@ def _one_run(directory: str, parameters: FailoverBenchParameters) -> dict[str, A
             time.sleep(parameters.baseline_s)  # the baseline phase's length, not a wait
             baseline_start, baseline_end = before, time.monotonic()
             shutil.rmtree(cluster.data_dir(victim) / "shards" / "0", ignore_errors=True)
-            target = int(_shard_status(cluster, "c")["last_seq"])
+            target = int(_shard_status(cluster, survivors[-1])["last_seq"])
             started = time.monotonic()
             cluster.start(victim)  # returns once the node answers
             ready = time.monotonic()
