@@ -44,9 +44,9 @@ from kayos import limits
 from kayos.bench.catchup import disk_seq_write_mb_per_s
 from kayos.bench.produce import machine_facts
 from kayos.client.sync import Client
+from kayos.control.config import Config
 from kayos.errors import KayosError
 from kayos.launcher import LocalCluster, http_json
-from kayos.manager import Config
 
 QUEUE = "failover"
 FILL_QUEUE = "failover-fill"
