@@ -321,7 +321,7 @@ def _one_run(directory: str, parameters: FailoverBenchParameters) -> dict[str, A
             figures["produce_acks_per_s_before_catchup"] = round(rate_before, 1)
             figures["produce_acks_per_s_during_catchup"] = round(rate_during, 1)
             figures["produce_drop_during_catchup"] = (
-                round(max(0.0, 1 - rate_during / rate_before), 3) if rate_before > 0 else None
+                round(1 - rate_during / rate_before, 3) if rate_before > 0 else None
             )
             _full_again(cluster, step)
         finally:

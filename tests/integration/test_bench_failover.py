@@ -46,7 +46,7 @@ def test_bench_failover_json_has_every_figure(tmp_path: Path) -> None:
     assert written["disk_seq_write_mb_per_s"] > 0
     drop = written["produce_drop_during_catchup"]
     assert drop is not None
-    assert 0 <= drop <= 1
+    assert drop <= 1  # negative: produce ran faster during the copy (a noisy box)
     assert set(written["targets"]) == {
         "dead_node_beyond_window_s",
         "slow_node_removed_s",
