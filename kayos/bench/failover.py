@@ -336,7 +336,7 @@ def _spread(values: list[float | None]) -> dict[str, float | None]:
     known = [v for v in values if v is not None]
     if not known:
         return {"median": None, "min": None, "max": None}
-    return {"median": statistics.median(known), "min": min(known), "max": max(known)}
+    return {"median": round(statistics.median(known), 3), "min": min(known), "max": max(known)}
 
 
 def _targets(figures: dict[str, Any], window_s: float) -> dict[str, dict[str, Any]]:
