@@ -191,6 +191,46 @@ def bench_produce_command(
     _bench_report(bench_produce(parameters, base), as_json, out)
 
 
+@bench.command("failover")
+@click.option(
+    "--shard-mb", type=int, help="Size of the shard a returning node copies.  [default: 1024]"
+)
+@click.option(
+    "--detection-window-ms", type=int, help="The manager's detection window.  [default: limits]"
+)
+@click.option("--slow-window-ms", type=int, help="The manager's slow window.  [default: limits]")
+@click.option(
+    "--repeat", type=int, help="Runs, each on a fresh cluster: median and range.  [default: 1]"
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+@click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
+@click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
+def bench_failover_command(
+    shard_mb: int | None,
+    detection_window_ms: int | None,
+    slow_window_ms: int | None,
+    repeat: int | None,
+    as_json: bool,
+    out: str | None,
+    base: str | None,
+) -> None:
+    """3 nodes + 3 managers, acks=all producers throughout: dead and slow node removal, catch-up."""
+    from kayos.bench.failover import FailoverBenchParameters, bench_failover
+    from kayos.errors import KayosError
+
+    given = {
+        "shard_mb": shard_mb,
+        "detection_window_ms": detection_window_ms,
+        "slow_window_ms": slow_window_ms,
+        "repeat": repeat,
+    }
+    try:
+        parameters = FailoverBenchParameters(**{k: v for k, v in given.items() if v is not None})
+    except (ValueError, KayosError) as exc:
+        raise click.BadParameter(str(exc)) from exc
+    _bench_report(bench_failover(parameters, base), as_json, out, skip=("runs", "machine"))
+
+
 @bench.command("spark")
 @click.option("--rows", type=int, help="Messages to write and read.  [default: 1000000]")
 @click.option("--value-bytes", type=int, help="Bytes per value.  [default: 100]")
