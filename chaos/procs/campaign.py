@@ -271,8 +271,9 @@ def _fault_phase(cluster: LocalCluster, config: Config, recorder: Recorder, repo
         config.echo(f"fault {fault.index}: {fault.kind} {fault.node} {fault.hold_s}s")
         recorder.note("fault", **fault.to_json())
         try:
+            _restart_missing(cluster, recorder)
             result = faults.inject(cluster, fault)
-        except (ClusterError, OSError, AssertionError) as error:
+        except (ClusterError, OSError, AssertionError, KeyError) as error:
             result = {"unexpected": [f"{fault.kind} on {fault.node} failed: {error}"]}
         recorder.note("fault done", index=fault.index, **result)
         kinds[fault.kind] += 1
@@ -296,6 +297,16 @@ def _fault_phase(cluster: LocalCluster, config: Config, recorder: Recorder, repo
             cluster.processes.pop(node, None)
     report.faults = dict(sorted(kinds.items()))
     report.second_process = dict(sorted(outcomes.items()))
+
+
+def _restart_missing(cluster: LocalCluster, recorder: Recorder) -> None:
+    """Starts any process a fault that failed half-way left stopped (its failure is already a
+    violation), so the next fault finds the cluster whole."""
+    for member in cluster.members():
+        if not cluster.running(member):
+            recorder.note("restart missing", node=member)
+            cluster.processes.pop(member, None)
+            cluster.start(member)
 
 
 def _heal(cluster: LocalCluster, recorder: Recorder, config: Config) -> None:
