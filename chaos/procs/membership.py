@@ -67,8 +67,23 @@ def wait_for(condition: Callable[[], Any], what: str, timeout_s: float) -> Any:
 
 
 def spliced_out(cluster: LocalCluster, node: str) -> bool:
+    """The manager holds ``node`` down and has spliced it out of every chain it can: a shard's
+    last member is never spliced out (docs/manager.md rule 3), so it may stay in those."""
     view = manager_view(cluster)
-    return view is not None and all(node not in chain for chain in chains(view).values())
+    if view is None:
+        return False
+    down = any(n == node and state == "down" for n, state, _heard in view["nodes"])
+    return down and all(node not in chain or chain == [node] for chain in chains(view).values())
+
+
+def caught_or_catching(cluster: LocalCluster, node: str) -> bool:
+    """The manager has ``node`` catching up on some shard, or it is in every chain already (it
+    was the last member of each, or rejoined at once)."""
+    view = manager_view(cluster)
+    if view is None:
+        return False
+    catching = any(node in s["catching_up"] for s in view["shards"])
+    return catching or all(node in chain for chain in chains(view).values())
 
 
 def catching_up(cluster: LocalCluster, node: str) -> bool:
@@ -275,7 +290,9 @@ def rejoin_then(cluster: LocalCluster, node: str, hold_s: float, victim: str) ->
     cluster.kill(node, signal.SIGKILL)
     wait_for(lambda: spliced_out(cluster, node), f"{node} spliced out", manager_act_timeout_s)
     cluster.start(node)
-    wait_for(lambda: catching_up(cluster, node), f"{node} catching up", manager_act_timeout_s)
+    wait_for(
+        lambda: caught_or_catching(cluster, node), f"{node} catching up", manager_act_timeout_s
+    )
     target = node
     if victim == "tail":
         view = manager_view(cluster)
