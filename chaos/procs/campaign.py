@@ -22,8 +22,8 @@ from chaos import checker
 from chaos.history import Produce, Recorder, dump_jsonl
 from chaos.procs import faults, membership
 from chaos.procs.workload import Consumer, Producer, join_timeout_s
+from kayos.control.config import Config as ManagerConfig
 from kayos.launcher import ClusterError, LocalCluster
-from kayos.manager import Config as ManagerConfig
 from kayos.storage.check import check_store
 
 # Convergence after the heal: every replica of every shard at the same seq. A restarted node
