@@ -20,8 +20,9 @@ from typing import Any
 
 from chaos import checker
 from chaos.history import Produce, Recorder, dump_jsonl
-from chaos.procs import faults
+from chaos.procs import faults, membership
 from chaos.procs.workload import Consumer, Producer, join_timeout_s
+from kayos.control.config import Config as ManagerConfig
 from kayos.launcher import ClusterError, LocalCluster
 from kayos.storage.check import check_store
 
@@ -35,6 +36,11 @@ gap_s_min = 0.2
 gap_s_max = 1.0
 # Before the first fault the load runs alone this long, so there is something to lose.
 warmup_s = 1.0
+# The manager's bounds in a campaign: short, so that kills and pauses of a few seconds splice
+# nodes out and their return rejoins them (chains change throughout the run). The window is
+# below the links' silence bound here, so a paused node is spliced out while its links stand.
+campaign_detection_window_ms = 2_000
+campaign_suspect_after_ms = 1_000
 
 
 @dataclass
@@ -47,6 +53,8 @@ class Config:
     producers: int = 3
     groups_per_queue: int = 1
     kinds: tuple[str, ...] = faults.KINDS
+    managers: int = 3
+    gap_s: tuple[float, float] = (gap_s_min, gap_s_max)
     base_dir: Path | None = None
     history_path: Path | None = None
     echo: Callable[[str], None] = field(default=lambda _line: None)
@@ -62,6 +70,8 @@ class Report:
     hostile_requests: int = 0
     strangers_refused: int = 0
     produce_calls: dict[str, int] = field(default_factory=dict)
+    heads_seen: int = 0
+    epoch_max: int = 0
     acked: int = 0
     lost: int = 0
     delivered: int = 0
@@ -87,6 +97,8 @@ class Report:
             "hostile_requests": self.hostile_requests,
             "strangers_refused": self.strangers_refused,
             "produce_calls": self.produce_calls,
+            "heads_seen": self.heads_seen,
+            "epoch_max": self.epoch_max,
             "acked": self.acked,
             "lost": self.lost,
             "delivered": self.delivered,
@@ -152,10 +164,22 @@ def run(config: Config) -> Report:
     base = config.base_dir or Path(tempfile.mkdtemp(prefix=f"kayos-chaos-{config.seed}-"))
     report.base_dir = str(base)
     recorder = Recorder()
-    cluster = LocalCluster(base, nodes=config.nodes, replicas=config.nodes, shards=config.shards)
+    cluster = LocalCluster(
+        base,
+        nodes=config.nodes,
+        replicas=config.nodes,
+        shards=config.shards,
+        managers=config.managers,
+        manager_config=ManagerConfig(
+            detection_window_ms=campaign_detection_window_ms,
+            suspect_after_ms=campaign_suspect_after_ms,
+        ),
+    )
     cluster.start_all()
     producers: list[Producer] = []
     consumers: list[Consumer] = []
+    monitor = membership.HeadMonitor(cluster)
+    monitor.start()
     try:
         queues = queues_one_per_shard(cluster)
         shard_of = {queue: shard for shard, queue in queues.items()}
@@ -182,9 +206,25 @@ def run(config: Config) -> Report:
             producer.stop.set()
         for producer in producers:
             producer.join(join_timeout_s)
-        final = cluster.wait_replicated(converge_timeout_s)
-        recorder.note("converged", seqs=final)
-        _drain(consumers, {queue: final[shard] for queue, shard in shard_of.items()}, report)
+        try:
+            if config.managers:
+                final = membership.wait_converged(cluster, converge_timeout_s)
+            else:
+                final = cluster.wait_replicated(converge_timeout_s)
+        except ClusterError as error:
+            report.violations.append(
+                {
+                    "property": "converge",
+                    "message": str(error)[:300],
+                    "detail": {
+                        "manager": membership.manager_view(cluster),
+                        "nodes": {node: cluster.status(node) for node in cluster.ids},
+                    },
+                }
+            )
+        else:
+            recorder.note("converged", seqs=final)
+            _drain(consumers, {queue: final[shard] for queue, shard in shard_of.items()}, report)
         events = recorder.snapshot_of_events()
         verdict = checker.check(events)
         report.violations += [violation.to_json() for violation in verdict.violations]
@@ -196,6 +236,11 @@ def run(config: Config) -> Report:
         report.produce_calls = dict(Counter(produce.outcome for produce in produces))
         report.unavailability_s = longest_gaps(produces, shard_of, phase_start, phase_end)
     finally:
+        monitor.stop.set()
+        monitor.join(join_timeout_s)
+        report.violations += monitor.violations
+        report.heads_seen = len(monitor.heads)
+        report.epoch_max = max((epoch for _shard, epoch in monitor.heads), default=0)
         for producer in producers:
             producer.stop.set()
         for consumer in consumers:
@@ -216,17 +261,19 @@ def _fault_phase(cluster: LocalCluster, config: Config, recorder: Recorder, repo
     deadline = time.monotonic() + config.fault_phase_s
     kinds: Counter[str] = Counter()
     outcomes: Counter[str] = Counter()
-    for fault in faults.schedule(config.seed, cluster.ids, config.kinds):
+    kinds_drawn = tuple(k for k in config.kinds if config.managers or k not in faults.MANAGER_KINDS)
+    for fault in faults.schedule(config.seed, cluster.ids, kinds_drawn):
         if time.monotonic() >= deadline or (
             config.faults_max is not None and fault.index >= config.faults_max
         ):
             break
-        time.sleep(rng.uniform(gap_s_min, gap_s_max))  # load between faults; not a sync
+        time.sleep(rng.uniform(*config.gap_s))  # load between faults; not a sync
         config.echo(f"fault {fault.index}: {fault.kind} {fault.node} {fault.hold_s}s")
         recorder.note("fault", **fault.to_json())
         try:
+            _restart_missing(cluster, recorder)
             result = faults.inject(cluster, fault)
-        except (ClusterError, OSError, AssertionError) as error:
+        except (ClusterError, OSError, AssertionError, KeyError) as error:
             result = {"unexpected": [f"{fault.kind} on {fault.node} failed: {error}"]}
         recorder.note("fault done", index=fault.index, **result)
         kinds[fault.kind] += 1
@@ -252,9 +299,19 @@ def _fault_phase(cluster: LocalCluster, config: Config, recorder: Recorder, repo
     report.second_process = dict(sorted(outcomes.items()))
 
 
+def _restart_missing(cluster: LocalCluster, recorder: Recorder) -> None:
+    """Starts any process a fault that failed half-way left stopped (its failure is already a
+    violation), so the next fault finds the cluster whole."""
+    for member in cluster.members():
+        if not cluster.running(member):
+            recorder.note("restart missing", node=member)
+            cluster.processes.pop(member, None)
+            cluster.start(member)
+
+
 def _heal(cluster: LocalCluster, recorder: Recorder, config: Config) -> None:
     """Every node up (a fault always restarts what it stopped; a node that died is restarted)."""
-    for node in cluster.ids:
+    for node in cluster.members():
         if not cluster.running(node):
             config.echo(f"heal: starting {node}")
             cluster.start(node)

@@ -300,7 +300,7 @@ class Node:
                 raise self._wrong_role(
                     f"not a tail of shard {shard.id}", tails[self.rng.randrange(len(tails))]
                 )
-            if replica.catching_up:
+            if replica.catching_up or not replica.upstream_synced:
                 raise UnavailableError(f"shard {shard.id} is catching up on {self.node_id}")
         elif replica is None:
             raise self._wrong_role(f"not a member of shard {shard.id}", shard.head)

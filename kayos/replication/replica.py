@@ -365,6 +365,10 @@ class ShardReplica:
             assert self.role is not None, "a replica is a member of its shard"
             self.upstream = shard.upstream_of(node_id)
             self.downstreams = shard.downstreams_of(node_id)
+        # A member below the head serves no consumer until its first link to its upstream is
+        # subscribed: a node that just joined as tail may hold less than its upstream committed
+        # (a group's mark included) until SUBSCRIBED tells it how far behind it is.
+        self.upstream_synced = self.upstream is None
         # A repairing member serves no SUBSCRIBE (and a head no write) until it has re-fetched
         # what it lost: a salvaged store, or a member with downstreams whose store cut bytes
         # after its last valid header (a torn commit and a truncated file look the same; its
@@ -1227,6 +1231,7 @@ class UpstreamLink:
             # step the progress and wake the senders before reporting to the new upstream.
             replica.local_commit_done()
             replica.upstream_stream = stream
+            replica.upstream_synced = True
             replica.downstream_event(chain.UpstreamLinked())
             self.connected.set()
             await self._follow(stream, catch_up_target)

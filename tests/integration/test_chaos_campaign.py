@@ -1,9 +1,11 @@
-"""A short real-process fault campaign (chaos/procs): 20 faults drawn from a seeded schedule
-against three `kayos node` processes under acks=all producers and committing consumer groups,
-then heal, drain and the checker. Zero violations allowed.
+"""A short real-process fault campaign (chaos/procs): 50 faults drawn from a seeded schedule
+against three `kayos node` processes and three manager members (chains change as nodes are
+spliced out and rejoin) under acks=all producers and committing consumer groups, then heal,
+converge, drain and the checker, with the split-brain monitor throughout. Every fault kind is
+drawn, membership faults included (docs/testing.md). Zero violations allowed.
 
 The seed is random unless KAYOS_CHAOS_SEED is set; it is printed, and
-`kayos chaos run --seed S --faults 20` replays the same faults in the same order.
+`kayos chaos run --seed S --faults 50` replays the same faults in the same order.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from chaos.procs.campaign import Config, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-FAULTS = 20
-# The fault phase's bound: 20 faults take ~40 s here; the count, not this, ends a normal run.
-FAULT_PHASE_S = 75.0
+FAULTS = 50
+# The fault phase's bound: 50 faults take ~100 s here; the count, not this, ends a normal run.
+FAULT_PHASE_S = 180.0
+# Load between faults (seconds): shorter than a campaign's default, to keep CI near 2 minutes.
+GAP_S = (0.1, 0.4)
 
 
 def campaign_kinds() -> tuple[str, ...]:
@@ -46,6 +50,7 @@ def test_short_campaign_has_no_violations(tmp_path: Path) -> None:
             fault_phase_s=FAULT_PHASE_S,
             faults_max=FAULTS,
             kinds=campaign_kinds(),
+            gap_s=GAP_S,
             base_dir=tmp_path / "cluster",
             echo=print,
         )
@@ -56,3 +61,4 @@ def test_short_campaign_has_no_violations(tmp_path: Path) -> None:
     assert sum(report.faults.values()) >= FAULTS, f"seed {seed}: only {report.faults}"
     assert report.acked > 0
     assert report.lost == 0
+    assert report.heads_seen > 0, "the split-brain monitor saw no head"
