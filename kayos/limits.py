@@ -438,6 +438,8 @@ manager_entry_events_max = 10_000
 manager_request_bytes_max = 4_096
 # Raft log entries kept before pysyncobj compacts them into the dump file.
 manager_log_compaction_entries = 5_000
+# A host name in an operator's AddNode (kayos ctl add-node): DNS names are at most 253 characters.
+manager_node_host_chars_max = 253
 
 assert 0 < manager_request_timeout_ms < manager_suspect_after_ms
 assert 0 < manager_poll_interval_ms < manager_suspect_after_ms

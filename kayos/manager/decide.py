@@ -16,6 +16,9 @@ Rules (the reasons are in docs/manager.md):
 - a shard shorter than ``min_replicas`` carries a ``shard_below_min_replicas`` alert;
 - a down or slow node that returns catches up from each departed shard's tail (rolling back first
   if its takeover table diverged from the head's), then rejoins as tail;
+- an operator's move sends the target to catch up from the tail; on CatchUpDone it joins as tail,
+  and on the next event the source leaves (so the move never shortens a chain); a drain is a move
+  of each of the node's replicas; a rebalance is the moves ``plan_rebalance`` plans;
 - any change of chains raises the epoch by one; the changed shards carry the new epoch.
 """
 
@@ -23,18 +26,23 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from kayos import limits
 from kayos.manager.events import (
     Action,
+    AddNode,
     Alert,
     CatchUpDone,
     ClearAlert,
+    Drain,
     Event,
     HeadTookOver,
     Heartbeat,
     LatencyReport,
     ManagerLeaderChanged,
+    MoveReplica,
     NodeReturned,
     PublishTopology,
+    Rebalance,
     RejoinAsTail,
     RemoveNode,
     ShardReport,
@@ -42,7 +50,8 @@ from kayos.manager.events import (
     StartCatchUp,
     TimerTick,
 )
-from kayos.manager.view import ManagerView, ShardView, derive_alerts
+from kayos.manager.placement import drain_target, plan_rebalance
+from kayos.manager.view import ManagerView, NodeAddress, NodeView, ShardView, derive_alerts
 from kayos.replication.chain import rollback_point, with_takeover
 
 
@@ -51,8 +60,10 @@ def decide(view: ManagerView, event: Event) -> tuple[ManagerView, list[Action]]:
     if isinstance(event, ManagerLeaderChanged):
         return _leader_changed(view, event)
     node_actions: list[Action] = []
-    new = _apply(view, event, node_actions)
+    new = _complete_moves(view)
+    new = _apply(new, event, node_actions)
     new = _reconcile(new)
+    new = _drive_drains(new, node_actions)
     reports = event.reports if isinstance(event, NodeReturned) else ()
     new = _start_catch_ups(new, {r.shard: r for r in reports}, node_actions)
     return _finish(view, new, node_actions)
@@ -85,6 +96,89 @@ def _apply(view: ManagerView, event: Event, out: list[Action]) -> ManagerView:
         if node is None or node.state == "removed":
             return view
         return view.with_node(replace(node, state="removed"))
+    if isinstance(event, AddNode):
+        return _add_node(view, event)
+    if isinstance(event, MoveReplica):
+        return _start_move(view, event.shard, event.source, event.target, out)
+    if isinstance(event, Drain):
+        node = view.node(event.node)
+        if node is None or node.state == "removed" or node.id in view.draining:
+            return view
+        return replace(view, draining=tuple(sorted((*view.draining, node.id))))
+    if isinstance(event, Rebalance):
+        for shard_id, source, target in plan_rebalance(view):
+            view = _start_move(view, shard_id, source, target, out)
+        return view
+    return view
+
+
+# --- adding capacity and moving replicas (docs/manager.md rule 7) ---------------------------------
+
+
+def _add_node(view: ManagerView, event: AddNode) -> ManagerView:
+    if view.node(event.node) is not None or len(view.nodes) >= limits.manager_nodes_max:
+        return view  # known (added twice, or in the file), or the table is full
+    nodes = tuple(sorted((*view.nodes, NodeView(event.node, "up", view.now_ms)), key=_by_id))
+    address = NodeAddress(event.node, event.host, event.http_port, event.bin_port)
+    return replace(view, nodes=nodes, added=tuple(sorted((*view.added, address))))
+
+
+def _by_id(node: NodeView) -> str:
+    return node.id
+
+
+def _start_move(
+    view: ManagerView, shard_id: int, source: str, target: str, out: list[Action]
+) -> ManagerView:
+    """Records the move and sends the target to catch up from the tail, if the move is possible;
+    otherwise changes nothing (a refused move is not an error in the log: it may be stale)."""
+    shard = view.shard(shard_id)
+    node = view.node(target)
+    if shard is None or node is None or shard.moves or source not in shard.chain:
+        return view
+    if node.state != "up" or target in view.draining:
+        return view
+    if target in shard.chain or target in shard.catching_up:
+        return view
+    shard = replace(
+        shard,
+        moves=((target, source),),
+        catching_up=(*shard.catching_up, target),
+        departed=tuple(n for n in shard.departed if n != target),
+    )
+    out.append(StartCatchUp(target, shard.id, shard.tail, None))
+    return view.with_shard(shard)
+
+
+def _complete_moves(view: ManagerView) -> ManagerView:
+    """A move whose target joined the chain by an earlier event is finished now: the source leaves
+    (unless it is the last member, which cannot happen while the target is in the chain) and is
+    no longer a departed member that could come back."""
+    for shard in view.shards:
+        if not shard.moves:
+            continue
+        target, source = shard.moves[0]
+        if target not in shard.chain:
+            continue
+        chain = tuple(n for n in shard.chain if n != source) or shard.chain
+        departed = tuple(n for n in shard.departed if n != source)
+        view = view.with_shard(replace(shard, chain=chain, departed=departed, moves=()))
+    return view
+
+
+def _drive_drains(view: ManagerView, out: list[Action]) -> ManagerView:
+    """Every shard holding a draining node, with no move pending, starts moving that replica to
+    the node ``drain_target`` picks; with none to pick it stays (alert ``drain_blocked``)."""
+    for node_id in view.draining:
+        node = view.node(node_id)
+        if node is None or node.state == "removed":
+            continue
+        for shard in view.shards:
+            if node_id not in shard.chain or shard.moves:
+                continue
+            target = drain_target(view, shard.id)
+            if target is not None:
+                view = _start_move(view, shard.id, node_id, target, out)
     return view
 
 
@@ -234,10 +328,22 @@ def _reconcile(view: ManagerView) -> ManagerView:
                 chain.remove(member)
                 if state != "removed" and member not in departed:
                     departed.append(member)
-        departed = [n for n in departed if states[n] != "removed"]
         catching_up = tuple(n for n in shard.catching_up if states[n] == "up")
+        moves = shard.moves
+        if moves and moves[0][0] not in chain and moves[0][0] not in catching_up:
+            # The target went away: the move is cancelled, the source stays, and the target is
+            # not a member that should come back to this shard.
+            departed = [n for n in departed if n != moves[0][0]]
+            moves = ()
+        departed = [n for n in departed if states[n] != "removed"]
         shards.append(
-            replace(shard, chain=tuple(chain), departed=tuple(departed), catching_up=catching_up)
+            replace(
+                shard,
+                chain=tuple(chain),
+                departed=tuple(departed),
+                catching_up=catching_up,
+                moves=moves,
+            )
         )
     return replace(view, shards=tuple(shards))
 

@@ -97,6 +97,40 @@ class RemoveNode:
     node: str
 
 
+@dataclass(frozen=True, slots=True)
+class AddNode:
+    """An operator adds a brand-new node (``kayos ctl add-node``) at this address."""
+
+    node: str
+    host: str
+    http_port: int
+    bin_port: int
+
+
+@dataclass(frozen=True, slots=True)
+class MoveReplica:
+    """An operator moves ``shard``'s replica from ``source`` to ``target`` (``kayos ctl
+    move-shard``): the target catches up and joins as tail before the source leaves."""
+
+    shard: int
+    source: str
+    target: str
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """An operator empties ``node``: every replica it holds moves to another node."""
+
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class Rebalance:
+    """An operator asks for replicas to be spread evenly (``plan_rebalance``)."""
+
+
+OperatorEvent: TypeAlias = RemoveNode | AddNode | MoveReplica | Drain | Rebalance
+
 Event: TypeAlias = (
     Heartbeat
     | TimerTick
@@ -106,6 +140,10 @@ Event: TypeAlias = (
     | CatchUpDone
     | ManagerLeaderChanged
     | RemoveNode
+    | AddNode
+    | MoveReplica
+    | Drain
+    | Rebalance
 )
 
 # --- actions -------------------------------------------------------------------------------------
@@ -198,8 +236,28 @@ def check_event(event: Event) -> Event:
             if len(report.takeover) > limits.takeover_table_entries_max:
                 raise InvalidRequest("a takeover table is longer than its bound")
             _check_entries(report.takeover)
-    elif isinstance(event, CatchUpDone | RemoveNode):
+    elif isinstance(event, CatchUpDone | RemoveNode | Drain):
         nodes = [event.node]
+    elif isinstance(event, AddNode):
+        nodes = [event.node]
+        if (
+            not 0 < len(event.host) <= limits.manager_node_host_chars_max
+            or not event.host.isprintable()
+        ):
+            raise InvalidRequest(
+                f"a node's host is 1 to {limits.manager_node_host_chars_max} printable characters"
+            )
+        for port in (event.http_port, event.bin_port):
+            if not 0 < port < 65_536:
+                raise InvalidRequest("a node's ports must be in 1..65535")
+        if event.http_port == event.bin_port:
+            raise InvalidRequest("a node's http and binary ports must differ")
+    elif isinstance(event, MoveReplica):
+        nodes = [event.source, event.target]
+        if event.shard < 0:
+            raise InvalidRequest("a shard id must be >= 0")
+        if event.source == event.target:
+            raise InvalidRequest("a move needs two different nodes")
     elif isinstance(event, ManagerLeaderChanged):
         times = [event.at_ms]
     if any(t < 0 for t in times):

@@ -24,10 +24,13 @@ NODE_STATES: tuple[NodeState, ...] = ("up", "suspect", "down", "slow", "removed"
 BELOW_MIN_REPLICAS = "shard_below_min_replicas"  # a shard's chain is shorter than min_replicas
 SLOW_KEPT = "slow_node_kept"  # a slow node stays in a chain: removing it would go below the minimum
 NO_LIVE_MEMBER = "shard_no_live_member"  # a shard's only member is down or removed: it cannot serve
-ALERT_KINDS = (BELOW_MIN_REPLICAS, SLOW_KEPT, NO_LIVE_MEMBER)
+DRAIN_BLOCKED = "drain_blocked"  # a draining node's replica has nowhere to go (rule 7)
+ALERT_KINDS = (BELOW_MIN_REPLICAS, SLOW_KEPT, NO_LIVE_MEMBER, DRAIN_BLOCKED)
 
 # The view's encoding version: part of the hash, so members of different versions never agree.
-VIEW_FORMAT = 1
+# 2 added moves, draining nodes and added nodes' addresses; a format-1 snapshot still reads.
+VIEW_FORMAT = 2
+_FORMATS_READ = (1, 2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +77,9 @@ class NodeView:
 @dataclass(frozen=True, slots=True)
 class ShardView:
     """One shard: ``chain`` head first; ``epoch`` of its last change; ``departed``: members
-    spliced out that may come back; ``catching_up``: returned nodes copying from the tail;
-    ``takeover``: the head's takeover table as last reported."""
+    spliced out that may come back; ``catching_up``: returned nodes and move targets copying from
+    the tail; ``takeover``: the head's takeover table as last reported; ``moves``: pending moves,
+    (target, source) pairs (docs/manager.md rule 7; at most one per shard)."""
 
     id: int
     chain: tuple[str, ...]
@@ -83,10 +87,21 @@ class ShardView:
     departed: tuple[str, ...] = ()
     catching_up: tuple[str, ...] = ()
     takeover: tuple[tuple[bytes, int], ...] = ()
+    moves: tuple[tuple[str, str], ...] = ()
 
     @property
     def tail(self) -> str:
         return self.chain[-1]
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class NodeAddress:
+    """Where a node added at runtime (AddNode) listens; nodes from the file are addressed there."""
+
+    id: str
+    host: str
+    http_port: int
+    bin_port: int
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -104,6 +119,8 @@ class ManagerView:
     nodes: tuple[NodeView, ...]
     shards: tuple[ShardView, ...]
     alerts: tuple[AlertKey, ...] = field(default=())
+    draining: tuple[str, ...] = ()
+    added: tuple[NodeAddress, ...] = ()
 
     @classmethod
     def bootstrap(
@@ -173,17 +190,20 @@ class ManagerView:
                     "departed": list(s.departed),
                     "catching_up": list(s.catching_up),
                     "takeover": [[uuid.hex(), seq] for uuid, seq in s.takeover],
+                    "moves": [[target, source] for target, source in s.moves],
                 }
                 for s in self.shards
             ],
             "alerts": [[a.kind, a.shard, a.node] for a in self.alerts],
+            "draining": list(self.draining),
+            "added": [[a.id, a.host, a.http_port, a.bin_port] for a in self.added],
         }
 
     @classmethod
     def from_data(cls, data: Any) -> ManagerView:
         """The inverse of ``to_data`` (a snapshot a new member starts from)."""
         try:
-            if data["format"] != VIEW_FORMAT:
+            if data["format"] not in _FORMATS_READ:
                 raise InvalidRequest(f"manager view format {data['format']!r} is not supported")
             config = Config(**{k: int(v) for k, v in data["config"].items()}).validate()
             nodes = []
@@ -199,12 +219,24 @@ class ManagerView:
                     tuple(str(n) for n in s["departed"]),
                     tuple(str(n) for n in s["catching_up"]),
                     tuple((bytes.fromhex(u), int(q)) for u, q in s["takeover"]),
+                    tuple((str(t), str(f)) for t, f in s.get("moves", [])),
                 )
                 for s in data["shards"]
             )
             alerts = tuple(AlertKey(str(k), int(s), str(n)) for k, s, n in data["alerts"])
+            draining = tuple(str(n) for n in data.get("draining", []))
+            added = tuple(
+                NodeAddress(str(i), str(h), int(p), int(q)) for i, h, p, q in data.get("added", [])
+            )
             return cls(
-                config, int(data["epoch"]), int(data["now_ms"]), tuple(nodes), shards, alerts
+                config,
+                int(data["epoch"]),
+                int(data["now_ms"]),
+                tuple(nodes),
+                shards,
+                alerts,
+                draining,
+                added,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidRequest(f"bad manager view: {exc!r}") from exc
@@ -232,4 +264,8 @@ def derive_alerts(view: ManagerView) -> tuple[AlertKey, ...]:
                 found.add(AlertKey(SLOW_KEPT, shard.id, member))
         if len(shard.chain) == 1 and states.get(shard.chain[0]) in ("down", "removed"):
             found.add(AlertKey(NO_LIVE_MEMBER, shard.id, shard.chain[0]))
+        leaving = {source for _, source in shard.moves}
+        for member in shard.chain:
+            if member in view.draining and member not in leaving:
+                found.add(AlertKey(DRAIN_BLOCKED, shard.id, member))
     return tuple(sorted(found))

@@ -23,6 +23,11 @@ Commands (one per line in a block):
 - ``return NODE t= [report=SHARD:LAST:ID@SEQ,ID@SEQ ...]``; ``catch-up-done NODE shard=``
 - ``leader-change t=`` (the new leader starts from a copy of the view decoded from its encoding)
 - ``remove-node NODE``, ``hash``.
+- ``add-node NODE [host= http= bin=]``, ``move shard= from= to=``, ``drain NODE``, ``rebalance``.
+
+Besides the invariants above, every step checks that no chain got shorter unless some node went
+down, slow or removed in that step: moves, drains and rebalances never take a shard below the
+replica count it had.
 """
 
 from __future__ import annotations
@@ -33,18 +38,22 @@ from pathlib import Path
 
 from kayos.manager import (
     Action,
+    AddNode,
     Alert,
     CatchUpDone,
     ClearAlert,
     Config,
+    Drain,
     Event,
     HeadTookOver,
     Heartbeat,
     LatencyReport,
     ManagerLeaderChanged,
     ManagerView,
+    MoveReplica,
     NodeReturned,
     PublishTopology,
+    Rebalance,
     RejoinAsTail,
     RemoveNode,
     ShardReport,
@@ -138,12 +147,16 @@ def format_view(view: ManagerView) -> list[str]:
             line += f" departed={','.join(shard.departed)}"
         if shard.catching_up:
             line += f" catching-up={','.join(shard.catching_up)}"
+        if shard.moves:
+            line += " moving=" + ",".join(f"{src}->{dst}" for dst, src in shard.moves)
         if shard.takeover:
             line += " takeover=" + ",".join(f"{u.hex()}@{s}" for u, s in shard.takeover)
         lines.append(line)
     alerts = [
         f"{a.kind}(shard={a.shard}{',node=' + a.node if a.node else ''})" for a in view.alerts
     ]
+    if view.draining:
+        lines.append("  draining: " + " ".join(view.draining))
     lines.append("  alerts: " + (" ".join(alerts) if alerts else "none"))
     return lines
 
@@ -234,6 +247,21 @@ class Interpreter:
             events = [ManagerLeaderChanged(_ms(keys["t"]))]
         elif name == "remove-node":
             events = [RemoveNode(node) for node in positional]
+        elif name == "add-node":
+            events = [
+                AddNode(
+                    positional[0],
+                    keys.get("host", "127.0.0.1"),
+                    int(keys.get("http", "7000")),
+                    int(keys.get("bin", "7001")),
+                )
+            ]
+        elif name == "move":
+            events = [MoveReplica(int(keys["shard"]), keys["from"], keys["to"])]
+        elif name == "drain":
+            events = [Drain(node) for node in positional]
+        elif name == "rebalance":
+            events = [Rebalance()]
         else:
             raise AssertionError(f"unknown command {name!r}")
         actions: list[Action] = []
@@ -264,14 +292,24 @@ def check_invariants(before: ManagerView, after: ManagerView) -> None:
         assert after.epoch == before.epoch + 1, "a chain change raises the epoch by one"
     else:
         assert after.epoch == before.epoch, "no chain change, no new epoch"
+    was = {node.id: node.state for node in before.nodes}
+    lost = [
+        n.id
+        for n in after.nodes
+        if n.state in ("down", "slow", "removed") and was.get(n.id) != n.state
+    ]
     for shard, old in zip(after.shards, before.shards, strict=True):
+        if not lost:
+            assert len(shard.chain) >= len(old.chain), f"shard {shard.id} shrank: {old} -> {shard}"
         assert shard.chain, f"shard {shard.id} lost its last member"
         assert shard.epoch >= old.epoch
         assert len(set(shard.chain)) == len(shard.chain)
         states = {node.id: node.state for node in after.nodes}
         if len(shard.chain) > 1:
             assert all(states[n] in ("up", "suspect", "slow") for n in shard.chain), shard
-        assert set(shard.catching_up) <= set(shard.departed), shard
+        targets = {target for target, _ in shard.moves}
+        assert set(shard.catching_up) <= set(shard.departed) | targets, shard
+        assert len(shard.moves) <= 1, shard
         assert all(states[n] == "up" for n in shard.catching_up), shard
         assert not set(shard.departed) & set(shard.chain), shard
     assert after.alerts == derive_alerts(after)
