@@ -15,16 +15,20 @@ from kayos import limits
 from kayos.errors import InvalidRequest
 from kayos.manager import (
     Action,
+    AddNode,
     Alert,
     CatchUpDone,
     ClearAlert,
+    Drain,
     Event,
     HeadTookOver,
     Heartbeat,
     LatencyReport,
     ManagerLeaderChanged,
+    MoveReplica,
     NodeReturned,
     PublishTopology,
+    Rebalance,
     RejoinAsTail,
     RemoveNode,
     ShardReport,
@@ -89,6 +93,15 @@ def event_to_data(event: Event) -> list[Any]:
         return ["caught_up", {"node": event.node, "shard": event.shard}]
     if isinstance(event, ManagerLeaderChanged):
         return ["leader_changed", {"at_ms": event.at_ms}]
+    if isinstance(event, AddNode):
+        address = {"host": event.host, "http_port": event.http_port, "bin_port": event.bin_port}
+        return ["add_node", {"node": event.node, **address}]
+    if isinstance(event, MoveReplica):
+        return ["move", {"shard": event.shard, "source": event.source, "target": event.target}]
+    if isinstance(event, Drain):
+        return ["drain", {"node": event.node}]
+    if isinstance(event, Rebalance):
+        return ["rebalance", {}]
     return ["remove_node", {"node": event.node}]
 
 
@@ -122,6 +135,16 @@ def event_from_data(data: Any) -> Event:
             event = ManagerLeaderChanged(_int(f["at_ms"]))
         elif kind == "remove_node":
             event = RemoveNode(_str(f["node"]))
+        elif kind == "add_node":
+            event = AddNode(
+                _str(f["node"]), _str(f["host"]), _int(f["http_port"]), _int(f["bin_port"])
+            )
+        elif kind == "move":
+            event = MoveReplica(_int(f["shard"]), _str(f["source"]), _str(f["target"]))
+        elif kind == "drain":
+            event = Drain(_str(f["node"]))
+        elif kind == "rebalance":
+            event = Rebalance()
         else:
             raise InvalidRequest(f"unknown event kind {kind!r:.40}")
     except (KeyError, TypeError, ValueError) as exc:

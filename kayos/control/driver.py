@@ -237,16 +237,24 @@ def plan_round(
     return Plan(events, send_topology, send_catch_up, memory)
 
 
+def node_addresses(view: ManagerView, nodes: Mapping[str, NodeAddr]) -> dict[str, NodeAddr]:
+    """The file's node addresses and those of nodes added at runtime (AddNode, in the view)."""
+    added = {a.id: NodeAddr(a.id, a.host, a.http_port, a.bin_port) for a in view.added}
+    return {**added, **nodes}
+
+
 def topology_of(
     view: ManagerView, nodes: Mapping[str, NodeAddr], base: Topology | None = None
 ) -> Topology:
-    """The topology the view describes: its epoch and chains, the file's node addresses, and
+    """The topology the view describes: its epoch and chains, the node addresses (the file's and
+    the added nodes', so every node learns a new node's address from the signed topology), and
     the file's (``base``) queue shard counts (docs/node-api.md, "Queues over several shards")."""
     shards = {s.id: ShardChain(s.id, s.chain) for s in view.shards}
+    addresses = node_addresses(view, nodes)
     if base is None:
-        return Topology(view.epoch, dict(nodes), shards)
+        return Topology(view.epoch, addresses, shards)
     return Topology(
-        view.epoch, dict(nodes), shards, queue_shards=base.queue_shards, queues=dict(base.queues)
+        view.epoch, addresses, shards, queue_shards=base.queue_shards, queues=dict(base.queues)
     )
 
 
@@ -313,7 +321,8 @@ class Driver:
 
     async def round(self) -> None:
         view = self.view()
-        ids = [n.id for n in view.nodes if n.id in self.nodes]
+        addresses = node_addresses(view, self.nodes)
+        ids = [n.id for n in view.nodes if n.id in addresses]
         answers = await asyncio.gather(*(self._ask(node) for node in ids))
         plan = plan_round(view, dict(zip(ids, answers, strict=True)), self.clock_ms(), self.memory)
         self.memory = plan.memory
@@ -326,7 +335,8 @@ class Driver:
     async def _ask(self, node: str) -> Answer:
         started = self.clock_ms()
         try:
-            status = await self.get(f"{self.nodes[node].http_url}/v1/status")
+            address = node_addresses(self.view(), self.nodes)[node]
+            status = await self.get(f"{address.http_url}/v1/status")
         except KayosError:
             status = None
         now = self.clock_ms()
@@ -358,7 +368,7 @@ class Driver:
         await asyncio.gather(*jobs)
 
     async def _send(self, node: str, path: str, message: dict[str, Any]) -> None:
-        address = self.nodes.get(node)
+        address = node_addresses(self.view(), self.nodes).get(node)
         if address is None:
             return
         try:

@@ -10,13 +10,17 @@ import pytest
 from kayos.control.codec import ENTRY_VERSION, decode_entry, encode_entry
 from kayos.errors import InvalidRequest
 from kayos.manager import (
+    AddNode,
     CatchUpDone,
+    Drain,
     Event,
     HeadTookOver,
     Heartbeat,
     LatencyReport,
     ManagerLeaderChanged,
+    MoveReplica,
     NodeReturned,
+    Rebalance,
     RemoveNode,
     ShardReport,
     TimerTick,
@@ -32,6 +36,10 @@ EVENTS: list[Event] = [
     CatchUpDone("b", 2),
     ManagerLeaderChanged(9),
     RemoveNode("c"),
+    AddNode("d", "127.0.0.1", 7404, 7504),
+    MoveReplica(0, "a", "d"),
+    Drain("a"),
+    Rebalance(),
 ]
 
 
