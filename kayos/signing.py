@@ -1,5 +1,6 @@
 """Signed admin messages: what the cluster manager sends to nodes (a new topology, a catch-up
-order) and what operators send to the manager (remove a node).
+order) and what operators send to the manager (remove a node; add a node, drain, move, rebalance:
+purpose ``operator``).
 
 Anyone can reach an HTTP port, so a message that changes the topology must prove that its sender
 holds the cluster secret (kayos/identity.py). The proof is an HMAC-SHA256 under the secret over a
@@ -22,7 +23,7 @@ from kayos.errors import Unauthenticated
 from kayos.identity import ClusterIdentity
 
 SIGNING_VERSION: Final = b"kayos-admin-v1"
-PURPOSES: Final = frozenset({"topology", "catch-up", "remove-node", "repair"})
+PURPOSES: Final = frozenset({"topology", "catch-up", "remove-node", "repair", "operator"})
 
 
 def canonical_json(body: Any) -> bytes:

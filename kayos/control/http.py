@@ -1,7 +1,8 @@
 """The manager members' HTTP face (docs/manager.md, "HTTP endpoints").
 
 ``GET /v1/manager/status`` on any member; ``POST /v1/manager/remove-node`` (signed, purpose
-``remove-node``) on the leader, a follower answering 421 ``not_leader`` with the leader's URL.
+``remove-node``) and ``POST /v1/manager/operator`` (signed, purpose ``operator``: add-node, drain,
+move-shard, rebalance) on the leader, a follower answering 421 ``not_leader`` with the leader's URL.
 Errors are the node API's error body: ``{"error": {"code", "message", "redirect"}}``.
 """
 
@@ -18,7 +19,18 @@ from aiohttp import web
 from kayos import limits
 from kayos.control.config import ManagerSetup
 from kayos.errors import InvalidRequest, KayosError, NotLeaderError
-from kayos.manager import Action, Event, ManagerView, RemoveNode
+from kayos.manager import (
+    Action,
+    AddNode,
+    Drain,
+    Event,
+    ManagerView,
+    MoveReplica,
+    OperatorEvent,
+    Rebalance,
+    RemoveNode,
+    check_event,
+)
 from kayos.signing import check_signed
 
 STATUS_FOR_CODE = {
@@ -97,8 +109,130 @@ def make_app(state: MemberState) -> web.Application:
             {"node": node, "state": found.state if found else None, "epoch": view.epoch}
         )
 
+    @routes.post("/v1/manager/operator")
+    async def operator(request: web.Request) -> web.Response:
+        try:
+            body = await _signed_body(request, state, "operator")
+            _check_leader(state)
+            event = operator_event(body, state.view()[0])
+            view, _ = await state.submit([event])
+        except KayosError as exc:
+            return error_response(exc)
+        return web.json_response({"op": body["op"], "epoch": view.epoch, **progress(view)})
+
     app.add_routes(routes)
     return app
+
+
+def progress(view: ManagerView) -> dict[str, Any]:
+    """What an operator's long request waits on: pending moves, draining nodes, blocked drains."""
+    moves = [
+        {"shard": s.id, "source": src, "target": dst, "joined": dst in s.chain}
+        for s in view.shards
+        for dst, src in s.moves
+    ]
+    counts: dict[str, int] = {}
+    for shard in view.shards:
+        for member in shard.chain:
+            counts[member] = counts.get(member, 0) + 1
+    blocked = [{"shard": a.shard, "node": a.node} for a in view.alerts if a.kind == "drain_blocked"]
+    return {
+        "moves": moves,
+        "draining": list(view.draining),
+        "drain_blocked": blocked,
+        "replicas": {n.id: counts.get(n.id, 0) for n in view.nodes if n.state != "removed"},
+    }
+
+
+def operator_event(body: dict[str, Any], view: ManagerView) -> OperatorEvent:
+    """The event an operator's signed body asks for. The body names the view's epoch it was made
+    against, so a replayed request is refused once anything changed (docs/manager.md)."""
+    if body.get("epoch") != view.epoch:
+        raise InvalidRequest(
+            f"stale_epoch: the request names epoch {body.get('epoch')!r:.20},"
+            f" the view is at {view.epoch}"
+        )
+    op = body.get("op")
+    event: OperatorEvent
+    if op == "add-node":
+        event = AddNode(
+            _field(body, "node", str),
+            _field(body, "host", str),
+            _field(body, "http_port", int),
+            _field(body, "bin_port", int),
+        )
+        if view.node(event.node) is not None:
+            raise InvalidRequest(f"node {event.node!r} is already known")
+    elif op == "drain":
+        event = Drain(_field(body, "node", str))
+        _known(view, event.node)
+    elif op == "move-shard":
+        event = MoveReplica(
+            _field(body, "shard", int), _field(body, "source", str), _field(body, "target", str)
+        )
+        _check_move(view, event)
+    elif op == "rebalance":
+        event = Rebalance()
+    else:
+        raise InvalidRequest(f"unknown operator op {op!r:.40}")
+    check_event(event)
+    return event
+
+
+def _field(body: dict[str, Any], name: str, kind: type[Any]) -> Any:
+    value = body.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise InvalidRequest(f"operator request field {name!r} must be a {kind.__name__}")
+    return value
+
+
+def _known(view: ManagerView, node: str) -> None:
+    found = view.node(node)
+    if found is None or found.state == "removed":
+        raise InvalidRequest(f"unknown node {node!r:.80}")
+
+
+def _check_move(view: ManagerView, move: MoveReplica) -> None:
+    """Refuses, with the reason, a move decide would ignore (decide stays silent: a logged event
+    may be stale; an operator's fresh request deserves an answer)."""
+    shard = view.shard(move.shard)
+    if shard is None:
+        raise InvalidRequest(f"unknown shard {move.shard}")
+    _known(view, move.target)
+    if move.source not in shard.chain:
+        raise InvalidRequest(f"{move.source} holds no replica of shard {move.shard}")
+    if move.target in shard.chain:
+        raise InvalidRequest(f"{move.target} already holds shard {move.shard}")
+    if shard.moves:
+        raise InvalidRequest(
+            f"shard {move.shard} is already moving ({shard.moves[0][1]} -> {shard.moves[0][0]})"
+        )
+    target = view.node(move.target)
+    if target is None or target.state != "up" or move.target in view.draining:
+        raise InvalidRequest(f"{move.target} is not up, or is draining")
+
+
+def _check_leader(state: MemberState) -> None:
+    leader = state.leader()
+    if leader != state.member:
+        url = next((m.http_url for m in state.setup.members if m.id == leader), None)
+        raise NotLeaderError(f"member {state.member} does not lead", redirect=url)
+
+
+async def _signed_body(request: web.Request, state: MemberState, purpose: str) -> dict[str, Any]:
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise InvalidRequest(f"a request is at most {REQUEST_BYTES_MAX} bytes") from exc
+    try:
+        message = json.loads(raw)
+    except (ValueError, TypeError) as exc:
+        raise InvalidRequest(f"not a JSON body: {exc}") from exc
+    if not isinstance(message, dict) or not isinstance(message.get("body"), dict):
+        raise InvalidRequest('expected {"body": {...}, "mac": hex}')
+    check_signed(state.setup.identity, purpose, message["body"], message.get("mac"))
+    body: dict[str, Any] = message["body"]
+    return body
 
 
 async def _checked_remove(request: web.Request, state: MemberState) -> str:

@@ -57,3 +57,19 @@ def test_refusals(
 def test_unknown_purpose_is_a_programming_error() -> None:
     with pytest.raises(ValueError, match="purpose"):
         sign(IDENTITY, "anything", BODY)
+
+
+OPERATOR_BODY = {"epoch": 5, "op": "drain", "node": "c"}
+OPERATOR_MAC = "f902ef5f049af886ef0de0cb4825bfee38de47b4c485541dca212ab9aa891523"
+
+
+def test_operator_golden_bytes_match_the_docs() -> None:
+    """kayos ctl add-node / drain / move-shard / rebalance sign with purpose ``operator``."""
+    assert mac_input(IDENTITY, "operator", OPERATOR_BODY) == (
+        b"kayos-admin-v1\x00operator\x00"
+        + bytes.fromhex("00000000000040008000000000000001")
+        + b'\x00{"epoch":5,"node":"c","op":"drain"}'
+    )
+    assert sign(IDENTITY, "operator", OPERATOR_BODY) == OPERATOR_MAC
+    with pytest.raises(Unauthenticated):
+        check_signed(IDENTITY, "remove-node", OPERATOR_BODY, OPERATOR_MAC)
