@@ -498,6 +498,13 @@ client_http_connections_max = 64
 # `kayos ctl status` waits this long for each node's reply by default: a live node answers a status
 # in milliseconds, and a paused or partitioned one must not hold the report up for long.
 ctl_status_timeout_ms_default = 2_000
+# kayos ctl drain / move-shard / rebalance follow the manager's moves until done: how long at most
+# by default (a move copies a whole shard, throttled by the catch-up bound), and how often they ask.
+# Interrupting leaves the plan running in the manager; a re-run follows it again.
+ctl_operation_wait_ms_default = 3_600_000
+ctl_progress_poll_ms = 500
+# Tries of an operator request whose epoch went stale between reading the view and posting it.
+ctl_operator_tries_max = 5
 # A link that is up but whose downstream is more entries behind than this is an alert
 # (`link_lagging`): ten times what `kayos bench produce` keeps in flight (128 batches of 100), so
 # a busy healthy chain stays under it and a member that fell behind for seconds does not.

@@ -311,3 +311,13 @@ async def _remove(urls: list[str], message: dict[str, Any], timeout_s: float) ->
         return {"ok": False, "error": "; ".join(errors) or "no manager member"}
     finally:
         await transport.close()
+
+
+def _register_operator_commands() -> None:
+    """add-node, drain, move-shard, rebalance live in kayos/cli/operate.py."""
+    from kayos.cli.operate import register
+
+    register(ctl)
+
+
+_register_operator_commands()

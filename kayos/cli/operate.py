@@ -1,0 +1,255 @@
+"""``kayos ctl add-node``, ``drain``, ``move-shard``, ``rebalance``: operator requests to the
+cluster manager (docs/manager.md rule 7, ``POST /v1/manager/operator``).
+
+Each request is signed (purpose ``operator``) with the topology file's secret and names the view's
+epoch, read first from the managers (a stale epoch is retried a bounded number of times). The long
+ones then follow the manager's moves (``GET /v1/manager/status``) until none is pending, printing
+progress; Ctrl-C stops following, not the moves: the manager's plan goes on, and running the
+command again shows it (a drain or rebalance asked again adds nothing already planned).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from kayos import limits
+
+TOPOLOGY_DEFAULT = "./kayos-data/cluster.toml"
+
+_topology = click.option(
+    "--topology",
+    "topology_path",
+    default=TOPOLOGY_DEFAULT,
+    show_default=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="The topology file: the cluster secret signs the request; its [managers] are asked.",
+)
+_json = click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+_timeout = click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0.001),
+    default=limits.ctl_operation_wait_ms_default / 1000,
+    show_default=True,
+    help="Seconds to follow the moves before giving up following (the moves go on).",
+)
+_wait = click.option(
+    "--wait/--no-wait",
+    default=True,
+    show_default=True,
+    help="Follow the moves until none is pending.",
+)
+
+
+def register(group: click.Group) -> None:
+    for command in (add_node, drain, move_shard, rebalance):
+        group.add_command(command)
+
+
+@click.command("add-node")
+@click.argument("node")
+@click.option("--host", required=True, help="The new node's host (as in its [nodes] table).")
+@click.option("--http-port", type=click.IntRange(1, 65535), required=True)
+@click.option("--bin-port", type=click.IntRange(1, 65535), required=True)
+@_topology
+@_json
+def add_node(
+    node: str, host: str, http_port: int, bin_port: int, topology_path: str, as_json: bool
+) -> None:
+    """Add NODE, already started with `kayos node`, to the cluster: every node learns its address
+    from the next signed topology; it holds no replica until a move, drain or rebalance."""
+    body = {"op": "add-node", "node": node, "host": host, "http_port": http_port}
+    body["bin_port"] = bin_port
+    result = _run(topology_path, body, wait=False, timeout_s=0.0, as_json=as_json)
+    _finish(result, as_json, f"added {node}")
+
+
+@click.command()
+@click.argument("node")
+@_topology
+@_wait
+@_timeout
+@_json
+def drain(node: str, topology_path: str, wait: bool, timeout_s: float, as_json: bool) -> None:
+    """Move every replica NODE holds to other nodes, each joining before NODE leaves."""
+    result = _run(topology_path, {"op": "drain", "node": node}, wait, timeout_s, as_json, node)
+    _finish(result, as_json, f"drained {node}")
+
+
+@click.command("move-shard")
+@click.argument("shard", type=click.IntRange(min=0))
+@click.argument("source")
+@click.argument("target")
+@_topology
+@_wait
+@_timeout
+@_json
+def move_shard(
+    shard: int,
+    source: str,
+    target: str,
+    topology_path: str,
+    wait: bool,
+    timeout_s: float,
+    as_json: bool,
+) -> None:
+    """Move SHARD's replica from SOURCE to TARGET (TARGET catches up, joins, then SOURCE leaves)."""
+    body = {"op": "move-shard", "shard": shard, "source": source, "target": target}
+    result = _run(topology_path, body, wait, timeout_s, as_json)
+    _finish(result, as_json, f"moved shard {shard} from {source} to {target}")
+
+
+@click.command()
+@_topology
+@_wait
+@_timeout
+@_json
+def rebalance(topology_path: str, wait: bool, timeout_s: float, as_json: bool) -> None:
+    """Spread replicas evenly over the up nodes (the manager plans the moves)."""
+    result = _run(topology_path, {"op": "rebalance"}, wait, timeout_s, as_json)
+    _finish(result, as_json, "rebalanced")
+
+
+def _finish(result: dict[str, Any], as_json: bool, done: str) -> None:
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+    elif result["ok"]:
+        replicas = ", ".join(f"{n}={c}" for n, c in sorted(result.get("replicas", {}).items()))
+        click.echo(f"{done} (epoch {result['epoch']}; replicas {replicas})")
+    else:
+        click.echo(f"{result['op']} failed: {result['error']}", err=True)
+    sys.exit(0 if result["ok"] else 1)
+
+
+def _run(
+    topology_path: str,
+    body: dict[str, Any],
+    wait: bool,
+    timeout_s: float,
+    as_json: bool,
+    draining: str | None = None,
+) -> dict[str, Any]:
+    from kayos.control.config import load
+    from kayos.errors import KayosError
+
+    try:
+        setup = load(topology_path)
+    except KayosError as exc:
+        raise click.ClickException(f"{topology_path}: {exc}") from exc
+    urls = [member.http_url for member in setup.members]
+    started = time.monotonic()
+    result = asyncio.run(_post(setup.identity, urls, body))
+    if not result["ok"] or not wait:
+        return result
+    show = (lambda line: None) if as_json else _printer()
+    try:
+        final = asyncio.run(_follow(urls, timeout_s, show, draining))
+    except KeyboardInterrupt:
+        click.echo(
+            "\ninterrupted: the manager's moves go on; run the command again to follow them",
+            err=True,
+        )
+        sys.exit(130)
+    final["seconds"] = round(time.monotonic() - started, 3)
+    return {**result, **final}
+
+
+def _printer() -> Callable[[str], None]:
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    last: list[str] = [""]
+
+    def show(line: str) -> None:
+        if line != last[0]:
+            console.print(line, highlight=False)
+            last[0] = line
+
+    return show
+
+
+async def _post(identity: Any, urls: list[str], body: dict[str, Any]) -> dict[str, Any]:
+    """Reads the view's epoch, posts the signed request to the leader; a stale epoch is retried."""
+    from kayos.cli.ctl import fetch_manager
+    from kayos.client.http import HttpTransport
+    from kayos.errors import KayosError, NotLeaderError
+    from kayos.signing import sign
+
+    op = str(body["op"])
+    errors: list[str] = []
+    transport = HttpTransport()
+    await transport.open()
+    try:
+        for _ in range(limits.ctl_operator_tries_max):
+            answer = await fetch_manager(urls, limits.ctl_status_timeout_ms_default / 1000)
+            if not isinstance(answer, dict):
+                errors.append(f"no manager answered: {answer}")
+                continue
+            signed_body = {**body, "epoch": answer["epoch"]}
+            message = {"body": signed_body, "mac": sign(identity, "operator", signed_body)}
+            url = answer.get("leader_url") or answer.get("members", {}).get(answer.get("member"))
+            try:
+                reply = await transport.request(
+                    "POST",
+                    f"{url}/v1/manager/operator",
+                    timeout_s=limits.manager_apply_timeout_ms / 1000,
+                    body=message,
+                )
+            except NotLeaderError as exc:
+                errors.append(f"{url}: {exc}")
+                continue  # an election: ask again
+            except KayosError as exc:
+                errors.append(f"{url}: {exc.code}: {exc}")
+                if str(exc).startswith("stale_epoch") or exc.code in ("unavailable", "timeout"):
+                    continue
+                break  # refused for a reason every member would give
+            if isinstance(reply, dict):
+                return {"ok": True, "error": None, **reply, "op": op}
+        return {"ok": False, "op": op, "error": "; ".join(errors[-3:]) or "no manager member"}
+    finally:
+        await transport.close()
+
+
+def progress_line(progress: dict[str, Any]) -> str:
+    moves = progress.get("moves", [])
+    joined = sum(1 for m in moves if m.get("joined"))
+    parts = [f"moves pending {len(moves)} (joined {joined})"]
+    parts.append(", ".join(f"shard {m['shard']} {m['source']}->{m['target']}" for m in moves[:4]))
+    if progress.get("drain_blocked"):
+        parts.append(f"drain blocked on {len(progress['drain_blocked'])} shard(s): add a node")
+    replicas = progress.get("replicas", {})
+    parts.append("replicas " + " ".join(f"{n}={c}" for n, c in sorted(replicas.items())))
+    return "; ".join(p for p in parts if p)
+
+
+async def _follow(
+    urls: list[str], timeout_s: float, show: Callable[[str], None], draining: str | None
+) -> dict[str, Any]:
+    """Polls the managers until no move is pending (and, for a drain, the node holds nothing or
+    the drain is blocked), or ``timeout_s``. Bounded by the deadline."""
+    from kayos.cli.ctl import fetch_manager
+    from kayos.control.http import progress
+    from kayos.manager import ManagerView
+
+    deadline = time.monotonic() + timeout_s
+    latest: dict[str, Any] = {}
+    while True:
+        answer = await fetch_manager(urls, limits.ctl_status_timeout_ms_default / 1000)
+        if isinstance(answer, dict):
+            view = ManagerView.from_data(answer["view"])
+            latest = {"epoch": view.epoch, **progress(view)}
+            show(progress_line(latest))
+            held = latest["replicas"].get(draining, 0) if draining else 0
+            if not latest["moves"] and (held == 0 or latest["drain_blocked"]):
+                latest["done"] = not latest["drain_blocked"]
+                return latest
+        if time.monotonic() >= deadline:
+            return {**latest, "done": False, "ok": False, "error": "still moving at the deadline"}
+        await asyncio.sleep(limits.ctl_progress_poll_ms / 1000)
