@@ -225,9 +225,12 @@ async def _signed_body(request: web.Request, state: MemberState, purpose: str) -
     except web.HTTPRequestEntityTooLarge as exc:
         raise InvalidRequest(f"a request is at most {REQUEST_BYTES_MAX} bytes") from exc
     try:
-        message = json.loads(raw)
-    except (ValueError, TypeError) as exc:
-        raise InvalidRequest(f"not a JSON body: {exc}") from exc
+        if request.content_type == "application/msgpack":
+            message = msgpack.unpackb(raw, raw=False)
+        else:
+            message = json.loads(raw)
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise InvalidRequest(f"not a JSON or msgpack body: {exc}") from exc
     if not isinstance(message, dict) or not isinstance(message.get("body"), dict):
         raise InvalidRequest('expected {"body": {...}, "mac": hex}')
     check_signed(state.setup.identity, purpose, message["body"], message.get("mac"))
