@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ import pytest
 from kayos.launcher import LocalCluster, http_json
 from kayos.manager import Config
 from tests.integration.conftest import wait_until
+from tests.integration.test_manager_heals import Producer, check_nothing_lost
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -62,16 +66,20 @@ def test_move_shard_and_drain_through_the_cli(cluster: LocalCluster) -> None:
 
     code, reply = ctl(cluster, "move-shard", str(shard), source, target)
     assert code == 0, reply
-    assert reply["ok"] is True and reply["done"] is True, reply
+    assert reply["ok"] is True, reply
+    assert reply["done"] is True, reply
     print(f"move-shard {shard} {source}->{target}: {reply['seconds']}s")
     after = leader_view(cluster)
     assert after is not None
     moved = after["shards"][shard]["chain"]
-    assert target in moved and source not in moved and len(moved) == 2, moved
+    assert target in moved, moved
+    assert source not in moved, moved
+    assert len(moved) == 2, moved
 
     # A refused move says why and changes nothing.
     code, reply = ctl(cluster, "move-shard", str(shard), source, target)
-    assert code == 1 and "holds no replica" in reply["error"], reply
+    assert code == 1, reply
+    assert "holds no replica" in reply["error"], reply
 
     node = "a"
     code, reply = ctl(cluster, "drain", node)
@@ -81,4 +89,86 @@ def test_move_shard_and_drain_through_the_cli(cluster: LocalCluster) -> None:
     final = leader_view(cluster)
     assert final is not None
     for entry in final["shards"]:
-        assert node not in entry["chain"] and len(entry["chain"]) == 2, final
+        assert node not in entry["chain"], final
+        assert len(entry["chain"]) == 2, final
+
+
+def replica_count(shard: dict[str, Any]) -> int:
+    """The chain's length less the extra member a move holds between join and leave."""
+    chain = shard["chain"]
+    extra = any(t in chain and s in chain for t, s in shard.get("moves", []))
+    return len(chain) - int(extra)
+
+
+@dataclass
+class ViewWatcher:
+    """Polls the leader's view; records every shard's replica count at each distinct epoch."""
+
+    cluster: LocalCluster
+    counts: dict[int, list[int]] = field(default_factory=dict)
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, name="view-watcher")
+        self.thread.start()
+
+    def _run(self) -> None:
+        for _ in range(100_000):  # bounded; stopped long before
+            if self.stop.wait(0.05):
+                return
+            view = leader_view(self.cluster)
+            if view is not None:
+                self.counts[view["epoch"]] = [replica_count(s) for s in view["shards"]]
+
+    def finish(self) -> None:
+        self.stop.set()
+        assert self.thread is not None
+        self.thread.join(10)
+
+
+def test_drain_of_the_head_under_acks_all_load_loses_nothing(tmp_path: Path) -> None:
+    with LocalCluster(
+        tmp_path, nodes=3, replicas=2, shards=1, managers=3, manager_config=CONFIG
+    ) as cluster:
+        assert cluster.topology.shards[0].chain == ("a", "b")
+        wait_until(lambda: leader_view(cluster), "a manager leader")
+        producers = [Producer(i, [cluster.url("b"), cluster.url("c")]) for i in range(2)]
+        watcher = ViewWatcher(cluster)
+        watcher.start()
+        for producer in producers:
+            producer.start()
+        try:
+            wait_until(lambda: all(len(p.acked_at) >= 50 for p in producers), "acks before")
+            before_start = time.monotonic()
+            wait_until(lambda: all(len(p.acked_at) >= 150 for p in producers), "more acks before")
+            before_end = time.monotonic()
+            code, reply = ctl(cluster, "drain", "a")
+            during_end = time.monotonic()
+            assert code == 0, reply
+            assert reply["done"] is True, reply
+            wait_until(
+                lambda: all(sum(1 for t in p.acked_at if t > during_end) >= 20 for p in producers),
+                "acks after the drain",
+            )
+        finally:
+            for producer in producers:
+                producer.finish()
+            watcher.finish()
+
+        def rate(start: float, end: float) -> float:
+            acks = sum(1 for p in producers for t in p.acked_at if start < t <= end)
+            return acks / max(end - start, 1e-6)
+
+        before = rate(before_start, before_end)
+        during = rate(before_end, during_end)
+        print(
+            f"drain of head a under load: {reply['seconds']}s; acks=all produce rate before "
+            f"{before:.0f}/s, during {during:.0f}/s; replica counts by epoch {watcher.counts}"
+        )
+        final = leader_view(cluster)
+        assert final is not None
+        assert final["shards"][0]["chain"] == ["b", "c"], final
+        assert watcher.counts, "the watcher saw no view"
+        assert min(min(c) for c in watcher.counts.values()) >= 2, watcher.counts
+        check_nothing_lost(cluster, "c", producers)
