@@ -17,10 +17,15 @@ from typing import Any
 
 import pytest
 
-from kayos.launcher import LocalCluster, http_json
+from chaos.checker import check
+from chaos.history import Event as HistoryEvent
+from chaos.history import Snapshot
+from kayos.identity import write_private
+from kayos.launcher import LocalCluster, free_ports, http_json
 from kayos.manager import Config
-from tests.integration.conftest import wait_until
-from tests.integration.test_manager_heals import Producer, check_nothing_lost
+from kayos.topology import NodeAddr, Topology
+from tests.integration.conftest import read_snapshot, wait_until
+from tests.integration.test_manager_heals import QUEUE, Producer, check_nothing_lost
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -172,3 +177,108 @@ def test_drain_of_the_head_under_acks_all_load_loses_nothing(tmp_path: Path) -> 
         assert watcher.counts, "the watcher saw no view"
         assert min(min(c) for c in watcher.counts.values()) >= 2, watcher.counts
         check_nothing_lost(cluster, "c", producers)
+
+
+def test_a_fourth_node_added_and_rebalanced_onto_under_load(tmp_path: Path) -> None:
+    """A loaded 3-node cluster (3 shards x 3 replicas, acks=all producers); a fourth `kayos node`
+    is started from a copy of the topology that names it, `kayos ctl add-node` and `kayos ctl
+    rebalance` move replicas onto it: it ends holding some, every node within one replica of the
+    others, no shard below 3 replicas at any epoch the managers showed, nothing acked lost."""
+    with LocalCluster(
+        tmp_path / "cluster", nodes=3, replicas=3, managers=3, manager_config=CONFIG
+    ) as cluster:
+        wait_until(lambda: leader_view(cluster), "a manager leader")
+        http_port, bin_port = free_ports(2, "127.0.0.1")
+        d = NodeAddr("d", "127.0.0.1", http_port, bin_port)
+        topology = cluster.topology
+        own = Topology(topology.epoch, {**topology.nodes, "d": d}, topology.shards)
+        own_path = tmp_path / "d.toml"
+        write_private(str(own_path), own.with_identity(cluster.identity).dumps_toml())
+        (tmp_path / "d").mkdir()
+        log = open(tmp_path / "d.log", "wb")  # noqa: SIM115 - closed below
+        node_d = subprocess.Popen(
+            [*cluster.node_command, "--config", str(own_path), "--id", "d",
+             "--data", str(tmp_path / "d")],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        producers = [Producer(i, list(cluster.urls.values())) for i in range(2)]
+        watcher = ViewWatcher(cluster)
+        try:
+            wait_until(lambda: _answers(d.http_url), "node d answering")
+            watcher.start()
+            for producer in producers:
+                producer.start()
+            wait_until(lambda: all(len(p.acked_at) >= 50 for p in producers), "acks before")
+            before_start = time.monotonic()
+            wait_until(lambda: all(len(p.acked_at) >= 150 for p in producers), "more acks")
+            before_end = time.monotonic()
+            code, reply = ctl(
+                cluster, "add-node", "d", "--host", "127.0.0.1",
+                "--http-port", str(http_port), "--bin-port", str(bin_port),
+            )  # fmt: skip
+            assert code == 0, reply
+            code, reply = ctl(cluster, "rebalance")
+            during_end = time.monotonic()
+            assert code == 0, reply
+            assert reply["done"] is True, reply
+            wait_until(
+                lambda: all(sum(1 for t in p.acked_at if t > during_end) >= 20 for p in producers),
+                "acks after the rebalance",
+            )
+            for producer in producers:
+                producer.finish()
+            # Every acked message is consumed, read at the queue's tail (d, perhaps: still up).
+            final = leader_view(cluster)
+            assert final is not None
+            tail = final["shards"][cluster.topology.shard_for(QUEUE)]["chain"][-1]
+            verdict = checked(d.http_url if tail == "d" else cluster.url(tail), producers)
+            # What the moves copied: d held nothing before, so its data on disk (allocated blocks:
+            # store files are sparse) is the copy.
+            copied = sum(
+                f.stat().st_blocks * 512 for f in (tmp_path / "d").rglob("*") if f.is_file()
+            )
+        finally:
+            for producer in producers:
+                producer.finish()
+            if watcher.thread is not None:
+                watcher.finish()
+            node_d.terminate()
+            node_d.wait(30)
+            log.close()
+
+        def rate(start: float, end: float) -> float:
+            acks = sum(1 for p in producers for t in p.acked_at if start < t <= end)
+            return acks / max(end - start, 1e-6)
+
+        replicas = reply["replicas"]
+        print(
+            f"add-node d + rebalance under load: {reply['seconds']}s; acks=all produce rate "
+            f"before {rate(before_start, before_end):.0f}/s, during "
+            f"{rate(before_end, during_end):.0f}/s; bytes on d after the moves {copied}; "
+            f"replicas {replicas}; "
+            f"replica counts by epoch {watcher.counts}"
+        )
+        assert replicas["d"] >= 2, replicas
+        assert max(replicas.values()) - min(replicas.values()) <= 1, replicas
+        assert min(min(c) for c in watcher.counts.values()) >= 3, watcher.counts
+        assert verdict.ok, [v.to_json() for v in verdict.violations]
+
+
+def checked(url: str, producers: list[Producer]) -> Any:
+    snapshot = read_snapshot(url, QUEUE, "check")
+    history: list[HistoryEvent] = [e for p in producers for e in p.history]
+    messages = tuple((m["seq"], m["key"], m["value"]) for m in snapshot.messages)
+    history.append(
+        Snapshot(9_999_999, QUEUE, "check", 0, snapshot.hwm, snapshot.boundary, messages, True)
+    )
+    verdict = check(history)
+    print(f"acked {verdict.acked_versions}, delivered {verdict.delivered_messages}")
+    return verdict
+
+
+def _answers(url: str) -> bool:
+    try:
+        code, _ = http_json(url + "/v1/status", timeout_s=1.0)
+    except (OSError, ValueError):
+        return False
+    return code == 200
