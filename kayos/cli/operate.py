@@ -177,7 +177,7 @@ def _printer() -> Callable[[str], None]:
 
 async def _post(identity: Any, urls: list[str], body: dict[str, Any]) -> dict[str, Any]:
     """Reads the view's epoch, posts the signed request to the leader; a stale epoch is retried."""
-    from kayos.cli.ctl import fetch_manager
+    from kayos.cli.manager_status import fetch_manager
     from kayos.client.http import HttpTransport
     from kayos.errors import KayosError, NotLeaderError
     from kayos.signing import sign
@@ -234,17 +234,15 @@ async def _follow(
 ) -> dict[str, Any]:
     """Polls the managers until no move is pending (and, for a drain, the node holds nothing or
     the drain is blocked), or ``timeout_s``. Bounded by the deadline."""
-    from kayos.cli.ctl import fetch_manager
-    from kayos.control.http import progress
-    from kayos.manager import ManagerView
+    from kayos.cli.manager_status import fetch_manager
+    from kayos.control.http import progress_of_status
 
     deadline = time.monotonic() + timeout_s
     latest: dict[str, Any] = {}
     while True:
         answer = await fetch_manager(urls, limits.ctl_status_timeout_ms_default / 1000)
         if isinstance(answer, dict):
-            view = ManagerView.from_data(answer["view"])
-            latest = {"epoch": view.epoch, **progress(view)}
+            latest = progress_of_status(answer)
             show(progress_line(latest))
             held = latest["replicas"].get(draining, 0) if draining else 0
             if not latest["moves"] and (held == 0 or latest["drain_blocked"]):

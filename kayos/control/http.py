@@ -144,6 +144,12 @@ def progress(view: ManagerView) -> dict[str, Any]:
     }
 
 
+def progress_of_status(status: dict[str, Any]) -> dict[str, Any]:
+    """``progress`` of the view in a ``GET /v1/manager/status`` reply (for kayos ctl)."""
+    view = ManagerView.from_data(status["view"])
+    return {"epoch": view.epoch, **progress(view)}
+
+
 def operator_event(body: dict[str, Any], view: ManagerView) -> OperatorEvent:
     """The event an operator's signed body asks for. The body names the view's epoch it was made
     against, so a replayed request is refused once anything changed (docs/manager.md)."""
