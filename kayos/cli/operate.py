@@ -65,8 +65,8 @@ def add_node(
 ) -> None:
     """Add NODE, already started with `kayos node`, to the cluster: every node learns its address
     from the next signed topology; it holds no replica until a move, drain or rebalance."""
-    body = {"op": "add-node", "node": node, "host": host, "http_port": http_port}
-    body["bin_port"] = bin_port
+    body: dict[str, Any] = {"op": "add-node", "node": node, "host": host}
+    body.update(http_port=http_port, bin_port=bin_port)
     result = _run(topology_path, body, wait=False, timeout_s=0.0, as_json=as_json)
     _finish(result, as_json, f"added {node}")
 
