@@ -443,6 +443,12 @@ class Node:
             await replica.wait_visible_through(
                 replica.durable, limits.consume_commit_point_wait_ms / 1000
             )
+            wait_s = limits.consume_commit_point_wait_ms / 1000
+            if not await replica.wait_holds_upstream_point(wait_s):
+                raise UnavailableError(
+                    f"shard {replica.shard_id} on {self.node_id} does not hold the commit point"
+                    " its upstream sent yet (it is catching up)"
+                )
         while True:
             try:
                 page = await asyncio.to_thread(
