@@ -447,7 +447,9 @@ class Node:
             if not await replica.wait_holds_upstream_point(wait_s):
                 raise UnavailableError(
                     f"shard {replica.shard_id} on {self.node_id} does not hold the commit point"
-                    " its upstream sent yet (it is catching up)"
+                    f" its upstream sent yet (it holds seq {replica.durable}, upstream committed"
+                    f" {replica.progress.upstream_point}, link point heard"
+                    f" {replica.link_point_heard})"
                 )
         while True:
             try:
