@@ -181,10 +181,22 @@ def _start_catch_ups(
             if states[node_id] != "up" or node_id in shard.catching_up or node_id in shard.chain:
                 continue
             rollback = _rollback_to(shard, reports.get(shard.id))
+            view, shard, order = _new_order(view, shard, node_id)
             shard = replace(shard, catching_up=(*shard.catching_up, node_id))
             view = view.with_shard(shard)
-            out.append(StartCatchUp(node_id, shard.id, shard.tail, rollback))
+            out.append(StartCatchUp(node_id, shard.id, shard.tail, rollback, order))
     return view
+
+
+def _new_order(
+    view: ManagerView, shard: ShardView, node_id: str
+) -> tuple[ManagerView, ShardView, int]:
+    """Numbers a new catch-up order of ``node_id`` on ``shard``; it replaces any earlier one, so
+    a report answering the earlier order no longer rejoins the node (docs/manager.md)."""
+    order = view.orders_issued + 1
+    orders = (*(o for o in shard.orders if o[0] != node_id), (node_id, order))
+    shard = replace(shard, orders=orders)
+    return replace(view, orders_issued=order).with_shard(shard), shard, order
 
 
 def _rollback_to(shard: ShardView, report: ShardReport | None) -> int | None:
@@ -207,11 +219,16 @@ def _catch_up_done(view: ManagerView, event: CatchUpDone, out: list[Action]) -> 
         return view
     if node.state != "up":
         return view  # it went away again while catching up; reconcile drops it
+    if shard.order_of(node.id) != event.order:
+        # A late report of an earlier order: the node has since been ordered again (to another
+        # upstream, or to roll back first after it returned again) and has not done that yet.
+        return view
     shard = replace(
         shard,
         chain=(*shard.chain, node.id),
         catching_up=tuple(n for n in shard.catching_up if n != node.id),
         departed=tuple(n for n in shard.departed if n != node.id),
+        orders=tuple(o for o in shard.orders if o[0] != node.id),
     )
     out.append(RejoinAsTail(node.id, shard.id, view.epoch + 1))
     return view.with_shard(shard)
@@ -236,8 +253,15 @@ def _reconcile(view: ManagerView) -> ManagerView:
                     departed.append(member)
         departed = [n for n in departed if states[n] != "removed"]
         catching_up = tuple(n for n in shard.catching_up if states[n] == "up")
+        orders = tuple(o for o in shard.orders if o[0] in catching_up)
         shards.append(
-            replace(shard, chain=tuple(chain), departed=tuple(departed), catching_up=catching_up)
+            replace(
+                shard,
+                chain=tuple(chain),
+                departed=tuple(departed),
+                catching_up=catching_up,
+                orders=orders,
+            )
         )
     return replace(view, shards=tuple(shards))
 
@@ -262,11 +286,14 @@ def _finish(
     actions: list[Action] = [SpliceChain(s.id, s.chain, epoch) for s in changed]
     actions += node_actions
     started = {(a.node, a.shard) for a in node_actions if isinstance(a, StartCatchUp)}
-    for shard, before in zip(new.shards, old.shards, strict=True):
+    for before in old.shards:
+        shard = new.shards[before.id]
         if shard.tail != before.tail:
             for node in shard.catching_up:
                 if (node, shard.id) not in started:
-                    actions.append(StartCatchUp(node, shard.id, shard.tail, None))
+                    # A new upstream: a new order, so the copy from the old tail cannot end it.
+                    new, shard, order = _new_order(new, shard, node)
+                    actions.append(StartCatchUp(node, shard.id, shard.tail, None, order))
     alerts = derive_alerts(new)
     raised, cleared = set(alerts) - set(old.alerts), set(old.alerts) - set(alerts)
     actions += [Alert(a.kind, a.shard, a.node) for a in sorted(raised)]
@@ -292,7 +319,9 @@ def _leader_changed(
     view = replace(view, now_ms=at, nodes=nodes)
     actions: list[Action] = [SpliceChain(s.id, s.chain, s.epoch) for s in view.shards]
     actions += [
-        StartCatchUp(node, s.id, s.tail, None) for s in view.shards for node in s.catching_up
+        StartCatchUp(node, s.id, s.tail, None, s.order_of(node) or 0)
+        for s in view.shards
+        for node in s.catching_up
     ]
     actions.append(PublishTopology(view.epoch))
     return view, actions

@@ -27,7 +27,7 @@ NO_LIVE_MEMBER = "shard_no_live_member"  # a shard's only member is down or remo
 ALERT_KINDS = (BELOW_MIN_REPLICAS, SLOW_KEPT, NO_LIVE_MEMBER)
 
 # The view's encoding version: part of the hash, so members of different versions never agree.
-VIEW_FORMAT = 1
+VIEW_FORMAT = 2  # 2: catch-up order numbers (ShardView.orders, ManagerView.orders_issued)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +75,8 @@ class NodeView:
 class ShardView:
     """One shard: ``chain`` head first; ``epoch`` of its last change; ``departed``: members
     spliced out that may come back; ``catching_up``: returned nodes copying from the tail;
-    ``takeover``: the head's takeover table as last reported."""
+    ``takeover``: the head's takeover table as last reported; ``orders``: (node, order number)
+    of the catch-up order each node in ``catching_up`` follows now."""
 
     id: int
     chain: tuple[str, ...]
@@ -83,10 +84,18 @@ class ShardView:
     departed: tuple[str, ...] = ()
     catching_up: tuple[str, ...] = ()
     takeover: tuple[tuple[bytes, int], ...] = ()
+    orders: tuple[tuple[str, int], ...] = ()
 
     @property
     def tail(self) -> str:
         return self.chain[-1]
+
+    def order_of(self, node: str) -> int | None:
+        """The number of the catch-up order ``node`` follows on this shard (None: none)."""
+        for name, order in self.orders:
+            if name == node:
+                return order
+        return None
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -104,6 +113,7 @@ class ManagerView:
     nodes: tuple[NodeView, ...]
     shards: tuple[ShardView, ...]
     alerts: tuple[AlertKey, ...] = field(default=())
+    orders_issued: int = 0  # catch-up orders numbered so far (the last order's number)
 
     @classmethod
     def bootstrap(
@@ -173,10 +183,12 @@ class ManagerView:
                     "departed": list(s.departed),
                     "catching_up": list(s.catching_up),
                     "takeover": [[uuid.hex(), seq] for uuid, seq in s.takeover],
+                    "orders": [[node, order] for node, order in s.orders],
                 }
                 for s in self.shards
             ],
             "alerts": [[a.kind, a.shard, a.node] for a in self.alerts],
+            "orders_issued": self.orders_issued,
         }
 
     @classmethod
@@ -199,12 +211,19 @@ class ManagerView:
                     tuple(str(n) for n in s["departed"]),
                     tuple(str(n) for n in s["catching_up"]),
                     tuple((bytes.fromhex(u), int(q)) for u, q in s["takeover"]),
+                    tuple((str(n), int(o)) for n, o in s["orders"]),
                 )
                 for s in data["shards"]
             )
             alerts = tuple(AlertKey(str(k), int(s), str(n)) for k, s, n in data["alerts"])
             return cls(
-                config, int(data["epoch"]), int(data["now_ms"]), tuple(nodes), shards, alerts
+                config,
+                int(data["epoch"]),
+                int(data["now_ms"]),
+                tuple(nodes),
+                shards,
+                alerts,
+                int(data["orders_issued"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidRequest(f"bad manager view: {exc!r}") from exc

@@ -20,7 +20,8 @@ Commands (one per line in a block):
 - ``heartbeat a b t=``; ``tick t= [heard=a@1.5,b@1.7]``
 - ``latency reporter= node= p99= window=``
 - ``takeover shard= node= id=<hex> seq=``
-- ``return NODE t= [report=SHARD:LAST:ID@SEQ,ID@SEQ ...]``; ``catch-up-done NODE shard=``
+- ``return NODE t= [report=SHARD:LAST:ID@SEQ,ID@SEQ ...]``; ``catch-up-done NODE shard= [order=N]``
+  (without ``order``: the order the node follows now)
 - ``leader-change t=`` (the new leader starts from a copy of the view decoded from its encoding)
 - ``remove-node NODE``, ``hash``.
 """
@@ -117,7 +118,7 @@ def format_action(action: Action) -> str:
         rollback = "none" if action.rollback_to is None else str(action.rollback_to)
         return (
             f"start-catch-up {action.node} shard={action.shard} upstream={action.upstream}"
-            f" rollback-to={rollback}"
+            f" rollback-to={rollback} order={action.order}"
         )
     if isinstance(action, RejoinAsTail):
         return f"rejoin-as-tail {action.node} shard={action.shard} epoch={action.epoch}"
@@ -138,6 +139,8 @@ def format_view(view: ManagerView) -> list[str]:
             line += f" departed={','.join(shard.departed)}"
         if shard.catching_up:
             line += f" catching-up={','.join(shard.catching_up)}"
+        if shard.orders:
+            line += " orders=" + ",".join(f"{n}#{o}" for n, o in shard.orders)
         if shard.takeover:
             line += " takeover=" + ",".join(f"{u.hex()}@{s}" for u, s in shard.takeover)
         lines.append(line)
@@ -223,7 +226,12 @@ class Interpreter:
                 parsed.append(ShardReport(int(shard), int(last), _table(table)))
             events = [NodeReturned(positional[0], _ms(keys["t"]), tuple(parsed))]
         elif name == "catch-up-done":
-            events = [CatchUpDone(positional[0], int(keys["shard"]))]
+            # Without order=: the order the node follows now (a report answering it).
+            current = self._view().shard(int(keys["shard"]))
+            order = current.order_of(positional[0]) if current is not None else None
+            events = [
+                CatchUpDone(positional[0], int(keys["shard"]), int(keys.get("order", order or 1)))
+            ]
         elif name == "leader-change":
             # The new leader is a member that holds only the replicated view: start it from a
             # copy decoded from the canonical encoding.
