@@ -46,8 +46,9 @@ class Replica:
         self.next_send: dict[int, int] = {}
         self.followers: set[str] = set()
         # Followers this upstream counts in its commit (docs/testing.md, "Findings"), and whether
-        # this follower's upstream counts it.
-        self.counted: set[str] = set()
+        # this follower's upstream counts it. The count survives a crash (the store records it):
+        # a restarted sole member that forgot it acknowledged writes alone (seed 6486).
+        self.counted: set[str] = set(self.store.counted)
         self.counted_upstream = False
         self.head_ready = False
         self.waiters: list[tuple[int, Callable[[bool, int, int], None]]] = []
@@ -261,6 +262,7 @@ class Replica:
             return
         self.store.chain, self.store.epoch = members, epoch
         self.followers -= set(members)
+        self.set_counted(set())  # the manager's new chain ends every count
         if self.node.id in members:
             self.catch_up = None
         self.apply_role()
@@ -273,6 +275,7 @@ class Replica:
         if order == self.catch_order and self.catch_up == upstream and self.progress is not None:
             return  # this very order, delivered twice
         # A new order starts afresh (a report of the one before must not answer it).
+        self.set_counted(set())  # a non-member counts nobody
         self.catch_order = order
         self.catch_up = upstream
         self.catch_target = -1
@@ -289,7 +292,11 @@ class Replica:
                 self.world.close_link(link)
         self.up_link, self.linked = None, False
         self.down, self.windows, self.next_send = {}, {}, {}
-        self.counted = set()
+
+    def set_counted(self, names: set[str]) -> None:
+        """The followers counted in the commit, recorded in the store at once (like the chain)."""
+        self.counted = names
+        self.store.counted = frozenset(names)
 
     def apply_role(self) -> None:
         """Takes up the role the recorded chain (or a catch-up) gives: links are rebuilt."""
@@ -509,7 +516,7 @@ class Replica:
         self.followers = set(names)
         dropped = self.counted - self.followers
         if dropped:
-            self.counted -= dropped
+            self.set_counted(self.counted - dropped)
             for who in dropped:
                 link = self.down.get(who)
                 if link is not None:
@@ -519,7 +526,7 @@ class Replica:
     def count_follower(self, who: str, link: Link) -> None:
         """A follower that holds this member's commit point counts in its commit from now on, so
         every seq the shard commits later is on it too; it may then say it caught up."""
-        self.counted.add(who)
+        self.set_counted(self.counted | {who})
         self.rebuild(fresh=False)
         self.step(chain.DownstreamLinked(who))
         self.world.send_on(link, self.node.id, self.peer(who).on_counted_msg, self.shard, link)

@@ -228,8 +228,10 @@ class Manager(Endpoint):
             self.decide(HeadTookOver(shard, node, master, seq))
         elif kind == "caught_up":
             shard, order = args
-            if self.order_of.get((node, shard)) == order:
-                self.decide(CatchUpDone(node, shard))
+            current = self.view.shard(shard)
+            view_order = current.order_of(node) if current is not None else None
+            if self.order_of.get((node, shard)) == order and view_order is not None:
+                self.decide(CatchUpDone(node, shard, view_order))
 
     def anti_entropy(self, node: str, reports: tuple[Any, ...]) -> None:
         """Orders a node missed (a lost datagram, a pause, a restart) are sent again."""

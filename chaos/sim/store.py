@@ -24,7 +24,8 @@ Batch = tuple[Entry, ...]
 
 class Store:
     """What survives a crash: synced batches, the takeover table, the persisted commit point and
-    the node's record of the shard's chain. ``pending`` is written but not synced."""
+    the node's record of the shard's chain and of the catch-up followers it counts in its
+    commit (recorded as they change, like the chain). ``pending`` is written but not synced."""
 
     def __init__(self) -> None:
         self.batches: list[Batch] = []
@@ -33,6 +34,7 @@ class Store:
         self.commit_point = 0
         self.chain: tuple[str, ...] = ()
         self.epoch = 0
+        self.counted: frozenset[str] = frozenset()
 
     def durable_last(self) -> int:
         return self.batches[-1][-1].seq if self.batches else 0

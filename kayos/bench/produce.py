@@ -20,7 +20,14 @@ same batch size, ``in_flight`` requests). ``sharded_msgs_per_s`` and ``sharded_v
 report the second against the first.
 
 The client runs in this process and the nodes in theirs, on the same machine: the figures are
-for one box, and ``machine`` says which.
+for one box, and ``machine`` says which. ``cpu`` says, per batched phase, how busy the box was
+(``busy_share``: CPU seconds of the nodes and this process over wall time x usable CPUs;
+``machine_busy_share``: every process on the box), the busiest process's share of one CPU, and
+the CPU each 1,000 messages cost (``cpu_ms_per_1k_msgs``). Shards add throughput only while the
+one-shard phase leaves CPUs idle (its head, a single event loop, at one CPU while others wait):
+when ``machine_busy_share`` is near 1 in both phases the box, not the chain, is the limit, and
+the ratio measures the CPU each message costs, which sharding does not lower
+(docs/performance.md).
 """
 
 from __future__ import annotations
@@ -84,6 +91,60 @@ class ProduceBenchParameters:
         return self.replicas if self.nodes is None else self.nodes
 
 
+class CpuMeter:
+    """CPU seconds used by a set of processes (the nodes and this one) between two samples."""
+
+    def __init__(self, pids: list[int]) -> None:
+        import psutil
+
+        self._processes = [psutil.Process(pid) for pid in pids]
+        self._usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        self._began = 0.0
+        self._start: list[float] = []
+        self._machine_start: Any = None
+
+    def _sample(self) -> list[float]:
+        import psutil
+
+        seconds: list[float] = []
+        for process in self._processes:
+            try:
+                times = process.cpu_times()
+                seconds.append(times.user + times.system)
+            except psutil.Error:  # a process gone: its last sample stands
+                seconds.append(0.0)
+        return seconds
+
+    def start(self) -> None:
+        import psutil
+
+        self._start = self._sample()
+        self._machine_start = psutil.cpu_times()
+        self._began = time.perf_counter()
+
+    def stop(self, messages: int) -> dict[str, Any]:
+        import psutil
+
+        wall = time.perf_counter() - self._began
+        ends = self._sample()
+        used = [max(0.0, end - start) for start, end in zip(self._start, ends, strict=True)]
+        machine = psutil.cpu_times()
+        idle = (machine.idle - self._machine_start.idle) + (
+            getattr(machine, "iowait", 0.0) - getattr(self._machine_start, "iowait", 0.0)
+        )
+        total = sum(machine) - sum(self._machine_start)
+        cpus = self._usable or os.cpu_count() or 1
+        return {
+            # Ours (the nodes and the client) over wall time x usable CPUs.
+            "busy_share": round(sum(used) / (wall * cpus), 2) if wall > 0 else None,
+            # Every process on the box, ours or not (1.0: no CPU left idle).
+            "machine_busy_share": round(1 - idle / total, 2) if total > 0 else None,
+            "busiest_process_cpus": round(max(used) / wall, 2) if wall > 0 and used else None,
+            "cpu_seconds": round(sum(used), 2),
+            "cpu_ms_per_1k_msgs": round(sum(used) * 1e6 / messages, 2) if messages else None,
+        }
+
+
 def percentile_ms(samples_s: list[float], fraction: float) -> float:
     """The nearest-rank percentile of latencies in seconds, in milliseconds."""
     assert samples_s, "a percentile of nothing"
@@ -140,7 +201,9 @@ async def _consume_phase(client: Any, queue: str = BENCH_QUEUE) -> tuple[int, fl
     return consumed, time.perf_counter() - began
 
 
-async def _run(urls: list[str], parameters: ProduceBenchParameters) -> dict[str, Any]:
+async def _run(
+    urls: list[str], parameters: ProduceBenchParameters, meter: CpuMeter | None = None
+) -> dict[str, Any]:
     from kayos.client.aio import AsyncClient
 
     value = bytes(range(256))[: parameters.value_bytes].ljust(parameters.value_bytes, b"x")
@@ -148,11 +211,18 @@ async def _run(urls: list[str], parameters: ProduceBenchParameters) -> dict[str,
         for number in range(warmup_batches):
             items = [(_key(number * parameters.batch + i), value) for i in range(parameters.batch)]
             await client.produce_batch(WARMUP_QUEUE, items, acks="all")
+        cpu: dict[str, Any] = {}
+        if meter is not None:
+            meter.start()
         seconds, batch_latencies = await _produce_phase(client, parameters, value)
+        if meter is not None:
+            cpu["one_shard"] = meter.stop(parameters.messages)
         single_latencies = await _single_phase(client, parameters.singles, value)
         consumed, consume_seconds = await _consume_phase(client)
         sharded: dict[str, Any] = {}
         if parameters.queue_shards > 1:
+            if meter is not None:
+                meter.start()
             sharded_seconds, sharded_latencies = await _produce_phase(
                 client,
                 parameters,
@@ -160,6 +230,8 @@ async def _run(urls: list[str], parameters: ProduceBenchParameters) -> dict[str,
                 SHARDED_QUEUE,
                 parameters.batch * parameters.queue_shards,
             )
+            if meter is not None:
+                cpu["sharded"] = meter.stop(parameters.messages)
             sharded_consumed, _ = await _consume_phase(client, SHARDED_QUEUE)
             sharded = {
                 "sharded_msgs_per_s": round(parameters.messages / sharded_seconds),
@@ -180,6 +252,8 @@ async def _run(urls: list[str], parameters: ProduceBenchParameters) -> dict[str,
         result["single_commit_p99_ms"] = percentile_ms(single_latencies, 0.99)
     result["consume_msgs_per_s"] = round(consumed / consume_seconds) if consume_seconds else 0
     result["consumed"] = consumed
+    if cpu:
+        result["cpu"] = cpu
     return {**result, **sharded}
 
 
@@ -208,7 +282,9 @@ def bench_produce(parameters: ProduceBenchParameters, base: str | None = None) -
     )
     try:
         with cluster:
-            figures = asyncio.run(_run(list(cluster.urls.values()), parameters))
+            pids = [cluster.pid(node) for node in cluster.urls]
+            meter = CpuMeter([os.getpid(), *(pid for pid in pids if pid is not None)])
+            figures = asyncio.run(_run(list(cluster.urls.values()), parameters, meter))
             exits = cluster.stop()
     finally:
         if base is None:

@@ -38,7 +38,7 @@ from kayos.manager import (
     check_event,
 )
 
-ENTRY_VERSION = 1
+ENTRY_VERSION = 2  # 2: caught_up names its catch-up order
 ENTRY_EVENTS_MAX = limits.manager_entry_events_max
 
 
@@ -90,7 +90,7 @@ def event_to_data(event: Event) -> list[Any]:
         ]
         return ["returned", {"node": event.node, "at_ms": event.at_ms, "reports": reports}]
     if isinstance(event, CatchUpDone):
-        return ["caught_up", {"node": event.node, "shard": event.shard}]
+        return ["caught_up", {"node": event.node, "shard": event.shard, "order": event.order}]
     if isinstance(event, ManagerLeaderChanged):
         return ["leader_changed", {"at_ms": event.at_ms}]
     if isinstance(event, AddNode):
@@ -130,7 +130,7 @@ def event_from_data(data: Any) -> Event:
             )
             event = NodeReturned(_str(f["node"]), _int(f["at_ms"]), reports)
         elif kind == "caught_up":
-            event = CatchUpDone(_str(f["node"]), _int(f["shard"]))
+            event = CatchUpDone(_str(f["node"]), _int(f["shard"]), _int(f["order"]))
         elif kind == "leader_changed":
             event = ManagerLeaderChanged(_int(f["at_ms"]))
         elif kind == "remove_node":
@@ -189,6 +189,7 @@ def action_to_data(action: Action) -> dict[str, Any]:
             "shard": action.shard,
             "upstream": action.upstream,
             "rollback_to": action.rollback_to,
+            "order": action.order,
         }
     if isinstance(action, RejoinAsTail):
         return {"kind": "rejoin", "node": action.node, "shard": action.shard, "epoch": action.epoch}

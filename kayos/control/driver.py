@@ -162,6 +162,19 @@ def _takeovers(view: ManagerView, answers: Mapping[str, Answer]) -> list[Event]:
     return events
 
 
+def _learning_from(entry: Mapping[str, Any] | None, upstream: str) -> bool:
+    """The node copies the shard as a learner of ``upstream`` over a live link: its link
+    handshake (which rolls back a divergent suffix) is done. Only then does its seq say how far
+    it is from the tail: a copy from before the order (a replica of the old chain, a learner of
+    an old tail) may hold a divergent suffix that looks caught up (simulator seeds 1523, 517)."""
+    return (
+        entry is not None
+        and entry.get("role") == "learner"
+        and entry.get("upstream") == upstream
+        and entry.get("upstream_linked") is True
+    )
+
+
 def plan_round(
     view: ManagerView, answers: Mapping[str, Answer], now_ms: int, memory: Memory
 ) -> Plan:
@@ -203,12 +216,15 @@ def plan_round(
             # left the chain, possibly after refusing an order sent while it still was a member).
             entry = _shard_status(answers[node].status, shard.id)
             seq = durable_seq(entry) if entry is not None else None
+            order = shard.order_of(node)
             if (
                 tail_seq is not None
                 and seq is not None
+                and order is not None
+                and _learning_from(entry, shard.tail)
                 and seq >= tail_seq - limits.manager_catchup_done_lag_seqs
             ):
-                events.append(CatchUpDone(node, shard.id))
+                events.append(CatchUpDone(node, shard.id, order))
                 continue
             last = sent_catch_up.get((node, shard.id))
             if (entry is None or entry.get("role") != "learner") and (

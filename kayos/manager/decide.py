@@ -19,7 +19,8 @@ Rules (the reasons are in docs/manager.md):
 - an operator's move sends the target to catch up from the tail; on CatchUpDone it joins as tail,
   and on the next event the source leaves (so the move never shortens a chain); a drain is a move
   of each of the node's replicas; a rebalance is the moves ``plan_rebalance`` plans;
-- any change of chains raises the epoch by one; the changed shards carry the new epoch.
+- any change of chains, or a node added, raises the epoch by one; the changed shards carry the
+  new epoch.
 """
 
 from __future__ import annotations
@@ -140,20 +141,22 @@ def _start_move(
         return view
     if target in shard.chain or target in shard.catching_up:
         return view
+    # The target is sent like any catch-up, with an order number its CatchUpDone must name.
+    view, shard, order = _new_order(view, shard, target)
     shard = replace(
         shard,
         moves=((target, source),),
         catching_up=(*shard.catching_up, target),
         departed=tuple(n for n in shard.departed if n != target),
     )
-    out.append(StartCatchUp(target, shard.id, shard.tail, None))
+    out.append(StartCatchUp(target, shard.id, shard.tail, None, order))
     return view.with_shard(shard)
 
 
 def _complete_moves(view: ManagerView) -> ManagerView:
     """A move whose target joined the chain by an earlier event is finished now: the source leaves
     (unless it is the last member, which cannot happen while the target is in the chain) and is
-    no longer a departed member that could come back."""
+    no longer a departed member that could come back, nor one catching up."""
     for shard in view.shards:
         if not shard.moves:
             continue
@@ -161,8 +164,17 @@ def _complete_moves(view: ManagerView) -> ManagerView:
         if target not in shard.chain:
             continue
         chain = tuple(n for n in shard.chain if n != source) or shard.chain
-        departed = tuple(n for n in shard.departed if n != source)
-        view = view.with_shard(replace(shard, chain=chain, departed=departed, moves=()))
+        # The source leaves for good: not a departed member, nor one catching up to come back
+        # (it may have gone down and returned during the move).
+        shard = replace(
+            shard,
+            chain=chain,
+            departed=tuple(n for n in shard.departed if n != source),
+            catching_up=tuple(n for n in shard.catching_up if n != source),
+            orders=tuple(o for o in shard.orders if o[0] != source),
+            moves=(),
+        )
+        view = view.with_shard(shard)
     return view
 
 
@@ -275,10 +287,22 @@ def _start_catch_ups(
             if states[node_id] != "up" or node_id in shard.catching_up or node_id in shard.chain:
                 continue
             rollback = _rollback_to(shard, reports.get(shard.id))
+            view, shard, order = _new_order(view, shard, node_id)
             shard = replace(shard, catching_up=(*shard.catching_up, node_id))
             view = view.with_shard(shard)
-            out.append(StartCatchUp(node_id, shard.id, shard.tail, rollback))
+            out.append(StartCatchUp(node_id, shard.id, shard.tail, rollback, order))
     return view
+
+
+def _new_order(
+    view: ManagerView, shard: ShardView, node_id: str
+) -> tuple[ManagerView, ShardView, int]:
+    """Numbers a new catch-up order of ``node_id`` on ``shard``; it replaces any earlier one, so
+    a report answering the earlier order no longer rejoins the node (docs/manager.md)."""
+    order = view.orders_issued + 1
+    orders = (*(o for o in shard.orders if o[0] != node_id), (node_id, order))
+    shard = replace(shard, orders=orders)
+    return replace(view, orders_issued=order).with_shard(shard), shard, order
 
 
 def _rollback_to(shard: ShardView, report: ShardReport | None) -> int | None:
@@ -301,11 +325,16 @@ def _catch_up_done(view: ManagerView, event: CatchUpDone, out: list[Action]) -> 
         return view
     if node.state != "up":
         return view  # it went away again while catching up; reconcile drops it
+    if shard.order_of(node.id) != event.order:
+        # A late report of an earlier order: the node has since been ordered again (to another
+        # upstream, or to roll back first after it returned again) and has not done that yet.
+        return view
     shard = replace(
         shard,
         chain=(*shard.chain, node.id),
         catching_up=tuple(n for n in shard.catching_up if n != node.id),
         departed=tuple(n for n in shard.departed if n != node.id),
+        orders=tuple(o for o in shard.orders if o[0] != node.id),
     )
     out.append(RejoinAsTail(node.id, shard.id, view.epoch + 1))
     return view.with_shard(shard)
@@ -322,7 +351,7 @@ def _reconcile(view: ManagerView) -> ManagerView:
         departed = list(shard.departed)
         for member in list(chain):
             state = states[member]
-            if state == "slow" and len(chain) - 1 < view.config.min_replicas:
+            if state == "slow" and _staying(chain, shard.moves, member) < view.config.min_replicas:
                 continue  # kept: slow is better than under the minimum (docs/manager.md)
             if state in ("down", "slow", "removed") and len(chain) > 1:
                 chain.remove(member)
@@ -336,6 +365,7 @@ def _reconcile(view: ManagerView) -> ManagerView:
             departed = [n for n in departed if n != moves[0][0]]
             moves = ()
         departed = [n for n in departed if states[n] != "removed"]
+        orders = tuple(o for o in shard.orders if o[0] in catching_up)
         shards.append(
             replace(
                 shard,
@@ -343,9 +373,20 @@ def _reconcile(view: ManagerView) -> ManagerView:
                 departed=tuple(departed),
                 catching_up=catching_up,
                 moves=moves,
+                orders=orders,
             )
         )
     return replace(view, shards=tuple(shards))
+
+
+def _staying(chain: list[str], moves: tuple[tuple[str, str], ...], leaving: str) -> int:
+    """How many members stay in ``chain`` if ``leaving`` goes: a move's source whose target has
+    joined is leaving anyway, so it does not count (a slow node is kept rather than let the
+    move's end take the shard below the minimum)."""
+    extra = bool(moves) and moves[0][0] in chain and moves[0][1] in chain
+    if extra and leaving == moves[0][1]:
+        return len(chain) - 1
+    return len(chain) - 1 - int(extra)
 
 
 # --- actions from the difference -----------------------------------------------------------------
@@ -358,7 +399,10 @@ def _finish(
     changed = [
         s for s, before in zip(new.shards, old.shards, strict=True) if s.chain != before.chain
     ]
-    if changed:
+    # A node added at runtime changes the topology too (its address): every node must learn it
+    # before a move can link to it, and nodes take only a topology of a higher epoch.
+    republish = bool(changed) or new.added != old.added
+    if republish:
         ids = {s.id for s in changed}
         new = replace(
             new,
@@ -368,16 +412,19 @@ def _finish(
     actions: list[Action] = [SpliceChain(s.id, s.chain, epoch) for s in changed]
     actions += node_actions
     started = {(a.node, a.shard) for a in node_actions if isinstance(a, StartCatchUp)}
-    for shard, before in zip(new.shards, old.shards, strict=True):
+    for before in old.shards:
+        shard = new.shards[before.id]
         if shard.tail != before.tail:
             for node in shard.catching_up:
                 if (node, shard.id) not in started:
-                    actions.append(StartCatchUp(node, shard.id, shard.tail, None))
+                    # A new upstream: a new order, so the copy from the old tail cannot end it.
+                    new, shard, order = _new_order(new, shard, node)
+                    actions.append(StartCatchUp(node, shard.id, shard.tail, None, order))
     alerts = derive_alerts(new)
     raised, cleared = set(alerts) - set(old.alerts), set(old.alerts) - set(alerts)
     actions += [Alert(a.kind, a.shard, a.node) for a in sorted(raised)]
     actions += [ClearAlert(a.kind, a.shard, a.node) for a in sorted(cleared)]
-    if changed:
+    if republish:
         actions.append(PublishTopology(epoch))
     return replace(new, alerts=alerts), actions
 
@@ -398,7 +445,9 @@ def _leader_changed(
     view = replace(view, now_ms=at, nodes=nodes)
     actions: list[Action] = [SpliceChain(s.id, s.chain, s.epoch) for s in view.shards]
     actions += [
-        StartCatchUp(node, s.id, s.tail, None) for s in view.shards for node in s.catching_up
+        StartCatchUp(node, s.id, s.tail, None, s.order_of(node) or 0)
+        for s in view.shards
+        for node in s.catching_up
     ]
     actions.append(PublishTopology(view.epoch))
     return view, actions

@@ -77,10 +77,13 @@ class NodeReturned:
 
 @dataclass(frozen=True, slots=True)
 class CatchUpDone:
-    """``node`` has caught up on ``shard`` from its upstream and can join the chain."""
+    """``node`` has caught up on ``shard`` from its upstream and can join the chain, answering
+    the catch-up order ``order`` (``StartCatchUp.order``): a report about an earlier order (one
+    the node may since have been sent again, to roll back first) is ignored."""
 
     node: str
     shard: int
+    order: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,12 +182,15 @@ class ClearAlert:
 @dataclass(frozen=True, slots=True)
 class StartCatchUp:
     """``node`` rolls back to ``rollback_to`` (None: nothing to roll back, as far as the manager
-    knows; the link handshake checks again) and catches ``shard`` up from ``upstream``."""
+    knows; the link handshake checks again) and catches ``shard`` up from ``upstream``. ``order``
+    numbers the order (view-wide, rising): only a ``CatchUpDone`` naming it rejoins the node; a
+    new order (a new upstream, a new return) gets a new number; a resent one keeps its own."""
 
     node: str
     shard: int
     upstream: str
     rollback_to: int | None
+    order: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +242,11 @@ def check_event(event: Event) -> Event:
             if len(report.takeover) > limits.takeover_table_entries_max:
                 raise InvalidRequest("a takeover table is longer than its bound")
             _check_entries(report.takeover)
-    elif isinstance(event, CatchUpDone | RemoveNode | Drain):
+    elif isinstance(event, CatchUpDone):
+        nodes = [event.node]
+        if event.order < 1:
+            raise InvalidRequest("a catch-up order number is >= 1")
+    elif isinstance(event, RemoveNode | Drain):
         nodes = [event.node]
     elif isinstance(event, AddNode):
         nodes = [event.node]

@@ -28,9 +28,11 @@ DRAIN_BLOCKED = "drain_blocked"  # a draining node's replica has nowhere to go (
 ALERT_KINDS = (BELOW_MIN_REPLICAS, SLOW_KEPT, NO_LIVE_MEMBER, DRAIN_BLOCKED)
 
 # The view's encoding version: part of the hash, so members of different versions never agree.
-# 2 added moves, draining nodes and added nodes' addresses; a format-1 snapshot still reads.
-VIEW_FORMAT = 2
-_FORMATS_READ = (1, 2)
+# 2: catch-up order numbers (ShardView.orders, ManagerView.orders_issued);
+# 3: 2 and pending moves, draining nodes and added nodes' addresses (docs/manager.md, "The view").
+# A format-1 or format-2 snapshot still reads: the fields it lacks are empty (see ``from_data``).
+VIEW_FORMAT = 3
+_FORMATS_READ = (1, 2, 3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +81,8 @@ class ShardView:
     """One shard: ``chain`` head first; ``epoch`` of its last change; ``departed``: members
     spliced out that may come back; ``catching_up``: returned nodes and move targets copying from
     the tail; ``takeover``: the head's takeover table as last reported; ``moves``: pending moves,
-    (target, source) pairs (docs/manager.md rule 7; at most one per shard)."""
+    (target, source) pairs (docs/manager.md rule 7; at most one per shard); ``orders``: (node,
+    order number) of the catch-up order each node in ``catching_up`` follows now."""
 
     id: int
     chain: tuple[str, ...]
@@ -88,10 +91,18 @@ class ShardView:
     catching_up: tuple[str, ...] = ()
     takeover: tuple[tuple[bytes, int], ...] = ()
     moves: tuple[tuple[str, str], ...] = ()
+    orders: tuple[tuple[str, int], ...] = ()
 
     @property
     def tail(self) -> str:
         return self.chain[-1]
+
+    def order_of(self, node: str) -> int | None:
+        """The number of the catch-up order ``node`` follows on this shard (None: none)."""
+        for name, order in self.orders:
+            if name == node:
+                return order
+        return None
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -121,6 +132,7 @@ class ManagerView:
     alerts: tuple[AlertKey, ...] = field(default=())
     draining: tuple[str, ...] = ()
     added: tuple[NodeAddress, ...] = ()
+    orders_issued: int = 0  # catch-up orders numbered so far (the last order's number)
 
     @classmethod
     def bootstrap(
@@ -191,20 +203,29 @@ class ManagerView:
                     "catching_up": list(s.catching_up),
                     "takeover": [[uuid.hex(), seq] for uuid, seq in s.takeover],
                     "moves": [[target, source] for target, source in s.moves],
+                    "orders": [[node, order] for node, order in s.orders],
                 }
                 for s in self.shards
             ],
             "alerts": [[a.kind, a.shard, a.node] for a in self.alerts],
             "draining": list(self.draining),
             "added": [[a.id, a.host, a.http_port, a.bin_port] for a in self.added],
+            "orders_issued": self.orders_issued,
         }
 
     @classmethod
     def from_data(cls, data: Any) -> ManagerView:
-        """The inverse of ``to_data`` (a snapshot a new member starts from)."""
+        """The inverse of ``to_data`` (a snapshot a new member starts from). A snapshot of format 1
+        or 2 reads with the fields it lacks empty; see ``_numbered`` for its catching-up nodes."""
         try:
-            if data["format"] not in _FORMATS_READ:
-                raise InvalidRequest(f"manager view format {data['format']!r} is not supported")
+            fmt = data["format"]
+            if fmt not in _FORMATS_READ:
+                raise InvalidRequest(f"manager view format {fmt!r} is not supported")
+
+            def field_of(obj: Any, key: str) -> Any:
+                # Format 3 holds every field; an older one may lack any field added since.
+                return obj[key] if fmt == VIEW_FORMAT else obj.get(key, [])
+
             config = Config(**{k: int(v) for k, v in data["config"].items()}).validate()
             nodes = []
             for node_id, state, heard in data["nodes"]:
@@ -219,16 +240,19 @@ class ManagerView:
                     tuple(str(n) for n in s["departed"]),
                     tuple(str(n) for n in s["catching_up"]),
                     tuple((bytes.fromhex(u), int(q)) for u, q in s["takeover"]),
-                    tuple((str(t), str(f)) for t, f in s.get("moves", [])),
+                    tuple((str(t), str(f)) for t, f in field_of(s, "moves")),
+                    tuple((str(n), int(o)) for n, o in field_of(s, "orders")),
                 )
                 for s in data["shards"]
             )
             alerts = tuple(AlertKey(str(k), int(s), str(n)) for k, s, n in data["alerts"])
-            draining = tuple(str(n) for n in data.get("draining", []))
+            draining = tuple(str(n) for n in field_of(data, "draining"))
             added = tuple(
-                NodeAddress(str(i), str(h), int(p), int(q)) for i, h, p, q in data.get("added", [])
+                NodeAddress(str(i), str(h), int(p), int(q))
+                for i, h, p, q in field_of(data, "added")
             )
-            return cls(
+            issued = data["orders_issued"] if fmt == VIEW_FORMAT else data.get("orders_issued", 0)
+            view = cls(
                 config,
                 int(data["epoch"]),
                 int(data["now_ms"]),
@@ -237,9 +261,27 @@ class ManagerView:
                 alerts,
                 draining,
                 added,
+                int(issued),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidRequest(f"bad manager view: {exc!r}") from exc
+        return view if fmt == VIEW_FORMAT else _numbered(view)
+
+
+def _numbered(view: ManagerView) -> ManagerView:
+    """A format-1 view has no catch-up order numbers: each catching-up node without one gets the
+    next number (shard by shard, in ``catching_up`` order, so every member numbers alike), or its
+    catch-up could never end (only a ``CatchUpDone`` naming its order rejoins it)."""
+    issued = max([view.orders_issued, *(o for s in view.shards for _, o in s.orders)])
+    shards = []
+    for shard in view.shards:
+        orders = list(shard.orders)
+        for node in shard.catching_up:
+            if shard.order_of(node) is None:
+                issued += 1
+                orders.append((node, issued))
+        shards.append(replace(shard, orders=tuple(orders)))
+    return replace(view, shards=tuple(shards), orders_issued=issued)
 
 
 def canonical_bytes(view: ManagerView) -> bytes:

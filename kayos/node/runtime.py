@@ -443,6 +443,14 @@ class Node:
             await replica.wait_visible_through(
                 replica.durable, limits.consume_commit_point_wait_ms / 1000
             )
+            wait_s = limits.consume_commit_point_wait_ms / 1000
+            if not await replica.wait_holds_upstream_point(wait_s):
+                raise UnavailableError(
+                    f"shard {replica.shard_id} on {self.node_id} does not hold the commit point"
+                    f" its upstream sent yet (it holds seq {replica.durable}, upstream committed"
+                    f" {replica.progress.upstream_point}, link point heard"
+                    f" {replica.link_point_heard})"
+                )
         while True:
             try:
                 page = await asyncio.to_thread(

@@ -404,6 +404,9 @@ class ShardReplica:
         target = self.store.meta.get(CATCH_UP_META_KEY, 0)
         self.catching_up = isinstance(target, int) and self.store.last_seq < target
         self.upstream_stream: FrameStream | None = None
+        # A COMMIT_POINT came on the current upstream link (a tail serves only then: see
+        # holds_upstream_point).
+        self.link_point_heard = False
         self.downstream_streams: dict[str, FrameStream] = {}
         self._links: dict[str, _LinkSender] = {}
         # Every link this replica had, by peer: up or down, last heard, lag (status, metrics).
@@ -652,6 +655,30 @@ class ShardReplica:
                 return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.changed.waiter(), remaining)
+
+    def holds_upstream_point(self) -> bool:
+        """Whether this replica holds every seq its upstream said is committed: on the current
+        link once it has sent its commit point, else the last point heard. A tail serves a new
+        snapshot only then: one that rejoined behind the shard's commit (a catch-up lag behind),
+        or whose link was rebuilt, would otherwise serve a group an older mark than the one the
+        group committed (simulator seed 16). A head (no upstream) always does."""
+        if self.upstream is None:
+            return True
+        if self.upstream_stream is not None and not self.link_point_heard:
+            return False
+        return self.progress.durable >= self.progress.upstream_point
+
+    async def wait_holds_upstream_point(self, timeout_s: float) -> bool:
+        """``holds_upstream_point``, waiting for it at most ``timeout_s``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not self.holds_upstream_point():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.waiter(), remaining)
+        return True
 
     async def wait_visible_past(self, seq: int, timeout_s: float) -> None:
         """Returns once the commit point is past ``seq`` or after ``timeout_s``."""
@@ -1230,6 +1257,7 @@ class UpstreamLink:
             # A commit the last link's applier was cancelled in landed without being counted:
             # step the progress and wake the senders before reporting to the new upstream.
             replica.local_commit_done()
+            replica.link_point_heard = False
             replica.upstream_stream = stream
             replica.upstream_synced = True
             replica.downstream_event(chain.UpstreamLinked())
@@ -1313,7 +1341,9 @@ class UpstreamLink:
                     if self.copy and frame.committed_seq > catch_up_target:
                         # The chain above commits anew: it takes live writes (the copy throttles).
                         replica.live_at_s = replica.clock.monotonic_s()
+                    replica.link_point_heard = True
                     replica.downstream_event(chain.UpstreamCommitPoint(frame.committed_seq))
+                    replica.changed.notify()
                 elif isinstance(frame, fr.Ping):
                     stream.send(fr.Pong(frame.nonce))
                 elif isinstance(frame, fr.ErrorFrame):

@@ -65,6 +65,14 @@ def test_bench_produce_compares_a_sharded_queue_in_the_same_run(tmp_path: Path) 
         assert figures[name] > 0, name
     ratio = figures["sharded_msgs_per_s"] / figures["msgs_per_s"]
     assert abs(figures["sharded_vs_one_ratio"] - ratio) < 0.05 * ratio + 0.01
+    for phase in ("one_shard", "sharded"):
+        cpu = figures["cpu"][phase]
+        assert cpu["cpu_seconds"] > 0, cpu
+        assert 0 < cpu["machine_busy_share"] <= 1, cpu
+        assert cpu["cpu_ms_per_1k_msgs"] == pytest.approx(
+            cpu["cpu_seconds"] * 1e6 / 1500,
+            abs=5,  # cpu_seconds is rounded to 10 ms
+        )
     bad = CliRunner().invoke(cli, ["bench", "produce", "--queue-shards", "0"])
     assert bad.exit_code != 0
     assert "queue_shards must be" in bad.output

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 def test_disk_use_stays_under_the_budget_while_ten_budgets_go_through(tmp_path: Path) -> None:
     parameters = RetentionSoakParameters(
-        budget_bytes=32 * 1024 * 1024, volume_factor=10, in_flight=1, deadline_s=240
+        budget_bytes=32 * 1024 * 1024, volume_factor=10, batch=50, in_flight=1, deadline_s=240
     )
     result = bench_retention(parameters, str(tmp_path))
     print({k: v for k, v in result.items() if k not in ("machine", "parameters")})

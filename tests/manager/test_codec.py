@@ -33,7 +33,7 @@ EVENTS: list[Event] = [
     LatencyReport("a", "b", 300, 6_000),
     HeadTookOver(0, "a", bytes(range(16)), 42),
     NodeReturned("b", 7, (ShardReport(0, 41, ((b"\x01" * 16, 3),)), ShardReport(1, 0, ()))),
-    CatchUpDone("b", 2),
+    CatchUpDone("b", 2, 7),
     ManagerLeaderChanged(9),
     RemoveNode("c"),
     AddNode("d", "127.0.0.1", 7404, 7504),

@@ -12,15 +12,19 @@ import pytest
 
 from kayos.errors import InvalidRequest
 from kayos.manager import (
+    AddNode,
     CatchUpDone,
     Config,
+    Drain,
     Event,
     HeadTookOver,
     Heartbeat,
     LatencyReport,
     ManagerLeaderChanged,
     ManagerView,
+    MoveReplica,
     NodeReturned,
+    Rebalance,
     RemoveNode,
     ShardReport,
     TimerTick,
@@ -81,14 +85,20 @@ def test_bootstrap_rejects_a_bad_layout(nodes: list[str], chains: list[tuple[str
 # The hash of ``fresh()`` after the events below. It changes only if the view's encoding (or the
 # decisions) change: then raise VIEW_FORMAT in kayos/manager/view.py and update this value, since
 # members of different versions must not believe they agree.
-GOLDEN_EVENTS: list[Event] = [
+HEAL_EVENTS: list[Event] = [
     HeadTookOver(0, "a", bytes.fromhex("aa"), 0),
     Heartbeat("b", 6_000),
     Heartbeat("c", 6_000),
     Heartbeat("d", 6_000),
     TimerTick(6_000),
 ]
-GOLDEN_HASH = "c5026496b76ae2a490914c1d8d0c285849b01d796d08a2290c0b52b8d2bb81a8"
+GOLDEN_EVENTS: list[Event] = [
+    *HEAL_EVENTS,
+    AddNode("e", "127.0.0.1", 7105, 7205),
+    MoveReplica(1, "b", "e"),
+    Drain("c"),
+]
+GOLDEN_HASH = "bc0297f9b4ae718b815273bdf7e16d8e014edbc34a5e394ead67b29aa0753328"  # view format 3
 
 
 def run(view: ManagerView, events: list[Event]) -> ManagerView:
@@ -124,7 +134,12 @@ def test_the_view_round_trips_through_its_encoding() -> None:
 @pytest.mark.parametrize(
     "breakage",
     [
-        lambda d: d.update(format=3),
+        lambda d: d.update(format=4),
+        lambda d: d.update(format=0),
+        lambda d: d.pop("orders_issued"),  # format 3 holds every field
+        lambda d: d.pop("draining"),
+        lambda d: d["shards"][0].pop("moves"),
+        lambda d: d["shards"][0].pop("orders"),
         lambda d: d.pop("shards"),
         lambda d: d["nodes"].append(["e", "sleepy", 0]),
         lambda d: d["shards"][0].update(takeover=[["zz", 0]]),
@@ -138,10 +153,10 @@ def test_a_bad_encoding_is_refused(breakage: object) -> None:
         ManagerView.from_data(data)
 
 
-def random_event(rng: random.Random, now_ms: int) -> Event:
+def random_event(rng: random.Random, now_ms: int, view: ManagerView) -> Event:
     node = rng.choice([*NODES, "zz"])
     other = rng.choice(NODES)
-    kind = rng.randrange(9)
+    kind = rng.randrange(10)
     if kind <= 2:
         return Heartbeat(node, now_ms - rng.randrange(0, 2_000))
     if kind == 3:
@@ -155,9 +170,22 @@ def random_event(rng: random.Random, now_ms: int) -> Event:
             node, now_ms, (ShardReport(rng.randrange(4), rng.randrange(200), table),)
         )
     if kind == 6:
-        return CatchUpDone(node, rng.randrange(5))
+        # Half the reports answer an order the view holds (a returned node or a move target).
+        pending = [(s.id, n, o) for s in view.shards for n, o in s.orders]
+        if pending and rng.random() < 0.5:
+            shard, target, order = rng.choice(pending)
+            return CatchUpDone(target, shard, order)
+        return CatchUpDone(node, rng.randrange(5), rng.randrange(1, 6))
     if kind == 7:
         return HeadTookOver(rng.randrange(4), node, bytes([rng.randrange(256)]), rng.randrange(200))
+    if kind == 9:
+        # Operator events: moves between the file's nodes, rebalances, rarely a drain.
+        pick = rng.random()
+        if pick < 0.6:
+            return MoveReplica(rng.randrange(5), other, rng.choice(NODES))
+        if pick < 0.9:
+            return Rebalance()
+        return Drain(node)
     if rng.random() < 0.1:
         return RemoveNode(node)
     return ManagerLeaderChanged(now_ms)
@@ -179,7 +207,7 @@ def test_random_logs_keep_the_invariants_and_members_agree(run_index: int) -> No
     now = 0
     for _ in range(400):
         now += rng.randrange(0, 1_500)
-        event = random_event(rng, now)
+        event = random_event(rng, now, members[0])
         if rng.random() < 0.05:
             members[2] = ManagerView.from_data(json.loads(json.dumps(members[2].to_data())))
         results = [decide(member, event) for member in members]
@@ -219,16 +247,46 @@ def test_check_event_passes_well_formed_ones_and_decide_ignores_unknown_names() 
     for event in GOLDEN_EVENTS:
         assert check_event(event) is event
     view = fresh()
-    for stale in [Heartbeat("zz", 1), CatchUpDone("a", 99), HeadTookOver(7, "a", b"\x01", 0)]:
+    for stale in [Heartbeat("zz", 1), CatchUpDone("a", 99, 1), HeadTookOver(7, "a", b"\x01", 0)]:
         assert decide(view, check_event(stale)) == (view, [])
 
 
-def test_a_format_1_snapshot_still_reads() -> None:
-    """A member upgraded to view format 2 starts from a format-1 dump (no moves, no draining
-    nodes, no added addresses) and holds the same view."""
-    data = json.loads(json.dumps(fresh().to_data()))
-    data["format"] = 1
+def _older(view: ManagerView, fmt: int) -> dict[str, object]:
+    """``view`` dumped as a member of view format ``fmt`` wrote it: format 2 (catch-up order
+    numbers) lacks moves, draining and added nodes; format 1 lacks the order numbers too."""
+    data = json.loads(json.dumps(view.to_data()))
+    data["format"] = fmt
     for shard in data["shards"]:
         del shard["moves"]
+        if fmt == 1:
+            del shard["orders"]
     del data["draining"], data["added"]
-    assert ManagerView.from_data(data) == fresh()
+    if fmt == 1:
+        del data["orders_issued"]
+    return data  # type: ignore[no-any-return]
+
+
+def test_format_1_and_2_snapshots_still_read() -> None:
+    """A member upgraded to view format 3 starts from a format-1 or format-2 dump and holds the
+    same view: no moves, no draining nodes, no added addresses."""
+    assert ManagerView.from_data(_older(fresh(), 1)) == fresh()
+    assert ManagerView.from_data(_older(fresh(), 2)) == fresh()
+    returned = run(fresh(), [*HEAL_EVENTS, NodeReturned("a", 7_000, ())])
+    assert returned.orders_issued > 0
+    assert ManagerView.from_data(_older(returned, 2)) == returned
+
+
+def test_a_format_1_snapshot_numbers_its_catching_up_nodes() -> None:
+    """Format 1 had no order numbers: each catching-up node is numbered on reading, shard by
+    shard, so its CatchUpDone (which must name an order) can still rejoin it."""
+    returned = run(fresh(), [*HEAL_EVENTS, NodeReturned("a", 7_000, ())])
+    read = ManagerView.from_data(_older(returned, 1))
+    catching = [(s.id, n) for s in read.shards for n in s.catching_up]
+    assert catching, "the returned node catches up somewhere"
+    numbers = [read.shards[shard].order_of(node) for shard, node in catching]
+    assert numbers == list(range(1, len(catching) + 1))
+    assert read.orders_issued == len(catching)
+    shard, node = catching[0]
+    after, actions = decide(read, CatchUpDone(node, shard, 1))
+    assert node in after.shards[shard].chain
+    assert any(type(a).__name__ == "RejoinAsTail" for a in actions)

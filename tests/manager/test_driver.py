@@ -188,19 +188,55 @@ def test_a_learner_near_the_tails_seq_is_caught_up() -> None:
     lag = limits.manager_catchup_done_lag_seqs
     a = status(shards={1: {"last_seq": 5_000}, 2: {"last_seq": 5_000}})
     c = status(shards={0: {"last_seq": 5_000}})
+    linked = {"role": "learner", "upstream_linked": True}
     b = status(
         shards={
-            0: {"role": "learner", "durable_seq": 5_000 - lag},  # close enough
-            1: {"role": "learner", "durable_seq": 5_000 - lag - 1},  # not yet
-            2: {"role": "learner", "durable_seq": 5_000},
+            0: {**linked, "upstream": "c", "durable_seq": 5_000 - lag},  # close enough
+            1: {**linked, "upstream": "a", "durable_seq": 5_000 - lag - 1},  # not yet
+            2: {**linked, "upstream": "a", "durable_seq": 5_000},
         }
     )
     plan = plan_round(view, answers(a=a, b=b, c=c), 6_000, everyone(view))
+    orders = {s.id: s.order_of("b") for s in view.shards}
     assert [e for e in plan.events if isinstance(e, CatchUpDone)] == [
-        CatchUpDone("b", 0),
-        CatchUpDone("b", 2),
+        CatchUpDone("b", 0, orders[0]),
+        CatchUpDone("b", 2, orders[2]),
     ]
     assert plan.send_catch_up == []  # b learns shard 1 already: no order again
+
+
+def test_only_a_linked_learner_of_the_tail_counts_as_caught_up() -> None:
+    """A returned node's old replica (divergent suffix and all) or a learner of an earlier tail,
+    or one whose link handshake (where it rolls back) is not done, may show a seq at the tail's:
+    none of them is caught up (it was reported done before rolling back: simulator seed 1523)."""
+    view = catching_up_b()
+    a = status(shards={1: {"last_seq": 5_000}, 2: {"last_seq": 5_000}})
+    c = status(shards={0: {"last_seq": 5_000}})
+    b = status(
+        shards={
+            0: {"role": "tail", "durable_seq": 5_200},  # its old replica, not yet rolled back
+            1: {"role": "learner", "upstream": "c", "upstream_linked": True, "durable_seq": 5_000},
+            2: {"role": "learner", "upstream": "a", "upstream_linked": False, "durable_seq": 5_000},
+        }
+    )
+    plan = plan_round(view, answers(a=a, b=b, c=c), 6_000, everyone(view))
+    assert [e for e in plan.events if isinstance(e, CatchUpDone)] == []
+
+
+def test_a_late_catch_up_report_of_an_earlier_order_rejoins_nobody() -> None:
+    view = catching_up_b()
+    first = view.shards[0].order_of("b")
+    assert first is not None
+    view, _ = decide(view, TimerTick(20_000, (("a", 20_000), ("c", 20_000))))  # b away again
+    assert "b" not in view.shards[0].catching_up
+    view, actions = decide(view, NodeReturned("b", 20_100))
+    again = next(a for a in actions if isinstance(a, StartCatchUp) and a.shard == 0)
+    assert again.order > first
+    view, actions = decide(view, CatchUpDone("b", 0, first))
+    assert actions == []
+    assert "b" not in view.shards[0].chain
+    view, actions = decide(view, CatchUpDone("b", 0, again.order))
+    assert view.shards[0].chain[-1] == "b"
 
 
 def test_a_catch_up_order_not_acted_on_is_sent_again_after_the_interval() -> None:

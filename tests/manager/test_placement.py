@@ -61,7 +61,9 @@ def test_rebalance_then_catch_ups_balance_any_layout(seed: int) -> None:
             break
         for shard in view.shards:
             for target, _ in shard.moves:
-                view, _ = decide(view, CatchUpDone(target, shard.id))
+                order = shard.order_of(target)
+                assert order is not None, f"move target {target} has no catch-up order"
+                view, _ = decide(view, CatchUpDone(target, shard.id, order))
         view, _ = decide(view, Drain("nobody"))  # any next event completes the moves
     counts = replica_counts(view)
     assert max(counts.values()) - min(counts.values()) <= 1 or plan_rebalance(view) == []

@@ -8,8 +8,8 @@ A transcript file opens with comment lines stating its intent, then blocks of::
     expected output
 
 separated by blank lines. Times are seconds (``t=4.0``); p99 is milliseconds. Every step also
-checks the invariants: epochs never go back and rise by exactly one with any chain change, no chain
-is empty, and the view survives its canonical encoding with the same hash. With
+checks the invariants: epochs never go back and rise by exactly one with any chain change or added
+node, no chain is empty, and the view survives its canonical encoding with the same hash. With
 ``KAYOS_REWRITE=1`` the expected outputs are regenerated from what the code does.
 
 Commands (one per line in a block):
@@ -20,7 +20,8 @@ Commands (one per line in a block):
 - ``heartbeat a b t=``; ``tick t= [heard=a@1.5,b@1.7]``
 - ``latency reporter= node= p99= window=``
 - ``takeover shard= node= id=<hex> seq=``
-- ``return NODE t= [report=SHARD:LAST:ID@SEQ,ID@SEQ ...]``; ``catch-up-done NODE shard=``
+- ``return NODE t= [report=SHARD:LAST:ID@SEQ,ID@SEQ ...]``; ``catch-up-done NODE shard= [order=N]``
+  (without ``order``: the order the node follows now)
 - ``leader-change t=`` (the new leader starts from a copy of the view decoded from its encoding)
 - ``remove-node NODE``, ``hash``.
 - ``add-node NODE [host= http= bin=]``, ``move shard= from= to=``, ``drain NODE``, ``rebalance``.
@@ -127,7 +128,7 @@ def format_action(action: Action) -> str:
         rollback = "none" if action.rollback_to is None else str(action.rollback_to)
         return (
             f"start-catch-up {action.node} shard={action.shard} upstream={action.upstream}"
-            f" rollback-to={rollback}"
+            f" rollback-to={rollback} order={action.order}"
         )
     if isinstance(action, RejoinAsTail):
         return f"rejoin-as-tail {action.node} shard={action.shard} epoch={action.epoch}"
@@ -150,6 +151,8 @@ def format_view(view: ManagerView) -> list[str]:
             line += f" catching-up={','.join(shard.catching_up)}"
         if shard.moves:
             line += " moving=" + ",".join(f"{src}->{dst}" for dst, src in shard.moves)
+        if shard.orders:
+            line += " orders=" + ",".join(f"{n}#{o}" for n, o in shard.orders)
         if shard.takeover:
             line += " takeover=" + ",".join(f"{u.hex()}@{s}" for u, s in shard.takeover)
         lines.append(line)
@@ -237,7 +240,12 @@ class Interpreter:
                 parsed.append(ShardReport(int(shard), int(last), _table(table)))
             events = [NodeReturned(positional[0], _ms(keys["t"]), tuple(parsed))]
         elif name == "catch-up-done":
-            events = [CatchUpDone(positional[0], int(keys["shard"]))]
+            # Without order=: the order the node follows now (a report answering it).
+            current = self._view().shard(int(keys["shard"]))
+            order = current.order_of(positional[0]) if current is not None else None
+            events = [
+                CatchUpDone(positional[0], int(keys["shard"]), int(keys.get("order", order or 1)))
+            ]
         elif name == "leader-change":
             # The new leader is a member that holds only the replicated view: start it from a
             # copy decoded from the canonical encoding.
@@ -296,8 +304,8 @@ def replica_count(shard: ShardView) -> int:
 
 def check_invariants(before: ManagerView, after: ManagerView) -> None:
     changed = [a.chain != b.chain for a, b in zip(after.shards, before.shards, strict=True)]
-    if any(changed):
-        assert after.epoch == before.epoch + 1, "a chain change raises the epoch by one"
+    if any(changed) or after.added != before.added:
+        assert after.epoch == before.epoch + 1, "a chain change or added node raises the epoch"
     else:
         assert after.epoch == before.epoch, "no chain change, no new epoch"
     was = {node.id: node.state for node in before.nodes}
@@ -320,6 +328,10 @@ def check_invariants(before: ManagerView, after: ManagerView) -> None:
         assert len(shard.moves) <= 1, shard
         assert all(states[n] == "up" for n in shard.catching_up), shard
         assert not set(shard.departed) & set(shard.chain), shard
+        # Every catching-up node (returned or a move target) follows exactly one numbered order.
+        assert sorted(n for n, _ in shard.orders) == sorted(shard.catching_up), shard
+        assert all(0 < o <= after.orders_issued for _, o in shard.orders), shard
+    assert after.orders_issued >= before.orders_issued
     assert after.alerts == derive_alerts(after)
     decoded = ManagerView.from_data(json.loads(json.dumps(after.to_data())))
     assert decoded == after

@@ -117,6 +117,8 @@ def test_a_shard_with_members_away_is_degraded_until_they_rejoin() -> None:
     away = [a for a in summary["alerts"] if a["code"] == "shard_members_away"]
     assert all(a["message"].endswith("c (catching up)") for a in away), away
     for shard in range(3):
-        view, _ = decide(view, CatchUpDone("c", shard))
+        order = view.shards[shard].order_of("c")
+        assert order is not None
+        view, _ = decide(view, CatchUpDone("c", shard, order))
     summary = with_manager(summarise("u", topo, healthy_answers(topo)), manager_reply(view), URLS)
     assert not [a for a in summary["alerts"] if a["code"] == "shard_members_away"]
