@@ -511,6 +511,7 @@ class LocalCluster:
         ]
         if node in self.manager_ids:
             command = manager_command(str(self.topology_path), node, str(self.data_dir(node)))
+        command = self.spawn_command(node, command)
         env = {**os.environ, **(self.env or {}), "PYTHONUNBUFFERED": "1"}
         self.processes[node] = subprocess.Popen(
             command,
@@ -523,6 +524,11 @@ class LocalCluster:
             start_new_session=True,
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
+
+    def spawn_command(self, member: str, command: list[str]) -> list[str]:
+        """The command that starts ``member``, as built above; a subclass may wrap it (the chaos
+        campaign's network namespaces, the listen flags behind its fault proxies)."""
+        return command
 
     def _close_log(self, node: str) -> None:
         log = self._logs.pop(node, None)

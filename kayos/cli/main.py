@@ -305,6 +305,16 @@ def bench_kestrel_command(
     _bench_report(bench_kestrel(parameters, base), as_json, out)
 
 
+def _host_port(text: str | None, flag: str) -> tuple[str, int] | None:
+    """``HOST:PORT`` (port 1-65535) of a ``--listen-*`` flag, or None when not given."""
+    if text is None:
+        return None
+    host, colon, port = text.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise click.BadParameter(f"{text!r} is not HOST:PORT (port 1-65535)", param_hint=flag)
+    return host, int(port)
+
+
 @cli.command()
 @click.option(
     "--config",
@@ -316,19 +326,41 @@ def bench_kestrel_command(
 @click.option("--id", "node_id", required=True, help="This node's id in the topology.")
 @click.option("--data", "data_dir", required=True, help="This node's data directory.")
 @click.option("--log-level", default="INFO", show_default=True)
-def node(config_path: str, node_id: str, data_dir: str, log_level: str) -> None:
+@click.option(
+    "--listen-http",
+    default=None,
+    metavar="HOST:PORT",
+    help="Bind the HTTP face here instead of the topology's address (a proxy in front).",
+)
+@click.option(
+    "--listen-bin",
+    default=None,
+    metavar="HOST:PORT",
+    help="Bind the binary port here instead of the topology's address (a proxy in front).",
+)
+def node(
+    config_path: str,
+    node_id: str,
+    data_dir: str,
+    log_level: str,
+    listen_http: str | None,
+    listen_bin: str | None,
+) -> None:
     """Run one node of a cluster in the foreground until SIGINT/SIGTERM."""
     import asyncio
     import logging
 
     from kayos.errors import KayosError
-    from kayos.node.server import serve
+    from kayos.node.server import Listen, serve
     from kayos.topology import Topology
 
+    listen = Listen(
+        _host_port(listen_http, "--listen-http"), _host_port(listen_bin, "--listen-bin")
+    )
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         topology = Topology.load(config_path)
-        asyncio.run(serve(topology, node_id, data_dir))
+        asyncio.run(serve(topology, node_id, data_dir, listen=listen))
     except KayosError as exc:  # refused at start: a bad file, another cluster's data directory
         raise click.ClickException(f"{exc.code}: {exc}") from exc
 

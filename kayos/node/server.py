@@ -9,6 +9,7 @@ import gc
 import logging
 import signal
 import socket
+from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -31,17 +32,22 @@ def tune_gc() -> None:
 
 
 async def serve(
-    topology: Topology, node_id: str, data_dir: str, ready: asyncio.Event | None = None
+    topology: Topology,
+    node_id: str,
+    data_dir: str,
+    ready: asyncio.Event | None = None,
+    listen: Listen | None = None,
 ) -> None:
     """Serves until SIGINT/SIGTERM, then closes links and stores cleanly.
 
     In this order (docs/node-api.md "Owners, locks and ports"): lock ``data_dir``, bind both
     ports, and only then open the stores and contact peers; a held lock
-    (``DirectoryInUseError``) or a taken port (``AddressInUseError``) ends it before that."""
+    (``DirectoryInUseError``) or a taken port (``AddressInUseError``) ends it before that.
+    ``listen`` binds elsewhere than the topology's address (a proxy in front of the node)."""
     node = Node(topology, node_id, data_dir)
     lock = DirectoryLock.acquire(data_dir, what=f"node {node_id}'s data dir")
     try:
-        http_listener, bin_listener = bind_ports(node)
+        http_listener, bin_listener = bind_ports(node, listen)
     except BaseException:
         lock.release()
         raise
@@ -62,15 +68,28 @@ def _port_words(node: Node, field: str) -> tuple[str, str]:
     return what, hint
 
 
-def bind_ports(node: Node) -> tuple[socket.socket, socket.socket]:
+@dataclass(frozen=True, slots=True)
+class Listen:
+    """Where a node binds when not at its topology address (``kayos node --listen-http``,
+    ``--listen-bin``): (host, port) of each, None for the topology's."""
+
+    http: tuple[str, int] | None = None
+    bin: tuple[str, int] | None = None
+
+
+def bind_ports(node: Node, listen: Listen | None = None) -> tuple[socket.socket, socket.socket]:
     """Binds the node's HTTP and binary ports and listens on them (``AddressInUseError`` names the
     taken one); peers that connect while the node starts wait until it serves."""
     address = node.address
+    listen = listen or Listen()
     listeners: list[socket.socket] = []
     try:
-        for field, port in (("http_port", address.http_port), ("bin_port", address.bin_port)):
+        for field, (host, port) in (
+            ("http_port", listen.http or (address.host, address.http_port)),
+            ("bin_port", listen.bin or (address.host, address.bin_port)),
+        ):
             what, hint = _port_words(node, field)
-            listeners.append(bind_listener(address.host, port, what=what, hint=hint))
+            listeners.append(bind_listener(host, port, what=what, hint=hint))
     except BaseException:
         for listener in listeners:
             listener.close()
