@@ -25,9 +25,11 @@ run: $(STAMP)
 	$(BIN)/kayos up
 
 ## The test command: lint, types, then the whole test suite (the Spark tier too: java is installed
-## first where the machine has none, deploy/ensure-java.sh).
+## first where the machine has none, deploy/ensure-java.sh; iptables for the chaos campaign's
+## partitions where the machine runs as root, deploy/ensure-netns-tools.sh).
 test: $(STAMP) $(SPARK_STAMP)
 	bash deploy/ensure-java.sh
+	bash deploy/ensure-netns-tools.sh
 	$(BIN)/ruff check kayos kestrel_compat tests chaos
 	$(BIN)/mypy
 	$(BIN)/pytest

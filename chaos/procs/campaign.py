@@ -20,7 +20,7 @@ from typing import Any
 
 from chaos import checker
 from chaos.history import Produce, Recorder, dump_jsonl
-from chaos.procs import faults, membership
+from chaos.procs import faults, membership, netfaults
 from chaos.procs.workload import Consumer, Producer, join_timeout_s
 from kayos.control.config import Config as ManagerConfig
 from kayos.launcher import ClusterError, LocalCluster
@@ -80,6 +80,9 @@ class Report:
     violations: list[dict[str, Any]] = field(default_factory=list)
     base_dir: str = ""
     history: str = ""
+    # The cluster the kinds needed (chaos.procs.netfaults.make_cluster): LocalCluster,
+    # ProxiedCluster (fault proxies) or NetnsCluster (network namespaces).
+    network: str = "LocalCluster"
 
     @property
     def ok(self) -> bool:
@@ -108,6 +111,7 @@ class Report:
             "base_dir": self.base_dir,
             "history": self.history,
             "replay": f"kayos chaos run --seed {self.seed}",
+            "network": self.network,
         }
 
 
@@ -164,7 +168,8 @@ def run(config: Config) -> Report:
     base = config.base_dir or Path(tempfile.mkdtemp(prefix=f"kayos-chaos-{config.seed}-"))
     report.base_dir = str(base)
     recorder = Recorder()
-    cluster = LocalCluster(
+    cluster = netfaults.make_cluster(
+        config.kinds,
         base,
         nodes=config.nodes,
         replicas=config.nodes,
@@ -175,7 +180,12 @@ def run(config: Config) -> Report:
             suspect_after_ms=campaign_suspect_after_ms,
         ),
     )
-    cluster.start_all()
+    report.network = type(cluster).__name__
+    try:
+        cluster.start_all()
+    except BaseException:
+        netfaults.close(cluster)
+        raise
     producers: list[Producer] = []
     consumers: list[Consumer] = []
     monitor = membership.HeadMonitor(cluster)
@@ -246,6 +256,7 @@ def run(config: Config) -> Report:
         for consumer in consumers:
             consumer.stop.set()
         cluster.stop()
+        netfaults.close(cluster)
         for worker in [*producers, *consumers]:
             worker.join(join_timeout_s)
         report.violations += check_stores(cluster)

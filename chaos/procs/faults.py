@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from chaos.procs import membership
+from chaos.procs import membership, netfaults
 from kayos import limits
 from kayos.launcher import LocalCluster
 from kayos.replication import frames as fr
@@ -48,6 +48,10 @@ KIND_WEIGHTS: dict[str, int] = {
     "kill_with_pauses": 2,
 }
 KINDS = tuple(KIND_WEIGHTS)
+# Network faults (chaos/procs/netfaults.py) need a proxied or namespaced cluster: a campaign
+# draws them only when asked (--kinds), never by default.
+ALL_KIND_WEIGHTS: dict[str, int] = {**KIND_WEIGHTS, **netfaults.KIND_WEIGHTS}
+ALL_KINDS = tuple(ALL_KIND_WEIGHTS)
 # The kinds whose hold is a down time of 0 .. down_s_max.
 HELD_KINDS = frozenset({"kill9", "sigterm", "restart_all", "corrupt_down", *membership.HANDLERS})
 # The kinds that need manager members running (a campaign with ``managers=0`` leaves them out).
@@ -91,7 +95,7 @@ class Fault:
 def schedule(seed: int, nodes: list[str], kinds: tuple[str, ...] = KINDS) -> Iterator[Fault]:
     """The seed's faults, in order, without end."""
     rng = random.Random(seed)
-    weights = [KIND_WEIGHTS[kind] for kind in kinds]
+    weights = [ALL_KIND_WEIGHTS[kind] for kind in kinds]
     index = 0
     while True:
         kind = rng.choices(kinds, weights)[0]
@@ -100,6 +104,8 @@ def schedule(seed: int, nodes: list[str], kinds: tuple[str, ...] = KINDS) -> Ite
             hold_s = round(rng.uniform(pause_s_min, pause_s_max), 3)
         elif kind in HELD_KINDS:
             hold_s = round(rng.uniform(0.0, down_s_max), 3)
+        elif kind in netfaults.HOLD_S:
+            hold_s = round(rng.uniform(*netfaults.HOLD_S[kind]), 3)
         else:
             hold_s = 0.0
         yield Fault(index, kind, node, hold_s)
@@ -358,3 +364,15 @@ _HANDLERS: dict[str, Callable[[LocalCluster, Fault], dict[str, Any]]] = {
     "corrupt_down": _corrupt_down,
 }
 assert set(_HANDLERS) == set(KIND_WEIGHTS)
+
+
+def _network_fault(kind: str) -> Callable[[LocalCluster, Fault], dict[str, Any]]:
+    handler = netfaults.HANDLERS[kind]
+
+    def inject_one(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
+        return handler(cluster, fault.node, fault.hold_s, fault.index)
+
+    return inject_one
+
+
+_HANDLERS.update({kind: _network_fault(kind) for kind in netfaults.HANDLERS})
