@@ -190,6 +190,13 @@ class Network:
             for member in near:
                 iptables = [*self.exec_prefix(member), "iptables", "-w", "-A", CHAIN]
                 for other in far:
+                    if how == "reject":
+                        # The reset a REJECT in OUTPUT makes carries the far side's address and
+                        # is delivered here through OUTPUT and INPUT: let it pass, or the rules
+                        # below drop it and a reject is silence. A real packet from the far side
+                        # never gets here: its own namespace stops it.
+                        run(*iptables, "-s", self.hosts[other], "-p", "tcp",
+                            "--tcp-flags", "RST", "RST", "-j", "ACCEPT")  # fmt: skip
                     for match in (["-s", self.hosts[other]], ["-d", self.hosts[other]]):
                         if how == "reject":
                             run(*iptables, *match, "-p", "tcp", "-j", "REJECT",
