@@ -39,6 +39,12 @@ def chaos() -> None:
     f"({', '.join(netfaults.KIND_WEIGHTS)}) run only when named (docs/testing.md).",
 )
 @click.option("--producers", default=3, show_default=True, help="Producer threads.")
+@click.option(
+    "--managers",
+    default=3,
+    show_default=True,
+    help="Manager members (0: static chains, and the kinds that need a manager are not drawn).",
+)
 @click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
 @click.option("--history", type=click.Path(), default=None, help="Where to write the history.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON report.")
@@ -48,6 +54,7 @@ def run_command(
     faults_max: int | None,
     kinds: str,
     producers: int,
+    managers: int,
     base: str | None,
     history: str | None,
     as_json: bool,
@@ -59,8 +66,8 @@ def run_command(
     unknown = sorted(set(chosen) - set(faults.ALL_KINDS))
     if unknown or not chosen:
         raise click.BadParameter(f"unknown kinds {unknown}; known: {', '.join(faults.ALL_KINDS)}")
-    if not minutes > 0 or producers < 1:
-        raise click.BadParameter("--minutes must be > 0 and --producers >= 1")
+    if not minutes > 0 or producers < 1 or managers < 0:
+        raise click.BadParameter("--minutes must be > 0, --producers >= 1, --managers >= 0")
     seed = new_seed() if seed is None else seed
     click.echo(f"chaos: seed {seed} (replay: kayos chaos run --seed {seed})", err=True)
     config = Config(
@@ -68,6 +75,7 @@ def run_command(
         fault_phase_s=minutes * 60,
         faults_max=faults_max,
         producers=producers,
+        managers=managers,
         kinds=chosen,
         base_dir=Path(base) if base else None,
         history_path=Path(history) if history else None,
