@@ -66,6 +66,12 @@ def run_command(
     unknown = sorted(set(chosen) - set(faults.ALL_KINDS))
     if unknown or not chosen:
         raise click.BadParameter(f"unknown kinds {unknown}; known: {', '.join(faults.ALL_KINDS)}")
+    both = [set(chosen) & set(family) for family in netfaults.FAMILIES]
+    if all(both):
+        raise click.BadParameter(
+            f"kinds {sorted(both[0])} and {sorted(both[1])} cannot run in one campaign "
+            "(fault proxies or network namespaces); run them in two"
+        )
     if not minutes > 0 or producers < 1 or managers < 0:
         raise click.BadParameter("--minutes must be > 0, --producers >= 1, --managers >= 0")
     seed = new_seed() if seed is None else seed

@@ -83,6 +83,9 @@ class Report:
     # The cluster the kinds needed (chaos.procs.netfaults.make_cluster): LocalCluster,
     # ProxiedCluster (fault proxies) or NetnsCluster (network namespaces).
     network: str = "LocalCluster"
+    # What the replay line needs beyond the seed (the kinds, managers and fault count when not
+    # the CLI's defaults).
+    replay_args: str = ""
 
     @property
     def ok(self) -> bool:
@@ -110,7 +113,7 @@ class Report:
             "violations": self.violations,
             "base_dir": self.base_dir,
             "history": self.history,
-            "replay": f"kayos chaos run --seed {self.seed}",
+            "replay": f"kayos chaos run --seed {self.seed}{self.replay_args}",
             "network": self.network,
         }
 
@@ -161,10 +164,20 @@ def check_stores(cluster: LocalCluster) -> list[dict[str, Any]]:
     return found
 
 
+def replay_args(config: Config) -> str:
+    """The ``kayos chaos run`` options beyond ``--seed`` that replay ``config``'s schedule."""
+    args = "" if config.faults_max is None else f" --faults {config.faults_max}"
+    if config.kinds != faults.KINDS:
+        args += f" --kinds {','.join(config.kinds)}"
+    if config.managers != Config.managers:
+        args += f" --managers {config.managers}"
+    return args
+
+
 def run(config: Config) -> Report:
     """Runs one campaign; the cluster is stopped whatever happens."""
     began = time.monotonic()
-    report = Report(config.seed)
+    report = Report(config.seed, replay_args=replay_args(config))
     base = config.base_dir or Path(tempfile.mkdtemp(prefix=f"kayos-chaos-{config.seed}-"))
     report.base_dir = str(base)
     recorder = Recorder()

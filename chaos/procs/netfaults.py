@@ -31,6 +31,8 @@ from kayos.topology import NodeAddr, Topology
 PROXY_KIND_WEIGHTS = {"latency": 3, "bandwidth": 2, "reset_peer": 3, "timeout": 2}
 NETNS_KIND_WEIGHTS = {"partition": 4, "partition_split": 3, "partition_bridge": 2}
 KIND_WEIGHTS = {**PROXY_KIND_WEIGHTS, **NETNS_KIND_WEIGHTS}
+# The two families a campaign cannot mix (make_cluster).
+FAMILIES = (tuple(PROXY_KIND_WEIGHTS), tuple(NETNS_KIND_WEIGHTS))
 # How long each kind holds (seconds, drawn by the schedule). Partitions and black holes reach
 # past the campaign's 2 s detection window about half the time, so the manager splices.
 HOLD_S: dict[str, tuple[float, float]] = {
