@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -206,6 +207,9 @@ class SnapshotWriter:
         self.path = os.path.join(directory, "data.copy" + engine.SNAPSHOT_SUFFIX)
         self._unsynced = 0
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        # The background fdatasync under way, if any, and the error of the last one that failed.
+        self._syncing: threading.Thread | None = None
+        self._sync_error: OSError | None = None
 
     def write(self, frame: fr.SnapshotChunk) -> None:
         self.receiver.chunk(frame)
@@ -214,14 +218,37 @@ class SnapshotWriter:
             written = os.write(self._fd, view)
             view = view[written:]
         self._unsynced += len(frame.data)
-        if self._unsynced >= limits.snapshot_sync_bytes:
-            os.fdatasync(self._fd)
+        if self._unsynced >= limits.snapshot_sync_bytes and not self._sync_running():
+            # Start the written pages towards the disk while the next ones come in; only the
+            # sync at the end is waited for (it then has little left to write).
             self._unsynced = 0
+            self._syncing = threading.Thread(
+                target=self._background_sync, name="kayos-snapshot-sync", daemon=True
+            )
+            self._syncing.start()
+
+    def _sync_running(self) -> bool:
+        return self._syncing is not None and self._syncing.is_alive()
+
+    def _background_sync(self) -> None:
+        try:
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            self._sync_error = exc
+
+    def _settle_sync(self) -> None:
+        """Waits for the background sync (the descriptor is closed only after it)."""
+        if self._syncing is not None:
+            self._syncing.join()
+            self._syncing = None
 
     def install(self, frame: fr.SnapshotEnd) -> None:
         """Checks the copy against ``SNAPSHOT_END`` and the file's own header, then renames it in
         as the store (its derived state and time index deleted: rebuilt from the file)."""
         self.receiver.end(frame)
+        self._settle_sync()
+        if self._sync_error is not None:
+            raise self._sync_error
         os.fdatasync(self._fd)
         os.close(self._fd)
         self._fd = -1
@@ -240,6 +267,7 @@ class SnapshotWriter:
         OsFileOps().sync_dir(self.directory)
 
     def discard(self) -> None:
+        self._settle_sync()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

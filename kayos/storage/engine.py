@@ -646,12 +646,33 @@ class ShardStore:
         reader = self._current.file.reader
         index.succ.ensure(header.last_seq)
         replayed = 0
+        group: list[fmt.Leaf] = []
+        entries = 0
         for leaf in btree.iter_leaves(reader, header.root, after, header.last_seq):
-            txn = index.begin_write()
-            try:
-                keys = [k for s, k in zip(leaf.seqs, leaf.keys, strict=True) if s > after]
-                existing = index.lookup_many(txn, sorted(keys))
-                latest: dict[bytes, tuple[int, int]] = {}
+            group.append(leaf)
+            entries += len(leaf.seqs)
+            if entries >= limits.index_rebuild_txn_entries:
+                replayed += self._replay_leaves(group, after)
+                group, entries = [], 0
+        if group:
+            replayed += self._replay_leaves(group, after)
+        self.recovery.replayed_entries = replayed
+
+    def _replay_leaves(self, leaves: list[fmt.Leaf], after: int) -> int:
+        """Applies the entries past ``after`` of consecutive ``leaves`` to the derived index in
+        one lmdb transaction (an entry applied before a stop is skipped); returns how many it
+        applied."""
+        index = self._index
+        last_seq = self._current.header.last_seq
+        txn = index.begin_write()
+        try:
+            keys = {
+                k for leaf in leaves for s, k in zip(leaf.seqs, leaf.keys, strict=True) if s > after
+            }
+            existing = index.lookup_many(txn, sorted(keys))
+            latest: dict[bytes, tuple[int, int]] = {}
+            replayed = 0
+            for leaf in leaves:
                 for seq, key, prev, size, flag in zip(
                     leaf.seqs, leaf.keys, leaf.prevs, leaf.sizes, leaf.flags, strict=True
                 ):
@@ -664,13 +685,13 @@ class ShardStore:
                         index.succ.set(prev, seq)
                     latest[key] = (seq, size)
                     replayed += 1
-                last = leaf.seqs[-1]
-                index.write_latest(txn, latest, (), min(last, header.last_seq))
-                index.commit(txn, min(last, header.last_seq))
-            except BaseException:
-                txn.abort()
-                raise
-        self.recovery.replayed_entries = replayed
+            applied = min(leaves[-1].seqs[-1], last_seq)
+            index.write_latest(txn, latest, (), applied)
+            index.commit(txn, applied)
+        except BaseException:
+            txn.abort()
+            raise
+        return replayed
 
     # --- properties -----------------------------------------------------------------------------
 

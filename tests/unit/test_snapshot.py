@@ -93,7 +93,13 @@ def _copy(store: ShardStore, target: Path, *, chunk: int = 5000) -> fr.SnapshotE
     return finish
 
 
-def test_a_copied_prefix_is_the_same_store(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sync_bytes", [1, limits.snapshot_sync_bytes])
+def test_a_copied_prefix_is_the_same_store(
+    tmp_path: Path, sync_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whether background syncs start on every chunk (each while the last may still run) or not
+    at all before the end, the installed copy is the upstream's store."""
+    monkeypatch.setattr(limits, "snapshot_sync_bytes", sync_bytes)
     source = _filled_store(tmp_path / "source", 40)
     target = tmp_path / "target"
     (target / "derived").mkdir(parents=True)

@@ -266,13 +266,36 @@ def test_deleted_derived_state_is_rebuilt_after_a_crash(shard_dir: str) -> None:
     store, _ = committed_store(shard_dir)
     store.close()
     survived = crash_during_next_commit(shard_dir, supersede_batches())
+    assert_rebuilt_without_derived_state(shard_dir, survived)
+
+
+def assert_rebuilt_without_derived_state(shard_dir: str, expected: State) -> None:
+    """Deletes the store's derived state and checks that open rebuilds it to ``expected``."""
     shutil.rmtree(os.path.join(shard_dir, "derived"))
     store = open_store(shard_dir)
     try:
         assert store.recovery.rebuilt_index
-        assert observe(store) == survived
+        assert observe(store) == expected
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("txn_entries", [1, 3, 1 << 20])
+def test_a_rebuild_in_any_transaction_size_gives_the_same_index(
+    shard_dir: str, txn_entries: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rebuild groups leaves into lmdb transactions of ``index_rebuild_txn_entries``: a key
+    superseded in another group than its earlier version, or within one, ends the same either
+    way."""
+    store = open_store(shard_dir)
+    for round_no in range(40):
+        store.commit([Put(KEYS[(round_no + i) % len(KEYS)], b"v%d" % round_no) for i in range(3)])
+        if round_no % 7 == 0:
+            store.commit([Delete(KEYS[round_no % len(KEYS)])])
+    expected = observe(store)
+    store.close()
+    monkeypatch.setattr(limits, "index_rebuild_txn_entries", txn_entries)
+    assert_rebuilt_without_derived_state(shard_dir, expected)
 
 
 def test_stale_derived_state_is_replayed_after_a_crash(shard_dir: str) -> None:
