@@ -283,10 +283,17 @@ class Reconfigurer:
         # Out of service first, in one step with the switch: no request reaches a replica in its
         # old position under the new topology.
         leaving: list[ShardReplica] = []
+        # Remade replicas whose store this process opened (salvage walk included) and has checked
+        # on every read since: reopened without walking the file again (a walk takes about 1 s
+        # per 100 MiB, and the chain waits for it: the spliced tail of a 256 MiB shard took
+        # 1.3-1.8 s after the detection window to acknowledge again).
+        verified: set[int] = set()
         for shard_id, change in plan.items():
             if change in ("remake", "close"):
                 self.changing.add(shard_id)
                 replica = node.replicas.pop(shard_id)
+                if change == "remake" and not replica.repairing and replica.damage_seen is None:
+                    verified.add(shard_id)
                 replica.fail_pending(
                     UnavailableError(
                         f"shard {shard_id} changed at {node.node_id} (topology epoch {new.epoch}); "
@@ -313,7 +320,7 @@ class Reconfigurer:
             for shard_id, change in plan.items():
                 if change in ("remake", "open"):
                     try:
-                        await self.open_replica(new.shards[shard_id])
+                        await self.open_replica(new.shards[shard_id], verified=shard_id in verified)
                     except Exception as exc:
                         # The shard stays out of service here (requests: unavailable), the others
                         # open; the manager sees this node's status lack the shard.
@@ -352,9 +359,10 @@ class Reconfigurer:
                 finally:
                     self.changing.discard(shard_id)
 
-    async def open_replica(self, shard: ShardChain) -> ShardReplica:
+    async def open_replica(self, shard: ShardChain, *, verified: bool = False) -> ShardReplica:
         """Opens this node's replica of ``shard`` as a start does: a head records its takeover
-        entry, any other member starts its link to its upstream."""
+        entry, any other member starts its link to its upstream. ``verified``: the store was open
+        in this process a moment ago, undamaged, so its salvage walk is skipped."""
         node = self.node
         path = os.path.join(node.data_dir, "shards", str(shard.id))
         await asyncio.to_thread(functools.partial(os.makedirs, path, exist_ok=True))
@@ -367,6 +375,7 @@ class Reconfigurer:
                 store_path=path,
                 clock=node.clock,
                 rng=node.rng,
+                copied=verified,
             )
         )
         replica.commit_observer = node.commit_seconds.labels(str(shard.id)).observe
