@@ -379,8 +379,14 @@ def bench_failover(parameters: FailoverBenchParameters, base: str | None = None)
         for index in range(parameters.repeat):
             directory = os.path.join(root, f"run-{index}")
             os.makedirs(directory, exist_ok=True)
-            runs.append(_one_run(directory, parameters))
-            shutil.rmtree(directory, ignore_errors=True)
+            try:
+                runs.append(_one_run(directory, parameters))
+            finally:
+                if base is not None:  # a directory the caller chose: keep the processes' logs
+                    logs = os.path.join(directory, "cluster", "logs")
+                    if os.path.isdir(logs):
+                        shutil.copytree(logs, os.path.join(root, f"run-{index}-logs"))
+                shutil.rmtree(directory, ignore_errors=True)
     finally:
         if base is None:
             shutil.rmtree(root, ignore_errors=True)

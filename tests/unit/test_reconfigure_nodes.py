@@ -18,7 +18,9 @@ import pytest
 from kayos.errors import UnavailableError
 from kayos.node.reconfigure import TOPOLOGY_FILE
 from kayos.node.runtime import Node
+from kayos.replication import replica as replica_module
 from kayos.signing import sign
+from kayos.storage.salvage import SalvageReport, salvage
 from kayos.topology import ShardChain, Topology
 from tests.linkauth import one_shard_topology, until
 
@@ -95,3 +97,32 @@ async def test_producers_waiting_at_a_remade_head_get_unavailable(tmp_path: Path
         tail = nodes["c"].replicas[0]
         await until(lambda: tail.commit_point >= last, "the tail at the retried batch")
         assert nodes["c"].status()["shards"]["0"]["upstream"] == "a"
+
+
+@pytest.mark.asyncio
+async def test_a_remade_replica_is_walked_again_only_if_it_saw_damage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A splice remakes the survivors' replicas while the chain waits: one this process had open
+    undamaged reopens without the salvage walk; one that saw damage is walked again."""
+    print("seed", SEED)
+    walked: list[str] = []
+
+    def counting_salvage(path: str) -> SalvageReport | None:
+        walked.append(Path(path).parent.parent.name)  # <data dir>/shards/<id>: the node
+        return salvage(path)
+
+    monkeypatch.setattr(replica_module, "salvage", counting_salvage)
+    async with _chain(tmp_path) as (topology, nodes):
+        assert sorted(walked) == ["a", "b", "c"]  # a start walks every store
+        await nodes["a"].produce("q", [b"k0"], [b"v"], None, None, acks=-1)
+        nodes["c"].replicas[0].damage_seen = "a read failed its check (set by the test)"
+        await nodes["b"].stop()
+        walked.clear()
+        spliced = signed(chained(topology, 2, ("a", "c")))
+        for name in ("a", "c"):
+            assert await nodes[name].reconfigure.offer(spliced) == (2, True)
+        assert walked == ["c"]
+        _, last = await nodes["a"].produce("q", [b"k1"], [b"v"], None, None, acks=-1)
+        tail = nodes["c"].replicas[0]
+        await until(lambda: tail.commit_point >= last, "the tail at the new batch")
