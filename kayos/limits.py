@@ -438,6 +438,11 @@ manager_apply_timeout_ms = 5_000
 # (entries applied, view hash) pairs each member keeps for GET /v1/manager/status, so members'
 # views can be compared at the same entry while the leader keeps logging.
 manager_hash_history = 64
+# Chain changes (one per epoch: the shards' chains and pending moves after it) each member keeps
+# for GET /v1/manager/changes, so an operator or a test can see every epoch a drain or rebalance
+# went through, not only those a poll happened to catch. A record is ~100 bytes per shard; 1,024
+# epochs cover hours of normal running and any one operation on a test cluster.
+manager_change_history_epochs = 1_024
 # Events in one Raft log entry: one poll round's (a tick, returns, latency reports, catch-ups)
 # stays far below it; an entry past it is refused before it is logged.
 manager_entry_events_max = 10_000
@@ -454,6 +459,7 @@ assert 0 < manager_raft_heartbeat_ms * 3 < manager_raft_min_timeout_ms  # pysync
 assert manager_raft_min_timeout_ms < manager_raft_max_timeout_ms
 assert manager_members_max >= 3
 assert manager_slow_return_polls >= 1
+assert manager_change_history_epochs >= 1
 
 # --- topology changes (docs/node-api.md, "Topology changes") -----------------------------------
 

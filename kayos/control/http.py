@@ -1,8 +1,9 @@
 """The manager members' HTTP face (docs/manager.md, "HTTP endpoints").
 
-``GET /v1/manager/status`` on any member; ``POST /v1/manager/remove-node`` (signed, purpose
-``remove-node``) and ``POST /v1/manager/operator`` (signed, purpose ``operator``: add-node, drain,
-move-shard, rebalance) on the leader, a follower answering 421 ``not_leader`` with the leader's URL.
+``GET /v1/manager/status`` and ``GET /v1/manager/changes`` on any member;
+``POST /v1/manager/remove-node`` (signed, purpose ``remove-node``) and ``POST /v1/manager/operator``
+(signed, purpose ``operator``: add-node, drain, move-shard, rebalance) on the leader, a follower
+answering 421 ``not_leader`` with the leader's URL.
 Errors are the node API's error body: ``{"error": {"code", "message", "redirect"}}``.
 """
 
@@ -52,6 +53,7 @@ class MemberState:
     setup: ManagerSetup
     view: Callable[[], tuple[ManagerView, str]]
     hashes: Callable[[], tuple[int, list[tuple[int, str]]]]
+    changes: Callable[[], tuple[list[dict[str, Any]], int]]
     leader: Callable[[], str | None]
     term: Callable[[], int]
     ready: Callable[[], bool]
@@ -92,6 +94,13 @@ def make_app(state: MemberState) -> web.Application:
     @routes.get("/v1/manager/status")
     async def status(request: web.Request) -> web.Response:
         return web.json_response(status_body(state))
+
+    @routes.get("/v1/manager/changes")
+    async def changes(request: web.Request) -> web.Response:
+        kept, dropped = state.changes()
+        view, _ = state.view()
+        body = {"member": state.member, "epoch": view.epoch, "dropped": dropped, "changes": kept}
+        return web.json_response(body)
 
     @routes.post("/v1/manager/remove-node")
     async def remove_node(request: web.Request) -> web.Response:

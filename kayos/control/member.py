@@ -119,6 +119,7 @@ class Member:
             self.setup,
             lambda: (self.log.view(), self.log.view_hash()),
             lambda: (self.log.applied_entries(), self.log.recent_hashes()),
+            self.log.changes,
             self.log.leader,
             self.log.term,
             self.log.ready,

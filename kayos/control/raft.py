@@ -79,6 +79,11 @@ class ManagerLog(SyncObj):  # type: ignore[misc]  # pysyncobj ships no types
         self._history: collections.deque[tuple[int, str]] = collections.deque(
             maxlen=limits.manager_hash_history
         )
+        # Every epoch this member's applied entries went through (not replicated: since start).
+        self._changes: collections.deque[dict[str, Any]] = collections.deque(
+            maxlen=limits.manager_change_history_epochs
+        )
+        self._changes_seen = 0
         self._members = {m.raft_address: m.id for m in setup.members}
         me = setup.member(member_id)
         os.makedirs(data_dir, exist_ok=True)
@@ -115,8 +120,14 @@ class ManagerLog(SyncObj):  # type: ignore[misc]  # pysyncobj ships no types
             return Applied(view, (), str(exc))
         actions: list[Action] = []
         for event in events:
+            epoch = view.epoch
             view, more = decide(view, event)
             actions += more
+            if view.epoch != epoch:
+                # Each event's view, not only the entry's last: an entry of several events could
+                # otherwise hide an epoch between them.
+                self._changes.append(change_record(self._entries + 1, view))
+                self._changes_seen += 1
         self._view_json = canonical_bytes(view).decode()
         self._entries += 1
         self._history.append((self._entries, view_hash(view)))
@@ -147,6 +158,12 @@ class ManagerLog(SyncObj):  # type: ignore[misc]  # pysyncobj ships no types
     def recent_hashes(self) -> list[tuple[int, str]]:
         """(entries applied, view hash after it) for the last entries this member applied."""
         return list(self._history)
+
+    def changes(self) -> tuple[list[dict[str, Any]], int]:
+        """The chain changes this member applied since it started, oldest first (at most
+        ``manager_change_history_epochs``), and how many older ones were dropped."""
+        kept = list(self._changes)
+        return kept, self._changes_seen - len(kept)
 
     def is_leader(self) -> bool:
         return bool(self._isLeader())
@@ -183,6 +200,19 @@ class ManagerLog(SyncObj):  # type: ignore[misc]  # pysyncobj ships no types
     def close(self) -> None:
         """Stops pysyncobj's thread (and with it the Raft port and the journal)."""
         self.destroy_synchronous()
+
+
+def change_record(entry: int, view: ManagerView) -> dict[str, Any]:
+    """One epoch as ``GET /v1/manager/changes`` shows it: the entry that made it (entries applied
+    so far, this one included), the epoch, and every shard's chain and pending moves."""
+    return {
+        "entry": entry,
+        "epoch": view.epoch,
+        "shards": [
+            {"id": s.id, "chain": list(s.chain), "moves": [list(m) for m in s.moves]}
+            for s in view.shards
+        ],
+    }
 
 
 def wait_applied(log_: ManagerLog, events: list[Event], timeout_s: float) -> Applied:

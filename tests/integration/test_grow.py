@@ -1,17 +1,16 @@
 """Moving replicas between real nodes with real managers (docs/manager.md rule 7): `kayos ctl
 move-shard` and `kayos ctl drain` through the real CLI against LocalCluster(managers=3). The
 target catches up as a learner, joins as tail, and only then does the source leave: asserted from
-the managers' view history (no shard below its replica count at any polled moment) and from the
-final chains; every acknowledged message is still there afterwards."""
+the manager's log of changes (GET /v1/manager/changes: every epoch its applied Raft entries went
+through, without a gap, none with a shard below its replica count) and from the final chains;
+every acknowledged message is still there afterwards."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -105,31 +104,27 @@ def replica_count(shard: dict[str, Any]) -> int:
     return len(chain) - int(extra)
 
 
-@dataclass
-class ViewWatcher:
-    """Polls the leader's view; records every shard's replica count at each distinct epoch."""
+def changes(cluster: LocalCluster) -> dict[str, Any]:
+    """The leader's log of chain changes (GET /v1/manager/changes): every epoch its applied
+    entries went through, each with the chains and pending moves after it."""
+    for member in cluster.manager_ids:
+        code, body = http_json(cluster.manager_url(member) + "/v1/manager/changes", timeout_s=5.0)
+        if code == 200 and isinstance(body, dict):
+            leader = leader_view(cluster)
+            if leader is not None and body["epoch"] == leader["epoch"]:
+                return body
+    raise AssertionError("no manager member answered with the leader's epoch")
 
-    cluster: LocalCluster
-    counts: dict[int, list[int]] = field(default_factory=dict)
-    stop: threading.Event = field(default_factory=threading.Event)
-    thread: threading.Thread | None = None
 
-    def start(self) -> None:
-        self.thread = threading.Thread(target=self._run, name="view-watcher")
-        self.thread.start()
-
-    def _run(self) -> None:
-        for _ in range(100_000):  # bounded; stopped long before
-            if self.stop.wait(0.05):
-                return
-            view = leader_view(self.cluster)
-            if view is not None:
-                self.counts[view["epoch"]] = [replica_count(s) for s in view["shards"]]
-
-    def finish(self) -> None:
-        self.stop.set()
-        assert self.thread is not None
-        self.thread.join(10)
+def counts_by_epoch(log: dict[str, Any], since: int) -> dict[int, list[int]]:
+    """Every shard's replica count at each epoch after ``since``, from the log of changes: the
+    epochs must run without a gap from ``since`` + 1 to the log's current epoch, so no epoch a
+    drain or move went through is missing (a poll could miss one; the log cannot)."""
+    assert log["dropped"] == 0, "the change history dropped epochs: raise the bound"
+    records = [c for c in log["changes"] if c["epoch"] > since]
+    epochs = [c["epoch"] for c in records]
+    assert epochs == list(range(since + 1, log["epoch"] + 1)), epochs
+    return {c["epoch"]: [replica_count(s) for s in c["shards"]] for c in records}
 
 
 def test_drain_of_the_head_under_acks_all_load_loses_nothing(tmp_path: Path) -> None:
@@ -139,8 +134,8 @@ def test_drain_of_the_head_under_acks_all_load_loses_nothing(tmp_path: Path) -> 
         assert cluster.topology.shards[0].chain == ("a", "b")
         wait_until(lambda: leader_view(cluster), "a manager leader")
         producers = [Producer(i, [cluster.url("b"), cluster.url("c")]) for i in range(2)]
-        watcher = ViewWatcher(cluster)
-        watcher.start()
+        start = leader_view(cluster)
+        assert start is not None
         for producer in producers:
             producer.start()
         try:
@@ -159,7 +154,6 @@ def test_drain_of_the_head_under_acks_all_load_loses_nothing(tmp_path: Path) -> 
         finally:
             for producer in producers:
                 producer.finish()
-            watcher.finish()
 
         def rate(start: float, end: float) -> float:
             acks = sum(1 for p in producers for t in p.acked_at if start < t <= end)
@@ -167,15 +161,18 @@ def test_drain_of_the_head_under_acks_all_load_loses_nothing(tmp_path: Path) -> 
 
         before = rate(before_start, before_end)
         during = rate(before_end, during_end)
+        counts = counts_by_epoch(changes(cluster), start["epoch"])
         print(
             f"drain of head a under load: {reply['seconds']}s; acks=all produce rate before "
-            f"{before:.0f}/s, during {during:.0f}/s; replica counts by epoch {watcher.counts}"
+            f"{before:.0f}/s, during {during:.0f}/s; replica counts by epoch {counts}"
         )
         final = leader_view(cluster)
         assert final is not None
         assert final["shards"][0]["chain"] == ["b", "c"], final
-        assert watcher.counts, "the watcher saw no view"
-        assert min(min(c) for c in watcher.counts.values()) >= 2, watcher.counts
+        # The drain took at least two epochs (the target joining, then a leaving), and at none of
+        # them was the shard below its 2 replicas.
+        assert len(counts) >= 2, counts
+        assert min(min(c) for c in counts.values()) >= 2, counts
         check_nothing_lost(cluster, "c", producers)
 
 
@@ -202,10 +199,10 @@ def test_a_fourth_node_added_and_rebalanced_onto_under_load(tmp_path: Path) -> N
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )  # fmt: skip
         producers = [Producer(i, list(cluster.urls.values())) for i in range(2)]
-        watcher = ViewWatcher(cluster)
+        start = leader_view(cluster)
+        assert start is not None
         try:
             wait_until(lambda: _answers(d.http_url), "node d answering")
-            watcher.start()
             for producer in producers:
                 producer.start()
             wait_until(lambda: all(len(p.acked_at) >= 50 for p in producers), "acks before")
@@ -237,11 +234,10 @@ def test_a_fourth_node_added_and_rebalanced_onto_under_load(tmp_path: Path) -> N
             copied = sum(
                 f.stat().st_blocks * 512 for f in (tmp_path / "d").rglob("*") if f.is_file()
             )
+            counts = counts_by_epoch(changes(cluster), start["epoch"])
         finally:
             for producer in producers:
                 producer.finish()
-            if watcher.thread is not None:
-                watcher.finish()
             node_d.terminate()
             node_d.wait(30)
             log.close()
@@ -256,11 +252,11 @@ def test_a_fourth_node_added_and_rebalanced_onto_under_load(tmp_path: Path) -> N
             f"before {rate(before_start, before_end):.0f}/s, during "
             f"{rate(before_end, during_end):.0f}/s; bytes on d after the moves {copied}; "
             f"replicas {replicas}; "
-            f"replica counts by epoch {watcher.counts}"
+            f"replica counts by epoch {counts}"
         )
         assert replicas["d"] >= 2, replicas
         assert max(replicas.values()) - min(replicas.values()) <= 1, replicas
-        assert min(min(c) for c in watcher.counts.values()) >= 3, watcher.counts
+        assert min(min(c) for c in counts.values()) >= 3, counts
         assert verdict.ok, [v.to_json() for v in verdict.violations]
 
 

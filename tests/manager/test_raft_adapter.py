@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from kayos.control.config import parse_setup
-from kayos.control.raft import ManagerLog, wait_applied
+from kayos.control.raft import ManagerLog, change_record, wait_applied
 from kayos.launcher import free_ports
-from kayos.manager import RemoveNode, TimerTick, view_hash
+from kayos.manager import AddNode, RemoveNode, TimerTick, view_hash
 from tests.manager.test_control_config import MEMBERS, cluster_text
 
 WAIT_S = 20.0
@@ -81,6 +81,31 @@ def test_a_malformed_entry_changes_nothing(tmp_path: Path) -> None:
             time.sleep(0.02)  # a bounded poll of a condition
         assert box[0].refused  # type: ignore[attr-defined]
         assert log.view() == before
+    finally:
+        log.close()
+
+
+@pytest.mark.timeout(60)
+def test_every_epoch_of_an_entry_is_in_the_change_history(tmp_path: Path) -> None:
+    """One entry of two events that each change chains (an added node raises the epoch too, then
+    a move's target joins): GET /v1/manager/changes shows both epochs, each with the chains after
+    its own event, not only the entry's last view; an entry that changes no chain adds none."""
+    setup = one_member_setup()
+    log = ManagerLog(setup, "m1", str(tmp_path))  # type: ignore[arg-type]
+    try:
+        wait_leader(log)
+        first = log.view()
+        wait_applied(log, [TimerTick(10)], WAIT_S)
+        assert log.changes() == ([], 0)
+        applied = wait_applied(
+            log, [RemoveNode("c"), AddNode("d", "127.0.0.1", 7104, 7204)], WAIT_S
+        )
+        kept, dropped = log.changes()
+        assert dropped == 0
+        assert [c["epoch"] for c in kept] == [first.epoch + 1, first.epoch + 2]
+        assert [c["entry"] for c in kept] == [2, 2]
+        assert kept[0]["shards"][0]["chain"] == ["a", "b"], kept
+        assert kept[-1] == change_record(2, applied.view)
     finally:
         log.close()
 
