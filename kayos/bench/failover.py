@@ -103,11 +103,12 @@ class FailoverBenchParameters:
 
 @dataclass
 class _Producers:
-    """``count`` threads producing one message at a time with acks=all; each ack's call start and
-    end are recorded (monotonic seconds)."""
+    """``count`` threads producing one message at a time with acks=all, in turn to each of
+    ``queues``; each ack's call start and end are recorded (monotonic seconds)."""
 
     urls: list[str]
     count: int
+    queues: tuple[str, ...] = (QUEUE,)
     calls: list[tuple[float, float]] = field(default_factory=list)
     errors: int = 0
     stop: threading.Event = field(default_factory=threading.Event)
@@ -127,7 +128,8 @@ class _Producers:
                 n += 1
                 began = time.monotonic()
                 try:
-                    client.produce(QUEUE, f"p{index}-{n}", "v" * 100, acks="all")
+                    queue = self.queues[n % len(self.queues)]
+                    client.produce(queue, f"p{index}-{n}", "v" * 100, acks="all")
                 except KayosError:
                     with self.lock:
                         self.errors += 1

@@ -231,6 +231,34 @@ def bench_failover_command(
     _bench_report(bench_failover(parameters, base), as_json, out, skip=("runs", "machine"))
 
 
+@bench.command("grow")
+@click.option("--shard-mb", type=int, help="Each of the 3 shards filled to this.  [default: 64]")
+@click.option("--producers", type=int, help="acks=all producer threads.  [default: 4]")
+@click.option("--baseline-s", type=float, help="Produce alone before the move.  [default: 10]")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+@click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
+@click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
+def bench_grow_command(
+    shard_mb: int | None,
+    producers: int | None,
+    baseline_s: float | None,
+    as_json: bool,
+    out: str | None,
+    base: str | None,
+) -> None:
+    """3 loaded nodes + 3 managers: add a 4th and rebalance; produce rate before/during, bytes."""
+    from kayos.bench.grow import GrowBenchParameters, bench_grow
+    from kayos.errors import KayosError
+
+    given: dict[str, Any] = {"shard_mb": shard_mb, "producers": producers}
+    given["baseline_s"] = baseline_s
+    try:
+        parameters = GrowBenchParameters(**{k: v for k, v in given.items() if v is not None})
+    except (ValueError, KayosError) as exc:
+        raise click.BadParameter(str(exc)) from exc
+    _bench_report(bench_grow(parameters, base), as_json, out, skip=("machine",))
+
+
 @bench.command("spark")
 @click.option("--rows", type=int, help="Messages to write and read.  [default: 1000000]")
 @click.option("--value-bytes", type=int, help="Bytes per value.  [default: 100]")

@@ -4,14 +4,18 @@ cluster manager (docs/manager.md rule 7, ``POST /v1/manager/operator``).
 Each request is signed (purpose ``operator``) with the topology file's secret and names the view's
 epoch, read first from the managers (a stale epoch is retried a bounded number of times). The long
 ones then follow the manager's moves (``GET /v1/manager/status``) until none is pending, printing
-progress; Ctrl-C stops following, not the moves: the manager's plan goes on, and running the
-command again shows it (a drain or rebalance asked again adds nothing already planned).
+progress (a rich progress bar on a terminal, a line per change otherwise, nothing but the
+outcome with --json); Ctrl-C stops following, not the moves: the manager's plan goes on, the
+command says so and how to resume, and running it again follows the same plan (a drain or
+rebalance asked again adds nothing already planned; the same move-shard asked again while it is
+pending is accepted as it stands).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -148,31 +152,62 @@ def _run(
     result = asyncio.run(_post(setup.identity, urls, body))
     if not result["ok"] or not wait:
         return result
-    show = (lambda line: None) if as_json else _printer()
+    resume = "kayos " + " ".join(shlex.quote(arg) for arg in sys.argv[1:])
     try:
-        final = asyncio.run(_follow(urls, timeout_s, show, draining))
+        with _Display(as_json) as show:
+            final = asyncio.run(_follow(urls, timeout_s, show, draining))
     except KeyboardInterrupt:
-        click.echo(
-            "\ninterrupted: the manager's moves go on; run the command again to follow them",
-            err=True,
-        )
+        # Only the following stops: the plan is in the manager's replicated view and goes on.
+        note = f"the manager's moves go on; run `{resume}` again to follow them to the end"
+        if as_json:
+            click.echo(json.dumps({**result, "interrupted": True, "resume": resume}, indent=2))
+        click.echo(f"\ninterrupted: {note}", err=True)
         sys.exit(130)
     final["seconds"] = round(time.monotonic() - started, 3)
     return {**result, **final}
 
 
-def _printer() -> Callable[[str], None]:
-    from rich.console import Console
+class _Display:
+    """Where progress goes while following: a rich progress bar on a terminal, a plain line per
+    change otherwise (a pipe, a log), nothing with --json. ``show(progress)`` takes
+    ``progress_of_status``'s dict; the bar counts moves done out of every move seen."""
 
-    console = Console(stderr=True)
-    last: list[str] = [""]
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self.seen: set[tuple[int, str, str]] = set()
+        self.last = ""
+        self.bar: Any = None
+        self.task: Any = None
 
-    def show(line: str) -> None:
-        if line != last[0]:
-            console.print(line, highlight=False)
-            last[0] = line
+    def __enter__(self) -> Callable[[dict[str, Any]], None]:
+        if not self.as_json and sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    return show
+            self.bar = Progress(
+                TextColumn("moves"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.description}"), console=Console(stderr=True), transient=False,
+            )  # fmt: skip
+            self.bar.start()
+            self.task = self.bar.add_task("", total=None)
+        return self.show
+
+    def show(self, progress: dict[str, Any]) -> None:
+        if self.as_json:
+            return
+        pending = {(m["shard"], m["source"], m["target"]) for m in progress.get("moves", [])}
+        self.seen |= pending
+        line = progress_line(progress)
+        if self.bar is not None:
+            done = len(self.seen) - len(pending)
+            self.bar.update(self.task, total=len(self.seen), completed=done, description=line)
+        elif line != self.last:
+            click.echo(line, err=True)
+        self.last = line
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
 
 
 async def _post(identity: Any, urls: list[str], body: dict[str, Any]) -> dict[str, Any]:
@@ -230,7 +265,10 @@ def progress_line(progress: dict[str, Any]) -> str:
 
 
 async def _follow(
-    urls: list[str], timeout_s: float, show: Callable[[str], None], draining: str | None
+    urls: list[str],
+    timeout_s: float,
+    show: Callable[[dict[str, Any]], None],
+    draining: str | None,
 ) -> dict[str, Any]:
     """Polls the managers until no move is pending (and, for a drain, the node holds nothing or
     the drain is blocked), or ``timeout_s``. Bounded by the deadline."""
@@ -243,7 +281,7 @@ async def _follow(
         answer = await fetch_manager(urls, limits.ctl_status_timeout_ms_default / 1000)
         if isinstance(answer, dict):
             latest = progress_of_status(answer)
-            show(progress_line(latest))
+            show(latest)
             held = latest["replicas"].get(draining, 0) if draining else 0
             if not latest["moves"] and (held == 0 or latest["drain_blocked"]):
                 latest["done"] = not latest["drain_blocked"]

@@ -8,6 +8,8 @@ every acknowledged message is still there afterwards."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -19,10 +21,9 @@ import pytest
 from chaos.checker import check
 from chaos.history import Event as HistoryEvent
 from chaos.history import Snapshot
-from kayos.identity import write_private
-from kayos.launcher import LocalCluster, free_ports, http_json
+from kayos.bench.grow import answers, start_outside_node
+from kayos.launcher import LocalCluster, http_json
 from kayos.manager import Config
-from kayos.topology import NodeAddr, Topology
 from tests.integration.conftest import read_snapshot, wait_until
 from tests.integration.test_manager_heals import QUEUE, Producer, check_nothing_lost
 
@@ -185,24 +186,12 @@ def test_a_fourth_node_added_and_rebalanced_onto_under_load(tmp_path: Path) -> N
         tmp_path / "cluster", nodes=3, replicas=3, managers=3, manager_config=CONFIG
     ) as cluster:
         wait_until(lambda: leader_view(cluster), "a manager leader")
-        http_port, bin_port = free_ports(2, "127.0.0.1")
-        d = NodeAddr("d", "127.0.0.1", http_port, bin_port)
-        topology = cluster.topology
-        own = Topology(topology.epoch, {**topology.nodes, "d": d}, topology.shards)
-        own_path = tmp_path / "d.toml"
-        write_private(str(own_path), own.with_identity(cluster.identity).dumps_toml())
-        (tmp_path / "d").mkdir()
-        log = open(tmp_path / "d.log", "wb")  # noqa: SIM115 - closed below
-        node_d = subprocess.Popen(
-            [*cluster.node_command, "--config", str(own_path), "--id", "d",
-             "--data", str(tmp_path / "d")],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+        d, node_d = start_outside_node(cluster, "d", tmp_path)
         producers = [Producer(i, list(cluster.urls.values())) for i in range(2)]
         start = leader_view(cluster)
         assert start is not None
         try:
-            wait_until(lambda: _answers(d.http_url), "node d answering")
+            wait_until(lambda: answers(d.http_url), "node d answering")
             for producer in producers:
                 producer.start()
             wait_until(lambda: all(len(p.acked_at) >= 50 for p in producers), "acks before")
@@ -211,7 +200,7 @@ def test_a_fourth_node_added_and_rebalanced_onto_under_load(tmp_path: Path) -> N
             before_end = time.monotonic()
             code, reply = ctl(
                 cluster, "add-node", "d", "--host", "127.0.0.1",
-                "--http-port", str(http_port), "--bin-port", str(bin_port),
+                "--http-port", str(d.http_port), "--bin-port", str(d.bin_port),
             )  # fmt: skip
             assert code == 0, reply
             code, reply = ctl(cluster, "rebalance")
@@ -240,7 +229,6 @@ def test_a_fourth_node_added_and_rebalanced_onto_under_load(tmp_path: Path) -> N
                 producer.finish()
             node_d.terminate()
             node_d.wait(30)
-            log.close()
 
         def rate(start: float, end: float) -> float:
             acks = sum(1 for p in producers for t in p.acked_at if start < t <= end)
@@ -272,9 +260,52 @@ def checked(url: str, producers: list[Producer]) -> Any:
     return verdict
 
 
-def _answers(url: str) -> bool:
-    try:
-        code, _ = http_json(url + "/v1/status", timeout_s=1.0)
-    except (OSError, ValueError):
-        return False
-    return code == 200
+# A target stopped with SIGSTOP stays "up" in the view this long, so the move waits for it
+# instead of being cancelled while the test interrupts the CLI.
+PATIENT = Config(detection_window_ms=60_000, suspect_after_ms=30_000)
+
+
+def test_ctrl_c_leaves_the_drain_running_and_a_rerun_follows_it_to_the_end(tmp_path: Path) -> None:
+    """`kayos ctl drain a` (plain progress lines: its stderr is a pipe) is sent SIGINT once it
+    shows progress: it exits 130 saying the moves go on and the command to run again; the
+    manager's move is still pending (its target c is held with SIGSTOP, so the move cannot have
+    ended); with c let go, the same command run again follows the same plan to the end."""
+    with LocalCluster(
+        tmp_path, nodes=3, replicas=2, shards=1, managers=3, manager_config=PATIENT
+    ) as cluster:
+        assert cluster.topology.shards[0].chain == ("a", "b")
+        start = wait_until(lambda: leader_view(cluster), "a manager leader")
+        held = cluster.pid("c")
+        assert held is not None
+        os.kill(held, signal.SIGSTOP)
+        try:
+            command = [sys.executable, "-m", "kayos", "ctl", "drain", "a",
+                       "--topology", str(cluster.topology_path)]  # fmt: skip
+            ctl_process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.PIPE)
+            assert ctl_process.stderr is not None
+            seen: list[bytes] = []
+            for _ in range(1_000):  # bounded: each readline waits for the CLI's next line
+                line = ctl_process.stderr.readline()
+                seen.append(line)
+                if not line or b"moves pending 1" in line:
+                    break
+            assert b"a->c" in seen[-1], seen
+            ctl_process.send_signal(signal.SIGINT)
+            out, err = ctl_process.communicate(timeout=60)
+            assert ctl_process.returncode == 130, (out, err)
+            assert b"the manager's moves go on" in err, err
+            assert b"kayos ctl drain a" in err, err
+            view = leader_view(cluster)
+            assert view is not None
+            assert view["draining"] == ["a"], view
+            assert view["shards"][0]["moves"] == [["c", "a"]], view
+        finally:
+            os.kill(held, signal.SIGCONT)
+        code, reply = ctl(cluster, "drain", "a")
+        assert code == 0, reply
+        assert reply["done"] is True, reply
+        final = leader_view(cluster)
+        assert final is not None
+        assert final["shards"][0]["chain"] == ["b", "c"], final
+        counts = counts_by_epoch(changes(cluster), start["epoch"])
+        assert min(min(c) for c in counts.values()) >= 2, counts

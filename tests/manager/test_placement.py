@@ -90,3 +90,17 @@ def test_operator_requests_are_checked_against_the_view() -> None:
     ):
         with pytest.raises(InvalidRequest):
             operator_event(bad, view)
+
+
+def test_the_same_move_asked_again_while_pending_is_accepted_another_is_refused() -> None:
+    """A re-run of `kayos ctl move-shard` after Ctrl-C asks for the pending move again: accepted
+    (decide leaves it as it is); a different move on the same shard is refused with the reason."""
+    view = rotated(["a", "b", "c", "d"], 3, 2)
+    move = {"op": "move-shard", "shard": 0, "source": "a", "target": "c", "epoch": view.epoch}
+    moving, _ = decide(view, operator_event(move, view))
+    assert moving.shards[0].moves == (("c", "a"),)
+    again = {**move, "epoch": moving.epoch}
+    assert operator_event(again, moving) == MoveReplica(0, "a", "c")
+    assert decide(moving, MoveReplica(0, "a", "c"))[0] == moving
+    with pytest.raises(InvalidRequest, match="already moving"):
+        operator_event({**again, "target": "d"}, moving)

@@ -1,0 +1,278 @@
+"""``kayos bench grow``: adding a fourth node to a loaded 3-node cluster and rebalancing onto it
+(issue 13, docs/operations.md "Adding a node to a loaded cluster"), with producers running
+``acks=all`` throughout.
+
+Workload: a LocalCluster of 3 node processes (fsync on) and 3 manager members; 3 shards x 3
+replicas, each shard filled to ``shard_mb`` (values of ``fill_value_bytes``). ``producers``
+threads produce one 100 B message at a time with acks=all, in turn to a queue on each shard. A
+fourth node d is started outside the topology (from a copy of the file that names it, as an
+operator would), then, in order:
+
+1. **before**: after ``warmup_s`` (not measured: the stores settle after the fill),
+   ``baseline_s`` of the producers alone: ``produce_msgs_per_s_before``.
+2. **move**: ``add-node d`` and ``rebalance`` (signed operator requests to the manager leader),
+   then until the manager holds no pending move: ``move_s`` (from the rebalance request),
+   ``produce_msgs_per_s_during`` (acks in that window over its length), ``moves``.
+3. **after**: ``after_s`` more: ``produce_msgs_per_s_after``.
+
+``produce_during_share`` is during / before (issue 13's target: at least
+``PRODUCE_DURING_SHARE_TARGET``). ``bytes_copied`` is what d's data directory holds on disk after
+the moves (allocated blocks: store files are sparse); d held nothing before, so it is the copy.
+``min_replicas_seen`` is the lowest replica count of any shard at any epoch in the manager's log
+of changes (GET /v1/manager/changes) from the rebalance on: 3 unless a move shortened a chain.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from kayos import limits
+from kayos.bench.failover import _Producers, _wait
+from kayos.bench.produce import machine_facts
+from kayos.client.sync import Client
+from kayos.control.config import Config
+from kayos.errors import KayosError
+from kayos.identity import write_private
+from kayos.launcher import LocalCluster, free_ports, http_json
+from kayos.signing import sign
+from kayos.topology import NodeAddr, Topology
+
+PRODUCE_DURING_SHARE_TARGET = 0.8
+SHARDS = 3
+NEW_NODE = "d"
+FILL_TRIES = 5  # tries of one fill batch
+
+
+@dataclass(frozen=True, slots=True)
+class GrowBenchParameters:
+    shard_mb: int = 64
+    fill_value_bytes: int = 8000
+    producers: int = 4
+    warmup_s: float = 5.0
+    baseline_s: float = 10.0
+    after_s: float = 5.0
+    detection_window_ms: int = limits.manager_detection_window_ms
+    step_timeout_s: float = 120.0
+    move_timeout_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        if self.shard_mb < 0 or self.producers < 1:
+            raise ValueError("shard_mb must be >= 0 and producers >= 1")
+        if self.baseline_s <= 0 or self.after_s < 0:
+            raise ValueError("baseline_s must be > 0 and after_s >= 0")
+        self.manager_config().validate()
+
+    def manager_config(self) -> Config:
+        window = self.detection_window_ms
+        return Config(detection_window_ms=window, suspect_after_ms=max(1, window // 2))
+
+
+def queue_per_shard(topology: Topology, prefix: str) -> list[str]:
+    """One queue name that maps to each shard, shard by shard (bounded search)."""
+    found: dict[int, str] = {}
+    for n in range(100_000):
+        name = f"{prefix}-{n}"
+        found.setdefault(topology.shard_for(name), name)
+        if len(found) == len(topology.shards):
+            return [found[s] for s in sorted(found)]
+    raise RuntimeError(f"no queue name found for every shard with prefix {prefix!r}")
+
+
+def start_outside_node(
+    cluster: LocalCluster, node: str, directory: Path
+) -> tuple[NodeAddr, subprocess.Popen[bytes]]:
+    """Starts ``kayos node`` ``node`` from a copy of the cluster's topology file that names it
+    (free loopback ports; data and log under ``directory``), as an operator starts a node the
+    cluster does not know yet; the caller stops it."""
+    http_port, bin_port = free_ports(2, "127.0.0.1")
+    address = NodeAddr(node, "127.0.0.1", http_port, bin_port)
+    topology = cluster.topology
+    own = Topology(topology.epoch, {**topology.nodes, node: address}, topology.shards)
+    own_path = directory / f"{node}.toml"
+    write_private(str(own_path), own.with_identity(cluster.identity).dumps_toml())
+    (directory / node).mkdir(parents=True, exist_ok=True)
+    with open(directory / f"{node}.log", "wb") as log:
+        process = subprocess.Popen(
+            [*cluster.node_command, "--config", str(own_path), "--id", node,
+             "--data", str(directory / node)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    return address, process
+
+
+def answers(url: str) -> bool:
+    try:
+        code, _ = http_json(url + "/v1/status", timeout_s=1.0)
+    except (OSError, ValueError):
+        return False
+    return code == 200
+
+
+def manager_status(cluster: LocalCluster) -> dict[str, Any] | None:
+    leader = cluster.wait_manager_leader()
+    if leader is None:
+        return None
+    code, body = http_json(cluster.manager_url(leader) + "/v1/manager/status", timeout_s=2.0)
+    return body if code == 200 and isinstance(body, dict) else None
+
+
+def operator(cluster: LocalCluster, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Posts a signed operator request to the leader at the view's current epoch; a stale epoch
+    or an election is retried until ``timeout_s``."""
+    assert cluster.identity is not None
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        status = manager_status(cluster)
+        if status is not None and status.get("leader_url"):
+            signed = {**body, "epoch": status["epoch"]}
+            message = {"body": signed, "mac": sign(cluster.identity, "operator", signed)}
+            code, last = http_json(
+                f"{status['leader_url']}/v1/manager/operator", method="POST", body=message,
+                timeout_s=limits.manager_apply_timeout_ms / 1000,
+            )  # fmt: skip
+            if code == 200 and isinstance(last, dict):
+                return last
+            message_text = str(last.get("error", {}).get("message", "")) if last else ""
+            if code == 400 and not message_text.startswith("stale_epoch"):
+                raise RuntimeError(f"operator request {body['op']} refused: {last}")
+        time.sleep(0.05)  # a bounded retry of an election or a stale epoch
+    raise TimeoutError(f"operator request {body['op']} not applied within {timeout_s}s: {last}")
+
+
+def min_replicas_since(cluster: LocalCluster, epoch: int) -> int:
+    """The lowest replica count of any shard at any epoch after ``epoch`` in the leader's log of
+    changes (a move's extra member, between its target joining and its source leaving, does
+    not count)."""
+    leader = cluster.wait_manager_leader()
+    assert leader is not None
+    code, body = http_json(cluster.manager_url(leader) + "/v1/manager/changes", timeout_s=5.0)
+    if code != 200 or not isinstance(body, dict):
+        raise RuntimeError(f"GET /v1/manager/changes: {code} {body}")
+    counts: list[int] = []
+    for change in body["changes"]:
+        if change["epoch"] <= epoch:
+            continue
+        for shard in change["shards"]:
+            chain, moves = shard["chain"], shard["moves"]
+            extra = any(t in chain and s in chain for t, s in moves)
+            counts.append(len(chain) - int(extra))
+    if not counts:
+        raise RuntimeError(f"the manager's log of changes holds no epoch after {epoch}")
+    return min(counts)
+
+
+def _fill(urls: list[str], queues: list[str], megabytes: int, value_bytes: int) -> None:
+    value = os.urandom(value_bytes)
+    total = megabytes * (1 << 20) // value_bytes
+    batch = max(1, (1 << 20) // value_bytes)
+
+    def worker(queue: str) -> None:
+        with Client(urls, name="bench-grow-fill") as client:
+            for start in range(0, total, batch):
+                items = [(b"f%012d" % n, value) for n in range(start, min(start + batch, total))]
+                for attempt in range(FILL_TRIES):
+                    try:
+                        client.produce_batch(queue, items, acks="all")
+                        break
+                    except KayosError:  # a loaded machine's timeout: a duplicate fill is harmless
+                        if attempt == FILL_TRIES - 1:
+                            raise
+
+    with ThreadPoolExecutor(len(queues)) as pool:
+        list(pool.map(worker, queues))
+
+
+def _run(cluster: LocalCluster, directory: Path, parameters: GrowBenchParameters) -> dict[str, Any]:
+    urls = list(cluster.urls.values())
+    step = parameters.step_timeout_s
+    _wait(lambda: manager_status(cluster), "a manager leader", step)
+    _fill(urls, queue_per_shard(cluster.topology, "grow-fill"), parameters.shard_mb,
+          parameters.fill_value_bytes)  # fmt: skip
+    cluster.wait_replicated(step)
+    address, node = start_outside_node(cluster, NEW_NODE, directory)
+    producers = _Producers(
+        urls, parameters.producers, tuple(queue_per_shard(cluster.topology, "grow"))
+    )
+    try:
+        _wait(lambda: answers(address.http_url), f"node {NEW_NODE} answering", step)
+        producers.start()
+        _wait(lambda: producers.acked_between(0, time.monotonic()) > 0, "a first ack", step)
+        time.sleep(parameters.warmup_s)  # the fill's compaction settles; not measured
+        before_start = time.monotonic()
+        time.sleep(parameters.baseline_s)  # the phase's length, not a synchronisation
+        before_end = time.monotonic()
+        add = {"op": "add-node", "node": NEW_NODE, "host": address.host}
+        operator(
+            cluster, {**add, "http_port": address.http_port, "bin_port": address.bin_port}, step
+        )
+        start = manager_status(cluster)
+        assert start is not None
+        reply = operator(cluster, {"op": "rebalance"}, step)
+        planned = len(reply.get("moves", []))
+        _wait(
+            lambda: (
+                (s := manager_status(cluster)) is not None
+                and not any(shard["moves"] for shard in s["view"]["shards"])
+            ),
+            "the rebalance's moves",
+            parameters.move_timeout_s,
+        )
+        during_end = time.monotonic()
+        time.sleep(parameters.after_s)  # the phase's length, not a synchronisation
+        after_end = time.monotonic()
+        final = manager_status(cluster)
+    finally:
+        producers.finish(step)
+        node.terminate()
+        node.wait(step)
+
+    def rate(begin: float, end: float) -> float:
+        return round(producers.acked_between(begin, end) / max(end - begin, 1e-6), 1)
+
+    before = rate(before_start, before_end)
+    during = rate(before_end, during_end)
+    replicas: dict[str, int] = {}
+    assert final is not None
+    for shard in final["view"]["shards"]:
+        for member in shard["chain"]:
+            replicas[member] = replicas.get(member, 0) + 1
+    copied = sum(f.stat().st_blocks * 512 for f in (directory / NEW_NODE).rglob("*") if f.is_file())
+    return {
+        "produce_msgs_per_s_before": before,
+        "produce_msgs_per_s_during": during,
+        "produce_msgs_per_s_after": rate(during_end, after_end),
+        "produce_during_share": round(during / before, 3) if before else None,
+        "produce_during_share_target": PRODUCE_DURING_SHARE_TARGET,
+        "move_s": round(during_end - before_end, 3),
+        "moves": planned,
+        "bytes_copied": copied,
+        "mb_copied_per_s": round(copied / (1 << 20) / max(during_end - before_end, 1e-6), 1),
+        "replicas": dict(sorted(replicas.items())),
+        "min_replicas_seen": min_replicas_since(cluster, start["epoch"]),
+        "produce_errors": producers.errors,
+    }
+
+
+def bench_grow(parameters: GrowBenchParameters, base: str | None = None) -> dict[str, Any]:
+    directory = Path(base or tempfile.mkdtemp(prefix="kayos-bench-grow-"))
+    try:
+        cluster = LocalCluster(
+            directory / "cluster", nodes=3, replicas=3, shards=SHARDS, managers=3,
+            manager_config=parameters.manager_config(),
+        )  # fmt: skip
+        with cluster:
+            figures = _run(cluster, directory, parameters)
+            cluster.stop()
+    finally:
+        if base is None:
+            shutil.rmtree(directory, ignore_errors=True)
+    return {**figures, "parameters": asdict(parameters), "machine": machine_facts()}
