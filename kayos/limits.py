@@ -217,7 +217,7 @@ snapshot_sync_bytes = 64 * 1024 * 1024
 # catchup_produce_share_max: a snapshot moves far more bytes per unit of the member's time, and
 # the learner's writes and CPU land on the same machine and disk (measured: at 0.2 live produce
 # dropped by 0.35 on a shared 2-core box, docs/performance.md).
-snapshot_produce_share_max = 0.05
+snapshot_produce_share_max = 0.02
 # The largest store file a learner accepts as a snapshot, in bytes (its disk, not its memory: the
 # copy is streamed to a file); a bigger shard is copied entry by entry.
 snapshot_bytes_max = 1024 * 1024 * 1024 * 1024

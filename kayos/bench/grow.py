@@ -18,12 +18,15 @@ operator would), then, in order:
 ``produce_during_share`` is during / before (issue 13's target: at least
 ``PRODUCE_DURING_SHARE_TARGET``). ``bytes_copied`` is what d's data directory holds on disk after
 the moves (allocated blocks: store files are sparse); d held nothing before, so it is the copy.
-``min_replicas_seen`` is the lowest replica count of any shard at any epoch in the manager's log
-of changes (GET /v1/manager/changes) from the rebalance on: 3 unless a move shortened a chain.
+``longest_ack_gap_s_before`` / ``_during``: the longest stretch with no ack at all (a chain
+change stalls a shard's producers while they find its new head). ``min_replicas_seen`` is the
+lowest replica count of any shard at any epoch in the manager's log of changes
+(GET /v1/manager/changes) from the rebalance on: 3 unless a move shortened a chain.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
@@ -42,6 +45,7 @@ from kayos.control.config import Config
 from kayos.errors import KayosError
 from kayos.identity import write_private
 from kayos.launcher import LocalCluster, free_ports, http_json
+from kayos.launcher import _die_with_parent as die_with_parent
 from kayos.signing import sign
 from kayos.topology import NodeAddr, Topology
 
@@ -104,6 +108,7 @@ def start_outside_node(
             [*cluster.node_command, "--config", str(own_path), "--id", node,
              "--data", str(directory / node)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,
         )  # fmt: skip
     return address, process
 
@@ -238,6 +243,13 @@ def _run(cluster: LocalCluster, directory: Path, parameters: GrowBenchParameters
     def rate(begin: float, end: float) -> float:
         return round(producers.acked_between(begin, end) / max(end - begin, 1e-6), 1)
 
+    def longest_gap(begin: float, end: float) -> float:
+        """The longest time no producer got an ack in [begin, end): a chain change's stall."""
+        with producers.lock:
+            acks = sorted(t for _, t in producers.calls if begin <= t < end)
+        edges = [begin, *acks, end]
+        return round(max(b - a for a, b in itertools.pairwise(edges)), 3)
+
     before = rate(before_start, before_end)
     during = rate(before_end, during_end)
     replicas: dict[str, int] = {}
@@ -252,6 +264,8 @@ def _run(cluster: LocalCluster, directory: Path, parameters: GrowBenchParameters
         "produce_msgs_per_s_after": rate(during_end, after_end),
         "produce_during_share": round(during / before, 3) if before else None,
         "produce_during_share_target": PRODUCE_DURING_SHARE_TARGET,
+        "longest_ack_gap_s_before": longest_gap(before_start, before_end),
+        "longest_ack_gap_s_during": longest_gap(before_end, during_end),
         "move_s": round(during_end - before_end, 3),
         "moves": planned,
         "bytes_copied": copied,

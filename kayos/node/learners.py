@@ -135,6 +135,12 @@ async def _open_learner(
             copied=copied,
         )
     )
+    current = node.topology
+    if current.epoch != replica.epoch and order.shard in current.shards:
+        # A topology came while the store opened: follow_topology saw no replica to give it to,
+        # and a learner left at the old epoch has its every link refused (bench grow found it).
+        replica.topology = current
+        replica.shard = current.shards[order.shard]
     learner.replica = replica
     learner.link = UpstreamLink(replica)
     if learner.task is None:
