@@ -216,7 +216,9 @@ snapshot_sync_bytes = 64 * 1024 * 1024
 # its time on it (the learner link's duty cycle, chain.copy_pause_s). Lower than
 # catchup_produce_share_max: a snapshot moves far more bytes per unit of the member's time, and
 # the learner's writes and CPU land on the same machine and disk (measured: at 0.2 live produce
-# dropped by 0.35 on a shared 2-core box, docs/performance.md).
+# dropped by 0.35 on a shared 2-core box, docs/performance.md). 0.05 -> 0.02 for moves under load
+# (kayos bench grow: produce during a rebalance fell to 0.58 of before with a 6.9 s copy at 0.05;
+# 0.73 at 0.02; docs/operations.md "What a move costs the producers").
 snapshot_produce_share_max = 0.02
 # The largest store file a learner accepts as a snapshot, in bytes (its disk, not its memory: the
 # copy is streamed to a file); a bigger shard is copied entry by entry.
