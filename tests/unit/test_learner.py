@@ -4,13 +4,17 @@ a shard, the throttle's decision, and the signed catch-up message's checks."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from kayos.clock import SystemClock
 from kayos.errors import InvalidRequest, Unauthenticated, WrongRoleError
+from kayos.node import learners
 from kayos.node.learners import CatchUpOrder, parse_catch_up
 from kayos.replication import chain
 from kayos.replication import frames as fr
@@ -121,3 +125,37 @@ def test_catch_up_message_checks() -> None:
     for shape in (None, [], {"body": body}, {"body": body, "mac": signed["mac"], "x": 1}):
         with pytest.raises(InvalidRequest):
             parse_catch_up(TEST_IDENTITY, shape)
+
+
+def test_a_topology_that_comes_while_the_learners_store_opens_is_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a snapshot the learner's store opens on a thread; a topology applied meanwhile finds
+    no replica to hand to (follow_topology), so the new replica must take the node's topology
+    itself, or its links HELLO at the old epoch and are refused for good (kayos bench grow)."""
+    old = _topology()
+    new = Topology(old.epoch + 1, old.nodes, old.shards, TEST_IDENTITY)
+    node = SimpleNamespace(node_id="d", topology=old, clock=SystemClock(), rng=random.Random(1))
+
+    def open_while_the_topology_changes(**kwargs: Any) -> ShardReplica:
+        replica = ShardReplica(**kwargs)
+        node.topology = new  # the reconfigure task ran while this thread opened the store
+        return replica
+
+    monkeypatch.setattr(learners, "ShardReplica", open_while_the_topology_changes)
+    learner = learners.Learner("c")
+    order = CatchUpOrder(old.epoch, 0, "c")
+
+    async def open_it() -> None:
+        # A task already set: _open_learner starts no link task (nothing here to reach).
+        learner.task = asyncio.create_task(asyncio.sleep(0))
+        await learners._open_learner(node, learner, order, str(tmp_path / "d"), copied=False)
+        await learner.task
+
+    asyncio.run(open_it())
+    assert learner.replica is not None
+    try:
+        assert learner.replica.epoch == new.epoch
+        assert learner.replica.topology is new
+    finally:
+        learner.replica.close()
