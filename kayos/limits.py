@@ -535,6 +535,39 @@ assert peer_silence_ms_max < produce_commit_timeout_ms
 assert 0 < ctl_status_timeout_ms_default < client_request_timeout_ms
 assert ctl_link_lag_alert_entries > 0
 
+# `kayos ctl compact` (POST /v1/admin/compact) and `kayos ctl check` (docs/operations.md).
+# How often the CLI asks the nodes how their compactions and checks are going: a progress line a
+# second or two is what a person reads; each poll is one small GET per node.
+ctl_progress_poll_interval_ms = 500
+# How long `kayos ctl compact` waits for every store it asked for by default: a compaction copies
+# the live data once, about 100 MB/s on a loaded disk, so 10 minutes covers a store of tens of GB.
+ctl_compact_timeout_ms_default = 600_000
+# `kayos ctl check` waits this long for one digest or online store check: a store walk reads the
+# whole file (up to online_store_check_bytes_max), a minute or more on a busy disk.
+ctl_check_read_timeout_ms_default = 300_000
+# A node keeps the outcome of this many compactions asked for by an operator (oldest dropped first),
+# for the CLI's progress polls: more than any node holds shards.
+admin_compaction_jobs_kept_max = 256
+# `GET /v1/shards/{s}/digest` hashes at most this many seqs per request: a bounded read (~100 ms of
+# a thread for small entries) however long the shard's log is; `kayos ctl check` digests the last
+# seqs below the common commit point.
+shard_digest_seqs_max = 100_000
+# `GET /v1/shards/{s}/check` walks the live store's tree (every chunk's CRC) only up to this file
+# size: the same bound a node's open uses (store_verify_on_open_bytes_max); a larger store is
+# reported as not checked, never read for minutes on a live node.
+online_store_check_bytes_max = store_verify_on_open_bytes_max
+# Digests and store checks one node runs at once for `kayos ctl check` requests: each reads a store
+# in a worker thread; more would only take disk time from the node's commits.
+online_check_reads_concurrent_max = 2
+
+assert ctl_progress_poll_interval_ms > 0
+assert ctl_compact_timeout_ms_default > 0
+assert ctl_check_read_timeout_ms_default > 0
+assert admin_compaction_jobs_kept_max > 0
+assert shard_digest_seqs_max > 0
+assert online_store_check_bytes_max > 0
+assert online_check_reads_concurrent_max > 0
+
 # --- the host: directory locks and listening ports (docs/node-api.md "Owners, locks and ports") -
 
 # A lock file holds its owner's pid in decimal and a newline; reading more than this for an error

@@ -19,11 +19,13 @@ import hmac
 import json
 from typing import Any, Final
 
-from kayos.errors import Unauthenticated
+from kayos.errors import InvalidRequest, Unauthenticated
 from kayos.identity import ClusterIdentity
 
 SIGNING_VERSION: Final = b"kayos-admin-v1"
-PURPOSES: Final = frozenset({"topology", "catch-up", "remove-node", "repair", "operator"})
+PURPOSES: Final = frozenset(
+    {"topology", "catch-up", "remove-node", "repair", "operator", "compact"}
+)
 
 
 def canonical_json(body: Any) -> bytes:
@@ -53,3 +55,17 @@ def check_signed(identity: ClusterIdentity | None, purpose: str, body: Any, mac:
         raise Unauthenticated(f"{purpose}: missing or malformed mac")
     if not hmac.compare_digest(mac, sign(identity, purpose, body)):
         raise Unauthenticated(f"{purpose}: the mac does not match this cluster's secret")
+
+
+def open_signed(
+    identity: ClusterIdentity | None, purpose: str, message: Any, fields: frozenset[str]
+) -> dict[str, Any]:
+    """The body of a signed message ``{"body": {...}, "mac"}`` once its MAC is checked
+    (``Unauthenticated``) and it has exactly ``fields`` (``InvalidRequest``)."""
+    if not isinstance(message, dict) or set(message) != {"body", "mac"}:
+        raise InvalidRequest('a signed message is {"body": {...}, "mac": "<hex>"}')
+    body = message["body"]
+    check_signed(identity, purpose, body, message["mac"])
+    if not isinstance(body, dict) or set(body) != fields:
+        raise InvalidRequest(f"a {purpose} body has exactly the fields {sorted(fields)}")
+    return body

@@ -12,9 +12,10 @@ from typing import Any
 import click
 
 from kayos import limits
+from kayos.cli.cluster_read import fetch_summary
 from kayos.cli.data import SEED_DEFAULT
 from kayos.cli.manager_status import fetch_manager
-from kayos.cli.status_view import NodeAnswer, render, summarise, unreachable, with_manager
+from kayos.cli.status_view import render, with_manager
 
 # `kayos up`'s topology file (its default --data root).
 TOPOLOGY_DEFAULT = "./kayos-data/cluster.toml"
@@ -82,40 +83,6 @@ def status(
 
 def _plain(text: str, **_: Any) -> str:
     return text
-
-
-async def fetch_summary(urls: list[str], timeout_s: float) -> dict[str, Any]:
-    """The topology from the first of ``urls`` that serves it, then every node's status at once."""
-    from kayos.client.http import HttpTransport
-    from kayos.errors import KayosError
-    from kayos.topology import Topology
-
-    transport = HttpTransport()
-    await transport.open()
-    try:
-        errors: list[str] = []
-        for url in urls:
-            try:
-                reply = await transport.request("GET", f"{url}/v1/topology", timeout_s=timeout_s)
-                topology = Topology.from_json(reply)
-                break
-            except KayosError as exc:
-                errors.append(str(exc))
-        else:
-            return unreachable(urls, "; ".join(errors))
-
-        async def ask(url: str) -> NodeAnswer:
-            try:
-                answer = await transport.request("GET", f"{url}/v1/status", timeout_s=timeout_s)
-            except KayosError as exc:
-                return f"{type(exc).__name__}: {exc}"
-            return answer if isinstance(answer, dict) else f"not a status reply: {answer!r:.80}"
-
-        nodes = list(topology.nodes.values())
-        answers = await asyncio.gather(*(ask(node.http_url) for node in nodes))
-        return summarise(url, topology, {n.id: a for n, a in zip(nodes, answers, strict=True)})
-    finally:
-        await transport.close()
 
 
 @ctl.command()
@@ -284,11 +251,13 @@ async def _remove(urls: list[str], message: dict[str, Any], timeout_s: float) ->
         await transport.close()
 
 
-def _register_operator_commands() -> None:
-    """add-node, drain, move-shard, rebalance live in kayos/cli/operate.py."""
-    from kayos.cli.operate import register
+def _register_commands() -> None:
+    """add-node, drain, move-shard, rebalance live in kayos/cli/operate.py; compact and check in
+    kayos/cli/ctl_ops.py."""
+    from kayos.cli import ctl_ops, operate
 
-    register(ctl)
+    operate.register(ctl)
+    ctl_ops.register(ctl)
 
 
-_register_operator_commands()
+_register_commands()

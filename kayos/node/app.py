@@ -38,6 +38,7 @@ from kayos.errors import (
     WrongRoleError,
 )
 from kayos.node import learners
+from kayos.node.operator_api import routes as operator_routes
 from kayos.node.runtime import GROUP_STATE_META, HWM_META, Node, Page, link_status
 from kayos.node.runtime import lag_seconds as lag_seconds_of
 
@@ -498,6 +499,7 @@ def make_app(node: Node) -> web.Application:
     node.registry.register(_Collector(node))
     app.on_cleanup.append(close_session)
     app.add_routes(routes)
+    app.add_routes(operator_routes(node, read_body, int_param))
     return app
 
 

@@ -24,7 +24,7 @@ from kayos.errors import InvalidRequest, KayosError, StaleEpochError
 from kayos.replication.replica import ShardReplica, UpstreamLink
 from kayos.replication.snapshot import store_is_empty
 from kayos.replication.snapshot_link import SnapshotProgress, fetch_snapshot
-from kayos.signing import check_signed
+from kayos.signing import open_signed
 from kayos.topology import Topology
 
 log = logging.getLogger("kayos.node")
@@ -69,12 +69,7 @@ class CatchUpOrder:
 def parse_catch_up(identity: Any, message: Any) -> CatchUpOrder:
     """A signed catch-up message (``{"body": {...}, "mac"}``), checked: its MAC (401 otherwise),
     then its fields (400)."""
-    if not isinstance(message, dict) or set(message) != {"body", "mac"}:
-        raise InvalidRequest('a signed message is {"body": {...}, "mac": "<hex>"}')
-    body = message["body"]
-    check_signed(identity, "catch-up", body, message["mac"])
-    if not isinstance(body, dict) or set(body) != CATCH_UP_FIELDS:
-        raise InvalidRequest(f"a catch-up body has exactly the fields {sorted(CATCH_UP_FIELDS)}")
+    body = open_signed(identity, "catch-up", message, CATCH_UP_FIELDS)
     upstream = body["upstream"]
     if not isinstance(upstream, str):
         raise InvalidRequest("upstream must be a node id")

@@ -1429,6 +1429,10 @@ class Snapshot:
         reader = self._check().reader
         return btree.iter_leaves(reader, self.header.root, after_seq, min(upto_seq, self.boundary))
 
+    def reader(self) -> btree.NodeReader:
+        """The reader of the pinned file (kayos.storage.check walks a live store's tree with it)."""
+        return self._check().reader
+
     def entry_at(self, leaf: fmt.Leaf, index: int) -> Entry:
         """Entry ``index`` of a leaf from ``leaves``, its out-of-line value read."""
         return _entry_at(self._check().reader, leaf, index)
