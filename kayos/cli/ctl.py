@@ -253,11 +253,12 @@ async def _remove(urls: list[str], message: dict[str, Any], timeout_s: float) ->
 
 def _register_commands() -> None:
     """add-node, drain, move-shard, rebalance live in kayos/cli/operate.py; compact and check in
-    kayos/cli/ctl_ops.py."""
-    from kayos.cli import ctl_ops, operate
+    kayos/cli/ctl_ops.py; the queue commands in kayos/cli/ctl_queue.py."""
+    from kayos.cli import ctl_ops, ctl_queue, operate
 
     operate.register(ctl)
     ctl_ops.register(ctl)
+    ctl_queue.register(ctl)
 
 
 _register_commands()

@@ -325,10 +325,12 @@ def check(
 
         digests, stores = asyncio.run(with_transport(run))
         result = judge(summary, digests, stores, replicas)
-    if as_json:
-        click.echo(json.dumps(result, indent=2))
-    else:
-        click.echo(render_check(result))
+    emit(result, as_json, render_check)
+
+
+def emit(result: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]], str]) -> None:
+    """Prints ``result`` (as JSON or as ``render`` has it) and exits with its ``exit_code``."""
+    click.echo(json.dumps(result, indent=2) if as_json else render(result))
     sys.exit(result["exit_code"])
 
 
