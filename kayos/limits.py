@@ -518,7 +518,7 @@ ctl_status_timeout_ms_default = 2_000
 # by default (a move copies a whole shard, throttled by the catch-up bound), and how often they ask.
 # Interrupting leaves the plan running in the manager; a re-run follows it again.
 ctl_operation_wait_ms_default = 3_600_000
-ctl_progress_poll_ms = 500
+ctl_progress_poll_ms = 500  # also kayos ctl compact's and queue create/alter's progress polls
 # Tries of an operator request whose epoch went stale between reading the view and posting it.
 ctl_operator_tries_max = 5
 # A link that is up but whose downstream is more entries behind than this is an alert
@@ -536,9 +536,6 @@ assert 0 < ctl_status_timeout_ms_default < client_request_timeout_ms
 assert ctl_link_lag_alert_entries > 0
 
 # `kayos ctl compact` (POST /v1/admin/compact) and `kayos ctl check` (docs/operations.md).
-# How often the CLI asks the nodes how their compactions and checks are going: a progress line a
-# second or two is what a person reads; each poll is one small GET per node.
-ctl_progress_poll_interval_ms = 500
 # How long `kayos ctl compact` waits for every store it asked for by default: a compaction copies
 # the live data once, about 100 MB/s on a loaded disk, so 10 minutes covers a store of tens of GB.
 ctl_compact_timeout_ms_default = 600_000
@@ -560,7 +557,6 @@ online_store_check_bytes_max = store_verify_on_open_bytes_max
 # in a worker thread; more would only take disk time from the node's commits.
 online_check_reads_concurrent_max = 2
 
-assert ctl_progress_poll_interval_ms > 0
 assert ctl_compact_timeout_ms_default > 0
 assert ctl_check_read_timeout_ms_default > 0
 assert admin_compaction_jobs_kept_max > 0

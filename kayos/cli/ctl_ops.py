@@ -267,7 +267,7 @@ async def run_compactions(
         live = [n for n in live if n not in finished]
         if not live or time.monotonic() >= deadline:
             break
-        await asyncio.sleep(limits.ctl_progress_poll_interval_ms / 1000)
+        await asyncio.sleep(limits.ctl_progress_poll_ms / 1000)
     return compact_summary(plan, jobs, errors, waited=wait_s > 0)
 
 
