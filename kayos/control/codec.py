@@ -31,6 +31,7 @@ from kayos.manager import (
     Rebalance,
     RejoinAsTail,
     RemoveNode,
+    SetQueueShards,
     ShardReport,
     SpliceChain,
     StartCatchUp,
@@ -102,6 +103,8 @@ def event_to_data(event: Event) -> list[Any]:
         return ["drain", {"node": event.node}]
     if isinstance(event, Rebalance):
         return ["rebalance", {}]
+    if isinstance(event, SetQueueShards):
+        return ["queue_shards", {"queue": event.queue, "shards": event.shards}]
     return ["remove_node", {"node": event.node}]
 
 
@@ -145,6 +148,8 @@ def event_from_data(data: Any) -> Event:
             event = Drain(_str(f["node"]))
         elif kind == "rebalance":
             event = Rebalance()
+        elif kind == "queue_shards":
+            event = SetQueueShards(_str(f["queue"]), _int(f["shards"]))
         else:
             raise InvalidRequest(f"unknown event kind {kind!r:.40}")
     except (KeyError, TypeError, ValueError) as exc:

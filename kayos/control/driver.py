@@ -264,14 +264,13 @@ def topology_of(
 ) -> Topology:
     """The topology the view describes: its epoch and chains, the node addresses (the file's and
     the added nodes', so every node learns a new node's address from the signed topology), and
-    the file's (``base``) queue shard counts (docs/node-api.md, "Queues over several shards")."""
+    the file's (``base``) queue shard counts overlaid by the view's, which win (docs/node-api.md,
+    "Queues over several shards")."""
     shards = {s.id: ShardChain(s.id, s.chain) for s in view.shards}
     addresses = node_addresses(view, nodes)
-    if base is None:
-        return Topology(view.epoch, addresses, shards)
-    return Topology(
-        view.epoch, addresses, shards, queue_shards=base.queue_shards, queues=dict(base.queues)
-    )
+    queues = {**(base.queues if base is not None else {}), **dict(view.queues)}
+    default = base.queue_shards if base is not None else 1
+    return Topology(view.epoch, addresses, shards, queue_shards=default, queues=queues)
 
 
 def signed(identity: ClusterIdentity, purpose: str, body: Any) -> dict[str, Any]:

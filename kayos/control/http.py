@@ -30,9 +30,11 @@ from kayos.manager import (
     OperatorEvent,
     Rebalance,
     RemoveNode,
+    SetQueueShards,
     check_event,
 )
 from kayos.signing import check_signed
+from kayos.topology import Topology
 
 STATUS_FOR_CODE = {
     "invalid_request": 400,
@@ -123,11 +125,15 @@ def make_app(state: MemberState) -> web.Application:
         try:
             body = await _signed_body(request, state, "operator")
             _check_leader(state)
-            event = operator_event(body, state.view()[0])
+            event = operator_event(body, state.view()[0], state.setup.topology)
             view, _ = await state.submit([event])
         except KayosError as exc:
             return error_response(exc)
-        return web.json_response({"op": body["op"], "epoch": view.epoch, **progress(view)})
+        reply = {"op": body["op"], "epoch": view.epoch, **progress(view)}
+        if isinstance(event, SetQueueShards):
+            reply["queue"] = event.queue
+            reply["shards"] = queue_shard_count(view, state.setup.topology, event.queue)
+        return web.json_response(reply)
 
     app.add_routes(routes)
     return app
@@ -159,9 +165,12 @@ def progress_of_status(status: dict[str, Any]) -> dict[str, Any]:
     return {"epoch": view.epoch, **progress(view)}
 
 
-def operator_event(body: dict[str, Any], view: ManagerView) -> OperatorEvent:
+def operator_event(
+    body: dict[str, Any], view: ManagerView, base: Topology | None = None
+) -> OperatorEvent:
     """The event an operator's signed body asks for. The body names the view's epoch it was made
-    against, so a replayed request is refused once anything changed (docs/manager.md)."""
+    against, so a replayed request is refused once anything changed (docs/manager.md). ``base``:
+    the topology file (a queue's shard count when the view sets none)."""
     if body.get("epoch") != view.epoch:
         raise InvalidRequest(
             f"stale_epoch: the request names epoch {body.get('epoch')!r:.20},"
@@ -188,6 +197,10 @@ def operator_event(body: dict[str, Any], view: ManagerView) -> OperatorEvent:
         _check_move(view, event)
     elif op == "rebalance":
         event = Rebalance()
+    elif op in ("queue-create", "queue-alter"):
+        event = SetQueueShards(_field(body, "queue", str), _field(body, "shards", int))
+        check_event(event)
+        _check_queue(view, base, event, create=op == "queue-create")
     else:
         raise InvalidRequest(f"unknown operator op {op!r:.40}")
     check_event(event)
@@ -227,6 +240,39 @@ def _check_move(view: ManagerView, move: MoveReplica) -> None:
     target = view.node(move.target)
     if target is None or target.state != "up" or move.target in view.draining:
         raise InvalidRequest(f"{move.target} is not up, or is draining")
+
+
+def queue_shard_count(view: ManagerView, base: Topology | None, queue: str) -> int:
+    """The queue's shard count as published: the view's, else the file's entry or default."""
+    count = view.queue_shards(queue)
+    if count is not None:
+        return count
+    return base.queue_shard_count(queue) if base is not None else 1
+
+
+def _check_queue(
+    view: ManagerView, base: Topology | None, event: SetQueueShards, *, create: bool
+) -> None:
+    """Refuses, with the reason, a queue change decide would ignore or that makes no sense."""
+    if event.shards > len(view.shards):
+        raise InvalidRequest(
+            f"queue {event.queue!r}: {event.shards} shards asked, the cluster has "
+            f"{len(view.shards)} (a queue's shard count is 1 .. {len(view.shards)})"
+        )
+    named = view.queue_shards(event.queue) is not None or (
+        base is not None and event.queue in base.queues
+    )
+    current = queue_shard_count(view, base, event.queue)
+    if create and named:
+        raise InvalidRequest(
+            f"queue {event.queue!r} already exists with {current} shard(s): use queue alter"
+        )
+    if not create and event.shards <= current:
+        raise InvalidRequest(
+            f"queue {event.queue!r} has {current} shard(s) today; {event.shards} would not add "
+            "any: a queue's shard count never goes down (the dropped shards' entries and marks "
+            "would be read by no one)"
+        )
 
 
 def _check_leader(state: MemberState) -> None:

@@ -19,8 +19,10 @@ Rules (the reasons are in docs/manager.md):
 - an operator's move sends the target to catch up from the tail; on CatchUpDone it joins as tail,
   and on the next event the source leaves (so the move never shortens a chain); a drain is a move
   of each of the node's replicas; a rebalance is the moves ``plan_rebalance`` plans;
-- any change of chains, or a node added, raises the epoch by one; the changed shards carry the
-  new epoch.
+- an operator's queue shard count (SetQueueShards) is recorded if it is above the view's for the
+  queue and at most the shard count, else ignored;
+- any change of chains, a node added, or a queue's shard count changed raises the epoch by one
+  and publishes the topology; the changed shards carry the new epoch.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from kayos.manager.events import (
     Rebalance,
     RejoinAsTail,
     RemoveNode,
+    SetQueueShards,
     ShardReport,
     SpliceChain,
     StartCatchUp,
@@ -110,7 +113,20 @@ def _apply(view: ManagerView, event: Event, out: list[Action]) -> ManagerView:
         for shard_id, source, target in plan_rebalance(view):
             view = _start_move(view, shard_id, source, target, out)
         return view
+    if isinstance(event, SetQueueShards):
+        return _set_queue_shards(view, event)
     return view
+
+
+def _set_queue_shards(view: ManagerView, event: SetQueueShards) -> ManagerView:
+    """Records the queue's new shard count; one below the view's or above the shard count is
+    ignored (never fewer shards: their entries and marks would be read by no one)."""
+    current = view.queue_shards(event.queue)
+    if event.shards > len(view.shards) or (current is not None and event.shards <= current):
+        return view
+    queues = dict(view.queues)
+    queues[event.queue] = event.shards
+    return replace(view, queues=tuple(sorted(queues.items())))
 
 
 # --- adding capacity and moving replicas (docs/manager.md rule 7) ---------------------------------
@@ -400,8 +416,9 @@ def _finish(
         s for s, before in zip(new.shards, old.shards, strict=True) if s.chain != before.chain
     ]
     # A node added at runtime changes the topology too (its address): every node must learn it
-    # before a move can link to it, and nodes take only a topology of a higher epoch.
-    republish = bool(changed) or new.added != old.added
+    # before a move can link to it, and nodes take only a topology of a higher epoch. So does a
+    # queue's shard count.
+    republish = bool(changed) or new.added != old.added or new.queues != old.queues
     if republish:
         ids = {s.id for s in changed}
         new = replace(

@@ -11,7 +11,7 @@ from typing import TypeAlias
 
 from kayos import limits
 from kayos.errors import InvalidRequest
-from kayos.topology import check_node_id
+from kayos.topology import check_node_id, check_queue_name
 
 TakeoverEntries: TypeAlias = tuple[tuple[bytes, int], ...]
 
@@ -132,7 +132,17 @@ class Rebalance:
     """An operator asks for replicas to be spread evenly (``plan_rebalance``)."""
 
 
-OperatorEvent: TypeAlias = RemoveNode | AddNode | MoveReplica | Drain | Rebalance
+@dataclass(frozen=True, slots=True)
+class SetQueueShards:
+    """An operator gives ``queue`` ``shards`` shards (``kayos ctl queue create/alter``). A count
+    below the view's for the queue, or above the number of shards, is ignored: a queue's shard
+    count never goes down (docs/node-api.md, "Queues over several shards")."""
+
+    queue: str
+    shards: int
+
+
+OperatorEvent: TypeAlias = RemoveNode | AddNode | MoveReplica | Drain | Rebalance | SetQueueShards
 
 Event: TypeAlias = (
     Heartbeat
@@ -147,6 +157,7 @@ Event: TypeAlias = (
     | MoveReplica
     | Drain
     | Rebalance
+    | SetQueueShards
 )
 
 # --- actions -------------------------------------------------------------------------------------
@@ -270,6 +281,10 @@ def check_event(event: Event) -> Event:
             raise InvalidRequest("a move needs two different nodes")
     elif isinstance(event, ManagerLeaderChanged):
         times = [event.at_ms]
+    elif isinstance(event, SetQueueShards):
+        check_queue_name(event.queue)
+        if not 1 <= event.shards <= limits.manager_shards_max:
+            raise InvalidRequest(f"a queue's shard count must be 1 .. {limits.manager_shards_max}")
     if any(t < 0 for t in times):
         raise InvalidRequest("event times must be >= 0")
     for node in nodes:

@@ -29,10 +29,11 @@ ALERT_KINDS = (BELOW_MIN_REPLICAS, SLOW_KEPT, NO_LIVE_MEMBER, DRAIN_BLOCKED)
 
 # The view's encoding version: part of the hash, so members of different versions never agree.
 # 2: catch-up order numbers (ShardView.orders, ManagerView.orders_issued);
-# 3: 2 and pending moves, draining nodes and added nodes' addresses (docs/manager.md, "The view").
-# A format-1 or format-2 snapshot still reads: the fields it lacks are empty (see ``from_data``).
-VIEW_FORMAT = 3
-_FORMATS_READ = (1, 2, 3)
+# 3: 2 and pending moves, draining nodes and added nodes' addresses (docs/manager.md, "The view");
+# 4: 3 and each queue's shard count set by an operator (``queues``).
+# An older snapshot still reads: the fields it lacks are empty (see ``from_data``).
+VIEW_FORMAT = 4
+_FORMATS_READ = (1, 2, 3, 4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +134,9 @@ class ManagerView:
     draining: tuple[str, ...] = ()
     added: tuple[NodeAddress, ...] = ()
     orders_issued: int = 0  # catch-up orders numbered so far (the last order's number)
+    # Queue shard counts set by ``kayos ctl queue create/alter``, (name, count) sorted by name;
+    # published over the topology file's (docs/node-api.md, "Queues over several shards").
+    queues: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def bootstrap(
@@ -174,6 +178,10 @@ class ManagerView:
     def with_node(self, node: NodeView) -> ManagerView:
         return replace(self, nodes=tuple(node if n.id == node.id else n for n in self.nodes))
 
+    def queue_shards(self, queue: str) -> int | None:
+        """The shard count an operator set for ``queue``; None when the view holds none."""
+        return dict(self.queues).get(queue)
+
     def shard(self, shard_id: int) -> ShardView | None:
         return self.shards[shard_id] if 0 <= shard_id < len(self.shards) else None
 
@@ -211,6 +219,7 @@ class ManagerView:
             "draining": list(self.draining),
             "added": [[a.id, a.host, a.http_port, a.bin_port] for a in self.added],
             "orders_issued": self.orders_issued,
+            "queues": [[name, count] for name, count in self.queues],
         }
 
     @classmethod
@@ -223,8 +232,8 @@ class ManagerView:
                 raise InvalidRequest(f"manager view format {fmt!r} is not supported")
 
             def field_of(obj: Any, key: str) -> Any:
-                # Format 3 holds every field; an older one may lack any field added since.
-                return obj[key] if fmt == VIEW_FORMAT else obj.get(key, [])
+                # Format 3 and later hold every field of format 3; an older one may lack any.
+                return obj[key] if fmt >= 3 else obj.get(key, [])
 
             config = Config(**{k: int(v) for k, v in data["config"].items()}).validate()
             nodes = []
@@ -251,7 +260,10 @@ class ManagerView:
                 NodeAddress(str(i), str(h), int(p), int(q))
                 for i, h, p, q in field_of(data, "added")
             )
-            issued = data["orders_issued"] if fmt == VIEW_FORMAT else data.get("orders_issued", 0)
+            issued = data["orders_issued"] if fmt >= 3 else data.get("orders_issued", 0)
+            queues = tuple(
+                sorted((str(q), int(c)) for q, c in (data["queues"] if fmt >= 4 else []))
+            )
             view = cls(
                 config,
                 int(data["epoch"]),
@@ -262,10 +274,11 @@ class ManagerView:
                 draining,
                 added,
                 int(issued),
+                queues,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidRequest(f"bad manager view: {exc!r}") from exc
-        return view if fmt == VIEW_FORMAT else _numbered(view)
+        return view if fmt >= 3 else _numbered(view)
 
 
 def _numbered(view: ManagerView) -> ManagerView:

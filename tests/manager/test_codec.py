@@ -22,6 +22,7 @@ from kayos.manager import (
     NodeReturned,
     Rebalance,
     RemoveNode,
+    SetQueueShards,
     ShardReport,
     TimerTick,
 )
@@ -40,6 +41,7 @@ EVENTS: list[Event] = [
     MoveReplica(0, "a", "d"),
     Drain("a"),
     Rebalance(),
+    SetQueueShards("orders", 3),
 ]
 
 
@@ -81,6 +83,12 @@ def test_an_entry_is_plain_json_with_a_version() -> None:
             {"v": ENTRY_VERSION, "events": [["tick", {"now_ms": 1, "heard": [["a"]]}]]}
         ).encode(),
         json.dumps({"v": ENTRY_VERSION, "events": ["tick"]}).encode(),
+        json.dumps(
+            {"v": ENTRY_VERSION, "events": [["queue_shards", {"queue": "a/b", "shards": 2}]]}
+        ).encode(),
+        json.dumps(
+            {"v": ENTRY_VERSION, "events": [["queue_shards", {"queue": "q", "shards": 0}]]}
+        ).encode(),
     ],
 )
 def test_a_malformed_entry_is_refused(raw: bytes) -> None:

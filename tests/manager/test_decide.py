@@ -26,6 +26,7 @@ from kayos.manager import (
     NodeReturned,
     Rebalance,
     RemoveNode,
+    SetQueueShards,
     ShardReport,
     TimerTick,
     check_event,
@@ -97,8 +98,9 @@ GOLDEN_EVENTS: list[Event] = [
     AddNode("e", "127.0.0.1", 7105, 7205),
     MoveReplica(1, "b", "e"),
     Drain("c"),
+    SetQueueShards("orders", 2),
 ]
-GOLDEN_HASH = "bc0297f9b4ae718b815273bdf7e16d8e014edbc34a5e394ead67b29aa0753328"  # view format 3
+GOLDEN_HASH = "3faa57642e455316b21bcfcba69939ec480dcba3ed6a542e5bc0dcf8a2a4ae5d"  # view format 4
 
 
 def run(view: ManagerView, events: list[Event]) -> ManagerView:
@@ -134,12 +136,13 @@ def test_the_view_round_trips_through_its_encoding() -> None:
 @pytest.mark.parametrize(
     "breakage",
     [
-        lambda d: d.update(format=4),
+        lambda d: d.update(format=5),
         lambda d: d.update(format=0),
         lambda d: d.pop("orders_issued"),  # format 3 holds every field
         lambda d: d.pop("draining"),
         lambda d: d["shards"][0].pop("moves"),
         lambda d: d["shards"][0].pop("orders"),
+        lambda d: d.pop("queues"),  # format 4 holds every field
         lambda d: d.pop("shards"),
         lambda d: d["nodes"].append(["e", "sleepy", 0]),
         lambda d: d["shards"][0].update(takeover=[["zz", 0]]),
@@ -253,9 +256,13 @@ def test_check_event_passes_well_formed_ones_and_decide_ignores_unknown_names() 
 
 def _older(view: ManagerView, fmt: int) -> dict[str, object]:
     """``view`` dumped as a member of view format ``fmt`` wrote it: format 2 (catch-up order
-    numbers) lacks moves, draining and added nodes; format 1 lacks the order numbers too."""
+    numbers) lacks moves, draining and added nodes; format 1 lacks the order numbers too; format 3
+    lacks only the queues' shard counts."""
     data = json.loads(json.dumps(view.to_data()))
     data["format"] = fmt
+    del data["queues"]
+    if fmt == 3:
+        return data  # type: ignore[no-any-return]
     for shard in data["shards"]:
         del shard["moves"]
         if fmt == 1:
@@ -266,14 +273,15 @@ def _older(view: ManagerView, fmt: int) -> dict[str, object]:
     return data  # type: ignore[no-any-return]
 
 
-def test_format_1_and_2_snapshots_still_read() -> None:
-    """A member upgraded to view format 3 starts from a format-1 or format-2 dump and holds the
-    same view: no moves, no draining nodes, no added addresses."""
+def test_format_1_2_and_3_snapshots_still_read() -> None:
+    """A member upgraded to view format 4 starts from a format-1, 2 or 3 dump and holds the same
+    view: no moves, no draining nodes, no added addresses (1, 2), no queue shard counts."""
     assert ManagerView.from_data(_older(fresh(), 1)) == fresh()
     assert ManagerView.from_data(_older(fresh(), 2)) == fresh()
     returned = run(fresh(), [*HEAL_EVENTS, NodeReturned("a", 7_000, ())])
     assert returned.orders_issued > 0
     assert ManagerView.from_data(_older(returned, 2)) == returned
+    assert ManagerView.from_data(_older(returned, 3)) == returned, "format 3: no queues"
 
 
 def test_a_format_1_snapshot_numbers_its_catching_up_nodes() -> None:

@@ -25,6 +25,7 @@ Commands (one per line in a block):
 - ``leader-change t=`` (the new leader starts from a copy of the view decoded from its encoding)
 - ``remove-node NODE``, ``hash``.
 - ``add-node NODE [host= http= bin=]``, ``move shard= from= to=``, ``drain NODE``, ``rebalance``.
+- ``queue-shards QUEUE shards=S`` (``kayos ctl queue create/alter``).
 
 Besides the invariants above, every step checks that no chain got shorter unless some node went
 down, slow or removed in that step (``replica_count``): moves, drains and rebalances never take a
@@ -57,6 +58,7 @@ from kayos.manager import (
     Rebalance,
     RejoinAsTail,
     RemoveNode,
+    SetQueueShards,
     ShardReport,
     ShardView,
     SpliceChain,
@@ -161,6 +163,8 @@ def format_view(view: ManagerView) -> list[str]:
     ]
     if view.draining:
         lines.append("  draining: " + " ".join(view.draining))
+    if view.queues:
+        lines.append("  queues: " + " ".join(f"{q}={count}" for q, count in view.queues))
     lines.append("  alerts: " + (" ".join(alerts) if alerts else "none"))
     return lines
 
@@ -271,6 +275,8 @@ class Interpreter:
             events = [Drain(node) for node in positional]
         elif name == "rebalance":
             events = [Rebalance()]
+        elif name == "queue-shards":
+            events = [SetQueueShards(positional[0], int(keys["shards"]))]
         else:
             raise AssertionError(f"unknown command {name!r}")
         actions: list[Action] = []
@@ -304,10 +310,14 @@ def replica_count(shard: ShardView) -> int:
 
 def check_invariants(before: ManagerView, after: ManagerView) -> None:
     changed = [a.chain != b.chain for a, b in zip(after.shards, before.shards, strict=True)]
-    if any(changed) or after.added != before.added:
-        assert after.epoch == before.epoch + 1, "a chain change or added node raises the epoch"
+    if any(changed) or after.added != before.added or after.queues != before.queues:
+        assert after.epoch == before.epoch + 1, "a chain, added node or queue change: new epoch"
     else:
-        assert after.epoch == before.epoch, "no chain change, no new epoch"
+        assert after.epoch == before.epoch, "no chain or queue change, no new epoch"
+    counts = dict(before.queues)
+    for queue, count in after.queues:
+        assert count >= counts.get(queue, 1), f"queue {queue}: shard count went down"
+        assert 1 <= count <= len(after.shards), f"queue {queue}: {count} shards"
     was = {node.id: node.state for node in before.nodes}
     lost = [
         n.id

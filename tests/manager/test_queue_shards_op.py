@@ -1,0 +1,76 @@
+"""Operator requests for a queue's shard count (``kayos ctl queue create/alter``): checked against
+the view and the topology file with a reason (kayos/control/http.py), carried into the published
+topology where the view's count wins over the file's (kayos/control/driver.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kayos.control.driver import topology_of
+from kayos.control.http import operator_event, queue_shard_count
+from kayos.errors import InvalidRequest
+from kayos.manager import Config, ManagerView, SetQueueShards, decide
+from kayos.topology import NodeAddr, Topology, rotated
+
+
+def setup() -> tuple[ManagerView, Topology]:
+    nodes = [NodeAddr(n, "127.0.0.1", 1 + i, 100 + i) for i, n in enumerate("abcd")]
+    base = rotated(nodes, replicas=3)
+    base = Topology(base.epoch, base.nodes, base.shards, queue_shards=2, queues={"fixed": 3})
+    chains = [s.chain for s in base.shards.values()]
+    return ManagerView.bootstrap(Config(), list(base.nodes), chains), base
+
+
+def refused(body: dict[str, object], view: ManagerView, base: Topology) -> str:
+    with pytest.raises(InvalidRequest) as caught:
+        operator_event({**body, "epoch": view.epoch}, view, base)
+    return str(caught.value)
+
+
+def test_create_then_alter_are_published_over_the_file() -> None:
+    view, base = setup()
+    create = {"op": "queue-create", "queue": "orders", "shards": 3, "epoch": view.epoch}
+    event = operator_event(create, view, base)
+    assert event == SetQueueShards("orders", 3)
+    view, actions = decide(view, event)
+    assert [type(a).__name__ for a in actions] == ["PublishTopology"]
+    assert view.queues == (("orders", 3),)
+    assert queue_shard_count(view, base, "orders") == 3
+    published = topology_of(view, base.nodes, base)
+    assert published.epoch == view.epoch == 2
+    assert published.queues == {"fixed": 3, "orders": 3}
+    assert published.queue_shards == 2, "the file's default stays"
+
+    alter = {"op": "queue-alter", "queue": "fixed", "shards": 4, "epoch": view.epoch}
+    view, _ = decide(view, operator_event(alter, view, base))
+    assert topology_of(view, base.nodes, base).queues == {"fixed": 4, "orders": 3}, "view wins"
+    # A queue on the file's default (2) gains shards too.
+    alter = {"op": "queue-alter", "queue": "other", "shards": 3, "epoch": view.epoch}
+    assert operator_event(alter, view, base) == SetQueueShards("other", 3)
+
+
+def test_refusals_name_their_reason() -> None:
+    view, base = setup()
+    assert "never goes down" in refused(
+        {"op": "queue-alter", "queue": "fixed", "shards": 2}, view, base
+    )
+    assert "never goes down" in refused(
+        {"op": "queue-alter", "queue": "fixed", "shards": 3}, view, base
+    )
+    assert "never goes down" in refused(
+        {"op": "queue-alter", "queue": "other", "shards": 1}, view, base
+    ), "the file's default counts as today's"
+    assert "already exists" in refused(
+        {"op": "queue-create", "queue": "fixed", "shards": 4}, view, base
+    )
+    assert "the cluster has 4" in refused(
+        {"op": "queue-create", "queue": "new", "shards": 5}, view, base
+    )
+    assert "bad queue name" in refused(
+        {"op": "queue-create", "queue": "a b", "shards": 2}, view, base
+    )
+    assert "must be a int" in refused(
+        {"op": "queue-create", "queue": "new", "shards": "2"}, view, base
+    )
+    with pytest.raises(InvalidRequest):
+        operator_event({"op": "queue-create", "queue": "new", "shards": 2, "epoch": 9}, view, base)
