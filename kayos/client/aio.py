@@ -299,9 +299,24 @@ class AsyncClient:
         every part to its shard's head at once; one ``ShardSeqs`` per part, in shard order.
         ``acks`` holds per part. A ``txn`` batch must keep to one shard (``InvalidRequest``
         before sending). If a part fails the error is raised once every part has finished; the
-        other parts may be written (retrying is safe: de-dup)."""
+        other parts may be written (retrying is safe: de-dup). A head that refuses a part as
+        spanning shards means the queue's shard count changed (``kayos ctl queue alter``): the
+        topology is refreshed and, if its epoch rose, the batch is split and sent again once."""
         check_queue_name(queue)
         columns = to_columns(items)
+        epoch = self.topology.epoch
+        try:
+            return await self._produce_split(queue, columns, acks, txn)
+        except InvalidRequest:
+            with contextlib.suppress(UnavailableError):
+                await self.refresh_topology(epoch + 1)
+            if self.topology.epoch <= epoch:
+                raise
+            return await self._produce_split(queue, columns, acks, txn)
+
+    async def _produce_split(
+        self, queue: str, columns: Columns, acks: Acks, txn: bool
+    ) -> list[ShardSeqs]:
         parts = self.topology.split_by_shard(queue, columns.keys)
         if txn and len(parts) > 1:
             raise InvalidRequest(
