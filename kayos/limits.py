@@ -535,6 +535,12 @@ assert peer_silence_ms_max < produce_commit_timeout_ms
 assert 0 < ctl_status_timeout_ms_default < client_request_timeout_ms
 assert ctl_link_lag_alert_entries > 0
 
+# `kayos ctl queue create/alter` waits this long by default for every node to run the topology
+# with the queue's new shard count: the manager publishes it at once (one Raft commit, one signed
+# POST per node) and re-sends to nodes behind every manager_resend_interval_ms.
+ctl_queue_apply_timeout_ms_default = 30_000
+assert ctl_queue_apply_timeout_ms_default > 0
+
 # `kayos ctl compact` (POST /v1/admin/compact) and `kayos ctl check` (docs/operations.md).
 # How long `kayos ctl compact` waits for every store it asked for by default: a compaction copies
 # the live data once, about 100 MB/s on a loaded disk, so 10 minutes covers a store of tens of GB.

@@ -15,6 +15,7 @@ from kayos import limits
 from kayos.cli.cluster_read import fetch_summary
 from kayos.cli.data import SEED_DEFAULT
 from kayos.cli.manager_status import fetch_manager
+from kayos.cli.queue_view import retention_policy
 from kayos.cli.status_view import render, with_manager
 
 # `kayos up`'s topology file (its default --data root).
@@ -113,13 +114,7 @@ def retention(
 ) -> None:
     """Show QUEUE's retention policy and floor, or set it (any option; --keep-all clears it).
     Prints the node's JSON reply. See docs/retention.md."""
-    policy: dict[str, Any] = {}
-    if max_age_ms is not None:
-        policy["max_age_ms"] = max_age_ms
-    if max_bytes is not None:
-        policy["max_bytes"] = max_bytes
-    if until_consumed:
-        policy["until_consumed"] = True
+    policy = retention_policy(max_age_ms, max_bytes, until_consumed)
     if keep_all and policy:
         raise click.UsageError("--keep-all clears the policy; give it alone")
     body = policy if (policy or keep_all) else None

@@ -137,6 +137,20 @@ def describe(
     }
 
 
+def retention_policy(
+    max_age_ms: int | None, max_bytes: int | None, until_consumed: bool
+) -> dict[str, Any]:
+    """The retention policy body (docs/retention.md) the command line's options give."""
+    policy: dict[str, Any] = {}
+    if max_age_ms is not None:
+        policy["max_age_ms"] = max_age_ms
+    if max_bytes is not None:
+        policy["max_bytes"] = max_bytes
+    if until_consumed:
+        policy["until_consumed"] = True
+    return policy
+
+
 def _policy_text(retention: dict[str, Any] | None) -> str:
     if retention is None:
         return "?"
