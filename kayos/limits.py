@@ -503,6 +503,10 @@ client_redirects_max = 5
 client_request_timeout_ms = produce_commit_timeout_ms + 5_000
 # Opening a TCP connection and its HELLO handshake; a live node on a LAN answers in milliseconds.
 client_connect_timeout_ms = 5_000
+# A consumer refreshes its cached topology when it is older than this as it starts a snapshot, so a
+# queue that gained shards (kayos ctl queue alter) is read whole within this long: one GET
+# /v1/topology per known node every 10 s at most.
+client_topology_max_age_ms = 10_000
 # Requests one client keeps in flight on one binary connection: the node stops reading past its own
 # bound, so a higher one would only queue in socket buffers.
 client_in_flight_requests_max = connection_in_flight_requests_max

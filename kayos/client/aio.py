@@ -97,6 +97,7 @@ class AsyncClient:
         self.clock = clock
         self._http = HttpTransport()
         self._topology: Topology | None = None
+        self._topology_at_s = 0.0  # clock.monotonic_s() when it was installed
         self._connections: dict[str, BinaryConnection] = {}
         self._connecting: dict[str, asyncio.Lock] = {}
         self._tail_turns: dict[int, itertools.count[int]] = {}
@@ -181,11 +182,20 @@ class AsyncClient:
         await self._install(topology)
         return topology
 
+    async def _recent_topology(self) -> None:
+        """Refreshes a topology older than ``limits.client_topology_max_age_ms`` (best effort): a
+        queue may have gained shards (``kayos ctl queue alter``) that a consumer must read."""
+        age_s = self.clock.monotonic_s() - self._topology_at_s
+        if self._topology is not None and age_s * 1000 >= limits.client_topology_max_age_ms:
+            with contextlib.suppress(UnavailableError):
+                await self.refresh_topology()
+
     async def _install(self, topology: Topology) -> None:
         old = self._topology
         if old is not None and topology.epoch < old.epoch:
             return  # an older view from a lagging node never replaces a newer one
         self._topology = topology
+        self._topology_at_s = self.clock.monotonic_s()
         for node, connection in list(self._connections.items()):
             if old is None or topology.nodes.get(node) != old.nodes.get(node):
                 del self._connections[node]  # moved or gone: its address is stale
@@ -441,6 +451,7 @@ class AsyncClient:
         # and this client decodes with no object per message until the caller asks for them.
         params = {"group": group, "limit": str(page_size), "columns": "1"}
         wait_ms = min(int(wait_s * 1000), limits.consume_wait_ms_max)
+        await self._recent_topology()
         shards = self.topology.shards_for(queue)
         if shard is not None:
             shards = (self.topology.queue_shard(queue, shard),)

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 import kayos
+from kayos import limits
+from kayos.clock import ManualClock
 from kayos.launcher import LocalCluster, http_json
 from kayos.manager import Config
 from tests.integration.conftest import wait_until
@@ -36,6 +38,16 @@ def leader_queues(cluster: LocalCluster) -> list[Any] | None:
             queues: list[Any] = body["view"]["queues"]
             return queues
     return None
+
+
+def commit_all(client: kayos.Client, queue: str, group: str) -> list[str]:
+    """Reads the group's snapshot of every shard, commits each shard's boundary: the keys read."""
+    keys = []
+    for page in client.consume(queue, group, page_size=100):
+        keys += [m.key.decode() for m in page.messages]
+        if page.end:
+            client.commit(queue, group, page.boundary, shard=page.shard)
+    return keys
 
 
 def test_create_and_alter_through_the_manager(
@@ -68,9 +80,14 @@ def test_create_and_alter_through_the_manager(
     ] * 2
 
     # A queue in use (the default: one shard), and a client that keeps the topology it read now.
-    with kayos.Client(urls, rng=random.Random(SEED)) as stale:
+    clock = ManualClock()
+    with (
+        kayos.Client(urls, rng=random.Random(SEED)) as stale,
+        kayos.Client(urls, rng=random.Random(SEED), clock=clock) as consumer,
+    ):
         stale.produce_sharded("grow", [(f"old{i}", f"v{i}") for i in range(30)])
         assert stale.topology.shards_for("grow") == (stale.topology.shard_for("grow"),)
+        assert len(commit_all(consumer, "grow", "early")) == 30
 
         code, _, err = ctl("queue", "create", "grow", "--shards", "2", "--topology", topology)
         assert code == 1
@@ -100,6 +117,11 @@ def test_create_and_alter_through_the_manager(
         parts = stale.produce_sharded("grow", [(f"new{i}", f"w{i}") for i in range(30)])
         assert len({part.shard for part in parts}) == 3, parts
         assert stale.topology.queue_shard_count("grow") == 3
+        # The consumer's topology is refreshed once older than the bound: it reads the new shards.
+        clock.advance(limits.client_topology_max_age_ms / 1000)
+        later = commit_all(consumer, "grow", "early")
+        assert sorted(later) == sorted(f"new{i}" for i in range(30))
+        assert len(consumer.marks("grow", "early")) == 3
 
     with kayos.Client(urls, rng=random.Random(SEED)) as client:
         read = [m for page in client.consume("grow", "all", page_size=100) for m in page.messages]
