@@ -182,13 +182,20 @@ class AsyncClient:
         await self._install(topology)
         return topology
 
-    async def _recent_topology(self) -> None:
-        """Refreshes a topology older than ``limits.client_topology_max_age_ms`` (best effort): a
-        queue may have gained shards (``kayos ctl queue alter``) that a consumer must read."""
+    def _recent_topology(self) -> None:
+        """Starts, in the background, a refresh of a topology older than
+        ``limits.client_topology_max_age_ms``: a queue may have gained shards (``kayos ctl queue
+        alter``) that a consumer must read. Nothing waits for it (a paused node would hold a
+        consumer up for the whole request timeout): the snapshot starting now reads the shards
+        the cached topology names, the next one those of the refreshed topology. One try per
+        interval, even when it fails."""
         age_s = self.clock.monotonic_s() - self._topology_at_s
-        if self._topology is not None and age_s * 1000 >= limits.client_topology_max_age_ms:
-            with contextlib.suppress(UnavailableError):
-                await self.refresh_topology()
+        running = self._refresh_task is not None and not self._refresh_task.done()
+        if self._topology is None or running or age_s * 1000 < limits.client_topology_max_age_ms:
+            return
+        self._topology_at_s = self.clock.monotonic_s()
+        task = self._refresh_task = asyncio.create_task(self._fetch_topology(0))
+        task.add_done_callback(_retrieve_error)
 
     async def _install(self, topology: Topology) -> None:
         old = self._topology
@@ -451,7 +458,7 @@ class AsyncClient:
         # and this client decodes with no object per message until the caller asks for them.
         params = {"group": group, "limit": str(page_size), "columns": "1"}
         wait_ms = min(int(wait_s * 1000), limits.consume_wait_ms_max)
-        await self._recent_topology()
+        self._recent_topology()
         shards = self.topology.shards_for(queue)
         if shard is not None:
             shards = (self.topology.queue_shard(queue, shard),)
@@ -520,9 +527,10 @@ class AsyncClient:
                 pending.add_done_callback(_forget)
 
     def _shard_params(self, queue: str, shard: int) -> dict[str, str]:
-        """``shard=`` for a queue with several shards (a one-shard queue's requests stay as
-        they were, so an older node serves them)."""
-        return {"shard": str(shard)} if len(self.topology.shards_for(queue)) > 1 else {}
+        """``shard=`` on every per-shard request, a one-shard queue's too: a node whose topology
+        has since given the queue more shards (``kayos ctl queue alter``) still knows which one
+        is meant (an older node ignores the parameter)."""
+        return {"shard": str(shard)}
 
     async def _page(self, queue: str, shard: int, params: dict[str, str], wait_s: float) -> Page:
         async def attempt(redirect: str | None) -> Page:
@@ -744,3 +752,10 @@ class AsyncClient:
 
 
 __all__ = ["AsyncClient"]
+
+
+def _retrieve_error(task: asyncio.Task[Topology]) -> None:
+    """A background topology refresh's failure is retrieved (so asyncio does not log it): the
+    cached topology stays, and the next retry or refresh asks again."""
+    if not task.cancelled():
+        task.exception()

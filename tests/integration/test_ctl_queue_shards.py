@@ -1,8 +1,9 @@
 """``kayos ctl queue create`` and ``queue alter`` run as their own processes against real nodes
 and three real manager members: create gives a new queue its shards (and a retention policy on
-each); alter adds shards to a queue in use, every node runs the new count, entries written before
-stay readable, and a client that still holds the old topology produces over the new shards; the
-refusals (an existing queue, fewer shards, more than the cluster has, an unknown queue, no
+each); alter adds shards to a queue in use (copying its retention policy to them), every node
+runs the new count, entries written before stay readable, a client that still holds the old
+topology produces over the new shards and a consumer reads them once its topology is refreshed;
+the refusals (an existing queue, fewer shards, more than the cluster has, an unknown queue, no
 manager) are named with exit code 1."""
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ def test_create_and_alter_through_the_manager(
         stale.produce_sharded("grow", [(f"old{i}", f"v{i}") for i in range(30)])
         assert stale.topology.shards_for("grow") == (stale.topology.shard_for("grow"),)
         assert len(commit_all(consumer, "grow", "early")) == 30
+        stale.set_retention("grow", {"max_bytes": 1 << 30})  # alter copies it to the new shards
 
         code, _, err = ctl("queue", "create", "grow", "--shards", "2", "--topology", topology)
         assert code == 1
@@ -117,9 +119,14 @@ def test_create_and_alter_through_the_manager(
         parts = stale.produce_sharded("grow", [(f"new{i}", f"w{i}") for i in range(30)])
         assert len({part.shard for part in parts}) == 3, parts
         assert stale.topology.queue_shard_count("grow") == 3
-        # The consumer's topology is refreshed once older than the bound: it reads the new shards.
-        clock.advance(limits.client_topology_max_age_ms / 1000)
+        # A consumer refreshes a topology older than the bound in the background as it starts a
+        # snapshot; the next snapshot reads the new shards too.
         later = commit_all(consumer, "grow", "early")
+        assert consumer.topology.queue_shard_count("grow") == 1, "not old enough to refresh"
+        clock.advance(limits.client_topology_max_age_ms / 1000)
+        later += commit_all(consumer, "grow", "early")
+        wait_until(lambda: consumer.topology.queue_shard_count("grow") == 3, "a refresh")
+        later += commit_all(consumer, "grow", "early")
         assert sorted(later) == sorted(f"new{i}" for i in range(30))
         assert len(consumer.marks("grow", "early")) == 3
 
@@ -131,6 +138,7 @@ def test_create_and_alter_through_the_manager(
     assert code == 0, described
     assert described["shard_count"] == 3
     assert all(s["has_entries"] for s in described["shards"])
+    assert [s["retention"]["policy"] for s in described["shards"]] == [{"max_bytes": 1 << 30}] * 3
 
     for member in cluster.manager_ids:
         cluster.kill(member)
