@@ -204,7 +204,8 @@ class ManagerLog(SyncObj):  # type: ignore[misc]  # pysyncobj ships no types
 
 def change_record(entry: int, view: ManagerView) -> dict[str, Any]:
     """One epoch as ``GET /v1/manager/changes`` shows it: the entry that made it (entries applied
-    so far, this one included), the epoch, and every shard's chain and pending moves."""
+    so far, this one included), the epoch, every shard's chain and pending moves, and the queue
+    shard counts operators set."""
     return {
         "entry": entry,
         "epoch": view.epoch,
@@ -212,6 +213,7 @@ def change_record(entry: int, view: ManagerView) -> dict[str, Any]:
             {"id": s.id, "chain": list(s.chain), "moves": [list(m) for m in s.moves]}
             for s in view.shards
         ],
+        "queues": [list(q) for q in view.queues],
     }
 
 
