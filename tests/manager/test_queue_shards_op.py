@@ -49,28 +49,24 @@ def test_create_then_alter_are_published_over_the_file() -> None:
     assert operator_event(alter, view, base) == SetQueueShards("other", 3)
 
 
-def test_refusals_name_their_reason() -> None:
+@pytest.mark.parametrize(
+    ("op", "queue", "shards", "reason"),
+    [
+        ("queue-alter", "fixed", 2, "never goes down"),
+        ("queue-alter", "fixed", 3, "never goes down"),
+        ("queue-alter", "other", 1, "never goes down"),  # the file's default counts as today's
+        ("queue-create", "fixed", 4, "already exists"),
+        ("queue-create", "new", 5, "the cluster has 4"),
+        ("queue-create", "a b", 2, "bad queue name"),
+        ("queue-create", "new", "2", "must be a int"),
+    ],
+)
+def test_refusals_name_their_reason(op: str, queue: str, shards: object, reason: str) -> None:
     view, base = setup()
-    assert "never goes down" in refused(
-        {"op": "queue-alter", "queue": "fixed", "shards": 2}, view, base
-    )
-    assert "never goes down" in refused(
-        {"op": "queue-alter", "queue": "fixed", "shards": 3}, view, base
-    )
-    assert "never goes down" in refused(
-        {"op": "queue-alter", "queue": "other", "shards": 1}, view, base
-    ), "the file's default counts as today's"
-    assert "already exists" in refused(
-        {"op": "queue-create", "queue": "fixed", "shards": 4}, view, base
-    )
-    assert "the cluster has 4" in refused(
-        {"op": "queue-create", "queue": "new", "shards": 5}, view, base
-    )
-    assert "bad queue name" in refused(
-        {"op": "queue-create", "queue": "a b", "shards": 2}, view, base
-    )
-    assert "must be a int" in refused(
-        {"op": "queue-create", "queue": "new", "shards": "2"}, view, base
-    )
-    with pytest.raises(InvalidRequest):
+    assert reason in refused({"op": op, "queue": queue, "shards": shards}, view, base)
+
+
+def test_a_stale_epoch_is_refused() -> None:
+    view, base = setup()
+    with pytest.raises(InvalidRequest, match="stale_epoch"):
         operator_event({"op": "queue-create", "queue": "new", "shards": 2, "epoch": 9}, view, base)
