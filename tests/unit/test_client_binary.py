@@ -417,8 +417,8 @@ async def test_consume_pages_one_snapshot_from_the_tail() -> None:
         ]
         assert [page.end for page in pages] == [False, True]
         assert nodes["b"].http_requests == [
-            {"group": "g", "limit": "2", "columns": "1"},
-            {"group": "g", "limit": "2", "columns": "1", "after": "4", "upto": "6"},
+            {"group": "g", "limit": "2", "columns": "1", "shard": "0"},
+            {"group": "g", "limit": "2", "columns": "1", "after": "4", "upto": "6", "shard": "0"},
         ]
         assert nodes["a"].http_requests == []
 
