@@ -451,6 +451,11 @@ class Node:
                     f" {replica.progress.upstream_point}, link point heard"
                     f" {replica.link_point_heard})"
                 )
+            if not await replica.confirm_linked(wait_s):
+                raise UnavailableError(
+                    f"shard {replica.shard_id} on {self.node_id}: its upstream"
+                    f" {replica.upstream} did not confirm the link (the chain may have changed)"
+                )
         while True:
             try:
                 page = await asyncio.to_thread(

@@ -28,6 +28,8 @@ class HeardStream(Protocol):
 
     def send(self, frame: fr.Frame) -> int: ...
 
+    def ping(self) -> int: ...
+
     def close(self) -> None: ...
 
 
@@ -46,7 +48,6 @@ async def keep_alive(stream: HeardStream, clock: Clock, describe: str) -> None:
     the bound. Run as a task beside the reader: closing the stream ends the reader's wait."""
     interval_s = limits.ping_interval_ms / 1000
     silence_s = limits.peer_silence_ms_max / 1000
-    nonce = 0
     while True:
         await asyncio.sleep(interval_s)
         silent = silent_for(stream, clock)
@@ -59,9 +60,8 @@ async def keep_alive(stream: HeardStream, clock: Clock, describe: str) -> None:
             )
             stream.close()
             return
-        nonce += 1
         try:
-            stream.send(fr.Ping(nonce))
+            stream.ping()
         except Exception:  # the connection is gone already; its reader ends it
             return
 

@@ -134,6 +134,16 @@ class FrameStream:
         self.on_round_trip: Callable[[float, float], None] | None = None
         # Seconds spent decoding received bytes (a copy link's throttle counts its work).
         self.decode_s = 0.0
+        # The last PING nonce sent and the highest PONG nonce read: nonces grow per connection,
+        # so a PONG at or past a nonce answers every PING up to it (``confirm_linked``).
+        self.ping_nonce = 0
+        self.pong_nonce = 0
+
+    def ping(self) -> int:
+        """Sends a PING with the next nonce and returns that nonce."""
+        self.ping_nonce += 1
+        self.send(fr.Ping(self.ping_nonce))
+        return self.ping_nonce
 
     def lift_frame_bound(self) -> None:
         """The full ``limits.frame_bytes_max`` from now on: the handshake is done."""
@@ -169,6 +179,8 @@ class FrameStream:
             self.decode_s += time.perf_counter() - started
             self._ready.reverse()
         frame = self._ready.pop()
+        if type(frame) is fr.Pong:
+            self.pong_nonce = max(self.pong_nonce, frame.nonce)
         if type(frame) is fr.Pong and self._pinged:
             sent = self._pinged.pop(frame.nonce, None)
             if sent is not None and self.on_round_trip is not None:
@@ -680,6 +692,36 @@ class ShardReplica:
                 await asyncio.wait_for(self.changed.waiter(), remaining)
         return True
 
+    async def confirm_linked(self, timeout_s: float) -> bool:
+        """Whether this member's upstream still has it as its downstream now: a PING sent on the
+        current upstream link after the call is answered on that link. A member below the head
+        serves a new snapshot only then (docs/node-api.md, "Consume"). The manager may have
+        spliced it out of the chain while it was paused or cut off, and the chain may have
+        committed a group's mark without it; its old upstream closes the link when it adopts the
+        new chain, so no PONG sent after that comes back, and with no link there is no answer
+        (the real-process campaign with the manager, seed 11: a tail resumed after a SIGSTOP
+        served a mark older than one acknowledged meanwhile). A head always is."""
+        if self.upstream is None:
+            return True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        asked: tuple[FrameStream, int] | None = None
+        while True:
+            stream = self.upstream_stream
+            if stream is not None:
+                if asked is None or asked[0] is not stream:
+                    try:
+                        asked = (stream, stream.ping())
+                    except Exception:  # the connection is gone: its reader ends the link
+                        asked = None
+                if asked is not None and stream.pong_nonce >= asked[1]:
+                    return True
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.waiter(), remaining)
+
     async def wait_visible_past(self, seq: int, timeout_s: float) -> None:
         """Returns once the commit point is past ``seq`` or after ``timeout_s``."""
         loop = asyncio.get_running_loop()
@@ -1172,6 +1214,7 @@ class UpstreamLink:
                 if replica.upstream_stream is not None:
                     replica.upstream_stream.close()
                     replica.upstream_stream = None
+                    replica.changed.notify()
             if self.stopping:
                 break
             jitter = 0.5 + replica.rng.random()
@@ -1346,9 +1389,11 @@ class UpstreamLink:
                     replica.changed.notify()
                 elif isinstance(frame, fr.Ping):
                     stream.send(fr.Pong(frame.nonce))
+                elif isinstance(frame, fr.Pong):
+                    replica.changed.notify()  # a snapshot may wait for it (confirm_linked)
                 elif isinstance(frame, fr.ErrorFrame):
                     raise_error_frame(frame)
-                elif not isinstance(frame, fr.Pong):
+                else:
                     raise ProtocolError(f"unexpected {type(frame).__name__} on a link")
         finally:
             applier.cancel()

@@ -25,11 +25,17 @@ class FakeStream:
     reading_since: float | None = float("-inf")
     sent: list[fr.Frame] = field(default_factory=list)
     closed: bool = False
+    ping_nonce: int = 0
 
     def send(self, frame: fr.Frame) -> int:
         assert not self.closed
         self.sent.append(frame)
         return 1
+
+    def ping(self) -> int:
+        self.ping_nonce += 1
+        self.send(fr.Ping(self.ping_nonce))
+        return self.ping_nonce
 
     def close(self) -> None:
         self.closed = True
