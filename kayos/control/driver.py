@@ -73,11 +73,24 @@ class CatchUpOrder:
 
 
 @dataclass(frozen=True, slots=True)
+class FollowersNote:
+    """Tell the tail ``node`` the shard's catch-up list (``followers``) at ``epoch``: it ends the
+    count of a follower no longer in it (docs/replication-protocol.md, "Counting a catch-up
+    follower")."""
+
+    node: str
+    shard: int
+    epoch: int
+    followers: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     events: list[Event]
     send_topology: list[str]
     send_catch_up: list[CatchUpOrder]
     memory: Memory
+    send_followers: list[FollowersNote] = field(default_factory=list)
 
 
 def _shard_status(status: Mapping[str, Any] | None, shard: int) -> Mapping[str, Any] | None:
@@ -175,6 +188,26 @@ def _learning_from(entry: Mapping[str, Any] | None, upstream: str) -> bool:
     )
 
 
+def _counted(entry: Mapping[str, Any] | None) -> set[str]:
+    """The catch-up followers a tail's status says it counts in its commit."""
+    names = entry.get("counted_followers") if entry is not None else None
+    return {n for n in names if isinstance(n, str)} if isinstance(names, list) else set()
+
+
+def _followers_notes(view: ManagerView, answers: Mapping[str, Answer]) -> list[FollowersNote]:
+    """A tail at the view's epoch that counts a follower the shard's catch-up list no longer
+    holds is told the list: only the manager's word ends a count."""
+    notes = []
+    for shard in view.shards:
+        status = answers[shard.tail].status if shard.tail in answers else None
+        if status is None or status.get("epoch") != view.epoch:
+            continue
+        counted = _counted(_shard_status(status, shard.id))
+        if counted - set(shard.catching_up):
+            notes.append(FollowersNote(shard.tail, shard.id, view.epoch, shard.catching_up))
+    return notes
+
+
 def plan_round(
     view: ManagerView, answers: Mapping[str, Answer], now_ms: int, memory: Memory
 ) -> Plan:
@@ -223,6 +256,7 @@ def plan_round(
                 and order is not None
                 and _learning_from(entry, shard.tail)
                 and seq >= tail_seq - limits.manager_catchup_done_lag_seqs
+                and node in _counted(tail_entry)
             ):
                 events.append(CatchUpDone(node, shard.id, order))
                 continue
@@ -250,7 +284,7 @@ def plan_round(
             send_topology.append(node)
             sent_topology[node] = now_ms
     memory = Memory(frozenset(answered), fast, sent_topology, sent_catch_up)
-    return Plan(events, send_topology, send_catch_up, memory)
+    return Plan(events, send_topology, send_catch_up, memory, _followers_notes(view, answers))
 
 
 def node_addresses(view: ManagerView, nodes: Mapping[str, NodeAddr]) -> dict[str, NodeAddr]:
@@ -346,6 +380,12 @@ class Driver:
         sends = sends_for(after, actions)
         topology_to = sorted(set(plan.send_topology) | set(sends.topology_to))
         await self.carry_out(after, actions, topology_to, [*plan.send_catch_up, *sends.catch_ups])
+        await asyncio.gather(*(self._send_followers(note) for note in plan.send_followers))
+
+    async def _send_followers(self, note: FollowersNote) -> None:
+        body = {"epoch": note.epoch, "shard": note.shard, "followers": list(note.followers)}
+        log.info("telling %s the catch-up list of shard %s: %s", note.node, note.shard, body)
+        await self._send(note.node, "/v1/admin/followers", signed(self.identity, "followers", body))
 
     async def _ask(self, node: str) -> Answer:
         started = self.clock_ms()

@@ -487,6 +487,11 @@ def make_app(node: Node) -> web.Application:
         order = learners.parse_catch_up(node.topology.identity, await read_body(request))
         return _reply(request, await learners.start_catch_up(node, order))
 
+    @routes.post("/v1/admin/followers")
+    async def followers(request: web.Request) -> web.Response:
+        order = learners.parse_followers(node.topology.identity, await read_body(request))
+        return _reply(request, await learners.keep_followers(node, order))
+
     @routes.get("/metrics")
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(node.registry), content_type="text/plain")

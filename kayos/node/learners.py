@@ -80,6 +80,45 @@ def parse_catch_up(identity: Any, message: Any) -> CatchUpOrder:
     )
 
 
+FOLLOWERS_FIELDS = frozenset({"epoch", "shard", "followers"})
+
+
+@dataclass(frozen=True, slots=True)
+class FollowersOrder:
+    epoch: int
+    shard: int
+    followers: frozenset[str]
+
+
+def parse_followers(identity: Any, message: Any) -> FollowersOrder:
+    """A signed followers message (the manager's catch-up list of a shard), checked: its MAC
+    (401 otherwise), then its fields (400)."""
+    if not isinstance(message, dict) or set(message) != {"body", "mac"}:
+        raise InvalidRequest('a signed message is {"body": {...}, "mac": "<hex>"}')
+    body = message["body"]
+    check_signed(identity, "followers", body, message["mac"])
+    if not isinstance(body, dict) or set(body) != FOLLOWERS_FIELDS:
+        raise InvalidRequest(f"a followers body has exactly the fields {sorted(FOLLOWERS_FIELDS)}")
+    names = body["followers"]
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise InvalidRequest("followers must be a list of node ids")
+    return FollowersOrder(
+        check_u64(body["epoch"], "epoch"),
+        check_u64(body["shard"], "shard", high=2**32 - 1),
+        frozenset(names),
+    )
+
+
+async def keep_followers(node: Node, order: FollowersOrder) -> dict[str, Any]:
+    """Ends the count of every catch-up follower of the shard not in the manager's list
+    (docs/replication-protocol.md, "Counting a catch-up follower")."""
+    replica = node.replicas.get(order.shard)
+    if replica is None:
+        raise InvalidRequest(f"{node.node_id} holds no member replica of shard {order.shard}")
+    kept = await replica.keep_followers(order.epoch, set(order.followers))
+    return {"shard": order.shard, "counted_followers": list(kept)}
+
+
 async def start_catch_up(node: Node, order: CatchUpOrder) -> dict[str, Any]:
     """Opens (or keeps) the node's store of the shard as a learner of ``order.upstream``."""
     if order.epoch < node.epoch:

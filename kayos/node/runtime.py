@@ -505,6 +505,7 @@ class Node:
                     "rolled_back_committed_entries": replica.rolled_back_committed_entries,
                     "refused_rollbacks": replica.refused_rollbacks,
                     "refetched_entries": replica.refetched_entries,
+                    "counted_followers": list(replica.counted_followers),
                     "repair": replica.repair_status(),
                     "disk_full": replica.disk_full,
                     "retention": self.retention.status(replica),

@@ -96,6 +96,15 @@ class UpstreamCommitPoint:
     seq: int
 
 
+@dataclass(frozen=True, slots=True)
+class DownstreamsChanged:
+    """The members counted in the commit below this one changed without a new chain: a catch-up
+    follower counted, or counted no more (docs/replication-protocol.md, "Counting a catch-up
+    follower"). Reports of the ones gone are dropped; a new one counts from its first report."""
+
+    downstreams: tuple[str, ...]
+
+
 Event: TypeAlias = (
     Durable
     | Accepted
@@ -105,6 +114,7 @@ Event: TypeAlias = (
     | DownstreamLinked
     | UpstreamLinked
     | UpstreamCommitPoint
+    | DownstreamsChanged
 )
 
 
@@ -222,6 +232,17 @@ def step(progress: Progress, event: Event) -> tuple[Progress, list[Action]]:
         )
         if progress.commit_point and event.node in progress.downstreams:
             actions.append(SendCommitPoint(progress.commit_point, event.node))
+    elif isinstance(event, DownstreamsChanged):
+        kept = event.downstreams
+        progress = replace(
+            progress,
+            downstreams=kept,
+            acked={k: v for k, v in progress.acked.items() if k in kept},
+            downstream_committed={
+                k: v for k, v in progress.downstream_committed.items() if k in kept
+            },
+        )
+        progress = _advance(progress, actions)
     elif isinstance(event, UpstreamLinked) and progress.has_upstream:
         if not progress.is_tail:
             actions.append(SendAck(progress.durable))

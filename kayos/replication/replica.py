@@ -53,7 +53,7 @@ from kayos.errors import (
     error_from_code,
 )
 from kayos.replication import auth as link_auth
-from kayos.replication import chain, handshake, liveness, timeindex
+from kayos.replication import chain, followers, handshake, liveness, timeindex
 from kayos.replication import frames as fr
 from kayos.replication.snapshot import serve_snapshot
 from kayos.storage import CommitResult, Entry, ShardStore
@@ -74,7 +74,12 @@ CATCH_UP_META_KEY = "catchup"
 # limits.commit_point_persist_interval_ms): what a restarted tail may serve consumers before its
 # upstream tells it more.
 COMMIT_POINT_META_KEY = "commit_point"
-_LOCAL_META_PREFIXES = (TAKEOVER_META_KEY, CATCH_UP_META_KEY, COMMIT_POINT_META_KEY)
+_LOCAL_META_PREFIXES = (
+    TAKEOVER_META_KEY,
+    CATCH_UP_META_KEY,
+    COMMIT_POINT_META_KEY,
+    followers.FOLLOWERS_META_KEY,
+)
 # Entries read back per store page when building a BATCH; a page is also the unit a sender reads
 # before yielding the event loop.
 _SEND_PAGE_ENTRIES = 2_000
@@ -402,9 +407,21 @@ class ShardReplica:
         self.copy_links: set[str] = set()
         # When a live batch was last accepted (monotonic s): a learner link is throttled then.
         self.live_at_s = -1e18
+        # Catch-up followers counted in this member's commit, as recorded in its store (a
+        # restart keeps them; only the manager's word ends a count), and those counted but not
+        # recorded yet (docs/replication-protocol.md, "Counting a catch-up follower").
+        raw = self.store.meta.get(followers.FOLLOWERS_META_KEY)
+        self.counted_followers: tuple[str, ...] = ()
+        if learner_upstream is None:
+            self.counted_followers = followers.kept(raw, node_id, shard.members, self.downstreams)
+        if raw is not None and raw != followers.record(node_id, self.counted_followers):
+            recorded = followers.record(node_id, self.counted_followers)
+            self.store.commit([], meta={followers.FOLLOWERS_META_KEY: recorded})
+        self._counting: tuple[str, ...] = self.counted_followers
+        self._followers_lock = asyncio.Lock()
         self.progress = chain.Progress(
             has_upstream=self.upstream is not None,
-            downstreams=self.downstreams,
+            downstreams=(*self.downstreams, *self._counting),
         )
         # Notified whenever the accepted, durable or commit-point seq moves: link senders and
         # long-polling consumers re-check their condition.
@@ -1059,7 +1076,8 @@ class ShardReplica:
         commit point stays what the upstream said, within what the store now holds."""
         upstream_point = self.progress.upstream_point
         self.progress = chain.Progress(
-            has_upstream=self.upstream is not None, downstreams=self.downstreams
+            has_upstream=self.upstream is not None,
+            downstreams=(*self.downstreams, *self._counting),
         )
         self._apply_events(
             chain.Durable(self.store.last_seq), chain.UpstreamCommitPoint(upstream_point)
@@ -1114,6 +1132,70 @@ class ShardReplica:
         self.time_index.truncate_after(seq)
         # Progress never goes back on a live link; the links restart after a rollback.
         self._restart_progress()
+
+    def learner_report(self, node: str, seq: int, *, committed: bool) -> None:
+        """A learner's ``ACK`` or ``COMMITTED``. A member with no downstream counts the learner in
+        its commit from its first ``COMMITTED`` at or past this member's commit point (every seq
+        committed before it the learner holds, every later one waits for it), and records the
+        count before showing it; a counted learner's reports feed the commit as a downstream's
+        do (docs/replication-protocol.md, "Counting a catch-up follower")."""
+        if node in self._counting:
+            event: chain.Event = (
+                chain.DownstreamCommitted(node, seq)
+                if committed
+                else chain.DownstreamAck(node, seq)
+            )
+            self._apply_events(event)
+            return
+        if not committed or self.downstreams or seq < self.progress.commit_point:
+            return
+        self._counting = tuple(sorted({*self._counting, node}))
+        self._apply_events(
+            chain.DownstreamsChanged((*self.downstreams, *self._counting)),
+            chain.DownstreamCommitted(node, seq),
+        )
+        log.info(
+            "shard %s: counting learner %s in the commit from seq %s", self.shard_id, node, seq
+        )
+        task = asyncio.get_running_loop().create_task(self._record_followers())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def learner_linked(self, node: str) -> None:
+        """A counted learner (re)subscribed: its reports start afresh, and the commit waits."""
+        if node in self._counting:
+            self._apply_events(chain.DownstreamLinked(node))
+
+    async def _record_followers(self) -> None:
+        async with self._followers_lock:
+            counting = self._counting
+            recorded = followers.record(self.node_id, counting)
+            try:
+                await asyncio.to_thread(
+                    self.store.commit, [], meta={followers.FOLLOWERS_META_KEY: recorded}
+                )
+            except KayosError as exc:
+                log.warning("shard %s: counted learners not recorded: %s", self.shard_id, exc)
+                return
+            if self._counting == counting:
+                self.counted_followers = counting
+            else:  # changed meanwhile: shown once recorded by the next write
+                self.counted_followers = tuple(n for n in counting if n in self._counting)
+
+    async def keep_followers(self, epoch: int, keep: set[str]) -> tuple[str, ...]:
+        """The manager's catch-up list at ``epoch`` (``POST /v1/admin/followers``): a counted
+        learner not in it counts no more. At another epoch nothing changes."""
+        if epoch != self.epoch:
+            return self.counted_followers
+        dropped = {n for n in self._counting if n not in keep}
+        if not dropped:
+            return self.counted_followers
+        self._counting = tuple(n for n in self._counting if n not in dropped)
+        self.counted_followers = tuple(n for n in self.counted_followers if n not in dropped)
+        log.info("shard %s: no longer counting %s (the manager's word)", self.shard_id, dropped)
+        self._apply_events(chain.DownstreamsChanged((*self.downstreams, *self._counting)))
+        await self._record_followers()
+        return self.counted_followers
 
     def close_downstream_links(self) -> None:
         """Ends every link below; each downstream subscribes again (and is told what to do)."""
@@ -1627,6 +1709,8 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
         replica.copy_links.add(key)
         if replica.commit_point:
             stream.send(fr.CommitPoint(replica.shard_id, replica.commit_point))
+        if hello.role == "learner":
+            replica.learner_linked(node)
     else:
         replica.downstream_event(chain.DownstreamLinked(node))
     health = replica.link_health.setdefault(key, liveness.LinkHealth(node, "downstream"))
@@ -1651,6 +1735,8 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
                 health.heard(seq)
                 link.note_ack(seq, health)
                 if copy:
+                    if hello.role == "learner":
+                        replica.learner_report(node, seq, committed=isinstance(reply, fr.Committed))
                     continue
                 event: chain.Event = (
                     chain.DownstreamAck(node, seq)

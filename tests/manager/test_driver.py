@@ -9,6 +9,7 @@ from kayos import limits
 from kayos.control.driver import (
     Answer,
     CatchUpOrder,
+    FollowersNote,
     Memory,
     plan_round,
     sends_for,
@@ -186,8 +187,9 @@ def test_a_learner_near_the_tails_seq_is_caught_up() -> None:
     tails = {s.id: s.tail for s in view.shards}
     assert tails == {0: "c", 1: "a", 2: "a"}
     lag = limits.manager_catchup_done_lag_seqs
-    a = status(shards={1: {"last_seq": 5_000}, 2: {"last_seq": 5_000}})
-    c = status(shards={0: {"last_seq": 5_000}})
+    counts_b = {"last_seq": 5_000, "counted_followers": ["b"]}
+    a = status(shards={1: counts_b, 2: counts_b})
+    c = status(shards={0: counts_b})
     linked = {"role": "learner", "upstream_linked": True}
     b = status(
         shards={
@@ -203,6 +205,43 @@ def test_a_learner_near_the_tails_seq_is_caught_up() -> None:
         CatchUpDone("b", 2, orders[2]),
     ]
     assert plan.send_catch_up == []  # b learns shard 1 already: no order again
+
+
+def test_a_learner_the_tail_does_not_count_in_its_commit_is_not_caught_up() -> None:
+    """Level with the tail is not enough: until the tail counts the learner in its commit, the
+    tail may commit seqs alone that the learner, made a member, would lead without (simulator
+    seeds 58, 567; docs/replication-protocol.md, "Counting a catch-up follower")."""
+    view = catching_up_b()
+    a = status(shards={1: {"last_seq": 5_000}, 2: {"last_seq": 5_000, "counted_followers": []}})
+    c = status(shards={0: {"last_seq": 5_000, "counted_followers": ["b"]}})
+    linked = {"role": "learner", "upstream_linked": True, "durable_seq": 5_000}
+    b = status(
+        shards={
+            0: {**linked, "upstream": "c"},
+            1: {**linked, "upstream": "a"},
+            2: {**linked, "upstream": "a"},
+        }
+    )
+    plan = plan_round(view, answers(a=a, b=b, c=c), 6_000, everyone(view))
+    done = [e for e in plan.events if isinstance(e, CatchUpDone)]
+    assert done == [CatchUpDone("b", 0, view.shards[0].order_of("b"))]
+
+
+def test_a_tail_counting_a_follower_off_the_catch_up_list_is_told_the_list() -> None:
+    """Only the manager's word ends a count: a tail at the view's epoch counting a node the
+    shard's catch-up list no longer holds (it went down) is sent the list; a tail at another
+    epoch is not (the node may have joined the chain in the view's)."""
+    view = catching_up_b()
+    assert view.shards[0].tail == "c"
+    view, _ = decide(view, TimerTick(20_000, (("a", 20_000), ("c", 20_000))))  # b away again
+    assert view.shards[0].catching_up == ()
+    c = status(epoch=view.epoch, shards={0: {"last_seq": 9, "counted_followers": ["b"]}})
+    a = status(epoch=view.epoch, shards={1: {"last_seq": 9}, 2: {"last_seq": 9}})
+    plan = plan_round(view, answers(a=a, c=c), 20_100, everyone(view))
+    assert plan.send_followers == [FollowersNote("c", 0, view.epoch, ())]
+    behind = status(epoch=view.epoch - 1, shards={0: {"counted_followers": ["b"]}})
+    plan = plan_round(view, answers(a=a, c=behind), 20_100, everyone(view))
+    assert plan.send_followers == []
 
 
 def test_only_a_linked_learner_of_the_tail_counts_as_caught_up() -> None:
