@@ -465,6 +465,13 @@ class LocalCluster:
         self._close_log(node)
         return code
 
+    def wait_exit(self, node: str) -> int:
+        """Waits for a node already sent a signal to exit (SIGKILL past ``stop_timeout_s``);
+        returns its exit code."""
+        code = stop_process(self.processes.pop(node), None, self.stop_timeout_s)
+        self._close_log(node)
+        return code
+
     def stop(self) -> dict[str, int]:
         """SIGTERM to every node, SIGKILL to any still running after ``stop_timeout_s``;
         returns each node's exit code."""

@@ -159,7 +159,9 @@ def _restart_all(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
         pid = cluster.pid(node)
         if pid is not None:
             os.kill(pid, signal.SIGTERM)
-    codes = {node: cluster.kill(node, signal.SIGTERM) for node in cluster.ids}
+    # Each node gets the one SIGTERM above: a second one, sent once the first one's clean stop
+    # has closed the node's event loop (its handler gone), would kill it by default (-15).
+    codes = {node: cluster.wait_exit(node) for node in cluster.ids}
     _hold(fault.hold_s)
     for node in cluster.ids:
         cluster.start(node, wait=False)

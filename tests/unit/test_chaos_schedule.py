@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import signal
+
+import pytest
 
 from chaos.history import Produce
 from chaos.procs import faults
@@ -50,3 +53,42 @@ def test_longest_gaps_per_shard() -> None:
         produce("q1", 9.0),
     ]
     assert longest_gaps(produces, shard_of, 0.0, 10.0) == {"0": 6.0, "1": 9.0}
+
+
+class _SignalLog:
+    """A stand-in for LocalCluster that records the signals each node gets."""
+
+    ids = NODES
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, int]] = []
+        self.started: list[str] = []
+
+    def pid(self, node: str) -> int:
+        return 1000 + NODES.index(node)
+
+    def kill(self, node: str, sig: int) -> int:
+        self.sent.append((node, sig))
+        return 0
+
+    def wait_exit(self, node: str) -> int:
+        return 0
+
+    def start(self, node: str, *, wait: bool = True) -> None:
+        self.started.append(node)
+
+    def wait_ready(self, nodes: list[str]) -> None:
+        pass
+
+
+def test_restart_all_sends_each_node_one_sigterm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second SIGTERM, sent while the first one's clean stop has already closed the node's
+    event loop (its handler gone), killed the node by default: campaign seed 11, fault 52,
+    "node c exited -15 on SIGTERM" (docs/testing.md, Findings)."""
+    cluster = _SignalLog()
+    by_pid = {cluster.pid(n): n for n in NODES}
+    monkeypatch.setattr(faults.os, "kill", lambda pid, sig: cluster.sent.append((by_pid[pid], sig)))
+    report = faults.inject(cluster, faults.Fault(0, "restart_all", "a", 0.0))  # type: ignore[arg-type]
+    assert sorted(cluster.sent) == [(n, signal.SIGTERM) for n in NODES]
+    assert cluster.started == NODES
+    assert report["exit_codes"] == dict.fromkeys(NODES, 0)
