@@ -44,6 +44,12 @@ class Learner:
     snapshot: SnapshotProgress | None = None
 
 
+class Reconfiguring(Protocol):
+    """What of ``kayos.node.reconfigure.Reconfigurer`` this module uses."""
+
+    lock: asyncio.Lock
+
+
 class Node(Protocol):
     """What of ``kayos.node.runtime.Node`` this module uses (no import back into it)."""
 
@@ -57,6 +63,9 @@ class Node(Protocol):
 
     @property
     def epoch(self) -> int: ...
+
+    @property
+    def reconfigure(self) -> Reconfiguring: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +129,16 @@ async def keep_followers(node: Node, order: FollowersOrder) -> dict[str, Any]:
 
 
 async def start_catch_up(node: Node, order: CatchUpOrder) -> dict[str, Any]:
-    """Opens (or keeps) the node's store of the shard as a learner of ``order.upstream``."""
+    """Opens (or keeps) the node's store of the shard as a learner of ``order.upstream``. One
+    order or topology change at a time (the reconfigure lock): the manager re-sends an order
+    whose answer timed out, and a topology may be closing the shard's replica, and a second
+    store open on one directory in one process had its salvage check delete the first one's
+    derived index (campaign seed 12)."""
+    async with node.reconfigure.lock:
+        return await _start_catch_up(node, order)
+
+
+async def _start_catch_up(node: Node, order: CatchUpOrder) -> dict[str, Any]:
     if order.epoch < node.epoch:
         raise StaleEpochError(
             f"catch-up decided at epoch {order.epoch}; this node is at {node.epoch}"

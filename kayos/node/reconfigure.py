@@ -54,6 +54,9 @@ class Node(Protocol):
     @property
     def epoch(self) -> int: ...
 
+    @property
+    def reconfigure(self) -> Reconfigurer: ...
+
     def spawn(self, coro: Any) -> asyncio.Task[Any]: ...
 
 
@@ -223,7 +226,9 @@ class Reconfigurer:
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        self._lock = asyncio.Lock()
+        # Also held by a catch-up order while it opens a learner: a shard directory has one
+        # store open at a time (a replica closing, a learner opening).
+        self.lock = asyncio.Lock()
         self._link_tasks: dict[int, tuple[UpstreamLink, asyncio.Task[None]]] = {}
         # The signed message the node's topology came in (None: the command line's file).
         self.message: dict[str, Any] | None = None
@@ -261,7 +266,7 @@ class Reconfigurer:
         """``POST /v1/admin/topology``: ``(epoch after, applied)``."""
         node = self.node
         topology = check_message(message, node.topology.identity, node.node_id, node.topology)
-        async with self._lock:
+        async with self.lock:
             if topology.epoch <= node.epoch:
                 return node.epoch, False
             if not node.ready:
@@ -343,7 +348,7 @@ class Reconfigurer:
         for shard_id, replica in list(node.replicas.items()):
             if replica.damage_seen is None:
                 continue
-            async with self._lock:
+            async with self.lock:
                 shard = node.topology.shards.get(shard_id)
                 if node.replicas.get(shard_id) is not replica or shard is None:
                     continue
