@@ -289,6 +289,23 @@ def rollback_point(
     return agreed if down_last > agreed else None
 
 
+def reset_explained_by_cap(
+    downstream: TakeoverTable, upstream: TakeoverTable, *, up_last: int, point: int
+) -> bool:
+    """Whether a full-reset verdict (``rollback_point`` 0) only says that the upstream's table,
+    trimmed to ``limits.takeover_table_entries_max`` entries, no longer names a master the
+    downstream knows: the table is full, shares no master with the downstream's, every master
+    the downstream knows began at or before the upstream's oldest entry, and the upstream holds
+    at least ``point``, the commit point the downstream knows. Every head since held every
+    committed seq, so the reset loses nothing acknowledged; a downstream takes it even below
+    its commit point (docs/replication-protocol.md, "After SUBSCRIBED")."""
+    if len(upstream) < limits.takeover_table_entries_max or not downstream or up_last < point:
+        return False
+    if {uuid for uuid, _ in downstream} & {uuid for uuid, _ in upstream}:
+        return False
+    return max(seq for _, seq in downstream) <= upstream[0][1]
+
+
 def with_takeover(table: TakeoverTable, uuid: bytes, seq: int) -> TakeoverTable:
     """The table after a member becomes head at ``seq``: entries past ``seq`` dropped (they name
     masters of seqs this member never held, which the new master now writes), then the new entry

@@ -1083,13 +1083,27 @@ class ShardReplica:
             chain.Durable(self.store.last_seq), chain.UpstreamCommitPoint(upstream_point)
         )
 
-    def check_rollback_verdict(self, seq: int) -> None:
+    def check_rollback_verdict(self, seq: int, upstream: fr.Subscribed | None = None) -> None:
         """Refuses an upstream's order to roll back to ``seq`` when that drops entries at or
         below the commit point this member knows: they are on every member and acknowledged, so
         an upstream asking for that is damaged or stale, and obeying would destroy them (and the
         links below would copy the loss). The link stays down; it is logged and counted."""
         point = min(self.progress.commit_point, self.store.last_seq)
         if seq >= point:
+            return
+        if (
+            seq == 0
+            and upstream is not None
+            and chain.reset_explained_by_cap(
+                self.takeover_table(),
+                list(upstream.takeover_table),
+                up_last=upstream.last_seq,
+                point=point,
+            )
+        ):
+            log.warning(
+                "shard %s: resetting: %s's table no longer names ours", self.shard_id, self.upstream
+            )
             return
         self.refused_rollbacks += 1
         log.error(
@@ -1419,7 +1433,7 @@ class UpstreamLink:
                 # It holds at least what the peer holds: nothing to fetch, nothing to drop.
                 self._caught_up()
                 raise EOFError(f"{self.peer} holds no more than this replica")
-            replica.check_rollback_verdict(reply.rollback_to)
+            replica.check_rollback_verdict(reply.rollback_to, reply)
             log.warning(
                 "shard %s: rolling back from %s to %s to follow %s",
                 replica.shard_id,

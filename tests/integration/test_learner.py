@@ -1,7 +1,8 @@
 """Learners (issue 11, item 3): real ``kayos node`` processes. A node outside a shard's chain copies
 it on a signed ``POST /v1/admin/catch-up``: it follows live writes once caught up, counts in the
-tail's commit once level with it until the manager's word ends the count, resumes from its durable seq, and a returning node whose history diverged rolls back only the
-divergent suffix and re-fetches only what it lacks (docs/node-api.md, "Learners")."""
+tail's commit once level with it until the manager's word ends the count, resumes from its
+durable seq, and a returning node whose history diverged rolls back only the divergent suffix
+and re-fetches only what it lacks (docs/node-api.md, "Learners")."""
 
 from __future__ import annotations
 

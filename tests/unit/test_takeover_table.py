@@ -4,6 +4,7 @@ the simulator found (docs/testing.md, "Findings so far")."""
 
 from __future__ import annotations
 
+from kayos import limits
 from kayos.replication import chain
 from kayos.replication.chain import rollback_point, with_takeover
 
@@ -36,3 +37,22 @@ def test_a_member_that_recorded_its_upstreams_table_then_took_over() -> None:
     # The table as it was before the rule: the next entry after M says 69, and n1 would keep
     # 56-60 of M's history where the new master wrote other entries.
     assert rollback_point(n1, [*recorded, (N, 55)], 69, 60) == 60
+
+
+def test_a_reset_the_upstreams_capped_table_explains_is_not_a_damaged_upstream() -> None:
+    """Campaign seed 20261124 (with the manager, 520 chain changes): a node whose store a fault
+    cut back to seq 12,636 returned; its table named only masters older than every entry of the
+    tail's table, which the cap had trimmed to the newest 64, so the verdict was a full reset,
+    which it refused as below its commit point: the link stayed down and the campaign never
+    converged. The cap explains such a verdict; a damaged upstream does not look like it."""
+    cap = limits.takeover_table_entries_max
+    old = [(bytes([1, i]), i * 10) for i in range(5)]  # masters up to seq 40
+    upstream = [(bytes([2, i]), 100 + i) for i in range(cap)]  # trimmed: from seq 100 on
+    assert chain.rollback_point(old, upstream, 45, 500) == 0
+    assert chain.reset_explained_by_cap(old, upstream, up_last=500, point=45)
+    # Not when the table is not full (nothing was trimmed), when the upstream holds less than
+    # the commit point the downstream knows, or when the downstream names a later master.
+    assert not chain.reset_explained_by_cap(old, upstream[1:], up_last=500, point=45)
+    assert not chain.reset_explained_by_cap(old, upstream, up_last=40, point=45)
+    assert not chain.reset_explained_by_cap([*old, (b"x", 150)], upstream, up_last=500, point=45)
+    assert not chain.reset_explained_by_cap([], upstream, up_last=500, point=45)
