@@ -1147,21 +1147,18 @@ class ShardReplica:
         # Progress never goes back on a live link; the links restart after a rollback.
         self._restart_progress()
 
-    def learner_report(self, node: str, seq: int, *, committed: bool) -> None:
-        """A learner's ``ACK`` or ``COMMITTED``. A member with no downstream counts the learner in
-        its commit from its first ``COMMITTED`` at or past this member's commit point (every seq
-        committed before it the learner holds, every later one waits for it), and records the
-        count before showing it; a counted learner's reports feed the commit as a downstream's
-        do (docs/replication-protocol.md, "Counting a catch-up follower")."""
+    def learner_report(self, node: str, seq: int) -> None:
+        """A learner's ``ACK`` or ``COMMITTED``: either names a seq it holds durably (it has no
+        downstream; on an idle shard it sends only ``ACK``). A member with no downstream counts
+        the learner in its commit from its first report at or past this member's commit point
+        (every seq committed before it the learner holds, every later one waits for it), and
+        records the count before showing it; a counted learner's reports feed the commit as a
+        downstream's do (docs/replication-protocol.md, "Counting a catch-up follower")."""
         if node in self._counting:
-            event: chain.Event = (
-                chain.DownstreamCommitted(node, seq)
-                if committed
-                else chain.DownstreamAck(node, seq)
-            )
-            self._apply_events(event)
+            if seq > self.progress.downstream_committed.get(node, 0):
+                self._apply_events(chain.DownstreamCommitted(node, seq))
             return
-        if not committed or self.downstreams or seq < self.progress.commit_point:
+        if self.downstreams or seq < self.progress.commit_point:
             return
         self._counting = tuple(sorted({*self._counting, node}))
         self._apply_events(
@@ -1750,7 +1747,7 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
                 link.note_ack(seq, health)
                 if copy:
                     if hello.role == "learner":
-                        replica.learner_report(node, seq, committed=isinstance(reply, fr.Committed))
+                        replica.learner_report(node, seq)
                     continue
                 event: chain.Event = (
                     chain.DownstreamAck(node, seq)
