@@ -102,12 +102,7 @@ class FollowersOrder:
 def parse_followers(identity: Any, message: Any) -> FollowersOrder:
     """A signed followers message (the manager's catch-up list of a shard), checked: its MAC
     (401 otherwise), then its fields (400)."""
-    if not isinstance(message, dict) or set(message) != {"body", "mac"}:
-        raise InvalidRequest('a signed message is {"body": {...}, "mac": "<hex>"}')
-    body = message["body"]
-    check_signed(identity, "followers", body, message["mac"])
-    if not isinstance(body, dict) or set(body) != FOLLOWERS_FIELDS:
-        raise InvalidRequest(f"a followers body has exactly the fields {sorted(FOLLOWERS_FIELDS)}")
+    body = open_signed(identity, "followers", message, FOLLOWERS_FIELDS)
     names = body["followers"]
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise InvalidRequest("followers must be a list of node ids")
