@@ -1397,6 +1397,11 @@ class UpstreamLink:
             replica.upstream_stream = stream
             replica.upstream_synced = True
             replica.downstream_event(chain.UpstreamLinked())
+            if self.role == "learner":
+                # What it holds, at once: its tail counts it from its first report, and a
+                # learner with nothing to copy or commit (an empty shard) sends no other
+                # (docs/replication-protocol.md, "Counting a catch-up follower").
+                stream.send(fr.Ack(replica.shard_id, replica.store.last_seq))
             self.connected.set()
             await self._follow(stream, catch_up_target)
         finally:
