@@ -8,9 +8,9 @@
   chains (no manager: a write waits for the cut member, nothing is spliced). Root and ip netns
   with iptables only; skipped elsewhere, saying why.
 - `test_campaign_with_partitions_and_the_manager_has_no_violations`: the same with three manager
-  members in namespaces of their own. Opt-in (KAYOS_CHAOS_PARTITION_MANAGER=1): it finds an open
-  bug (docs/testing.md, Findings: a tail cut off from the majority keeps serving its stale group
-  marks to a client that still reaches it), and a CI that is red for a known reason hides a new one.
+  members in namespaces of their own: a node cut off alone is spliced out by the majority, and
+  must stop serving consumers (docs/testing.md, Findings: the stale tail, fixed by
+  `confirm_linked`). Root and ip netns with iptables only; skipped elsewhere, saying why.
 
 Zero violations allowed. The seed is random unless KAYOS_CHAOS_SEED is set; it is printed, and
 `kayos chaos run --seed S --faults N --kinds K --managers M` replays the same faults in the same
@@ -92,11 +92,6 @@ def test_campaign_with_partitions_has_no_violations(tmp_path: Path) -> None:
 
 
 @needs_netns
-@pytest.mark.skipif(
-    not os.environ.get("KAYOS_CHAOS_PARTITION_MANAGER"),
-    reason="opt-in (KAYOS_CHAOS_PARTITION_MANAGER=1): it finds an open bug, a cut-off tail "
-    "serving stale group marks (docs/testing.md, Findings)",
-)
 def test_campaign_with_partitions_and_the_manager_has_no_violations(tmp_path: Path) -> None:
     report = network_campaign(
         tmp_path, tuple(netfaults.NETNS_KIND_WEIGHTS), managers=3, gap_s=PARTITION_GAP_S
