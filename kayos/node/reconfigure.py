@@ -32,7 +32,8 @@ from kayos.clock import Clock
 from kayos.errors import InvalidRequest, KayosError, Unauthenticated, UnavailableError
 from kayos.identity import ClusterIdentity
 from kayos.node import learners
-from kayos.replication.replica import ShardReplica, UpstreamLink
+from kayos.replication.replica import ShardReplica
+from kayos.replication.upstream import UpstreamLink
 from kayos.signing import check_signed
 from kayos.topology import Role, ShardChain, Topology
 

@@ -40,6 +40,7 @@ from kayos.node import learners
 from kayos.node.reconfigure import Reconfigurer
 from kayos.node.retention import RetentionDriver, check_floor, retention_floors
 from kayos.replication import frames as fr
+from kayos.replication.downstream import serve_downstream
 from kayos.replication.handshake import HostAddresses, accept_peer, shown
 from kayos.replication.latency import LatencyWindow
 from kayos.replication.latency import summary as latency_summary
@@ -49,11 +50,10 @@ from kayos.replication.replica import (
     Columns,
     FrameStream,
     ShardReplica,
-    UpstreamLink,
     error_frame,
     queue_prefix,
-    serve_downstream,
 )
+from kayos.replication.upstream import UpstreamLink
 from kayos.storage import Entry
 from kayos.storage.compact import compact
 from kayos.storage.engine import prepare_columns

@@ -143,7 +143,15 @@ def test_no_import_runs_back_up(path: Path) -> None:
 def test_the_client_knows_nothing_of_nodes_or_storage() -> None:
     for path in (ROOT / "kayos" / "client").rglob("*.py"):
         for target in imports_of(path):
-            assert not target.startswith(("kayos.node", "kayos.storage", "kayos.replication.r"))
+            assert not target.startswith(
+                (
+                    "kayos.node",
+                    "kayos.storage",
+                    "kayos.replication.r",
+                    "kayos.replication.upstream",
+                    "kayos.replication.downstream",
+                )
+            )
 
 
 def test_no_import_cycles() -> None:

@@ -18,7 +18,8 @@ from kayos.node import learners
 from kayos.node.learners import CatchUpOrder, parse_catch_up
 from kayos.replication import chain
 from kayos.replication import frames as fr
-from kayos.replication.replica import ShardReplica, check_copy_peer
+from kayos.replication.downstream import check_copy_peer
+from kayos.replication.replica import ShardReplica
 from kayos.signing import sign
 from kayos.topology import NodeAddr, ShardChain, Topology
 from tests.linkauth import TEST_IDENTITY

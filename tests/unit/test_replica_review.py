@@ -20,7 +20,8 @@ from kayos.errors import UnavailableError
 from kayos.node.runtime import HWM_META, Node
 from kayos.replication import auth
 from kayos.replication import frames as fr
-from kayos.replication.replica import ShardReplica, UpstreamLink
+from kayos.replication.replica import ShardReplica
+from kayos.replication.upstream import UpstreamLink
 from kayos.storage import ShardStore
 from kayos.topology import Topology
 from tests.linkauth import (
@@ -307,7 +308,7 @@ async def test_a_replica_in_catch_up_feeds_no_link_below(tmp_path: Path) -> None
 def test_reads_for_a_link_fit_one_frame_and_cut_only_between_commits(tmp_path: Path) -> None:
     """A link reading back from the store (catch-up, a cache miss) sends frames within the frame
     bounds, and ends a frame only where a commit ended, so an all-or-nothing write stays whole."""
-    from kayos.replication.replica import read_range
+    from kayos.replication.downstream import read_range
     from kayos.storage import Put
 
     value = b"v" * 1000

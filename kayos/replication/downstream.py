@@ -1,0 +1,373 @@
+"""The upstream side of a replication link: ``serve_downstream`` feeds a downstream.
+
+``serve_downstream`` (the upstream side) answers ``SUBSCRIBE`` and streams ``BATCH`` frames, from
+memory as they are accepted or read back from its store, within the link's flow-control window.
+See docs/replication-protocol.md for the frames and rules this follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import time
+from collections import deque
+from typing import Any
+
+from kayos import limits
+from kayos.errors import (
+    CorruptionError,
+    ProtocolError,
+    UnavailableError,
+    WrongRoleError,
+)
+from kayos.replication import chain, liveness
+from kayos.replication import frames as fr
+from kayos.replication.replica import (
+    _LOCAL_META_PREFIXES,
+    PROTOCOL_VERSION,
+    FrameStream,
+    Pulse,
+    ShardReplica,
+    _close_with,
+    _recv_answering_pings,
+    concat_columns,
+    recv_or_companion_failure,
+)
+from kayos.replication.snapshot import serve_snapshot
+from kayos.storage import Entry, ShardStore
+from kayos.storage.readback import read_back
+
+# Entries read back per store page when building a BATCH; a page is also the unit a sender reads
+# before yielding the event loop.
+_SEND_PAGE_ENTRIES = 2_000
+
+
+def merge_batches(batches: list[fr.Batch]) -> fr.Batch:
+    """Consecutive batches of one link as one ``BATCH`` (applied downstream as one commit, so
+    every all-or-nothing write in it stays whole)."""
+    if len(batches) == 1:
+        return batches[0]
+    meta: dict[str, Any] | None = None
+    for batch in batches:
+        if batch.meta is not None:
+            meta = {**(meta or {}), **batch.meta}
+    first = batches[0]
+    # Consecutive valid batches within one frame's bounds (the callers see to it) make a valid
+    # batch: no need to check every entry again.
+    return fr.Batch.unchecked(
+        first.shard,
+        first.first_seq,
+        batches[-1].last_seq,
+        any(b.txn for b in batches),
+        tuple(itertools.chain.from_iterable(b.seqs for b in batches)),
+        *concat_columns([(b.keys, b.values, b.expiries_ms, b.headers) for b in batches]),
+        meta,
+    )
+
+
+def _meta_changes(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    changes: dict[str, Any] = {}
+    for name, value in new.items():
+        if name.startswith(_LOCAL_META_PREFIXES):
+            continue
+        if old is None or old.get(name) != value:
+            changes[name] = value
+    if old is not None:
+        for name in old:
+            if name not in new and not name.startswith(_LOCAL_META_PREFIXES):
+                changes[name] = None
+    return changes
+
+
+def read_range(
+    store: ShardStore,
+    after: int,
+    upto: int,
+    *,
+    entries_max: int = limits.batch_entries_max,
+    bytes_max: int = limits.batch_bytes_max,
+) -> tuple[list[Entry], int, dict[str, Any], int]:
+    """The store's state as of the end of the longest piece of ``(after, upto]`` that fits one
+    ``BATCH`` frame: at most ``entries_max`` entries and ``bytes_max`` payload bytes (the bounds of
+    one commit; ``limits.frame_bytes_max`` leaves room for their framing). A piece ends only at a
+    commit boundary, found from the commit-end flags of every version in the range (superseded
+    entries and compaction's markers included: kayos.storage.readback), so an all-or-nothing write
+    is never split, even when the entry that ended it was superseded since. Returns the entries,
+    the last seq the piece covers, the snapshot's metadata and its boundary."""
+    with store.snapshot() as snap:
+        entries, covered = read_back(
+            snap, after, upto, entries_max=entries_max, bytes_max=bytes_max
+        )
+        return entries, covered, snap.meta, snap.boundary
+
+
+def build_batch(
+    shard: int, first_seq: int, last_seq: int, entries: list[Entry], meta: dict[str, Any] | None
+) -> fr.Batch:
+    expiries = tuple(e.expiry_ms for e in entries)
+    headers = tuple(e.headers for e in entries)
+    return fr.Batch(
+        shard,
+        first_seq,
+        last_seq,
+        False,
+        tuple(e.seq for e in entries),
+        tuple(e.key for e in entries),
+        tuple(None if e.deleted else e.value for e in entries),
+        expiries if any(expiries) else None,
+        headers if any(h is not None for h in headers) else None,
+        meta,
+    )
+
+
+async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr.Hello) -> None:
+    """Runs the upstream side of one replication link until it breaks."""
+    node = hello.node_id
+    if hello.protocol_version < fr.LINK_PROTOCOL_VERSION_MIN:
+        raise ProtocolError(
+            f"replication links need protocol version {fr.LINK_PROTOCOL_VERSION_MIN} "
+            f"(forward, then persist); {node} speaks {hello.protocol_version}"
+        )
+    copy = hello.role in fr.COPY_ROLES
+    if copy:
+        check_copy_peer(replica, node, hello.role)
+    else:
+        expected_role = replica.shard.role_of(node)
+        if replica.shard.upstream_of(node) != replica.node_id or hello.role != expected_role:
+            upstream = replica.shard.upstream_of(node)
+            raise WrongRoleError(
+                f"{node} as {hello.role} of shard {replica.shard_id} "
+                f"does not follow {replica.node_id}",
+                redirect=upstream,
+                epoch=replica.epoch,
+            )
+    stream.send(fr.HelloOk(PROTOCOL_VERSION, replica.node_id, replica.epoch))
+    while True:
+        frame = await _recv_answering_pings(stream)
+        if frame is None:
+            return
+        if isinstance(frame, fr.SnapshotRequest):
+            await serve_snapshot(replica, stream, hello.role, frame)  # then the learner hangs up
+            return
+        if not isinstance(frame, fr.Subscribe) or frame.shard != replica.shard_id:
+            raise ProtocolError(f"expected SUBSCRIBE, got {type(frame).__name__}")
+        if (replica.catching_up and hello.role != "repair") or replica.repairing:
+            # Its store may hold part of an all-or-nothing batch, or lack what it lost to damage
+            # (a downstream would be told to roll back acknowledged entries): nothing goes down.
+            # A head repairing from a member still catching up from it is served (it would
+            # wait for ever on it otherwise): whole entries, which the head lost.
+            raise UnavailableError(
+                f"{replica.node_id} is catching up on shard {replica.shard_id}; retry later"
+            )
+        if replica.starting_new_history:
+            raise UnavailableError(
+                f"{replica.node_id} is starting a new history of shard {replica.shard_id}"
+            )
+        own_table = replica.takeover_table()
+        verdict = chain.rollback_point(
+            list(frame.takeover_table), own_table, frame.from_seq - 1, replica.durable
+        )
+        stream.send(fr.Subscribed(replica.shard_id, verdict, tuple(own_table), replica.durable))
+        if verdict is None:
+            break
+    # A learner or repair link is keyed apart from the chain's links: it counts in no commit.
+    key = f"{hello.role}:{node}" if copy else node
+    old = replica.downstream_streams.pop(key, None)
+    if old is not None:
+        old.close()
+    link = _LinkSender(replica, stream, frame.from_seq - 1, throttled=copy)
+    replica.downstream_streams[key] = stream
+    replica._links[key] = link
+    if copy:
+        replica.copy_links.add(key)
+        if replica.commit_point:
+            stream.send(fr.CommitPoint(replica.shard_id, replica.commit_point))
+        if hello.role == "learner":
+            replica.learner_linked(node)
+    else:
+        replica.downstream_event(chain.DownstreamLinked(node))
+    health = replica.link_health.setdefault(key, liveness.LinkHealth(node, "downstream"))
+    health.peer_seq = frame.from_seq - 1
+    health.attach(stream)
+    stream.on_round_trip = health.latency.add
+    sender = asyncio.create_task(link.run())
+    sender.add_done_callback(_close_with(stream))
+    try:
+        while True:
+            reply = await recv_or_companion_failure(stream, sender)
+            if reply is None:
+                return
+            if link.closed:
+                return  # reports still buffered from a link this replica gave up on
+            if isinstance(reply, fr.Ack | fr.Committed):
+                seq = reply.durable_seq if isinstance(reply, fr.Ack) else reply.committed_seq
+                if seq > link.sent:
+                    raise ProtocolError(f"{node} reports {seq}, past {link.sent} sent to it")
+                link.window.acknowledged(seq)
+                link.acked.notify()
+                health.heard(seq)
+                link.note_ack(seq, health)
+                if copy:
+                    if hello.role == "learner":
+                        replica.learner_report(node, seq)
+                    continue
+                event: chain.Event = (
+                    chain.DownstreamAck(node, seq)
+                    if isinstance(reply, fr.Ack)
+                    else chain.DownstreamCommitted(node, seq)
+                )
+                replica.downstream_event(event)
+            elif isinstance(reply, fr.Ping):
+                stream.send(fr.Pong(reply.nonce))
+            elif not isinstance(reply, fr.Pong):
+                raise ProtocolError(f"unexpected {type(reply).__name__} from a downstream")
+    finally:
+        health.detach(stream)
+        link.closed = True
+        sender.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await sender
+        if replica.downstream_streams.get(key) is stream:
+            del replica.downstream_streams[key]
+            replica.copy_links.discard(key)
+        if replica._links.get(key) is link:
+            del replica._links[key]
+
+
+def check_copy_peer(replica: ShardReplica, node: str, role: str) -> None:
+    """A learner is a node of the topology outside the shard's chain; a repair link comes from
+    another member of it (docs/replication-protocol.md, "Learners and repair links")."""
+    members = replica.shard.members
+    if role == "learner":
+        allowed = node in replica.topology.nodes and node not in members
+    else:
+        allowed = node in members and node != replica.node_id
+    if not allowed:
+        raise WrongRoleError(
+            f"{node} may not copy shard {replica.shard_id} from {replica.node_id} as {role}",
+            redirect=None,
+            epoch=replica.epoch,
+        )
+
+
+class _LinkSender:
+    """The sending side of one replication link: what was sent, its flow-control window, and
+    the metadata the downstream has been told.
+
+    Batches go down two ways: ``offer`` sends an accepted batch at once, from the code that
+    accepted it (no task switch between accepting and forwarding), when the link is due for it
+    and has room; ``run`` sends whatever ``offer`` could not, from memory while the batch is
+    remembered, else read back from the store (durable seqs only)."""
+
+    def __init__(
+        self, replica: ShardReplica, stream: FrameStream, sent: int, *, throttled: bool = False
+    ) -> None:
+        self.replica = replica
+        self.stream = stream
+        self.sent = sent
+        # A learner or repair link: its read-backs take at most a share of the time while the
+        # shard takes live writes (limits.catchup_produce_share_max).
+        self.throttled = throttled
+        self.window = chain.LinkWindow()
+        self.acked = Pulse()
+        # None until the link's first batch, which is read from the store and carries all of it.
+        self.meta_sent: dict[str, Any] | None = None
+        self.closed = False
+        # (last seq, when sent) of the batches not yet acknowledged, oldest first (ACK delays).
+        self._sent_at: deque[tuple[int, float]] = deque()
+
+    def offer(self, batch: fr.Batch) -> None:
+        # Only on an idle link: under load, batches accepted meanwhile go down merged, one frame
+        # for several (fewer frames, wake-ups and reports per message), from ``run``.
+        if (
+            not self.closed
+            and self.meta_sent is not None
+            and batch.first_seq == self.sent + 1
+            and not self.window.in_flight
+        ):
+            self._send(batch)
+
+    def _send(self, batch: fr.Batch) -> None:
+        if batch.meta and self.meta_sent is not None:
+            for name, value in batch.meta.items():
+                if value is None:
+                    self.meta_sent.pop(name, None)
+                else:
+                    self.meta_sent[name] = value
+        size = self.stream.send(batch)
+        self.window.sent(batch.last_seq, size)
+        self.sent = batch.last_seq
+        self._sent_at.append((batch.last_seq, self.replica.clock.monotonic_s()))
+        if len(self._sent_at) > limits.latency_samples_max:
+            self._sent_at.popleft()
+
+    def note_ack(self, seq: int, health: liveness.LinkHealth) -> None:
+        """An ACK (or a tail's COMMITTED) of ``seq``: its delay is from when the batch ending at
+        or after it went out (the downstream's receive, persist and report, plus the wire both
+        ways); a later report of the same seq finds nothing left to time."""
+        sent_at = None
+        while self._sent_at and self._sent_at[0][0] <= seq:
+            sent_at = self._sent_at.popleft()[1]
+        if sent_at is not None:
+            now = self.replica.clock.monotonic_s()
+            health.latency.add(now, (now - sent_at) * 1000)
+
+    async def run(self) -> None:
+        replica = self.replica
+        while True:
+            if self.sent >= replica.progress.accepted:
+                await replica.changed.waiter()
+                continue
+            if not self.window.can_send():
+                await self.acked.waiter()
+                continue
+            recent = replica.recent_run(self.sent + 1) if self.meta_sent is not None else []
+            if recent:
+                # The fast path: forward what was accepted, merged, no read-back.
+                self._send(merge_batches(recent))
+            else:
+                upto = replica.durable
+                if upto <= self.sent:
+                    # Accepted but not yet durable, and not in memory: wait for the store.
+                    await replica.changed.waiter()
+                    continue
+                started = time.perf_counter()
+                try:
+                    # A copy reads smaller pieces: its commits downstream, and their fsyncs,
+                    # stay short beside the chain's on a shared disk.
+                    bytes_max = (
+                        limits.catchup_piece_bytes_max if self.throttled else limits.batch_bytes_max
+                    )
+                    read = functools.partial(read_range, bytes_max=bytes_max)
+                    if upto - self.sent > _SEND_PAGE_ENTRIES:
+                        result = await asyncio.to_thread(read, replica.store, self.sent, upto)
+                    else:
+                        result = read(replica.store, self.sent, upto)
+                except CorruptionError as exc:
+                    replica.note_damage(exc)
+                    raise
+                entries, covered, meta, _boundary = result
+                # Metadata as of the snapshot, which may run a little ahead of the range read: a
+                # high-water mark arriving early is harmless, one never sent would be lost (later
+                # batches may come from memory). The first batch on a link carries all of it,
+                # and the downstream replaces its own with it.
+                changes: dict[str, Any] | None = _meta_changes(self.meta_sent, meta)
+                if not changes and self.meta_sent is not None:
+                    changes = None  # an empty map only marks a link's first batch
+                self.meta_sent = dict(meta)
+                self._send(build_batch(replica.shard_id, self.sent + 1, covered, entries, changes))
+                if self.throttled:
+                    busy_s = time.perf_counter() - started
+                    live = replica.clock.monotonic_s() - replica.live_at_s
+                    pause_s = chain.copy_pause_s(
+                        busy_s,
+                        live_s_ago=live,
+                        live_window_s=limits.catchup_live_window_ms / 1000,
+                        share=limits.catchup_produce_share_max,
+                    )
+                    if pause_s > 0:
+                        await self.stream.drain()
+                        await asyncio.sleep(pause_s)
+            await self.stream.drain()

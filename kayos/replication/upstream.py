@@ -1,0 +1,409 @@
+"""The downstream side of a replication link: ``UpstreamLink`` follows a replica's upstream.
+
+``UpstreamLink`` (the downstream side of a link) connects to the upstream, handshakes, subscribes
+(rolling back first when told to), forwards and applies ``BATCH`` frames as store commits (merging
+those that queued up while the previous commit was fsyncing) and reports ``ACK`` / ``COMMITTED``
+upstream; ``COMMIT_POINT`` frames tell it what consumers may see. See
+docs/replication-protocol.md for the frames and rules this follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kayos import limits
+from kayos.errors import (
+    KayosError,
+    ProtocolError,
+    ReplicationError,
+    RollbackTooFarError,
+)
+from kayos.replication import auth as link_auth
+from kayos.replication import chain, handshake, liveness
+from kayos.replication import frames as fr
+from kayos.replication.replica import (
+    _LOCAL_META_PREFIXES,
+    CATCH_UP_META_KEY,
+    PROTOCOL_VERSION,
+    TAKEOVER_META_KEY,
+    FrameStream,
+    ShardReplica,
+    _close_with,
+    _commit_args,
+    _recv_answering_pings,
+    pack_takeover,
+    raise_error_frame,
+    recv_or_companion_failure,
+)
+
+log = logging.getLogger("kayos.replication")
+
+
+class UpstreamLink:
+    """Keeps a replica subscribed to its upstream, reconnecting with backoff for ever.
+
+    A learner replica's link says ``HELLO`` role ``learner``. A head repairing its store makes one
+    towards ``peer`` (its downstream) with ``role="repair"`` and ``until_caught_up``: the link
+    ends once the store reaches what ``SUBSCRIBED`` named (``done`` is set), and never rolls back.
+    """
+
+    def __init__(
+        self,
+        replica: ShardReplica,
+        *,
+        connect: Callable[..., Any] | None = None,
+        peer: str | None = None,
+        role: str | None = None,
+        until_caught_up: bool = False,
+    ) -> None:
+        self.replica = replica
+        peer = peer or replica.upstream
+        assert peer is not None, "a link needs an upstream"
+        self.peer: str = peer
+        if role is None:
+            if replica.role == "learner":
+                role = "learner"
+            else:
+                role = "tail" if replica.shard.is_tail(replica.node_id) else "middle"
+        self.role = role
+        self.copy = role in fr.COPY_ROLES
+        self.until_caught_up = until_caught_up
+        self.done = asyncio.Event()
+        # Link health is kept by peer; a repair link's apart from the chain's links to that peer.
+        self._health_key = f"repair:{peer}" if role == "repair" else peer
+        # A link leaves from this node's own topology host: the upstream checks the source
+        # address against it (docs/replication-protocol.md, "Peer authentication").
+        own_host = replica.topology.nodes[replica.node_id].host
+        self._connect = connect or functools.partial(
+            asyncio.open_connection, local_addr=(own_host, 0)
+        )
+        self._stopped = False
+        self.connected = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stopped = True
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopped
+
+    async def run(self) -> None:
+        replica = self.replica
+        delay_ms = limits.link_retry_delay_ms_min
+        while not self._stopped:
+            try:
+                await self._session()
+                delay_ms = limits.link_retry_delay_ms_min
+            except asyncio.CancelledError:
+                raise
+            except (OSError, KayosError, EOFError) as exc:
+                if not self.done.is_set():
+                    log.info("shard %s: link to %s failed: %s", replica.shard_id, self.peer, exc)
+            finally:
+                self.connected.clear()
+                if replica.upstream_stream is not None:
+                    replica.upstream_stream.close()
+                    replica.upstream_stream = None
+                    replica.changed.notify()
+            if self.stopping:
+                break
+            jitter = 0.5 + replica.rng.random()
+            await asyncio.sleep(delay_ms * jitter / 1000)
+            delay_ms = min(delay_ms * 2, limits.link_retry_delay_ms_max)
+
+    async def _session(self) -> None:
+        replica = self.replica
+        peer = self.peer
+        address = replica.topology.nodes[peer]
+        identity = replica.topology.identity
+        if identity is None or identity.is_placeholder:
+            raise handshake.no_identity_error(replica.node_id)
+        role = self.role
+        claim = link_auth.LinkClaim(replica.node_id, peer, replica.shard_id, replica.epoch, role)
+        handshake_s = limits.handshake_ms_max / 1000
+        async with asyncio.timeout(handshake_s):
+            reader, writer = await self._connect(address.host, address.bin_port)
+        stream = FrameStream(
+            reader, writer, replica.clock, frame_bytes_max=limits.handshake_frame_bytes_max
+        )
+        health = replica.link_health.setdefault(
+            self._health_key, liveness.LinkHealth(peer, "upstream")
+        )
+        pinger: asyncio.Task[None] | None = None
+        try:
+            async with asyncio.timeout(handshake_s):
+                hello = fr.Hello(
+                    PROTOCOL_VERSION, replica.node_id, replica.shard_id, replica.epoch, role
+                )
+                stream.send(hello)
+                await handshake.prove_to_upstream(stream, identity, claim)
+                reply = await stream.recv()
+            if isinstance(reply, fr.ErrorFrame):
+                raise_error_frame(reply)
+            if not isinstance(reply, fr.HelloOk):
+                raise ProtocolError(f"expected HELLO_OK, got {type(reply).__name__}")
+            if reply.protocol_version < fr.LINK_PROTOCOL_VERSION_MIN:
+                raise ProtocolError(
+                    f"upstream {peer} speaks protocol version "
+                    f"{reply.protocol_version}; links need {fr.LINK_PROTOCOL_VERSION_MIN}"
+                )
+            stream.lift_frame_bound()
+            # Pinged and watched from HELLO_OK on, as the acceptor does: an upstream that goes
+            # silent before SUBSCRIBED is dropped within the silence bound, not TCP's minutes.
+            pinger = asyncio.create_task(
+                liveness.keep_alive(
+                    stream, replica.clock, f"shard {replica.shard_id}: upstream {peer}"
+                )
+            )
+            subscribed, from_seq = await self._subscribe(stream)
+            if replica.store.last_seq != from_seq - 1:
+                # The store moved after the SUBSCRIBE (a commit landed late): the verdict was
+                # for another log. Subscribe again from where the store is now.
+                raise ReplicationError(
+                    f"store at {replica.store.last_seq} after subscribing from {from_seq}"
+                )
+            table = list(subscribed.takeover_table)
+            table_changed = table != replica.takeover_table()
+            behind = replica.store.last_seq < subscribed.last_seq
+            await asyncio.to_thread(
+                replica.store.commit,
+                [],
+                meta={
+                    TAKEOVER_META_KEY: pack_takeover(table),
+                    CATCH_UP_META_KEY: subscribed.last_seq if behind else None,
+                },
+            )
+            replica.catching_up = behind
+            if table_changed:
+                # The links below recorded the old table, which does not name the masters of
+                # what comes now: with it, their next SUBSCRIBE would look diverged and roll back
+                # committed entries. They subscribe again and record this one.
+                replica.close_downstream_links()
+            if behind:
+                # Catch-up may split an all-or-nothing batch; links below would pass the halves
+                # on to replicas that serve consumers. They resubscribe once this one is whole.
+                replica.close_downstream_links()
+            catch_up_target = subscribed.last_seq
+            health.heard(subscribed.last_seq)
+            health.attach(stream)
+            stream.on_round_trip = health.latency.add
+            # A commit the last link's applier was cancelled in landed without being counted:
+            # step the progress and wake the senders before reporting to the new upstream.
+            replica.local_commit_done()
+            replica.link_point_heard = False
+            replica.upstream_stream = stream
+            replica.upstream_synced = True
+            replica.downstream_event(chain.UpstreamLinked())
+            if self.role == "learner":
+                # What it holds, at once: its tail counts it from its first report, and a
+                # learner with nothing to copy or commit (an empty shard) sends no other
+                # (docs/replication-protocol.md, "Counting a catch-up follower").
+                stream.send(fr.Ack(replica.shard_id, replica.store.last_seq))
+            self.connected.set()
+            await self._follow(stream, catch_up_target)
+        finally:
+            if pinger is not None:
+                pinger.cancel()
+            health.detach(stream)
+            stream.close()
+
+    async def _subscribe(self, stream: FrameStream) -> tuple[fr.Subscribed, int]:
+        """The upstream's SUBSCRIBED without a rollback, and the from_seq it answers."""
+        replica = self.replica
+        for _ in range(3):
+            from_seq = replica.store.last_seq + 1
+            stream.send(fr.Subscribe(replica.shard_id, from_seq, tuple(replica.takeover_table())))
+            reply = await _recv_answering_pings(stream)
+            if reply is None:
+                raise EOFError("upstream closed the link before SUBSCRIBED")
+            if isinstance(reply, fr.ErrorFrame):
+                if reply.code == RollbackTooFarError.code and self.role != "repair":
+                    # Not a verdict on this log: the upstream holds more than this member but
+                    # compaction purged tombstones it would need to send; the reset re-copies
+                    # everything from it.
+                    await replica.rollback(0)
+                    continue
+                raise_error_frame(reply)
+            if not isinstance(reply, fr.Subscribed) or reply.shard != replica.shard_id:
+                raise ProtocolError(f"expected SUBSCRIBED, got {type(reply).__name__}")
+            if reply.rollback_to is None:
+                return reply, from_seq
+            if self.role == "repair":
+                # It holds at least what the peer holds: nothing to fetch, nothing to drop.
+                self._caught_up()
+                raise EOFError(f"{self.peer} holds no more than this replica")
+            replica.check_rollback_verdict(reply.rollback_to, reply)
+            log.warning(
+                "shard %s: rolling back from %s to %s to follow %s",
+                replica.shard_id,
+                replica.store.last_seq,
+                reply.rollback_to,
+                self.peer,
+            )
+            await replica.rollback(reply.rollback_to)
+        raise ReplicationError("upstream kept asking for a rollback")
+
+    async def _follow(self, stream: FrameStream, catch_up_target: int) -> None:
+        replica = self.replica
+        batches: asyncio.Queue[fr.Batch | None] = asyncio.Queue()
+        applier = asyncio.create_task(self._apply(batches, catch_up_target))
+        applier.add_done_callback(_close_with(stream))
+        expected = replica.store.last_seq + 1
+        first_batch = True
+        try:
+            while True:
+                frame = await recv_or_companion_failure(stream, applier)
+                if frame is None:
+                    raise EOFError("upstream closed the link")
+                if isinstance(frame, fr.Batch):
+                    if frame.shard != replica.shard_id or frame.first_seq != expected:
+                        raise ProtocolError(
+                            f"BATCH {frame.first_seq}..{frame.last_seq} where {expected} was due"
+                        )
+                    expected = frame.last_seq + 1
+                    health = replica.link_health.get(self._health_key)
+                    if health is not None:
+                        health.heard(frame.last_seq)
+                    if frame.last_seq <= catch_up_target:
+                        replica.refetched_entries += len(frame.seqs)
+                    if first_batch:
+                        first_batch = False
+                        frame = _with_meta_deletes(frame, replica.store.meta)
+                    # Forward first, persist next: the batch goes down before its commit.
+                    # What the upstream held when this link subscribed is old: its time is unknown.
+                    replica.accept(
+                        frame, _batch_bytes(frame), live=frame.last_seq > catch_up_target
+                    )
+                    batches.put_nowait(frame)
+                elif isinstance(frame, fr.CommitPoint):
+                    if self.copy and frame.committed_seq > catch_up_target:
+                        # The chain above commits anew: it takes live writes (the copy throttles).
+                        replica.live_at_s = replica.clock.monotonic_s()
+                    replica.link_point_heard = True
+                    replica.downstream_event(chain.UpstreamCommitPoint(frame.committed_seq))
+                    replica.changed.notify()
+                elif isinstance(frame, fr.Ping):
+                    stream.send(fr.Pong(frame.nonce))
+                elif isinstance(frame, fr.Pong):
+                    replica.changed.notify()  # a snapshot may wait for it (confirm_linked)
+                elif isinstance(frame, fr.ErrorFrame):
+                    raise_error_frame(frame)
+                else:
+                    raise ProtocolError(f"unexpected {type(frame).__name__} on a link")
+        finally:
+            applier.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await applier
+            # A commit the applier was awaiting still runs in its thread: let it land before
+            # deciding what was lost, and before the next SUBSCRIBE names a from_seq.
+            await replica.settle()
+            replica.discard_unpersisted()
+
+    async def _apply(self, batches: asyncio.Queue[fr.Batch | None], catch_up_target: int) -> None:
+        """Commits accepted batches, merging what piled up during the previous commit."""
+        replica = self.replica
+        if replica.store.last_seq >= catch_up_target:
+            replica.catching_up = False
+            self._caught_up()
+            if self._stopped:
+                return
+        # A batch taken from the queue that would have made the merge too big: the next group's
+        # first.
+        carried: fr.Batch | None = None
+        decode_seen_s = 0.0
+        while True:
+            first = carried if carried is not None else await batches.get()
+            carried = None
+            if first is None:
+                return
+            group = [first]
+            entries = len(first.seqs)
+            payload = _batch_bytes(first)
+            while not batches.empty() and entries < limits.batch_entries_max // 2:
+                nxt = batches.get_nowait()
+                if nxt is None:
+                    break
+                # One store commit: within the bounds of one batch.
+                if (
+                    entries + len(nxt.seqs) > limits.batch_entries_max
+                    or payload + _batch_bytes(nxt) > limits.batch_bytes_max
+                ):
+                    carried = nxt
+                    break
+                group.append(nxt)
+                entries += len(nxt.seqs)
+                payload += _batch_bytes(nxt)
+            columns, options = _commit_args(group, validated=False)
+            started = time.perf_counter()
+            await replica.timed_commit(columns, inline=batches.empty(), **options)
+            stream = replica.upstream_stream
+            if self.copy and replica.catching_up and stream is not None:
+                # A copy's own work (decoding, committing) competes with the chain for the
+                # machine too: while it catches up on a shard taking live writes, it takes at
+                # most a share.
+                decoded_s, decode_seen_s = stream.decode_s - decode_seen_s, stream.decode_s
+                pause_s = chain.copy_pause_s(
+                    time.perf_counter() - started + decoded_s,
+                    live_s_ago=replica.clock.monotonic_s() - replica.live_at_s,
+                    live_window_s=limits.catchup_live_window_ms / 1000,
+                    share=limits.catchup_produce_share_max,
+                )
+                if pause_s > 0:
+                    await asyncio.sleep(pause_s)
+            last_entry = max((b.seqs[-1] for b in group if b.seqs), default=0)
+            replica.last_entry_seq = max(replica.last_entry_seq, last_entry)
+            if replica.catching_up and replica.store.last_seq >= catch_up_target:
+                replica.catching_up = False
+                log.info("shard %s: caught up at %s", replica.shard_id, replica.store.last_seq)
+                self._caught_up()
+            replica.local_commit_done()
+            stream = replica.upstream_stream
+            if stream is not None:
+                if self.copy:
+                    # A copy's reports only open its window upstream (it counts in no commit).
+                    stream.send(fr.Ack(replica.shard_id, replica.store.last_seq))
+                await stream.drain()
+            if self._stopped:
+                return
+
+    def _caught_up(self) -> None:
+        """The store reached what the upstream held when it subscribed: a repair link is done;
+        a member that was repairing serves its downstreams again."""
+        replica = self.replica
+        if self.until_caught_up:
+            self._stopped = True
+            self.done.set()
+        elif replica.repairing:
+            replica.repairing = False
+            log.warning(
+                "shard %s: repaired: re-fetched through %s from %s",
+                replica.shard_id,
+                replica.store.last_seq,
+                self.peer,
+            )
+
+
+def _with_meta_deletes(batch: fr.Batch, own_meta: dict[str, Any]) -> fr.Batch:
+    """A link's first batch holds the upstream's whole replicated metadata: keys this replica
+    holds that it lacks were deleted upstream while the link was down. The batch as committed
+    and forwarded says so with explicit deletes."""
+    full = batch.meta or {}
+    deletes = {
+        name: None
+        for name in own_meta
+        if not name.startswith(_LOCAL_META_PREFIXES) and name not in full
+    }
+    if not deletes:
+        return batch
+    return dataclasses.replace(batch, meta={**full, **deletes})
+
+
+def _batch_bytes(batch: fr.Batch) -> int:
+    return sum(map(len, batch.keys)) + sum(map(len, filter(None, batch.values)))
