@@ -302,21 +302,8 @@ async def _signed_body(request: web.Request, state: MemberState, purpose: str) -
 
 
 async def _checked_remove(request: web.Request, state: MemberState) -> str:
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise InvalidRequest(f"a remove-node request is at most {REQUEST_BYTES_MAX} bytes") from exc
-    try:
-        if request.content_type == "application/msgpack":
-            message = msgpack.unpackb(raw, raw=False)
-        else:
-            message = json.loads(raw)
-    except (ValueError, TypeError, msgpack.UnpackException) as exc:
-        raise InvalidRequest(f"not a JSON or msgpack body: {exc}") from exc
-    if not isinstance(message, dict) or not isinstance(message.get("body"), dict):
-        raise InvalidRequest('expected {"body": {"node": id}, "mac": hex}')
-    check_signed(state.setup.identity, "remove-node", message["body"], message.get("mac"))
-    node = message["body"].get("node")
+    body = await _signed_body(request, state, "remove-node")
+    node = body.get("node")
     if not isinstance(node, str) or node not in state.setup.topology.nodes:
         raise InvalidRequest(f"unknown node {node!r:.80}")
     return node
