@@ -15,11 +15,11 @@ from kayos import limits
 from kayos.cli.cluster_read import fetch_summary
 from kayos.cli.data import SEED_DEFAULT
 from kayos.cli.manager_status import fetch_manager
+from kayos.cli.options import TOPOLOGY_DEFAULT, signing_topology_option
 from kayos.cli.queue_view import retention_policy
 from kayos.cli.status_view import render, with_manager
 
 # `kayos up`'s topology file (its default --data root).
-TOPOLOGY_DEFAULT = "./kayos-data/cluster.toml"
 
 
 @click.group()
@@ -168,14 +168,7 @@ def _manager_urls(topology_path: str, given: tuple[str, ...]) -> list[str]:
 
 @ctl.command("remove-node")
 @click.argument("node")
-@click.option(
-    "--topology",
-    "topology_path",
-    default=TOPOLOGY_DEFAULT,
-    show_default=True,
-    type=click.Path(exists=True, dir_okay=False),
-    help="The topology file: the cluster secret signs the request; its [managers] are asked.",
-)
+@signing_topology_option
 @click.option(
     "--timeout",
     "timeout_s",

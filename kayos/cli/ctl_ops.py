@@ -20,13 +20,13 @@ from kayos.cli.check_view import (
     render_check,
     render_compact_line,
 )
+from kayos.cli.options import TOPOLOGY_DEFAULT
 
 if TYPE_CHECKING:
     from kayos.client.http import HttpTransport
     from kayos.identity import ClusterIdentity
     from kayos.topology import Topology
 
-TOPOLOGY_DEFAULT = "./kayos-data/cluster.toml"
 
 _topology_option = click.option(
     "--topology",

@@ -24,17 +24,9 @@ from typing import Any
 import click
 
 from kayos import limits
+from kayos.cli.options import signing_topology_option
 
-TOPOLOGY_DEFAULT = "./kayos-data/cluster.toml"
-
-_topology = click.option(
-    "--topology",
-    "topology_path",
-    default=TOPOLOGY_DEFAULT,
-    show_default=True,
-    type=click.Path(exists=True, dir_okay=False),
-    help="The topology file: the cluster secret signs the request; its [managers] are asked.",
-)
+_topology = signing_topology_option
 _json = click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 _timeout = click.option(
     "--timeout",
