@@ -23,16 +23,8 @@ from kayos.replication.chain import (
     UpstreamLinked,
     Violation,
     rollback_point,
-    step,
 )
-
-
-def run(progress: Progress, *events: chain.Event) -> tuple[Progress, list[chain.Action]]:
-    actions: list[chain.Action] = []
-    for event in events:
-        progress, more = step(progress, event)
-        actions.extend(more)
-    return progress, actions
+from tests.chain_steps import run
 
 
 def test_a_lone_head_commits_what_it_makes_durable() -> None:

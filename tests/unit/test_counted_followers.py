@@ -18,18 +18,10 @@ from kayos.replication.chain import (
     SendAck,
     SendCommitted,
     UpstreamCommitPoint,
-    step,
 )
 from kayos.signing import sign
+from tests.chain_steps import run
 from tests.linkauth import TEST_IDENTITY
-
-
-def run(progress: Progress, *events: chain.Event) -> tuple[Progress, list[chain.Action]]:
-    actions: list[chain.Action] = []
-    for event in events:
-        progress, more = step(progress, event)
-        actions.extend(more)
-    return progress, actions
 
 
 def test_a_lone_head_counting_a_follower_commits_only_what_the_follower_holds() -> None:
