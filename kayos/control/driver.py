@@ -57,12 +57,14 @@ class Answer:
 class Memory:
     """What the driver remembers between rounds (leader-local, lost on a leader change, which
     only costs a re-send): who answered last round, how many fast answers in a row each slow
-    node gave, and when each message was last sent."""
+    node gave, when each message was last sent, and when each node last answered a poll late
+    (over ``slow_p99_ms``) or not at all, within the slow window."""
 
     answered: frozenset[str] = frozenset()
     fast_answers: Mapping[str, int] = field(default_factory=dict)
     sent_topology_ms: Mapping[str, int] = field(default_factory=dict)
     sent_catch_up_ms: Mapping[tuple[str, int], int] = field(default_factory=dict)
+    late_answer_ms: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +136,8 @@ def _reports(status: Mapping[str, Any]) -> tuple[ShardReport, ...]:
 
 
 def _latency_events(view: ManagerView, reporter: str, status: Mapping[str, Any]) -> list[Event]:
-    """The reporter's measurements worth logging: over the slow bound on a long enough window,
-    or about a node the view holds slow (so it can recover)."""
+    """The reporter's measurements worth logging: a neighbour over the slow bound for the slow
+    window, or one the view holds slow (so it can recover). Healthy reports are not logged."""
     table = status.get("latency")
     if not isinstance(table, dict):
         return []
@@ -144,15 +146,47 @@ def _latency_events(view: ManagerView, reporter: str, status: Mapping[str, Any])
     for peer, entry in sorted(table.items()):
         if peer not in states or peer == reporter or not isinstance(entry, dict):
             continue
-        p99, window, samples = entry.get("p99_ms"), entry.get("window_ms"), entry.get("samples")
-        if not isinstance(p99, int | float) or type(window) is not int or type(samples) is not int:
+        measured = _sustained_p99(view, entry)
+        if measured is None:
             continue
-        if samples <= 0 or window < view.config.slow_window_ms or not math.isfinite(p99) or p99 < 0:
-            continue
-        p99_ms = math.ceil(p99)
+        p99_ms, window = measured
         if p99_ms > view.config.slow_p99_ms or states[peer] == "slow":
             events.append(LatencyReport(reporter, peer, p99_ms, window))
     return events
+
+
+def _sustained_p99(view: ManagerView, entry: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(p99 ms, window ms) a neighbour's latency entry shows over the slow window
+    (docs/manager.md, rule 4), or None for no verdict. From the per-bucket p99s
+    (``recent_p99_ms``) of the last ``slow_window_ms``, those holding samples: with at least
+    ``limits.manager_slow_buckets_min`` of them, and two thirds of them, over the bound, the
+    smallest of those (it stayed slow); with at least that many and none over, the largest (it
+    stayed quick). An entry without buckets (a node of an earlier version): its p99 over its
+    whole window."""
+    bound = view.config.slow_p99_ms
+    recent, bucket_ms = entry.get("recent_p99_ms"), entry.get("bucket_ms")
+    if isinstance(recent, list) and type(bucket_ms) is int and bucket_ms > 0:
+        wanted = max(1, math.ceil(view.config.slow_window_ms / bucket_ms))
+        found = [
+            float(x)
+            for x in recent[-wanted:]
+            if isinstance(x, int | float)
+            and not isinstance(x, bool)
+            and math.isfinite(x)
+            and x >= 0
+        ]
+        over = [x for x in found if x > bound]
+        if len(over) >= max(limits.manager_slow_buckets_min, math.ceil(2 * len(found) / 3)):
+            return math.ceil(min(over)), wanted * bucket_ms  # stayed slow
+        if not over and len(found) >= limits.manager_slow_buckets_min:
+            return math.ceil(max(found)), wanted * bucket_ms  # stayed quick
+        return None
+    p99, window, samples = entry.get("p99_ms"), entry.get("window_ms"), entry.get("samples")
+    if not isinstance(p99, int | float) or type(window) is not int or type(samples) is not int:
+        return None
+    if samples <= 0 or window < view.config.slow_window_ms or not math.isfinite(p99) or p99 < 0:
+        return None
+    return math.ceil(p99), window
 
 
 def _takeovers(view: ManagerView, answers: Mapping[str, Answer]) -> list[Event]:
@@ -208,6 +242,24 @@ def _followers_notes(view: ManagerView, answers: Mapping[str, Answer]) -> list[F
     return notes
 
 
+def _late_answers(
+    view: ManagerView, answers: Mapping[str, Answer], now_ms: int, memory: Memory
+) -> dict[str, int]:
+    """Nodes that answered a poll late (over ``slow_p99_ms``) or not at all within the last
+    ``slow_window_ms``, with when. Such a node is no witness of its neighbours' latency: it
+    measures its own stalls too (a paused middle's round trips to its tail include the pause,
+    and the bench saw the tail removed as slow in its place, docs/manager.md rule 4)."""
+    late = {
+        node: at
+        for node, at in memory.late_answer_ms.items()
+        if now_ms - at <= view.config.slow_window_ms
+    }
+    for node, answer in answers.items():
+        if answer.status is None or answer.elapsed_ms > view.config.slow_p99_ms:
+            late[node] = now_ms
+    return late
+
+
 def plan_round(
     view: ManagerView, answers: Mapping[str, Answer], now_ms: int, memory: Memory
 ) -> Plan:
@@ -218,6 +270,7 @@ def plan_round(
     heard = tuple(sorted((n, answers[n].at_ms) for n in answered))
     events: list[Event] = [TimerTick(now_ms, heard)]
     fast = dict(memory.fast_answers)
+    late = _late_answers(view, answers, now_ms, memory)
     for node in sorted(answered):
         status = answers[node].status
         assert status is not None
@@ -229,7 +282,7 @@ def plan_round(
             if fast[node] >= limits.manager_slow_return_polls:
                 events.append(NodeReturned(node, answers[node].at_ms, _reports(status)))
                 fast.pop(node)
-        if states[node] == "up":
+        if states[node] == "up" and node not in late:
             events += _latency_events(view, node, status)
     fast = {n: c for n, c in fast.items() if states.get(n) == "slow" and n in answered}
     events += _takeovers(view, answers)
@@ -283,7 +336,7 @@ def plan_round(
         if back or (behind and not recent):
             send_topology.append(node)
             sent_topology[node] = now_ms
-    memory = Memory(frozenset(answered), fast, sent_topology, sent_catch_up)
+    memory = Memory(frozenset(answered), fast, sent_topology, sent_catch_up, late)
     return Plan(events, send_topology, send_catch_up, memory, _followers_notes(view, answers))
 
 

@@ -304,15 +304,13 @@ class _LinkSender:
             self._sent_at.popleft()
 
     def note_ack(self, seq: int, health: liveness.LinkHealth) -> None:
-        """An ACK (or a tail's COMMITTED) of ``seq``: its delay is from when the batch ending at
-        or after it went out (the downstream's receive, persist and report, plus the wire both
-        ways); a later report of the same seq finds nothing left to time."""
-        sent_at = None
+        """An ACK (or a tail's COMMITTED) of ``seq``: one delay per batch it covers, each from
+        when that batch went out (the downstream's receive, persist and report, plus the wire
+        both ways), so batches that waited on a stalled peer all count, not only its last; a
+        later report of the same seq finds nothing left to time."""
+        now = self.replica.clock.monotonic_s()
         while self._sent_at and self._sent_at[0][0] <= seq:
-            sent_at = self._sent_at.popleft()[1]
-        if sent_at is not None:
-            now = self.replica.clock.monotonic_s()
-            health.latency.add(now, (now - sent_at) * 1000)
+            health.latency.add(now, (now - self._sent_at.popleft()[1]) * 1000)
 
     async def run(self) -> None:
         replica = self.replica

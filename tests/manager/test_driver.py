@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from kayos import limits
 from kayos.control.driver import (
     Answer,
@@ -151,6 +153,108 @@ def test_a_healthy_measurement_of_a_slow_node_is_logged_so_it_can_recover() -> N
         everyone(view),
     )
     assert LatencyReport("a", "b", 2, 6_000) in plan.events
+
+
+def buckets(*values: float | None) -> dict[str, Any]:
+    """A latency entry whose last buckets are ``values`` (oldest first), earlier ones empty."""
+    recent = [None] * (limits.latency_buckets - len(values)) + list(values)
+    return {
+        "p99_ms": 1.0,  # the whole window's p99: not what the bucket rule reads
+        "window_ms": limits.latency_window_ms,
+        "samples": 5_000,
+        "bucket_ms": limits.latency_bucket_ms,
+        "recent_p99_ms": recent,
+    }
+
+
+SLOW_BUCKETS = -(-limits.manager_slow_window_ms // limits.latency_bucket_ms)
+
+
+@pytest.mark.parametrize(
+    ("recent", "logged"),
+    [
+        # the buckets with samples of the slow window over the bound (an empty one between: a
+        # node running a moment between pauses): the smallest is reported
+        ([400.0, None, 300.0], 300),
+        # two thirds of them over: still slow
+        ([400.0, 12.0, 900.0], 400),
+        # one over, two under: no verdict
+        ([400.0, 12.0, 13.0], None),
+        # a single bucket with samples (one pause answered at once): too little to judge
+        ([None, 5_000.0, None], None),
+        # over the bound, but before the window: not logged
+        ([900.0] * 4 + [None] * SLOW_BUCKETS, None),
+        # quick: not logged for a node that is up
+        ([3.0, 5.0, None], None),
+        # junk in a bucket is ignored, the rest judged
+        ([True, "x", 800.0, float("inf"), 700.0], 700),
+    ],
+)
+def test_the_slow_rule_reads_the_buckets_of_the_slow_window(
+    recent: list[Any], logged: int | None
+) -> None:
+    assert SLOW_BUCKETS == 3, "the cases above are written for a 1.5 s window of 0.5 s buckets"
+    view = view3()
+    plan = plan_round(
+        view,
+        answers(a=status(latency={"b": buckets(*recent)}), b=status(), c=status()),
+        9,
+        everyone(view),
+    )
+    found = [e for e in plan.events if isinstance(e, LatencyReport)]
+    if logged is None:
+        assert found == []
+    else:
+        window = SLOW_BUCKETS * limits.latency_bucket_ms
+        assert found == [LatencyReport("a", "b", logged, window)]
+        after, _ = decide(view, found[0])
+        assert after.node("b").state == "slow"  # type: ignore[union-attr]
+
+
+def test_a_node_that_answered_late_is_no_witness_for_the_slow_window() -> None:
+    """A paused middle measures its own pauses in its round trips to the tail: while it answers
+    the manager's polls late, its reports are not logged, and its upstream's report of it is."""
+    view = view3()
+    slow = buckets(900.0, 800.0, 700.0)
+    replies = {"a": status(latency={"b": slow}), "b": status(latency={"c": slow}), "c": status()}
+    late = {n: Answer(replies[n], 1_000, 400 if n == "b" else 5) for n in "abc"}
+    plan = plan_round(view, late, 1_000, everyone(view))
+    assert [e for e in plan.events if isinstance(e, LatencyReport)] == [
+        LatencyReport("a", "b", 700, SLOW_BUCKETS * limits.latency_bucket_ms)
+    ]
+    assert plan.memory.late_answer_ms == {"b": 1_000}
+    quick = {n: Answer(replies[n], 1_000, 5) for n in "abc"}
+    window = view.config.slow_window_ms
+    within = plan_round(view, quick, 1_000 + window, plan.memory)
+    assert {e.reporter for e in within.events if isinstance(e, LatencyReport)} == {"a"}
+    after = plan_round(view, quick, 1_001 + window, within.memory)
+    assert {e.reporter for e in after.events if isinstance(e, LatencyReport)} == {"a", "b"}
+    assert after.memory.late_answer_ms == {}
+    unanswered = {**quick, "c": Answer(None, 1_000, 0)}
+    assert plan_round(view, unanswered, 5_000, after.memory).memory.late_answer_ms == {"c": 5_000}
+
+
+def test_a_kept_slow_node_recovers_when_every_bucket_of_the_window_is_under_the_bound() -> None:
+    kept = ManagerView.bootstrap(
+        Config(min_replicas=3), list("abc"), [list("abc"), list("bca"), list("cab")]
+    )
+    view, _ = decide(kept, LatencyReport("a", "b", 900, limits.manager_slow_window_ms))
+    assert view.node("b").state == "slow"  # type: ignore[union-attr]
+    assert "b" in view.shards[0].chain
+    still = buckets(*([900.0] * SLOW_BUCKETS + [3.0, 400.0, 4.0]))
+    healthy = buckets(*([900.0] * SLOW_BUCKETS + [3.0, 5.0, 4.0]))
+    for entry, state in ((still, "slow"), (healthy, "up")):
+        plan = plan_round(
+            view,
+            answers(a=status(latency={"b": entry}), b=status(), c=status()),
+            9,
+            everyone(view),
+        )
+        after = view
+        for event in plan.events:
+            if isinstance(event, LatencyReport):
+                after, _ = decide(after, event)
+        assert after.node("b").state == state  # type: ignore[union-attr]
 
 
 def test_a_node_removed_as_slow_returns_after_enough_quick_answers_in_a_row() -> None:

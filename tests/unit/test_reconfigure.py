@@ -155,7 +155,8 @@ def test_latency_p99_over_a_sliding_window() -> None:
     assert window.current(now) == [1.0] * 100
     other = LatencyWindow()
     other.add(now, 300.0)
-    assert summary([window, other], now) == {
+    found = summary([window, other], now)
+    assert {k: found[k] for k in ("p99_ms", "window_ms", "samples")} == {
         "p99_ms": 1.0,
         "window_ms": limits.latency_window_ms,
         "samples": 101,
@@ -169,6 +170,59 @@ def test_latency_window_is_bounded() -> None:
         window.add(1.0, float(i))
     assert len(window.current(1.0)) == limits.latency_samples_max
     assert min(window.current(1.0)) == 10.0
+
+
+BUCKET_S = limits.latency_bucket_ms / 1000
+
+
+def test_recent_buckets_show_a_node_turned_slow_whatever_came_before() -> None:
+    """Thousands of fast ACKs followed by a few slow ones: the whole window's p99 stays fast,
+    the buckets after the turn show it at once (the slow rule reads them, docs/manager.md)."""
+    window = LatencyWindow()
+    start = 100 * BUCKET_S
+    for i in range(4000):  # 4 buckets of fast samples
+        window.add(start + i * 4 * BUCKET_S / 4000, 2.0)
+    turned = start + 4 * BUCKET_S
+    for b in range(4):  # then each bucket a few answers that waited on a pause
+        for k in range(3):
+            window.add(turned + b * BUCKET_S + k * 0.01, 400.0 + k)
+    now = turned + 4 * BUCKET_S + 0.001  # just into the next bucket
+    found = summary([window], now)
+    assert found["p99_ms"] < 250
+    assert found["bucket_ms"] == limits.latency_bucket_ms
+    recent = found["recent_p99_ms"]
+    assert len(recent) == limits.latency_buckets
+    assert recent[-4:] == [402.0] * 4
+    assert recent[-8:-4] == [2.0] * 4
+    assert recent[:-8] == [None] * (limits.latency_buckets - 8)
+
+
+def test_bucket_p99_is_exact_up_to_its_bound_and_merges_shards() -> None:
+    a, b = LatencyWindow(), LatencyWindow()
+    for i in range(150):  # one bucket: 300 samples over two shards' links, 1..300
+        a.add(0.0, float(2 * i + 1))
+        b.add(0.0, float(2 * i + 2))
+    recent = summary([a, b], BUCKET_S)["recent_p99_ms"]
+    assert recent[-1] == 297.0  # nearest rank: the 297th of 300
+    assert recent[-1] == p99([float(x) for x in range(1, 301)])
+    big = LatencyWindow()
+    count = 100 * limits.latency_bucket_top_max + 500
+    for i in range(count):
+        big.add(0.0, float(i))
+    # Past 100 times the kept samples, the smallest kept one: at or over the true p99.
+    kept_min = float(count - limits.latency_bucket_top_max)
+    assert summary([big], BUCKET_S)["recent_p99_ms"][-1] == kept_min
+    assert kept_min >= p99([float(i) for i in range(count)])
+
+
+def test_buckets_past_the_reported_span_are_dropped() -> None:
+    window = LatencyWindow()
+    window.add(0.0, 5.0)
+    window.add((limits.latency_buckets + 3) * BUCKET_S, 7.0)
+    assert len(window.buckets) == 1
+    later = summary([window], (limits.latency_buckets + 4) * BUCKET_S)["recent_p99_ms"]
+    assert later[-1] == 7.0
+    assert later.count(None) == limits.latency_buckets - 1
 
 
 # --- the client's choice ------------------------------------------------------------------------
