@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -25,10 +26,16 @@ class HeardStream(Protocol):
 
     heard_at: float
     reading_since: float | None
+    # Told (time, ms) of each PING round trip, and of each wait for one (keep_alive).
+    on_round_trip: Callable[[float, float], None] | None
 
     def send(self, frame: fr.Frame) -> int: ...
 
     def ping(self) -> int: ...
+
+    def unanswered_since(self) -> float | None:
+        """When the oldest PING not yet answered went out (None: every one was answered)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -43,9 +50,25 @@ def silent_for(stream: HeardStream, clock: Clock) -> float:
     return clock.monotonic_s() - max(stream.heard_at, since)
 
 
+def note_waiting(stream: HeardStream, clock: Clock) -> None:
+    """Tells the link's latency window how long its oldest unanswered PING has waited, counted
+    only while this side reads (as ``silent_for``): a peer frozen outright answers nothing, so
+    without this its round trips would show no sample at all and only the detection window
+    would remove it; with it, each ping interval adds one sample as long as the wait, and the
+    manager's slow rule sees it within its slow window (docs/node-api.md, "Latency")."""
+    sent, since = stream.unanswered_since(), stream.reading_since
+    if sent is None or since is None or stream.on_round_trip is None:
+        return
+    now = clock.monotonic_s()
+    waited_s = now - max(sent, since)
+    if waited_s > 0:
+        stream.on_round_trip(now, waited_s * 1000)
+
+
 async def keep_alive(stream: HeardStream, clock: Clock, describe: str) -> None:
     """Pings ``stream`` until it ends; closes it (and returns) once the peer has been silent past
-    the bound. Run as a task beside the reader: closing the stream ends the reader's wait."""
+    the bound; each round, an unanswered PING's wait is a latency sample (``note_waiting``). Run
+    as a task beside the reader: closing the stream ends the reader's wait."""
     interval_s = limits.ping_interval_ms / 1000
     silence_s = limits.peer_silence_ms_max / 1000
     while True:
@@ -60,6 +83,7 @@ async def keep_alive(stream: HeardStream, clock: Clock, describe: str) -> None:
             )
             stream.close()
             return
+        note_waiting(stream, clock)
         try:
             stream.ping()
         except Exception:  # the connection is gone already; its reader ends it

@@ -133,6 +133,9 @@ class FrameStream:
         self.ping_nonce = 0
         self.pong_nonce = 0
 
+    def unanswered_since(self) -> float | None:
+        return min(self._pinged.values()) if self._pinged else None
+
     def ping(self) -> int:
         """Sends a PING with the next nonce and returns that nonce."""
         self.ping_nonce += 1

@@ -4,6 +4,7 @@ per-link health that status and metrics show."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -26,6 +27,9 @@ class FakeStream:
     sent: list[fr.Frame] = field(default_factory=list)
     closed: bool = False
     ping_nonce: int = 0
+    pinged_at: dict[int, float] = field(default_factory=dict)
+    clock: ManualClock | None = None
+    on_round_trip: Callable[[float, float], None] | None = None
 
     def send(self, frame: fr.Frame) -> int:
         assert not self.closed
@@ -35,7 +39,12 @@ class FakeStream:
     def ping(self) -> int:
         self.ping_nonce += 1
         self.send(fr.Ping(self.ping_nonce))
+        if self.clock is not None:
+            self.pinged_at[self.ping_nonce] = self.clock.monotonic_s()
         return self.ping_nonce
+
+    def unanswered_since(self) -> float | None:
+        return min(self.pinged_at.values()) if self.pinged_at else None
 
     def close(self) -> None:
         self.closed = True
@@ -135,5 +144,49 @@ async def test_silence_counts_only_while_this_side_reads() -> None:
         clock.advance(0.2)
         await asyncio.wait_for(task, WAIT_S)
         assert stream.closed
+    finally:
+        task.cancel()
+
+
+@pytest.mark.asyncio
+async def test_a_frozen_peer_shows_its_wait_as_latency_samples() -> None:
+    """A peer that answers no PING gives no round trip: the pinger adds, each round, how long the
+    oldest unanswered one has waited while this side read, so the manager's slow rule sees a
+    frozen node before the detection window; a wait while this side did not read is not the
+    peer's."""
+    clock = ManualClock()
+    stream = FakeStream(heard_at=clock.monotonic_s(), reading_since=clock.monotonic_s())
+    stream.clock = clock
+    samples: list[tuple[float, float]] = []
+    stream.on_round_trip = lambda at, ms: samples.append((at, ms))
+    task = asyncio.create_task(keep_alive(stream, clock, "test link"))
+    try:
+        await until(lambda: stream.ping_nonce >= 1, "the first ping")
+        assert samples == []  # nothing waited yet when it went out
+        clock.advance(0.4)
+        stream.heard_at = clock.monotonic_s()  # bytes, but no PONG
+        await until(lambda: stream.ping_nonce >= 2, "the second ping")
+        assert samples[-1][1] == pytest.approx(400.0)
+        clock.advance(0.4)
+        stream.heard_at = clock.monotonic_s()
+        await until(lambda: stream.ping_nonce >= 3, "the third ping")
+        assert samples[-1][1] == pytest.approx(800.0)  # from the oldest unanswered one
+        stream.pinged_at.clear()  # every PONG read
+        count = len(samples)
+        clock.advance(0.4)
+        stream.heard_at = clock.monotonic_s()
+        await until(lambda: stream.ping_nonce >= 4, "the fourth ping")
+        assert len(samples) == count
+        # Waiting while this side does not read: not counted until it reads again.
+        stream.reading_since = None
+        clock.advance(0.4)
+        stream.heard_at = clock.monotonic_s()
+        await until(lambda: stream.ping_nonce >= 5, "the fifth ping")
+        assert len(samples) == count
+        stream.reading_since = clock.monotonic_s()
+        clock.advance(0.3)
+        stream.heard_at = clock.monotonic_s()
+        await until(lambda: stream.ping_nonce >= 6, "the sixth ping")
+        assert samples[-1][1] == pytest.approx(300.0)
     finally:
         task.cancel()
