@@ -89,16 +89,21 @@ def read_range(
     entries_max: int = limits.batch_entries_max,
     bytes_max: int = limits.batch_bytes_max,
 ) -> tuple[list[Entry], int, dict[str, Any], int]:
-    """The store's state as of the end of the longest piece of ``(after, upto]`` that fits one
-    ``BATCH`` frame: at most ``entries_max`` entries and ``bytes_max`` payload bytes (the bounds of
-    one commit; ``limits.frame_bytes_max`` leaves room for their framing). A piece ends only at a
+    """The longest piece of ``(after, upto]`` that fits one ``BATCH`` frame: at most
+    ``entries_max`` entries and ``bytes_max`` payload bytes (the bounds of one commit;
+    ``limits.frame_bytes_max`` leaves room for their framing), with every version in it except
+    those superseded at or below the store's window floor (``last_seq - rollback_window_seqs``):
+    the downstream's store then holds what this one does for every seq of the window, so a
+    consumer snapshot there as of a commit point inside the piece, or a rollback into it, sees
+    what it would see here (docs/replication-protocol.md, "BATCH"). A piece ends only at a
     commit boundary, found from the commit-end flags of every version in the range (superseded
     entries and compaction's markers included: kayos.storage.readback), so an all-or-nothing write
     is never split, even when the entry that ended it was superseded since. Returns the entries,
     the last seq the piece covers, the snapshot's metadata and its boundary."""
     with store.snapshot() as snap:
+        floor = snap.boundary - store.options.rollback_window_seqs
         entries, covered = read_back(
-            snap, after, upto, entries_max=entries_max, bytes_max=bytes_max
+            snap, after, upto, floor=floor, entries_max=entries_max, bytes_max=bytes_max
         )
         return entries, covered, snap.meta, snap.boundary
 

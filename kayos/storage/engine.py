@@ -1456,6 +1456,7 @@ class Snapshot:
         now_ms: int | None = None,
         include_expired: bool = False,
         as_of: int | None = None,
+        superseded_floor: int | None = None,
     ) -> Iterator[list[Entry]]:
         """Pages of the live entries with ``after_seq < seq <= upto_seq`` as of this snapshot,
         in seq order. Deletes are included (consumers apply them); expired entries are not.
@@ -1463,12 +1464,19 @@ class Snapshot:
         ``as_of`` (at most the boundary) reads the versions that were current at that earlier
         seq instead: a consumer paging through ``(hwm, B]`` over several requests passes
         ``as_of=B`` and gets one consistent view even from newer snapshots, as long as the
-        versions superseded since B are still in the file (the rollback window keeps them).
+        versions superseded since B are still in the file (the rollback window keeps them, and
+        a link's read-back sends them: kayos.storage.readback).
+
+        ``superseded_floor`` (a read-back piece's) leaves out only the versions superseded at or
+        below it (and at or below the read's boundary): every version superseded later is
+        included, as compaction keeps it.
 
         Refuses a ``page_entries`` below 1 when called (no page could ever be handed out)."""
         if page_entries < 1:
             raise InvalidRequest(f"page_entries must be at least 1, not {page_entries}")
-        return self._pages(after_seq, upto_seq, page_entries, now_ms, include_expired, as_of)
+        return self._pages(
+            after_seq, upto_seq, page_entries, now_ms, include_expired, as_of, superseded_floor
+        )
 
     def _pages(
         self,
@@ -1478,11 +1486,14 @@ class Snapshot:
         now_ms: int | None,
         include_expired: bool,
         as_of: int | None,
+        superseded_floor: int | None,
     ) -> Iterator[list[Entry]]:
         data_file = self._check()
         reader = data_file.reader
         boundary = self.boundary if as_of is None else min(as_of, self.boundary)
         upto = boundary if upto_seq is None else min(upto_seq, boundary)
+        # A version whose successor is at or below this is left out.
+        hidden_through = boundary if superseded_floor is None else min(superseded_floor, boundary)
         if now_ms is None:
             now_ms = int(self._store.clock.now_s() * 1000)
         skip_expired = not include_expired
@@ -1509,7 +1520,7 @@ class Snapshot:
                 headers,
                 strict=False,
             ):
-                if successor and successor <= boundary:
+                if successor and successor <= hidden_through:
                     continue
                 if expiry and skip_expired and expiry <= now_ms:
                     continue

@@ -2,7 +2,9 @@
 boundaries"): a link reading a range back in frame-sized pieces cuts only where a commit ended,
 even when the entry that ended it was superseded later, after a reopen, after compaction (which
 hands the boundary on to the commit's last kept entry or to a commit-end marker), after a
-rollback, and in a file written by the version 1 code. Each piece is the state as of its end."""
+rollback, and in a file written by the version 1 code. A piece holds every version except those
+superseded at or below the store's window floor (docs/replication-protocol.md, "BATCH"); with a
+window of 0 that is the state as of the piece's end, which most tests here read."""
 
 from __future__ import annotations
 
@@ -72,6 +74,14 @@ def two_transactions_then_supersede(store: ShardStore) -> None:
 def test_a_superseded_commit_end_still_bounds_the_pieces(tmp_path: Path) -> None:
     store = open_store(tmp_path / "s")
     two_transactions_then_supersede(store)
+    # Within the window every version goes down; the pieces still end at commit boundaries.
+    assert pieces(store, entries_max=7) == [
+        [1, 2, 3, 4, 5, -5],
+        [6, 7, 8, 9, 10, 11, -11],
+        [12, 13, -13],
+    ]
+    store.close()
+    store = open_store(tmp_path / "s", window=0)
     # A piece of at most 7 entries: the old rule found no visible end among seqs 1-4, 6-8 and
     # cut at the bound, inside B. Now the piece ends at A's end (5) and holds A as of 5, the
     # superseded a2 and a4 versions included.
@@ -81,7 +91,7 @@ def test_a_superseded_commit_end_still_bounds_the_pieces(tmp_path: Path) -> None
     # Whole: the state as of the end, superseded versions left out.
     assert pieces(store, entries_max=100) == [[1, 2, 4, 6, 7, 8, 9, 11, 12, 13, -13]]
     store.close()
-    store = open_store(tmp_path / "s")  # the bounds are in the file, not in memory
+    store = open_store(tmp_path / "s", window=0)  # the bounds are in the file, not in memory
     assert pieces(store, entries_max=7) == got
     store.close()
 
@@ -90,7 +100,9 @@ def test_a_piece_holds_versions_superseded_after_its_end(tmp_path: Path) -> None
     store = open_store(tmp_path / "s")
     two_transactions_then_supersede(store)
     with store.snapshot() as snap:
-        entries, covered = read_back(snap, 0, store.last_seq, entries_max=10, bytes_max=1 << 30)
+        entries, covered = read_back(
+            snap, 0, store.last_seq, floor=store.last_seq, entries_max=10, bytes_max=1 << 30
+        )
     # Through B (10): a2 and a4 are superseded only at 11 and 13, so A is whole.
     assert covered == 10
     assert [(e.key, e.value) for e in entries[:5]] == [(b"a%d" % i, b"A") for i in range(5)]
@@ -198,7 +210,7 @@ def test_version_1_file_opens_reads_and_bounds_pieces(tmp_path: Path) -> None:
     directory = tmp_path / "s"
     os.makedirs(directory)
     shutil.copy(FIXTURE_V1, directory / "data.1.kys")
-    store = open_store(directory)
+    store = open_store(directory, window=0)  # pieces as of their ends
     assert store.last_seq == 13
     live = {e.key: e.value for e in store.scan() if not e.deleted}
     assert live == {
@@ -232,11 +244,20 @@ def test_version_1_file_opens_reads_and_bounds_pieces(tmp_path: Path) -> None:
 
 
 def test_entries_are_entries(tmp_path: Path) -> None:
-    store = open_store(tmp_path / "s")
+    store = open_store(tmp_path / "s", window=0)
     store.commit([Put(b"k", b"v"), Delete(b"k")])
     entries, covered, _, _ = read_range(store, 0, store.last_seq)
     assert covered == 2
     assert entries == [Entry(2, b"k", None, 0, None, 1, fmt.FLAG_DELETE | fmt.FLAG_BATCH_END)]
+    store.close()
+    # Within the window the superseded put goes down too.
+    store = open_store(tmp_path / "s")
+    entries, covered, _, _ = read_range(store, 0, store.last_seq)
+    assert covered == 2
+    assert entries == [
+        Entry(1, b"k", b"v", 0, None, 0, 0),
+        Entry(2, b"k", None, 0, None, 1, fmt.FLAG_DELETE | fmt.FLAG_BATCH_END),
+    ]
     store.close()
 
 

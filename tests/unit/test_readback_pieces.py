@@ -7,6 +7,7 @@ values included) until the cut: 400k versions of 10 keys peaked at ~140 MB for a
 
 from __future__ import annotations
 
+import itertools
 import random
 import tracemalloc
 from pathlib import Path
@@ -42,7 +43,12 @@ def test_memory_follows_the_piece_not_the_range(tmp_path: Path) -> None:
         tracemalloc.start()
         try:
             entries, covered = read_back(
-                snap, 0, store.last_seq, entries_max=1_000, bytes_max=1 << 30
+                snap,
+                0,
+                store.last_seq,
+                floor=store.last_seq,
+                entries_max=1_000,
+                bytes_max=1 << 30,
             )
             _, peak = tracemalloc.get_traced_memory()
         finally:
@@ -55,16 +61,16 @@ def test_memory_follows_the_piece_not_the_range(tmp_path: Path) -> None:
     store.close()
 
 
-def reference_piece(snap: Snapshot, after: int, end: int) -> list[Entry]:
+def reference_piece(snap: Snapshot, after: int, end: int, floor: int) -> list[Entry]:
     """The piece's meaning, spelled out: every version in ``(after, end]`` (markers are not
-    versions) that no version in ``(after, end]`` supersedes, its value read."""
+    versions) that no version in ``(after, min(end, floor)]`` supersedes, its value read."""
     versions = [
         (leaf, index)
         for leaf in snap.leaves(after, end)
         for index, (seq, flag) in enumerate(zip(leaf.seqs, leaf.flags, strict=True))
         if after < seq <= end and not flag & fmt.FLAG_COMMIT_MARKER
     ]
-    superseded = {leaf.prevs[index] for leaf, index in versions}
+    superseded = {leaf.prevs[index] for leaf, index in versions if leaf.seqs[index] <= floor}
     return [
         snap.entry_at(leaf, index) for leaf, index in versions if leaf.seqs[index] not in superseded
     ]
@@ -97,14 +103,24 @@ def test_pieces_are_the_state_as_of_their_cut(tmp_path: Path) -> None:
             for flag in leaf.flags
         )
     print(f"{markers} commit-end markers")
-    for entries_max, bytes_max in ((7, 1 << 30), (40, 1 << 30), (1_000, 20_000), (10_000, 1 << 30)):
+    bounds = ((7, 1 << 30), (40, 1 << 30), (1_000, 20_000), (10_000, 1 << 30))
+    # The floor at the end: the state as of each cut; inside the range: what a link sends, every
+    # version superseded above its window floor kept (docs/replication-protocol.md, "BATCH").
+    floors = (store.last_seq, store.last_seq - 50, store.last_seq // 2, 0)
+    for (entries_max, bytes_max), floor in itertools.product(bounds, floors):
         after = 0
         while after < store.last_seq:
             with store.snapshot() as snap:
                 entries, covered = read_back(
-                    snap, after, snap.boundary, entries_max=entries_max, bytes_max=bytes_max
+                    snap,
+                    after,
+                    snap.boundary,
+                    floor=floor,
+                    entries_max=entries_max,
+                    bytes_max=bytes_max,
                 )
                 assert covered > after
-                assert entries == reference_piece(snap, after, covered), (entries_max, after)
+                expected = reference_piece(snap, after, covered, floor)
+                assert entries == expected, (entries_max, floor, after)
             after = covered
     store.close()
