@@ -192,10 +192,32 @@ auth_nonce_bytes = 32
 wait_committed_timeout_ms_max = 60_000
 # Learners and repair links (docs/replication-protocol.md, "Learners and repair links"): a member
 # serving one while its shard takes live writes (a batch accepted within catchup_live_window_ms)
-# spends at most this share of its time on it (a duty cycle: a pause after each piece sent), so
-# live produce throughput drops by about this share at most; an idle shard is copied at full speed.
+# starts by spending this share of its time on it (a duty cycle: a pause after each piece sent);
+# the copy pacer (kayos.replication.pacing) then moves the share by what live traffic does. An
+# idle shard is copied at full speed.
 catchup_produce_share_max = 0.2
 catchup_live_window_ms = 1_000
+# The copy pacer (docs/performance.md, "Pacing a copy"): live entries committed through the serving
+# member per copy_pace_window_ms, against the median of its last copy_pace_baseline_windows
+# windows before the copy, may drop by at most this fraction (issue 11: produce drops <= 20% during
+# a catch-up; issue 13: >= 80% of it during a move) before the copy's share is cut.
+catchup_produce_drop_max = 0.2
+# One pacer window in ms: long enough to hold many live commits at a few hundred acks/s (a rate
+# over fewer is noise), short enough that a copy hurting live traffic is cut within about a second.
+copy_pace_window_ms = 1_000
+# Windows (of copy_pace_window_ms) whose median live rate is the baseline taken before a copy: the
+# median of ten 1 s windows, as the single 5 s mean ranged 154-627 acks/s on a shared box.
+copy_pace_baseline_windows = 10
+# The share of the serving member's time a copy may take while live traffic flows, in (0, 1]: the
+# floor (a copy always moves: at 0.01 a 1 GB catch-up took minutes, docs/performance.md) and the
+# ceiling (live batches keep at least half the member's time however well they do).
+copy_pace_share_min = 0.01
+copy_pace_share_max = 0.5
+# AIMD: per window within the drop the share grows by this much (additive, a share); per window
+# past it the share is multiplied by copy_pace_cut (so a cut from the ceiling reaches the floor in
+# about 6 windows and the growth back takes ~25 s).
+copy_pace_step = 0.02
+copy_pace_cut = 0.5
 # A learner or repair link reads back pieces of at most this many payload bytes (a chain link:
 # batch_bytes_max): each is one commit and fsync downstream, and a short one delays the chain's
 # own fsyncs on a shared disk less; 4 MiB is still thousands of small entries per frame.
@@ -212,8 +234,9 @@ snapshot_chunks_queued_max = 4
 # goes instead of in one long final sync, and writing never stops for a sync (measured: 1 GiB in
 # 4 MiB writes took 0.4 s so against 0.5-2.5 s with a sync waited for every 256 MiB).
 snapshot_sync_bytes = 64 * 1024 * 1024
-# While its shard takes live writes, a member serving a store snapshot spends at most this share of
-# its time on it (the learner link's duty cycle, chain.copy_pause_s). Lower than
+# While its shard takes live writes, a member serving a store snapshot starts by spending this share
+# of its time on it (the learner link's duty cycle, chain.copy_pause_s; the copy pacer moves it
+# between copy_pace_share_min and copy_pace_share_max from there). Lower than
 # catchup_produce_share_max: a snapshot moves far more bytes per unit of the member's time, and
 # the learner's writes and CPU land on the same machine and disk (measured: at 0.2 live produce
 # dropped by 0.35 on a shared 2-core box, docs/performance.md). Moves onto an added node measured
@@ -245,6 +268,14 @@ assert wait_committed_timeout_ms_max < 2**32, "WAIT_COMMITTED's timeout field is
 assert 0 < catchup_produce_share_max <= 1
 assert 0 < catchup_piece_bytes_max <= batch_bytes_max
 assert catchup_live_window_ms > 0
+assert 0 <= catchup_produce_drop_max < 1
+assert copy_pace_window_ms > 0
+assert copy_pace_baseline_windows >= 1
+assert 0 < copy_pace_share_min <= copy_pace_share_max <= 1
+assert copy_pace_share_min <= catchup_produce_share_max <= copy_pace_share_max
+assert copy_pace_share_min <= snapshot_produce_share_max <= copy_pace_share_max
+assert copy_pace_step > 0
+assert 0 < copy_pace_cut < 1
 assert salvage_rounds_max >= 1
 assert 0 < snapshot_chunk_bytes_max + 1024 <= frame_bytes_max
 assert snapshot_attempts_max >= 1

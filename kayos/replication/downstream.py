@@ -22,7 +22,7 @@ from kayos.errors import (
     UnavailableError,
     WrongRoleError,
 )
-from kayos.replication import chain, liveness
+from kayos.replication import chain, liveness, pacing
 from kayos.replication import frames as fr
 from kayos.replication.replica import (
     _LOCAL_META_PREFIXES,
@@ -272,9 +272,19 @@ class _LinkSender:
         self.replica = replica
         self.stream = stream
         self.sent = sent
-        # A learner or repair link: its read-backs take at most a share of the time while the
-        # shard takes live writes (limits.catchup_produce_share_max).
+        # A learner or repair link: its read-backs take a share of the time, set by a copy pacer,
+        # while the shard takes live writes (limits.catchup_produce_share_max to start).
         self.throttled = throttled
+        self.pacer = (
+            pacing.CopyPacer(
+                f"shard {replica.shard_id}: copy link",
+                replica.clock,
+                replica.live_rate,
+                limits.catchup_produce_share_max,
+            )
+            if throttled
+            else None
+        )
         self.window = chain.LinkWindow()
         self.acked = Pulse()
         # None until the link's first batch, which is read from the store and carries all of it.
@@ -361,15 +371,8 @@ class _LinkSender:
                     changes = None  # an empty map only marks a link's first batch
                 self.meta_sent = dict(meta)
                 self._send(build_batch(replica.shard_id, self.sent + 1, covered, entries, changes))
-                if self.throttled:
-                    busy_s = time.perf_counter() - started
-                    live = replica.clock.monotonic_s() - replica.live_at_s
-                    pause_s = chain.copy_pause_s(
-                        busy_s,
-                        live_s_ago=live,
-                        live_window_s=limits.catchup_live_window_ms / 1000,
-                        share=limits.catchup_produce_share_max,
-                    )
+                if self.pacer is not None:
+                    pause_s = self.pacer.decide(time.perf_counter() - started)
                     if pause_s > 0:
                         await self.stream.drain()
                         await asyncio.sleep(pause_s)

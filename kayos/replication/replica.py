@@ -47,7 +47,7 @@ from kayos.errors import (
     WrongRoleError,
     error_from_code,
 )
-from kayos.replication import chain, followers, liveness, timeindex
+from kayos.replication import chain, followers, liveness, pacing, timeindex
 from kayos.replication import frames as fr
 from kayos.storage import CommitResult, ShardStore
 from kayos.storage.engine import prepare_columns
@@ -385,6 +385,8 @@ class ShardReplica:
         self.copy_links: set[str] = set()
         # When a live batch was last accepted (monotonic s): a learner link is throttled then.
         self.live_at_s = -1e18
+        # Live entries through this member: what the copy pacer watches (kayos.replication.pacing).
+        self.live_rate = pacing.LiveRate()
         # Catch-up followers counted in this member's commit, as recorded in its store (a
         # restart keeps them; only the manager's word ends a count), and those counted but not
         # recorded yet (docs/replication-protocol.md, "Counting a catch-up follower").
@@ -567,6 +569,7 @@ class ShardReplica:
         not ``live`` (an old one, caught up on) gets no time in the time index."""
         if live:
             self.live_at_s = self.clock.monotonic_s()
+            self.live_rate.note(self.live_at_s, len(batch.seqs))
             self.time_index.note(batch.first_seq, batch.last_seq, self.clock.now_s())
         else:
             self.time_index.unknown_from(batch.first_seq, batch.last_seq)

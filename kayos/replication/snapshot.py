@@ -27,8 +27,8 @@ from kayos.errors import (
     ReplicationError,
     UnavailableError,
 )
-from kayos.replication import chain
 from kayos.replication import frames as fr
+from kayos.replication import pacing
 from kayos.storage import engine
 from kayos.storage import format as fmt
 from kayos.storage.fileops import FileOps, OsFileOps
@@ -53,7 +53,7 @@ class SnapshotSource(Protocol):
     store: engine.ShardStore
     catching_up: bool
     repairing: bool
-    live_at_s: float
+    live_rate: pacing.LiveRate
     clock: Clock
 
     @property
@@ -79,6 +79,12 @@ async def serve_snapshot(
             f"{replica.node_id} is catching up on shard {replica.shard_id}; retry later"
         )
     data_file, header, end = replica.store.pin_prefix()
+    pacer = pacing.CopyPacer(
+        f"shard {replica.shard_id}: snapshot",
+        replica.clock,
+        replica.live_rate,
+        limits.snapshot_produce_share_max,
+    )
     try:
         crc = 0
         offset = 0
@@ -96,15 +102,7 @@ async def serve_snapshot(
             stream.send(fr.SnapshotChunk(replica.shard_id, offset, data))
             offset += size
             await stream.drain()
-            live_s_ago = replica.clock.monotonic_s() - replica.live_at_s
-            pause_s = chain.copy_pause_s(
-                time.perf_counter() - started,
-                live_s_ago=live_s_ago,
-                live_window_s=limits.catchup_live_window_ms / 1000,
-                share=limits.snapshot_produce_share_max,
-            )
-            if pause_s > 0:
-                await asyncio.sleep(pause_s)
+            await pacer.after_piece(time.perf_counter() - started)
         stream.send(
             fr.SnapshotEnd(replica.shard_id, end, crc, data_file.generation, header.last_seq)
         )
@@ -112,10 +110,12 @@ async def serve_snapshot(
     finally:
         data_file.release()
     log.info(
-        "shard %s: sent a snapshot of %d bytes through seq %s",
+        "shard %s: sent a snapshot of %d bytes through seq %s (paused %.1f s, end share %.3f)",
         replica.shard_id,
         end,
         header.last_seq,
+        pacer.paused_s,
+        pacer.state.share,
     )
     return end
 

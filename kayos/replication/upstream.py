@@ -26,7 +26,7 @@ from kayos.errors import (
     RollbackTooFarError,
 )
 from kayos.replication import auth as link_auth
-from kayos.replication import chain, handshake, liveness
+from kayos.replication import chain, handshake, liveness, pacing
 from kayos.replication import frames as fr
 from kayos.replication.replica import (
     _LOCAL_META_PREFIXES,
@@ -257,6 +257,7 @@ class UpstreamLink:
         applier.add_done_callback(_close_with(stream))
         expected = replica.store.last_seq + 1
         first_batch = True
+        point_heard = catch_up_target  # live entries are those the chain commits past it
         try:
             while True:
                 frame = await recv_or_companion_failure(stream, applier)
@@ -283,9 +284,12 @@ class UpstreamLink:
                     )
                     batches.put_nowait(frame)
                 elif isinstance(frame, fr.CommitPoint):
-                    if self.copy and frame.committed_seq > catch_up_target:
-                        # The chain above commits anew: it takes live writes (the copy throttles).
+                    if self.copy and frame.committed_seq > point_heard:
+                        # The chain above commits anew: it takes live writes (the copy is paced
+                        # by how many).
                         replica.live_at_s = replica.clock.monotonic_s()
+                        replica.live_rate.note(replica.live_at_s, frame.committed_seq - point_heard)
+                        point_heard = frame.committed_seq
                     replica.link_point_heard = True
                     replica.downstream_event(chain.UpstreamCommitPoint(frame.committed_seq))
                     replica.changed.notify()
@@ -318,6 +322,16 @@ class UpstreamLink:
         # first.
         carried: fr.Batch | None = None
         decode_seen_s = 0.0
+        pacer = (
+            pacing.CopyPacer(
+                f"shard {replica.shard_id}: catch-up commits",
+                replica.clock,
+                replica.live_rate,
+                limits.catchup_produce_share_max,
+            )
+            if self.copy
+            else None
+        )
         while True:
             first = carried if carried is not None else await batches.get()
             carried = None
@@ -344,19 +358,12 @@ class UpstreamLink:
             started = time.perf_counter()
             await replica.timed_commit(columns, inline=batches.empty(), **options)
             stream = replica.upstream_stream
-            if self.copy and replica.catching_up and stream is not None:
+            if pacer is not None and replica.catching_up and stream is not None:
                 # A copy's own work (decoding, committing) competes with the chain for the
-                # machine too: while it catches up on a shard taking live writes, it takes at
-                # most a share.
+                # machine too: while it catches up on a shard taking live writes, it takes a
+                # share set by the pacer from the commits it hears of.
                 decoded_s, decode_seen_s = stream.decode_s - decode_seen_s, stream.decode_s
-                pause_s = chain.copy_pause_s(
-                    time.perf_counter() - started + decoded_s,
-                    live_s_ago=replica.clock.monotonic_s() - replica.live_at_s,
-                    live_window_s=limits.catchup_live_window_ms / 1000,
-                    share=limits.catchup_produce_share_max,
-                )
-                if pause_s > 0:
-                    await asyncio.sleep(pause_s)
+                await pacer.after_piece(time.perf_counter() - started + decoded_s)
             last_entry = max((b.seqs[-1] for b in group if b.seqs), default=0)
             replica.last_entry_seq = max(replica.last_entry_seq, last_entry)
             if replica.catching_up and replica.store.last_seq >= catch_up_target:

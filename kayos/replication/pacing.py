@@ -1,0 +1,194 @@
+"""The copy pacer (docs/performance.md, "Pacing a copy"): how much of a member's time a copy (a
+store snapshot, a learner or repair link, a learner's own catch-up commits) may take while its shard
+takes live writes.
+
+What it watches: the live entries committed through this member (``LiveRate``, fed where a replica
+accepts a live batch, or where a learner hears its upstream's commit point move). On a chain every
+acknowledged write passes through every member, so this count is the producers' acks as this
+member sees them, it costs one addition per batch, and it needs nothing from other nodes. Its
+baseline is the median of the last ``copy_pace_baseline_windows`` one-window rates before the copy.
+
+The rule (AIMD, per ``copy_pace_window_ms``): while the live rate stays within
+``catchup_produce_drop_max`` of the baseline, the copy's share grows by ``copy_pace_step`` up to
+``copy_pace_share_max``; when it does not, the share is multiplied by ``copy_pace_cut`` down to
+``copy_pace_share_min``. With no live batch within ``catchup_live_window_ms`` the copy is not
+paused at all.
+
+``step(state, event) -> (state, actions)`` is pure (the caller passes the time); ``CopyPacer`` is
+the thin asyncio driver the copy loops call after each piece.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+from kayos import limits
+from kayos.clock import Clock
+from kayos.replication import chain
+
+log = logging.getLogger("kayos.replication")
+
+
+# --- what the member counts ---------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class LiveRate:
+    """Live entries committed through a member: a running total and the counts of the last
+    ``copy_pace_baseline_windows`` whole windows (``copy_pace_window_ms`` each)."""
+
+    total: int = 0
+    at_s: float = -1e18  # when a live entry was last counted (monotonic s)
+    _window: int = 0  # index of the window being counted
+    _count: int = 0
+    _done: deque[tuple[int, int]] = field(default_factory=deque)
+
+    def note(self, now_s: float, entries: int) -> None:
+        self.total += entries
+        self.at_s = now_s
+        index = int(now_s * 1000 // limits.copy_pace_window_ms)
+        if index != self._window:
+            if self._count:
+                self._done.append((self._window, self._count))
+                if len(self._done) > limits.copy_pace_baseline_windows:
+                    self._done.popleft()
+            self._window, self._count = index, 0
+        self._count += entries
+
+    def baseline_per_s(self, now_s: float) -> float:
+        """The median live rate (entries/s) of the last ``copy_pace_baseline_windows`` whole
+        windows before ``now_s`` (a window with nothing counted counts as 0)."""
+        current = int(now_s * 1000 // limits.copy_pace_window_ms)
+        counts = dict(self._done)
+        if self._window < current and self._count:
+            counts[self._window] = self._count
+        first = current - limits.copy_pace_baseline_windows
+        rates = [counts.get(i, 0) for i in range(first, current)]
+        return statistics.median(rates) * 1000 / limits.copy_pace_window_ms
+
+
+# --- the pure pacer -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PacerState:
+    """``share``: of the member's time the copy may take while live traffic flows;
+    ``baseline_per_s``: live entries/s before the copy (0: none seen, the first window with
+    traffic becomes it); the window being measured starts at ``window_start_s`` with the live
+    total at ``window_start_total``."""
+
+    share: float
+    baseline_per_s: float
+    window_start_s: float
+    window_start_total: int
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """The copy did ``busy_s`` of work (read, send, or commit one piece) and it is ``now_s``; the
+    member's live total is ``live_total`` and its last live entry came ``live_s_ago``."""
+
+    now_s: float
+    busy_s: float
+    live_total: int
+    live_s_ago: float
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class ShareChanged:
+    """For the log: the window's live rate against the baseline, and the share it led to."""
+
+    share: float
+    rate_per_s: float
+    baseline_per_s: float
+
+
+PacerAction: TypeAlias = Pause | ShareChanged
+
+
+def start(now_s: float, share: float, baseline_per_s: float, live_total: int) -> PacerState:
+    share = min(max(share, limits.copy_pace_share_min), limits.copy_pace_share_max)
+    return PacerState(share, baseline_per_s, now_s, live_total)
+
+
+def step(state: PacerState, event: Piece) -> tuple[PacerState, list[PacerAction]]:
+    actions: list[PacerAction] = []
+    elapsed_s = event.now_s - state.window_start_s
+    if elapsed_s * 1000 >= limits.copy_pace_window_ms:
+        rate = (event.live_total - state.window_start_total) / elapsed_s
+        share, baseline = state.share, state.baseline_per_s
+        if rate > 0:
+            if baseline <= 0:
+                baseline = rate  # traffic began during the copy: judged against its first window
+            elif rate >= (1 - limits.catchup_produce_drop_max) * baseline:
+                share = min(limits.copy_pace_share_max, share + limits.copy_pace_step)
+            else:
+                share = max(limits.copy_pace_share_min, share * limits.copy_pace_cut)
+        state = PacerState(share, baseline, event.now_s, event.live_total)
+        if rate > 0:
+            actions.append(ShareChanged(share, rate, baseline))
+    pause_s = chain.copy_pause_s(
+        event.busy_s,
+        live_s_ago=event.live_s_ago,
+        live_window_s=limits.catchup_live_window_ms / 1000,
+        share=state.share,
+    )
+    if pause_s > 0:
+        actions.append(Pause(pause_s))
+    return state, actions
+
+
+# --- the driver ---------------------------------------------------------------------------------
+
+
+class CopyPacer:
+    """Paces one copy: ``await after_piece(busy_s)`` after each piece of its work."""
+
+    def __init__(self, what: str, clock: Clock, rate: LiveRate, start_share: float) -> None:
+        self.what = what
+        self.clock = clock
+        self.rate = rate
+        now = clock.monotonic_s()
+        self.state = start(now, start_share, rate.baseline_per_s(now), rate.total)
+        self.paused_s = 0.0
+        log.info(
+            "%s: pacing from share %.3f, live baseline %.1f entries/s",
+            what,
+            self.state.share,
+            self.state.baseline_per_s,
+        )
+
+    def decide(self, busy_s: float) -> float:
+        """Steps the pacer; returns the pause due now in seconds."""
+        now = self.clock.monotonic_s()
+        event = Piece(now, busy_s, self.rate.total, now - self.rate.at_s)
+        self.state, actions = step(self.state, event)
+        pause_s = 0.0
+        for action in actions:
+            if isinstance(action, Pause):
+                pause_s = action.seconds
+            else:
+                log.debug(
+                    "%s: live %.1f/s against %.1f/s: share %.3f",
+                    self.what,
+                    action.rate_per_s,
+                    action.baseline_per_s,
+                    action.share,
+                )
+        return pause_s
+
+    async def after_piece(self, busy_s: float) -> None:
+        pause_s = self.decide(busy_s)
+        if pause_s > 0:
+            self.paused_s += pause_s
+            await asyncio.sleep(pause_s)

@@ -1,0 +1,158 @@
+"""The copy pacer's decisions (kayos.replication.pacing; docs/performance.md, "Pacing a copy"):
+transcripts of (state, event) -> (state, actions) with the time given, and the live-rate counter
+it reads its baseline from."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from kayos import limits
+from kayos.replication import pacing
+from kayos.replication.pacing import Pause, Piece, ShareChanged
+
+WINDOW_S = limits.copy_pace_window_ms / 1000
+
+
+def _pauses(actions: list[pacing.PacerAction]) -> list[float]:
+    return [a.seconds for a in actions if isinstance(a, Pause)]
+
+
+def _run_windows(
+    state: pacing.PacerState, rates: list[float], busy_s: float = 0.01
+) -> tuple[pacing.PacerState, list[float]]:
+    """Feeds one piece at the end of each window, the live total having grown by ``rate`` a
+    window; returns the state and the share after each window."""
+    shares = []
+    now, total = state.window_start_s, state.window_start_total
+    for rate in rates:
+        now += WINDOW_S
+        total += int(rate * WINDOW_S)
+        state, _ = pacing.step(state, Piece(now, busy_s, total, live_s_ago=0.0))
+        shares.append(state.share)
+    return state, shares
+
+
+def test_no_live_traffic_copies_unthrottled() -> None:
+    state = pacing.start(100.0, 0.05, baseline_per_s=0.0, live_total=0)
+    # Nothing live within catchup_live_window_ms: no pause at any share.
+    later = 100.0 + limits.catchup_live_window_ms / 1000 + 0.5
+    state, actions = pacing.step(state, Piece(later, 0.2, 0, live_s_ago=50.0))
+    assert _pauses(actions) == []
+    assert state.share == 0.05  # nothing to judge: the share stays
+
+
+def test_pause_holds_the_copy_to_its_share() -> None:
+    state = pacing.start(0.0, 0.05, baseline_per_s=300.0, live_total=0)
+    _, actions = pacing.step(state, Piece(0.1, 0.02, 30, live_s_ago=0.01))
+    [pause] = _pauses(actions)
+    assert 0.02 / (0.02 + pause) == pytest.approx(0.05)
+
+
+def test_grows_additively_while_live_traffic_holds() -> None:
+    state = pacing.start(0.0, 0.05, baseline_per_s=300.0, live_total=0)
+    # 250/s is within 20% of 300/s: the share grows a step a window, up to the ceiling.
+    state, shares = _run_windows(state, [250.0] * 40)
+    assert shares[:3] == pytest.approx([0.05 + limits.copy_pace_step * k for k in (1, 2, 3)])
+    assert max(shares) == limits.copy_pace_share_max
+    assert state.share == limits.copy_pace_share_max
+
+
+def test_cuts_multiplicatively_when_live_traffic_drops() -> None:
+    state = pacing.start(0.0, 0.4, baseline_per_s=300.0, live_total=0)
+    # 200/s is a drop of a third (> 0.2): halve per window, down to the floor and no lower.
+    state, shares = _run_windows(state, [200.0] * 12)
+    assert shares[:2] == pytest.approx([0.4 * limits.copy_pace_cut, 0.4 * limits.copy_pace_cut**2])
+    assert min(shares) == limits.copy_pace_share_min
+    # Traffic recovers: growth resumes from the floor.
+    state, shares = _run_windows(state, [300.0])
+    assert shares == pytest.approx([limits.copy_pace_share_min + limits.copy_pace_step])
+
+
+def test_drop_bound_is_the_limit() -> None:
+    baseline = 1000.0
+    edge = (1 - limits.catchup_produce_drop_max) * baseline
+    state = pacing.start(0.0, 0.1, baseline_per_s=baseline, live_total=0)
+    _, grown = _run_windows(state, [edge + 1])
+    _, cut = _run_windows(state, [edge - 2])
+    assert grown[0] > 0.1 > cut[0]
+
+
+def test_window_is_judged_only_once_whole() -> None:
+    state = pacing.start(0.0, 0.1, baseline_per_s=300.0, live_total=0)
+    half = WINDOW_S / 2
+    state, actions = pacing.step(state, Piece(half, 0.01, 10, live_s_ago=0.0))
+    assert state.share == 0.1
+    assert not [a for a in actions if isinstance(a, ShareChanged)]
+    state, actions = pacing.step(state, Piece(WINDOW_S, 0.01, 20, live_s_ago=0.0))
+    [changed] = [a for a in actions if isinstance(a, ShareChanged)]
+    assert changed.rate_per_s == pytest.approx(20 / WINDOW_S)
+    assert state.share < 0.1
+
+
+def test_traffic_starting_during_the_copy_becomes_the_baseline() -> None:
+    state = pacing.start(0.0, 0.05, baseline_per_s=0.0, live_total=0)
+    state, shares = _run_windows(state, [400.0])
+    assert state.baseline_per_s == pytest.approx(400.0)
+    assert shares == [0.05]
+    state, shares = _run_windows(state, [390.0, 100.0])
+    grown = 0.05 + limits.copy_pace_step
+    assert shares == pytest.approx([grown, grown * limits.copy_pace_cut])
+
+
+def test_start_share_is_clamped_to_the_bounds() -> None:
+    assert pacing.start(0.0, 0.0, 1.0, 0).share == limits.copy_pace_share_min
+    assert pacing.start(0.0, 1.0, 1.0, 0).share == limits.copy_pace_share_max
+
+
+def test_live_rate_baseline_is_the_median_of_whole_windows() -> None:
+    rate = pacing.LiveRate()
+    n = limits.copy_pace_baseline_windows
+    # One entry batch every 10 ms: 100/s, except one burst window of 5000 entries (noise the
+    # median ignores) and the window under way (not whole, not counted).
+    for window in range(n):
+        for k in range(100):
+            rate.note(window * WINDOW_S + k * WINDOW_S / 100, 1)
+        if window == 3:
+            rate.note(window * WINDOW_S + 0.999 * WINDOW_S, 5000)
+    rate.note(n * WINDOW_S + 0.1, 10_000)
+    assert rate.baseline_per_s(n * WINDOW_S + 0.2) == pytest.approx(100 / WINDOW_S)
+    assert rate.total == 100 * n + 5000 + 10_000
+    # Long silent: the whole windows before now hold nothing.
+    assert rate.baseline_per_s(10 * n * WINDOW_S) == 0.0
+
+
+def test_live_rate_with_half_the_windows_silent() -> None:
+    rate = pacing.LiveRate()
+    n = limits.copy_pace_baseline_windows
+    for window in range(n - n // 2 + 2, n + 1):
+        rate.note(window * WINDOW_S, 50)
+    # Fewer than half the windows held anything: the median is 0 (traffic too new to judge by).
+    assert rate.baseline_per_s((n + 1) * WINDOW_S) == 0.0
+    # One more window with traffic, and half or more hold 50.
+    rate.note((n + 1) * WINDOW_S, 50)
+    assert rate.baseline_per_s((n + 2) * WINDOW_S) >= 25 / WINDOW_S
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def now_s(self) -> float:
+        return self.t
+
+    def monotonic_s(self) -> float:
+        return self.t
+
+
+def test_driver_pauses_only_while_live() -> None:
+    clock = _Clock()
+    rate = pacing.LiveRate()
+    pacer = pacing.CopyPacer("test", clock, rate, 0.25)
+    assert pacer.decide(0.1) == 0.0  # nothing live ever
+    rate.note(clock.t, 5)
+    assert pacer.decide(0.1) == pytest.approx(0.1 * 0.75 / 0.25)
+    clock.t += 10
+    asyncio.run(pacer.after_piece(0.1))  # live 10 s ago: no pause taken
+    assert pacer.paused_s == 0.0
