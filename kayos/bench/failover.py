@@ -18,12 +18,15 @@ threads then produce one 100 B message at a time with acks=all until the run end
    one) brings it back. ``catchup_mb_per_s``: its store file after the copy, over the seconds from
    its readiness until its durable seq reaches what the tail held when it started.
    ``produce_drop_during_catchup``: 1 - (acks/s during the copy) / (acks/s in the ``baseline_s``
-   just before it).
+   just before it, the median of its 1 s windows); with ``produce_rate`` (an open-loop producer,
+   ``kayos.bench.load``) 1 - (acks/s during the copy) / the offered rate. ``ack_p99_ms_before`` /
+   ``_during_catchup``: the acks' latency p99 in the same two spans.
 
 ``disk_seq_write_mb_per_s`` is measured in the same run on the same filesystem (one file of
 ``disk_probe_mb``, by default the shard's size, in 1 MiB writes, one fsync). ``repeat`` runs the
 whole scenario again on a fresh cluster; each figure is then reported as the median with its
-range.
+range. ``both_loads`` runs every repeat twice, closed loop and then open loop at ``produce_rate``:
+the closed-loop figures stay where they were, the open-loop ones go under ``open_loop``.
 """
 
 from __future__ import annotations
@@ -33,19 +36,18 @@ import shutil
 import signal
 import statistics
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from kayos import limits
 from kayos.bench.catchup import disk_seq_write_mb_per_s
+from kayos.bench.load import phase_figures, producers_for
 from kayos.bench.produce import machine_facts
 from kayos.client.sync import Client
 from kayos.control.config import Config
-from kayos.errors import KayosError
 from kayos.launcher import LocalCluster, http_json
 
 QUEUE = "failover"
@@ -75,7 +77,9 @@ class FailoverBenchParameters:
     slow_window_ms: int = limits.manager_slow_window_ms
     fill_value_bytes: int = 8000
     producers: int = 4
-    baseline_s: float = 5.0
+    baseline_s: float = 10.0
+    produce_rate: float | None = None  # msgs/s offered by open-loop producers; None: closed loop
+    both_loads: bool = False  # each run twice: closed loop, then open loop at produce_rate
     slow_stop_ms: int = 400
     slow_run_ms: int = 100
     slow_timeout_s: float = 30.0
@@ -89,6 +93,10 @@ class FailoverBenchParameters:
             raise ValueError("shard_mb, repeat and producers must be >= 1")
         if self.slow_stop_ms < 1 or self.slow_run_ms < 1:
             raise ValueError("slow_stop_ms and slow_run_ms must be >= 1")
+        if self.produce_rate is not None and self.produce_rate <= 0:
+            raise ValueError("produce_rate must be > 0 messages/s")
+        if self.both_loads and self.produce_rate is None:
+            raise ValueError("both_loads needs produce_rate (the open loop's offered rate)")
         self.manager_config().validate()
 
     def manager_config(self) -> Config:
@@ -99,57 +107,6 @@ class FailoverBenchParameters:
             slow_p99_ms=self.slow_p99_ms,
             slow_window_ms=self.slow_window_ms,
         )
-
-
-@dataclass
-class _Producers:
-    """``count`` threads producing one message at a time with acks=all, in turn to each of
-    ``queues``; each ack's call start and end are recorded (monotonic seconds)."""
-
-    urls: list[str]
-    count: int
-    queues: tuple[str, ...] = (QUEUE,)
-    calls: list[tuple[float, float]] = field(default_factory=list)
-    errors: int = 0
-    stop: threading.Event = field(default_factory=threading.Event)
-    threads: list[threading.Thread] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def start(self) -> None:
-        for index in range(self.count):
-            thread = threading.Thread(target=self._run, args=(index,), name=f"bench-p{index}")
-            thread.start()
-            self.threads.append(thread)
-
-    def _run(self, index: int) -> None:
-        with Client(self.urls, name=f"bench-failover-{index}") as client:
-            n = 0
-            while not self.stop.is_set():
-                n += 1
-                began = time.monotonic()
-                try:
-                    queue = self.queues[n % len(self.queues)]
-                    client.produce(queue, f"p{index}-{n}", "v" * 100, acks="all")
-                except KayosError:
-                    with self.lock:
-                        self.errors += 1
-                    continue
-                with self.lock:
-                    self.calls.append((began, time.monotonic()))
-
-    def finish(self, timeout_s: float) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join(timeout_s)
-
-    def acked_between(self, start: float, end: float) -> int:
-        with self.lock:
-            return sum(1 for _, acked in self.calls if start <= acked < end)
-
-    def first_begun_after(self, moment: float) -> float | None:
-        with self.lock:
-            done = [acked for began, acked in self.calls if began > moment]
-        return min(done) if done else None
 
 
 def _wait(condition: Callable[[], Any], what: str, timeout_s: float) -> Any:
@@ -250,7 +207,9 @@ def _full_again(cluster: LocalCluster, timeout_s: float) -> None:
     _wait(lambda: sorted(_chain(cluster) or []) == ["a", "b", "c"], "full replication", timeout_s)
 
 
-def _one_run(directory: str, parameters: FailoverBenchParameters) -> dict[str, Any]:
+def _one_run(
+    directory: str, parameters: FailoverBenchParameters, rate: float | None
+) -> dict[str, Any]:
     probe_mb = parameters.disk_probe_mb or max(16, parameters.shard_mb)
     disk = disk_seq_write_mb_per_s(directory, probe_mb)
     window_s = parameters.detection_window_ms / 1000
@@ -268,7 +227,7 @@ def _one_run(directory: str, parameters: FailoverBenchParameters) -> dict[str, A
         urls = list(cluster.urls.values())
         _fill(urls, parameters.shard_mb, parameters.fill_value_bytes)
         cluster.wait_replicated(step)
-        producers = _Producers(urls, parameters.producers)
+        producers = producers_for(urls, parameters.producers, (QUEUE,), rate)
         producers.start()
         try:
             _wait(lambda: producers.acked_between(0, time.monotonic()) > 0, "first acks", step)
@@ -312,19 +271,18 @@ def _one_run(directory: str, parameters: FailoverBenchParameters) -> dict[str, A
             )
             copy_s = caught - ready
             shard_mb = _file_mb(cluster, victim)
-            rate_before = producers.acked_between(baseline_start, baseline_end) / (
-                baseline_end - baseline_start
-            )
-            rate_during = producers.acked_between(ready, caught) / copy_s
+            load = phase_figures(producers, (baseline_start, baseline_end), (ready, caught))
             figures["catchup_mb_per_s"] = round(shard_mb / copy_s, 1)
             figures["catchup_shard_mb"] = round(shard_mb, 1)
             figures["catchup_s"] = round(copy_s, 2)
             figures["catchup_node_start_s"] = round(ready - started, 2)
-            figures["produce_acks_per_s_before_catchup"] = round(rate_before, 1)
-            figures["produce_acks_per_s_during_catchup"] = round(rate_during, 1)
-            figures["produce_drop_during_catchup"] = (
-                round(1 - rate_during / rate_before, 3) if rate_before > 0 else None
-            )
+            figures["load"] = load["load"]
+            figures["produce_offered_per_s"] = load["produce_offered_per_s"]
+            figures["produce_acks_per_s_before_catchup"] = load["produce_acks_per_s_before"]
+            figures["produce_acks_per_s_during_catchup"] = load["produce_acks_per_s_during"]
+            figures["produce_drop_during_catchup"] = load["produce_drop"]
+            figures["ack_p99_ms_before_catchup"] = load["ack_p99_ms_before"]
+            figures["ack_p99_ms_during_catchup"] = load["ack_p99_ms_during"]
             _full_again(cluster, step)
         finally:
             producers.finish(step)
@@ -376,22 +334,39 @@ def bench_failover(parameters: FailoverBenchParameters, base: str | None = None)
     """Runs the scenario ``parameters.repeat`` times; returns the figures (medians when repeated),
     their ranges, the targets and whether each is met, and every run's figures."""
     root = base or tempfile.mkdtemp(prefix="kayos-bench-failover-")
+    rates = [None, parameters.produce_rate] if parameters.both_loads else [parameters.produce_rate]
     runs: list[dict[str, Any]] = []
     try:
         for index in range(parameters.repeat):
-            directory = os.path.join(root, f"run-{index}")
-            os.makedirs(directory, exist_ok=True)
-            try:
-                runs.append(_one_run(directory, parameters))
-            finally:
-                if base is not None:  # a directory the caller chose: keep the processes' logs
-                    logs = os.path.join(directory, "cluster", "logs")
-                    if os.path.isdir(logs):
-                        shutil.copytree(logs, os.path.join(root, f"run-{index}-logs"))
-                shutil.rmtree(directory, ignore_errors=True)
+            for kind, rate in enumerate(rates):
+                name = f"run-{index}" + ("-open" if kind else "")
+                directory = os.path.join(root, name)
+                os.makedirs(directory, exist_ok=True)
+                try:
+                    runs.append(_one_run(directory, parameters, rate))
+                finally:
+                    if base is not None:  # a directory the caller chose: keep the processes' logs
+                        logs = os.path.join(directory, "cluster", "logs")
+                        if os.path.isdir(logs):
+                            shutil.copytree(logs, os.path.join(root, f"{name}-logs"))
+                    shutil.rmtree(directory, ignore_errors=True)
     finally:
         if base is None:
             shutil.rmtree(root, ignore_errors=True)
+    first = [run for run in runs if run["produce_offered_per_s"] == rates[0]]
+    result = _summary(first, parameters)
+    if parameters.both_loads:
+        result["open_loop"] = _summary(
+            [run for run in runs if run["produce_offered_per_s"] is not None], parameters
+        )
+    result["runs"] = runs
+    result["parameters"] = asdict(parameters)
+    result["machine"] = machine_facts()
+    return result
+
+
+def _summary(runs: list[dict[str, Any]], parameters: FailoverBenchParameters) -> dict[str, Any]:
+    """The figures of ``runs`` (of one kind of load): medians, ranges, targets."""
     ranges = {name: _spread([run[name] for run in runs]) for name in FIGURES}
     window_s = parameters.detection_window_ms / 1000
     result: dict[str, Any] = {name: ranges[name]["median"] for name in FIGURES}
@@ -402,7 +377,13 @@ def bench_failover(parameters: FailoverBenchParameters, base: str | None = None)
     result["shard_mb_requested"] = parameters.shard_mb
     result["targets"] = _targets(result, window_s)
     result["ranges"] = ranges
-    result["runs"] = runs
-    result["parameters"] = asdict(parameters)
-    result["machine"] = machine_facts()
+    for name in ("load", "produce_offered_per_s"):
+        result[name] = runs[0][name]
+    for name in (
+        "produce_acks_per_s_before_catchup",
+        "produce_acks_per_s_during_catchup",
+        "ack_p99_ms_before_catchup",
+        "ack_p99_ms_during_catchup",
+    ):
+        result[name] = _spread([run[name] for run in runs])["median"]
     return result

@@ -15,11 +15,16 @@ operator would), then, in order:
    ``produce_msgs_per_s_during`` (acks in that window over its length), ``moves``.
 3. **after**: ``after_s`` more: ``produce_msgs_per_s_after``.
 
-``produce_during_share`` is during / before (issue 13's target: at least
-``PRODUCE_DURING_SHARE_TARGET``). ``bytes_copied`` is what d's data directory holds on disk after
-the moves (allocated blocks: store files are sparse); d held nothing before, so it is the copy.
-``longest_ack_gap_s_before`` / ``_during``: the longest stretch with no ack at all (a chain
-change stalls a shard's producers while they find its new head). ``min_replicas_seen`` is the
+``produce_msgs_per_s_before`` is the median of the phase's 1 s windows. With ``produce_rate``
+the producers are open loop (``kayos.bench.load``: messages due at that offered rate, latency from
+when each was due). ``produce_during_share`` is during / before, or during / offered with an open
+loop (issue 13's target: at least ``PRODUCE_DURING_SHARE_TARGET``); ``ack_p99_ms_before`` /
+``_during``: the acks' latency p99 in each phase. ``both_loads`` runs the whole bench twice, closed
+loop then open loop; the open loop's figures go under ``open_loop``. ``bytes_copied`` is what d's
+data directory holds on disk after the moves (allocated blocks: store files are sparse); d held
+nothing before, so it is the copy. ``longest_ack_gap_s_before`` / ``_during``: the longest
+stretch with no ack at all (a chain change stalls a shard's producers while they find its new
+head). ``min_replicas_seen`` is the
 lowest replica count of any shard at any epoch in the manager's log of changes
 (GET /v1/manager/changes) from the rebalance on: 3 unless a move shortened a chain.
 """
@@ -38,7 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from kayos import limits
-from kayos.bench.failover import _Producers, _wait
+from kayos.bench.failover import _wait
+from kayos.bench.load import phase_figures, producers_for
 from kayos.bench.produce import machine_facts
 from kayos.client.sync import Client
 from kayos.control.config import Config
@@ -60,6 +66,8 @@ class GrowBenchParameters:
     shard_mb: int = 64
     fill_value_bytes: int = 8000
     producers: int = 4
+    produce_rate: float | None = None  # msgs/s offered by open-loop producers; None: closed loop
+    both_loads: bool = False  # the bench twice: closed loop, then open loop at produce_rate
     warmup_s: float = 5.0
     baseline_s: float = 10.0
     after_s: float = 5.0
@@ -72,6 +80,10 @@ class GrowBenchParameters:
             raise ValueError("shard_mb must be >= 0 and producers >= 1")
         if self.baseline_s <= 0 or self.after_s < 0:
             raise ValueError("baseline_s must be > 0 and after_s >= 0")
+        if self.produce_rate is not None and self.produce_rate <= 0:
+            raise ValueError("produce_rate must be > 0 messages/s")
+        if self.both_loads and self.produce_rate is None:
+            raise ValueError("both_loads needs produce_rate (the open loop's offered rate)")
         self.manager_config().validate()
 
     def manager_config(self) -> Config:
@@ -196,7 +208,9 @@ def _fill(urls: list[str], queues: list[str], megabytes: int, value_bytes: int) 
         list(pool.map(worker, queues))
 
 
-def _run(cluster: LocalCluster, directory: Path, parameters: GrowBenchParameters) -> dict[str, Any]:
+def _run(
+    cluster: LocalCluster, directory: Path, parameters: GrowBenchParameters, offered: float | None
+) -> dict[str, Any]:
     urls = list(cluster.urls.values())
     step = parameters.step_timeout_s
     _wait(lambda: manager_status(cluster), "a manager leader", step)
@@ -204,9 +218,8 @@ def _run(cluster: LocalCluster, directory: Path, parameters: GrowBenchParameters
           parameters.fill_value_bytes)  # fmt: skip
     cluster.wait_replicated(step)
     address, node = start_outside_node(cluster, NEW_NODE, directory)
-    producers = _Producers(
-        urls, parameters.producers, tuple(queue_per_shard(cluster.topology, "grow"))
-    )
+    queues = tuple(queue_per_shard(cluster.topology, "grow"))
+    producers = producers_for(urls, parameters.producers, queues, offered)
     try:
         _wait(lambda: answers(address.http_url), f"node {NEW_NODE} answering", step)
         producers.start()
@@ -250,8 +263,8 @@ def _run(cluster: LocalCluster, directory: Path, parameters: GrowBenchParameters
         edges = [begin, *acks, end]
         return round(max(b - a for a, b in itertools.pairwise(edges)), 3)
 
-    before = rate(before_start, before_end)
-    during = rate(before_end, during_end)
+    load = phase_figures(producers, (before_start, before_end), (before_end, during_end))
+    drop = load["produce_drop"]
     replicas: dict[str, int] = {}
     assert final is not None
     for shard in final["view"]["shards"]:
@@ -259,11 +272,15 @@ def _run(cluster: LocalCluster, directory: Path, parameters: GrowBenchParameters
             replicas[member] = replicas.get(member, 0) + 1
     copied = sum(f.stat().st_blocks * 512 for f in (directory / NEW_NODE).rglob("*") if f.is_file())
     return {
-        "produce_msgs_per_s_before": before,
-        "produce_msgs_per_s_during": during,
+        "load": load["load"],
+        "produce_offered_per_s": load["produce_offered_per_s"],
+        "produce_msgs_per_s_before": load["produce_acks_per_s_before"],
+        "produce_msgs_per_s_during": load["produce_acks_per_s_during"],
         "produce_msgs_per_s_after": rate(during_end, after_end),
-        "produce_during_share": round(during / before, 3) if before else None,
+        "produce_during_share": None if drop is None else round(1 - drop, 3),
         "produce_during_share_target": PRODUCE_DURING_SHARE_TARGET,
+        "ack_p99_ms_before": load["ack_p99_ms_before"],
+        "ack_p99_ms_during": load["ack_p99_ms_during"],
         "longest_ack_gap_s_before": longest_gap(before_start, before_end),
         "longest_ack_gap_s_during": longest_gap(before_end, during_end),
         "move_s": round(during_end - before_end, 3),
@@ -277,16 +294,23 @@ def _run(cluster: LocalCluster, directory: Path, parameters: GrowBenchParameters
 
 
 def bench_grow(parameters: GrowBenchParameters, base: str | None = None) -> dict[str, Any]:
-    directory = Path(base or tempfile.mkdtemp(prefix="kayos-bench-grow-"))
+    root = Path(base or tempfile.mkdtemp(prefix="kayos-bench-grow-"))
+    rates = [None, parameters.produce_rate] if parameters.both_loads else [parameters.produce_rate]
+    results: list[dict[str, Any]] = []
     try:
-        cluster = LocalCluster(
-            directory / "cluster", nodes=3, replicas=3, shards=SHARDS, managers=3,
-            manager_config=parameters.manager_config(),
-        )  # fmt: skip
-        with cluster:
-            figures = _run(cluster, directory, parameters)
-            cluster.stop()
+        for kind, rate in enumerate(rates):
+            directory = root / "open" if kind else root
+            cluster = LocalCluster(
+                directory / "cluster", nodes=3, replicas=3, shards=SHARDS, managers=3,
+                manager_config=parameters.manager_config(),
+            )  # fmt: skip
+            with cluster:
+                results.append(_run(cluster, directory, parameters, rate))
+                cluster.stop()
     finally:
         if base is None:
-            shutil.rmtree(directory, ignore_errors=True)
+            shutil.rmtree(root, ignore_errors=True)
+    figures = results[0]
+    if parameters.both_loads:
+        figures["open_loop"] = results[1]
     return {**figures, "parameters": asdict(parameters), "machine": machine_facts()}

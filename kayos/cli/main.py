@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -191,6 +192,18 @@ def bench_produce_command(
     _bench_report(bench_produce(parameters, base), as_json, out)
 
 
+def _load_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The live-load options of the benches that measure what a copy costs."""
+    command = click.option(
+        "--both-loads", is_flag=True, help="Run closed loop, then open loop at --produce-rate."
+    )(command)
+    return click.option(
+        "--produce-rate",
+        type=float,
+        help="Open-loop producers offering this many msgs/s (drop = achieved / offered).",
+    )(command)
+
+
 @bench.command("failover")
 @click.option(
     "--shard-mb", type=int, help="Size of the shard a returning node copies.  [default: 1024]"
@@ -202,6 +215,7 @@ def bench_produce_command(
 @click.option(
     "--repeat", type=int, help="Runs, each on a fresh cluster: median and range.  [default: 1]"
 )
+@_load_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
 @click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
@@ -210,6 +224,8 @@ def bench_failover_command(
     detection_window_ms: int | None,
     slow_window_ms: int | None,
     repeat: int | None,
+    produce_rate: float | None,
+    both_loads: bool,
     as_json: bool,
     out: str | None,
     base: str | None,
@@ -218,11 +234,13 @@ def bench_failover_command(
     from kayos.bench.failover import FailoverBenchParameters, bench_failover
     from kayos.errors import KayosError
 
-    given = {
+    given: dict[str, Any] = {
         "shard_mb": shard_mb,
         "detection_window_ms": detection_window_ms,
         "slow_window_ms": slow_window_ms,
         "repeat": repeat,
+        "produce_rate": produce_rate,
+        "both_loads": both_loads or None,
     }
     try:
         parameters = FailoverBenchParameters(**{k: v for k, v in given.items() if v is not None})
@@ -235,6 +253,7 @@ def bench_failover_command(
 @click.option("--shard-mb", type=int, help="Each of the 3 shards filled to this.  [default: 64]")
 @click.option("--producers", type=int, help="acks=all producer threads.  [default: 4]")
 @click.option("--baseline-s", type=float, help="Produce alone before the move.  [default: 10]")
+@_load_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
 @click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
@@ -242,6 +261,8 @@ def bench_grow_command(
     shard_mb: int | None,
     producers: int | None,
     baseline_s: float | None,
+    produce_rate: float | None,
+    both_loads: bool,
     as_json: bool,
     out: str | None,
     base: str | None,
@@ -252,6 +273,8 @@ def bench_grow_command(
 
     given: dict[str, Any] = {"shard_mb": shard_mb, "producers": producers}
     given["baseline_s"] = baseline_s
+    given["produce_rate"] = produce_rate
+    given["both_loads"] = both_loads or None
     try:
         parameters = GrowBenchParameters(**{k: v for k, v in given.items() if v is not None})
     except (ValueError, KayosError) as exc:

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.timeout(600)
 
 WINDOW_MS = 2_000
 SHARD_MB = 4
+OFFERED = 40.0  # msgs/s of the open-loop run: far below what the cluster takes
 
 
 def test_bench_failover_json_has_every_figure(tmp_path: Path) -> None:
@@ -22,7 +23,7 @@ def test_bench_failover_json_has_every_figure(tmp_path: Path) -> None:
     command = [
         sys.executable, "-m", "kayos", "bench", "failover", "--shard-mb", str(SHARD_MB),
         "--detection-window-ms", str(WINDOW_MS), "--json", "--out", str(out),
-        "--dir", str(tmp_path / "bench"),
+        "--dir", str(tmp_path / "bench"), "--produce-rate", str(OFFERED), "--both-loads",
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=540, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -56,9 +57,21 @@ def test_bench_failover_json_has_every_figure(tmp_path: Path) -> None:
     for name, verdict in written["targets"].items():
         assert verdict["met"] in (True, False, None), name
         assert verdict["target"], name
-    (run,) = written["runs"]
-    assert run["produce_errors"] >= 0
-    assert run["produce_acks"] > 0
+    for run in written["runs"]:
+        assert run["produce_errors"] >= 0
+        assert run["produce_acks"] > 0
     for name, spread in written["ranges"].items():
         if spread["median"] is not None:
             assert spread["min"] <= spread["median"] <= spread["max"], name
+    # The closed loop's figures stay at the top; the open loop's are under open_loop.
+    assert written["load"] == "closed"
+    assert written["produce_offered_per_s"] is None
+    opened = written["open_loop"]
+    assert opened["load"] == "open"
+    assert opened["produce_offered_per_s"] == OFFERED
+    assert opened["produce_acks_per_s_before_catchup"] > 0
+    assert opened["produce_drop_during_catchup"] <= 1
+    for figures in (written, opened):
+        assert figures["ack_p99_ms_before_catchup"] > 0
+        assert figures["ack_p99_ms_during_catchup"] > 0
+    assert [run["load"] for run in written["runs"]] == ["closed", "open"]
