@@ -44,7 +44,7 @@ from typing import Any
 
 from kayos import limits
 from kayos.bench.catchup import disk_seq_write_mb_per_s
-from kayos.bench.load import phase_figures, producers_for
+from kayos.bench.load import phase_figures, produce_fill_batch, producers_for
 from kayos.bench.produce import machine_facts
 from kayos.client.sync import Client
 from kayos.control.config import Config
@@ -161,7 +161,7 @@ def _fill(urls: list[str], megabytes: int, value_bytes: int) -> None:
             for start in part:
                 end = min(start + batch, total)
                 items = [(b"f%012d" % n, value) for n in range(start, end)]
-                client.produce_batch(FILL_QUEUE, items, acks="all")
+                produce_fill_batch(client, FILL_QUEUE, items)
 
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(worker, [starts[i::4] for i in range(4)]))

@@ -44,11 +44,10 @@ from typing import Any
 
 from kayos import limits
 from kayos.bench.failover import _wait
-from kayos.bench.load import phase_figures, producers_for
+from kayos.bench.load import phase_figures, produce_fill_batch, producers_for
 from kayos.bench.produce import machine_facts
 from kayos.client.sync import Client
 from kayos.control.config import Config
-from kayos.errors import KayosError
 from kayos.identity import write_private
 from kayos.launcher import LocalCluster, free_ports, http_json
 from kayos.launcher import _die_with_parent as die_with_parent
@@ -58,7 +57,6 @@ from kayos.topology import NodeAddr, Topology
 PRODUCE_DURING_SHARE_TARGET = 0.8
 SHARDS = 3
 NEW_NODE = "d"
-FILL_TRIES = 5  # tries of one fill batch
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,13 +194,7 @@ def _fill(urls: list[str], queues: list[str], megabytes: int, value_bytes: int) 
         with Client(urls, name="bench-grow-fill") as client:
             for start in range(0, total, batch):
                 items = [(b"f%012d" % n, value) for n in range(start, min(start + batch, total))]
-                for attempt in range(FILL_TRIES):
-                    try:
-                        client.produce_batch(queue, items, acks="all")
-                        break
-                    except KayosError:  # a loaded machine's timeout: a duplicate fill is harmless
-                        if attempt == FILL_TRIES - 1:
-                            raise
+                produce_fill_batch(client, queue, items)
 
     with ThreadPoolExecutor(len(queues)) as pool:
         list(pool.map(worker, queues))
