@@ -214,9 +214,10 @@ copy_pace_baseline_windows = 10
 # for >= 50% of the disk's speed, and the unpaced copy itself ran at 40-60% of it here).
 copy_pace_share_min = 0.01
 copy_pace_share_max = 1.0
-# AIMD: per window within the drop the share grows by this much (additive, a share); per window
-# past it the share is multiplied by copy_pace_cut (a cut from the ceiling reaches the floor in
-# about 7 windows; growth from the snapshot's start, 0.05, to the ceiling takes ~19).
+# AIMD: per window within the drop the share doubles until the first cut (a slow start: from the
+# snapshot's 0.05 to the ceiling in 5 windows, as a 256 MB copy lasts only ~8 s) and grows by this
+# much after it; per window past it the share is multiplied by copy_pace_cut (from the ceiling to
+# the floor in about 7 windows).
 copy_pace_step = 0.05
 copy_pace_cut = 0.5
 # A learner or repair link reads back pieces of at most this many payload bytes (a chain link:

@@ -252,7 +252,9 @@ def _one_run(
             figures["dead_node_beyond_window_s"] = round(first - killed - window_s, 3)
             _wait(lambda: _chain(cluster) == survivors, f"{victim} spliced out", step)
 
-            # 3. Catch-up of a returning node with no copy of the shard.
+            # 3. Catch-up of a returning node with no copy of the shard, once an open loop has
+            # worked off what the dead node's stall held up (else its baseline is that backlog).
+            _wait(producers.caught_up, "the producers' backlog", step)
             before = time.monotonic()
             time.sleep(parameters.baseline_s)  # the baseline phase's length, not a wait
             baseline_start, baseline_end = before, time.monotonic()

@@ -217,6 +217,7 @@ def _run(
         producers.start()
         _wait(lambda: producers.acked_between(0, time.monotonic()) > 0, "a first ack", step)
         time.sleep(parameters.warmup_s)  # the fill's compaction settles; not measured
+        _wait(producers.caught_up, "the producers' backlog", step)
         before_start = time.monotonic()
         time.sleep(parameters.baseline_s)  # the phase's length, not a synchronisation
         before_end = time.monotonic()

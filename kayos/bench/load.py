@@ -28,6 +28,12 @@ from kayos.client.sync import Client
 from kayos.errors import KayosError
 
 RATE_WINDOW_S = 1.0
+# An open-loop thread offers at most this many msgs/s (one message in flight each): at 50/s a
+# thread at 13 ms a message is busy 65% of the time and a chain change's backlog took longer to
+# work off than the 10 s baseline after it.
+OPEN_LOOP_PER_THREAD_PER_S_MAX = 20.0
+# An open loop has worked off its backlog when every thread's last ack was due this recently.
+OPEN_LOOP_CAUGHT_UP_S = 0.5
 FILL_TRIES = 5  # tries of one fill batch
 
 
@@ -81,6 +87,10 @@ class Producers:
         with self.lock:
             self.calls.append((began, time.monotonic()))
 
+    def caught_up(self) -> bool:
+        """A closed loop has no backlog."""
+        return True
+
     def finish(self, timeout_s: float) -> None:
         self.stop.set()
         for thread in self.threads:
@@ -103,6 +113,7 @@ class OpenLoopProducers(Producers):
 
     rate_per_s: float = 0.0
     started_s: float = 0.0
+    last_due: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.rate_per_s <= 0:
@@ -126,6 +137,15 @@ class OpenLoopProducers(Producers):
                 if wait_s > 0 and self.stop.wait(wait_s):
                     return
                 self._send(client, f"o{index}-{n}", n, due)
+                with self.lock:
+                    self.last_due[index] = due
+
+    def caught_up(self) -> bool:
+        """Every thread's last message was due within ``OPEN_LOOP_CAUGHT_UP_S``: no backlog."""
+        horizon = time.monotonic() - OPEN_LOOP_CAUGHT_UP_S
+        with self.lock:
+            dues = [self.last_due.get(index, 0.0) for index in range(self.count)]
+        return min(dues) >= horizon
 
 
 def median_rate(producers: Producers, start_s: float, end_s: float) -> float:
@@ -159,10 +179,12 @@ def ack_p99_ms(producers: Producers, start_s: float, end_s: float) -> float | No
 def producers_for(
     urls: list[str], count: int, queues: tuple[str, ...], rate_per_s: float | None
 ) -> Producers:
-    """Closed-loop producers, or open-loop ones offering ``rate_per_s`` messages/s."""
+    """Closed-loop producers, or open-loop ones offering ``rate_per_s`` messages/s (over at least
+    ``count`` threads, more if each would offer over ``OPEN_LOOP_PER_THREAD_PER_S_MAX``)."""
     if rate_per_s is None:
         return Producers(urls, count, queues)
-    return OpenLoopProducers(urls, count, queues, rate_per_s=rate_per_s)
+    threads = max(count, math.ceil(rate_per_s / OPEN_LOOP_PER_THREAD_PER_S_MAX))
+    return OpenLoopProducers(urls, threads, queues, rate_per_s=rate_per_s)
 
 
 def phase_figures(

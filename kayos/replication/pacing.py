@@ -9,10 +9,11 @@ member sees them, it costs one addition per batch, and it needs nothing from oth
 baseline is the median of the last ``copy_pace_baseline_windows`` one-window rates before the copy.
 
 The rule (AIMD, per ``copy_pace_window_ms``): while the live rate stays within
-``catchup_produce_drop_max`` of the baseline, the copy's share grows by ``copy_pace_step`` up to
-``copy_pace_share_max``; when it does not, the share is multiplied by ``copy_pace_cut`` down to
-``copy_pace_share_min``. With no live batch within ``catchup_live_window_ms`` the copy is not
-paused at all.
+``catchup_produce_drop_max`` of the baseline, the copy's share grows, doubling until the first
+cut (a slow start: a short copy is not over before it speeds up) and by ``copy_pace_step`` after
+it, up to ``copy_pace_share_max``; when it does not, the share is multiplied by ``copy_pace_cut``
+down to ``copy_pace_share_min``. With no live batch within ``catchup_live_window_ms`` the copy is
+not paused at all.
 
 ``step(state, event) -> (state, actions)`` is pure (the caller passes the time); ``CopyPacer`` is
 the thin asyncio driver the copy loops call after each piece.
@@ -80,12 +81,14 @@ class PacerState:
     """``share``: of the member's time the copy may take while live traffic flows;
     ``baseline_per_s``: live entries/s before the copy (0: none seen, the first window with
     traffic becomes it); the window being measured starts at ``window_start_s`` with the live
-    total at ``window_start_total``."""
+    total at ``window_start_total``; ``cut``: the share was cut at least once (growth is then
+    additive, before it doubling)."""
 
     share: float
     baseline_per_s: float
     window_start_s: float
     window_start_total: int
+    cut: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,15 +129,17 @@ def step(state: PacerState, event: Piece) -> tuple[PacerState, list[PacerAction]
     elapsed_s = event.now_s - state.window_start_s
     if elapsed_s * 1000 >= limits.copy_pace_window_ms:
         rate = (event.live_total - state.window_start_total) / elapsed_s
-        share, baseline = state.share, state.baseline_per_s
+        share, baseline, cut = state.share, state.baseline_per_s, state.cut
         if rate > 0:
             if baseline <= 0:
                 baseline = rate  # traffic began during the copy: judged against its first window
             elif rate >= (1 - limits.catchup_produce_drop_max) * baseline:
-                share = min(limits.copy_pace_share_max, share + limits.copy_pace_step)
+                grown = share + limits.copy_pace_step if cut else share * 2
+                share = min(limits.copy_pace_share_max, grown)
             else:
                 share = max(limits.copy_pace_share_min, share * limits.copy_pace_cut)
-        state = PacerState(share, baseline, event.now_s, event.live_total)
+                cut = True
+        state = PacerState(share, baseline, event.now_s, event.live_total, cut)
         if rate > 0:
             actions.append(ShareChanged(share, rate, baseline))
     pause_s = chain.copy_pause_s(

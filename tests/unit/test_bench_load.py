@@ -4,6 +4,8 @@ cluster runs."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from kayos.bench.load import (
@@ -69,6 +71,20 @@ def test_closed_loop_drop_is_against_before() -> None:
     assert figures["load"] == "closed"
     assert figures["produce_offered_per_s"] is None
     assert figures["produce_drop"] == pytest.approx(0.25)
+
+
+def test_open_loop_threads_and_backlog() -> None:
+    producers = producers_for(["http://127.0.0.1:1"], 4, ("q",), 200.0)
+    assert isinstance(producers, OpenLoopProducers)
+    assert producers.count == 10  # at most OPEN_LOOP_PER_THREAD_PER_S_MAX (20) a thread
+    assert producers_for(["http://127.0.0.1:1"], 4, ("q",), 30.0).count == 4
+    assert not producers.caught_up()  # no thread has sent anything yet
+    now = time.monotonic()
+    producers.last_due.update(dict.fromkeys(range(10), now))
+    assert producers.caught_up()
+    producers.last_due[3] = now - 5.0  # one thread 5 s behind its schedule
+    assert not producers.caught_up()
+    assert Producers(["http://127.0.0.1:1"], 1, ("q",)).caught_up()
 
 
 def test_an_offered_rate_must_be_positive() -> None:

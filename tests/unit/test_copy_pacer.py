@@ -50,13 +50,20 @@ def test_pause_holds_the_copy_to_its_share() -> None:
     assert 0.02 / (0.02 + pause) == pytest.approx(0.05)
 
 
-def test_grows_additively_while_live_traffic_holds() -> None:
+def test_doubles_until_the_first_cut_then_grows_additively() -> None:
     state = pacing.start(0.0, 0.05, baseline_per_s=300.0, live_total=0)
-    # 250/s is within 20% of 300/s: the share grows a step a window, up to the ceiling.
-    state, shares = _run_windows(state, [250.0] * 40)
-    assert shares[:3] == pytest.approx([0.05 + limits.copy_pace_step * k for k in (1, 2, 3)])
-    assert max(shares) == limits.copy_pace_share_max
-    assert state.share == limits.copy_pace_share_max
+    # 250/s is within 20% of 300/s: a slow start doubles the share a window, up to the ceiling.
+    state, shares = _run_windows(state, [250.0] * 3)
+    assert shares == pytest.approx([0.1, 0.2, 0.4])
+    state, shares = _run_windows(state, [250.0] * 10)
+    assert shares[-1] == limits.copy_pace_share_max
+    # A drop: cut; from then on growth is a step a window.
+    state, shares = _run_windows(state, [100.0])
+    assert shares == pytest.approx([limits.copy_pace_share_max * limits.copy_pace_cut])
+    assert state.cut
+    state, shares = _run_windows(state, [290.0] * 3)
+    after_cut = limits.copy_pace_share_max * limits.copy_pace_cut
+    assert shares == pytest.approx([after_cut + limits.copy_pace_step * k for k in (1, 2, 3)])
 
 
 def test_cuts_multiplicatively_when_live_traffic_drops() -> None:
@@ -65,7 +72,7 @@ def test_cuts_multiplicatively_when_live_traffic_drops() -> None:
     state, shares = _run_windows(state, [200.0] * 12)
     assert shares[:2] == pytest.approx([0.4 * limits.copy_pace_cut, 0.4 * limits.copy_pace_cut**2])
     assert min(shares) == limits.copy_pace_share_min
-    # Traffic recovers: growth resumes from the floor.
+    # Traffic recovers: growth resumes from the floor, a step at a time (it was cut).
     state, shares = _run_windows(state, [300.0])
     assert shares == pytest.approx([limits.copy_pace_share_min + limits.copy_pace_step])
 
@@ -76,7 +83,8 @@ def test_drop_bound_is_the_limit() -> None:
     state = pacing.start(0.0, 0.1, baseline_per_s=baseline, live_total=0)
     _, grown = _run_windows(state, [edge + 1])
     _, cut = _run_windows(state, [edge - 2])
-    assert grown[0] > 0.1 > cut[0]
+    assert grown == pytest.approx([0.2])
+    assert cut == pytest.approx([0.1 * limits.copy_pace_cut])
 
 
 def test_window_is_judged_only_once_whole() -> None:
@@ -97,8 +105,7 @@ def test_traffic_starting_during_the_copy_becomes_the_baseline() -> None:
     assert state.baseline_per_s == pytest.approx(400.0)
     assert shares == [0.05]
     state, shares = _run_windows(state, [390.0, 100.0])
-    grown = 0.05 + limits.copy_pace_step
-    assert shares == pytest.approx([grown, grown * limits.copy_pace_cut])
+    assert shares == pytest.approx([0.1, 0.1 * limits.copy_pace_cut])
 
 
 def test_start_share_is_clamped_to_the_bounds() -> None:
