@@ -125,6 +125,9 @@ def start(now_s: float, share: float, baseline_per_s: float, live_total: int) ->
 
 
 def step(state: PacerState, event: Piece) -> tuple[PacerState, list[PacerAction]]:
+    """After a piece of copy work: judges the window if it is whole (AIMD on the share, see the
+    module's docstring), then the pause that holds the piece to the share (none while no live
+    batch came within ``catchup_live_window_ms``)."""
     actions: list[PacerAction] = []
     elapsed_s = event.now_s - state.window_start_s
     if elapsed_s * 1000 >= limits.copy_pace_window_ms:

@@ -383,7 +383,7 @@ class ShardReplica:
         self.damage_seen: str | None = None
         # Keys in ``downstream_streams`` of learner and repair links (counted in no commit).
         self.copy_links: set[str] = set()
-        # When a live batch was last accepted (monotonic s): a learner link is throttled then.
+        # When a live batch was last accepted (monotonic s): a copy is paced then.
         self.live_at_s = -1e18
         # Live entries through this member: what the copy pacer watches (kayos.replication.pacing).
         self.live_rate = pacing.LiveRate()
