@@ -261,8 +261,10 @@ def checked(url: str, producers: list[Producer]) -> Any:
 
 
 # A target stopped with SIGSTOP stays "up" in the view this long, so the move waits for it
-# instead of being cancelled while the test interrupts the CLI.
-PATIENT = Config(detection_window_ms=60_000, suspect_after_ms=30_000)
+# instead of being cancelled while the test interrupts the CLI. Suspect (not "up") would cancel
+# the move too: a CI run beside a campaign took 30 s from the SIGSTOP to the drain's request
+# (the leader's rounds wait on the stopped node), and met the earlier 30 s bound.
+PATIENT = Config(detection_window_ms=600_000, suspect_after_ms=300_000)
 
 
 def test_ctrl_c_leaves_the_drain_running_and_a_rerun_follows_it_to_the_end(tmp_path: Path) -> None:
