@@ -14,8 +14,10 @@ pending is accepted as it stands).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shlex
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -148,6 +150,8 @@ def _run(
     try:
         with _Display(as_json) as show:
             final = asyncio.run(_follow(urls, timeout_s, show, draining))
+        if final.get("interrupted"):
+            raise KeyboardInterrupt
     except KeyboardInterrupt:
         # Only the following stops: the plan is in the manager's replicated view and goes on.
         note = f"the manager's moves go on; run `{resume}` again to follow them to the end"
@@ -263,21 +267,37 @@ async def _follow(
     draining: str | None,
 ) -> dict[str, Any]:
     """Polls the managers until no move is pending (and, for a drain, the node holds nothing or
-    the drain is blocked), or ``timeout_s``. Bounded by the deadline."""
+    the drain is blocked), or ``timeout_s``, or Ctrl-C (``{"interrupted": True}``). Bounded by
+    the deadline. SIGINT sets a flag the loop checks between polls rather than cancelling the
+    task: a cancellation that lands as a request's own timeout fires can be lost (CPython 3.11's
+    wait_for), and the command then went on following (seen once in CI, 60 s without exiting)."""
     from kayos.cli.manager_status import fetch_manager
     from kayos.control.http import progress_of_status
 
+    interrupted = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, interrupted.set)
     deadline = time.monotonic() + timeout_s
     latest: dict[str, Any] = {}
-    while True:
-        answer = await fetch_manager(urls, limits.ctl_status_timeout_ms_default / 1000)
-        if isinstance(answer, dict):
-            latest = progress_of_status(answer)
-            show(latest)
-            held = latest["replicas"].get(draining, 0) if draining else 0
-            if not latest["moves"] and (held == 0 or latest["drain_blocked"]):
-                latest["done"] = not latest["drain_blocked"]
-                return latest
-        if time.monotonic() >= deadline:
-            return {**latest, "done": False, "ok": False, "error": "still moving at the deadline"}
-        await asyncio.sleep(limits.ctl_progress_poll_ms / 1000)
+    try:
+        while not interrupted.is_set():
+            answer = await fetch_manager(urls, limits.ctl_status_timeout_ms_default / 1000)
+            if isinstance(answer, dict):
+                latest = progress_of_status(answer)
+                show(latest)
+                held = latest["replicas"].get(draining, 0) if draining else 0
+                if not latest["moves"] and (held == 0 or latest["drain_blocked"]):
+                    latest["done"] = not latest["drain_blocked"]
+                    return latest
+            if time.monotonic() >= deadline:
+                return {
+                    **latest,
+                    "done": False,
+                    "ok": False,
+                    "error": "still moving at the deadline",
+                }
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(interrupted.wait(), limits.ctl_progress_poll_ms / 1000)
+        return {**latest, "interrupted": True}
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)

@@ -293,7 +293,12 @@ def test_ctrl_c_leaves_the_drain_running_and_a_rerun_follows_it_to_the_end(tmp_p
                     break
             assert b"a->c" in seen[-1], seen
             ctl_process.send_signal(signal.SIGINT)
-            out, err = ctl_process.communicate(timeout=60)
+            try:
+                out, err = ctl_process.communicate(timeout=60)
+            finally:
+                if ctl_process.poll() is None:  # not left running into the next test
+                    ctl_process.kill()
+                    ctl_process.communicate()
             assert ctl_process.returncode == 130, (out, err)
             assert b"the manager's moves go on" in err, err
             assert b"kayos ctl drain a" in err, err
