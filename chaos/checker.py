@@ -112,14 +112,12 @@ def known_committed(events: Sequence[Event]) -> dict[QueueKey, list[int]]:
 
 
 def _later_than(sorted_seqs: list[int], seq: int, upto: int | None = None) -> int | None:
-    """The greatest seq in ``sorted_seqs`` above ``seq`` (and at most ``upto``), if any."""
-    if upto is not None:
-        index = bisect.bisect_right(sorted_seqs, upto)
-        candidates = sorted_seqs[:index]
-    else:
-        candidates = sorted_seqs
-    if candidates and candidates[-1] > seq:
-        return candidates[-1]
+    """The greatest seq in ``sorted_seqs`` above ``seq`` (and at most ``upto``), if any. By
+    bisection, without copying: a key's versions run to tens of thousands in a long campaign,
+    and this is asked once per delivered message."""
+    index = len(sorted_seqs) if upto is None else bisect.bisect_right(sorted_seqs, upto)
+    if index and sorted_seqs[index - 1] > seq:
+        return sorted_seqs[index - 1]
     return None
 
 
@@ -167,14 +165,41 @@ def _ok_commits_by_group(events: Sequence[Event]) -> dict[tuple[str, str], list[
     return commits
 
 
-def _acked_mark_before(commits: list[Commit], point: int) -> int:
-    """The highest mark of a commit acknowledged before ``point`` in the shared order."""
-    marks = [c.hwm for c in commits if c.outcome == "ok" and c.completed < point]
-    return max(marks, default=0)
+class _GroupCommits:
+    """One group's commits, indexed so that each snapshot's questions take a bisection rather
+    than a pass over every commit (a long campaign has hundreds of thousands of both)."""
+
+    def __init__(self, commits: list[Commit]) -> None:
+        acked = sorted((c.completed, c.hwm) for c in commits if c.outcome == "ok")
+        self._completed = [completed for completed, _hwm in acked]
+        self._best: list[int] = list(itertools.accumulate((hwm for _c, hwm in acked), max))
+        # Each mark some commit asked for, with the earliest point one was invoked.
+        self._first_asked: dict[int, int] = {}
+        for commit in commits:
+            known = self._first_asked.get(commit.hwm)
+            if known is None or commit.invoked < known:
+                self._first_asked[commit.hwm] = commit.invoked
+
+    def acked_mark_before(self, point: int) -> int:
+        """The highest mark of a commit acknowledged before ``point`` in the shared order."""
+        index = bisect.bisect_left(self._completed, point)
+        return self._best[index - 1] if index else 0
+
+    def asked_before(self, hwm: int, point: int) -> bool:
+        """Whether ``hwm`` is 0 or a mark some commit invoked before ``point`` asked for."""
+        first = self._first_asked.get(hwm)
+        return hwm == 0 or (first is not None and first < point)
+
+
+def _indexed_commits(events: Sequence[Event]) -> dict[tuple[str, str], _GroupCommits]:
+    by_group = _ok_commits_by_group(events)
+    return defaultdict(
+        lambda: _GroupCommits([]), {g: _GroupCommits(c) for g, c in by_group.items()}
+    )
 
 
 def check_order(events: Sequence[Event]) -> list[Violation]:
-    commits = _ok_commits_by_group(events)
+    commits = _indexed_commits(events)
     bad: list[dict[str, Any]] = []
     for snapshot in _snapshots(events):
         seqs = [seq for seq, _k, _v in snapshot.messages]
@@ -190,7 +215,7 @@ def check_order(events: Sequence[Event]) -> list[Violation]:
                     "seqs": outside[:50],
                 }
             )
-        mark = _acked_mark_before(commits[(snapshot.queue, snapshot.group)], snapshot.invoked)
+        mark = commits[(snapshot.queue, snapshot.group)].acked_mark_before(snapshot.invoked)
         again = [s for s in seqs if s <= mark]
         if again:
             bad.append(
@@ -337,7 +362,7 @@ def check_dedup(events: Sequence[Event]) -> list[Violation]:
 
 
 def check_hwm(events: Sequence[Event]) -> list[Violation]:
-    commits = _ok_commits_by_group(events)
+    commits = _indexed_commits(events)
     last_start: dict[tuple[str, str], int] = {}
     bad: list[dict[str, Any]] = []
     for snapshot in _snapshots(events):
@@ -348,11 +373,10 @@ def check_hwm(events: Sequence[Event]) -> list[Violation]:
             "op": snapshot.op,
             "hwm": snapshot.hwm,
         }
-        acked = _acked_mark_before(commits[group], snapshot.invoked)
+        acked = commits[group].acked_mark_before(snapshot.invoked)
         if snapshot.hwm < acked:
             bad.append({**where, "why": f"starts below the acknowledged commit {acked}"})
-        asked = {c.hwm for c in commits[group] if c.invoked < snapshot.completed} | {0}
-        if snapshot.hwm not in asked:
+        if not commits[group].asked_before(snapshot.hwm, snapshot.completed):
             bad.append({**where, "why": "starts at a mark no commit asked for"})
         if snapshot.hwm < last_start.get(group, 0):
             bad.append({**where, "why": f"moved back from {last_start[group]}"})

@@ -249,6 +249,9 @@ def run(config: Config) -> Report:
             recorder.note("converged", seqs=final)
             _drain(consumers, {queue: final[shard] for queue, shard in shard_of.items()}, report)
         events = recorder.snapshot_of_events()
+        # Written before the check as well as after it: a long campaign's history is hours of
+        # work, and a check that does not finish (or a box that restarts) must not lose it.
+        dump_jsonl(events, config.history_path or base / "history.jsonl")
         verdict = checker.check(events)
         report.violations += [violation.to_json() for violation in verdict.violations]
         report.acked = verdict.acked_versions
