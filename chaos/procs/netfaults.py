@@ -19,9 +19,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
-from toxiproxy import Toxiproxy
-from toxiproxy.exceptions import NotFound
-
 from chaos.procs.netns import NetnsCluster
 from chaos.procs.proxy import ProxyServer, api_url
 from kayos.launcher import LocalCluster
@@ -56,6 +53,26 @@ def _hold(seconds: float) -> None:
     time.sleep(seconds)
 
 
+def _toxiproxy_client() -> Any:
+    """The toxiproxy API client, imported only by the proxy kinds: the process and network
+    namespace kinds run without the ``dev`` extra."""
+    try:
+        from toxiproxy import Toxiproxy
+    except ImportError as error:
+        raise RuntimeError(
+            "the proxy fault kinds (latency, bandwidth, reset_peer, timeout) need "
+            "toxiproxy-python: pip install -e '.[dev]'"
+        ) from error
+    return Toxiproxy()
+
+
+def _not_found() -> type[Exception]:
+    from toxiproxy.exceptions import NotFound
+
+    found: type[Exception] = NotFound
+    return found
+
+
 class ProxiedCluster(LocalCluster):
     """A ``LocalCluster`` whose topology names a fault proxy in front of each node's HTTP and
     binary ports; the node binds its own ports (``kayos node --listen-http/--listen-bin``).
@@ -71,7 +88,7 @@ class ProxiedCluster(LocalCluster):
         parts = urlsplit(url)
         self.api_url = url
         self.listen_host = parts.hostname or "127.0.0.1"
-        self.api = Toxiproxy()
+        self.api = _toxiproxy_client()
         self.api.update_api_consumer(self.listen_host, parts.port or 8474)
         self.run_id = f"kayos-{secrets.token_hex(3)}"
         self.backends: dict[str, NodeAddr] = {}
@@ -131,12 +148,12 @@ class ProxiedCluster(LocalCluster):
             yield
         finally:
             for proxy, name in added:
-                with contextlib.suppress(NotFound):
+                with contextlib.suppress(_not_found()):
                     proxy.destroy_toxic(name)
 
     def _destroy_proxies(self) -> None:
         for proxy in self.proxies.values():
-            with contextlib.suppress(NotFound, OSError):
+            with contextlib.suppress(_not_found(), OSError):
                 proxy.destroy()
         self.proxies.clear()
         self.backends.clear()
