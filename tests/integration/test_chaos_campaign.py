@@ -29,7 +29,9 @@ import pytest
 from chaos.procs import faults
 from chaos.procs.campaign import Config, run
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# The manager campaign's phase bound (360 s) plus converge, drain and the check: past the
+# suite's 300 s default.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
 FAULTS = 50
 # The fault phase's bound: 50 faults take ~100 s here (~130-160 s with the manager's membership
