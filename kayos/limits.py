@@ -473,6 +473,11 @@ manager_resend_interval_ms = 1_000
 # A node removed as slow returns after answering this many polls in a row within slow_p99_ms
 # (2 s at the default interval): a node that is still stuck does not flap back in.
 manager_slow_return_polls = 10
+# A node the manager holds `full` (its disk is full: rule 9, docs/manager.md) returns once it
+# reports its disk not full with at least this many bytes free beyond its reserve
+# (disk_reserve_bytes): twice the margin at which it reports full (disk_head_margin_bytes), so a
+# node that just gets under the mark does not flap back in and fill again on its catch-up.
+manager_disk_return_margin_bytes = 2 * disk_head_margin_bytes
 # How long a member waits for its own log entry to be applied (remove-node, the leader-change
 # entry) before answering `timeout`.
 manager_apply_timeout_ms = 5_000

@@ -3,27 +3,55 @@ docs/node-api.md the chain tests make. Every wait is a bounded poll of a conditi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import subprocess
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from kayos.launcher import LocalCluster, http_json
 
-if TYPE_CHECKING:
-    from pathlib import Path
-
 # Bounds of the waits below: generous for 2 shared cores, and only ever reached by a failure.
 WAIT_S = 30.0
 # An acks=all produce may wait for a restarted replica (the node's own bound is 30 s).
 PRODUCE_TIMEOUT_S = 60.0
+
+
+@contextlib.contextmanager
+def small_disk(mount_point: Path, size_bytes: int) -> Iterator[Path]:
+    """A tmpfs of ``size_bytes`` mounted at ``mount_point`` (made if missing), unmounted after: a
+    node's data directory whose disk fills (docs/retention.md, "Disk full"). Needs root; the test
+    is skipped, saying why, without it or when the mount fails."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs of a fixed size needs root")
+    mount_point.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def write_ballast(path: Path, size_bytes: int) -> None:
+    """A file of ``size_bytes`` zeros: space a test frees later by deleting it."""
+    with path.open("wb") as out:
+        out.write(b"\0" * size_bytes)
 
 
 def wait_until(condition: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -> Any:

@@ -8,7 +8,6 @@ Needs root to mount the tmpfs; skipped (saying so) without it."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -22,7 +21,8 @@ import pytest
 
 from kayos import limits
 from kayos.launcher import LocalCluster, http_json
-from tests.integration.conftest import produce, read_snapshot, wait_until
+from tests.integration.conftest import produce, read_snapshot, wait_until, write_ballast
+from tests.integration.conftest import small_disk as mount_small_disk
 
 pytestmark = pytest.mark.integration
 
@@ -39,22 +39,8 @@ VALUE = "x" * 1000
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs of a fixed size needs root")
-    mount_point = tmp_path / "cluster" / "a"
-    mount_point.mkdir(parents=True)
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES}", "tmpfs", str(mount_point)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
+    with mount_small_disk(tmp_path / "cluster" / "a", TMPFS_BYTES) as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def metric(cluster: LocalCluster, node: str, name: str) -> float | None:
@@ -75,8 +61,7 @@ def test_a_full_disk_refuses_writes_loses_nothing_and_recovers(
 ) -> None:
     cluster = LocalCluster(tmp_path / "cluster", nodes=3, replicas=3, shards=1)
     ballast = small_disk / "ballast"
-    with ballast.open("wb") as out:
-        out.write(b"\0" * BALLAST_BYTES)
+    write_ballast(ballast, BALLAST_BYTES)
     cluster.start_all()
     try:
         assert cluster.head_of("fill") == "a"
