@@ -353,10 +353,11 @@ def _or_dash(value: Any) -> str:
 # --- the manager's view (docs/manager.md) ---------------------------------------------------------
 
 # Manager alert kinds as `kayos ctl status` alerts: the shard cannot serve, or holds fewer copies
-# than asked (critical); a slow node kept in a chain (warning).
+# than asked, or a member's disk is full (critical); a slow node kept in a chain (warning).
 _MANAGER_SEVERITY = {
     "shard_no_live_member": "critical",
     "shard_below_min_replicas": "critical",
+    "member_disk_full": "critical",
     "slow_node_kept": "warning",
 }
 
@@ -463,7 +464,7 @@ def render_manager(summary: Mapping[str, Any], style: Style) -> list[str]:
         f"manager: leader {leader} ({manager['leader_url'] or '-'}), epoch {manager['epoch']}, "
         f"asked {manager['member']}"
     ]
-    colours = {"up": "green", "suspect": "yellow", "slow": "yellow", "down": "red"}
+    colours = {"up": "green", "suspect": "yellow", "slow": "yellow", "full": "red", "down": "red"}
     states = "  ".join(
         f"{n['id']} {style(n['state'], fg=colours.get(n['state'], 'red'))}"
         for n in manager["nodes"]

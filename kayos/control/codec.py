@@ -19,6 +19,7 @@ from kayos.manager import (
     Alert,
     CatchUpDone,
     ClearAlert,
+    DiskFull,
     Drain,
     Event,
     HeadTookOver,
@@ -90,6 +91,8 @@ def event_to_data(event: Event) -> list[Any]:
             for r in event.reports
         ]
         return ["returned", {"node": event.node, "at_ms": event.at_ms, "reports": reports}]
+    if isinstance(event, DiskFull):
+        return ["disk_full", {"node": event.node}]
     if isinstance(event, CatchUpDone):
         return ["caught_up", {"node": event.node, "shard": event.shard, "order": event.order}]
     if isinstance(event, ManagerLeaderChanged):
@@ -132,6 +135,8 @@ def event_from_data(data: Any) -> Event:
                 for r in f["reports"]
             )
             event = NodeReturned(_str(f["node"]), _int(f["at_ms"]), reports)
+        elif kind == "disk_full":
+            event = DiskFull(_str(f["node"]))
         elif kind == "caught_up":
             event = CatchUpDone(_str(f["node"]), _int(f["shard"]), _int(f["order"]))
         elif kind == "leader_changed":

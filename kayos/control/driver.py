@@ -24,6 +24,7 @@ from kayos.manager import (
     Alert,
     CatchUpDone,
     ClearAlert,
+    DiskFull,
     Event,
     HeadTookOver,
     LatencyReport,
@@ -242,6 +243,36 @@ def _followers_notes(view: ManagerView, answers: Mapping[str, Answer]) -> list[F
     return notes
 
 
+def _disk(status: Mapping[str, Any]) -> tuple[bool, int] | None:
+    """(full, bytes free beyond the reserve) from a status's ``disk`` (docs/node-api.md); None
+    from a node that does not report it (an earlier version) or reports no ``full``."""
+    disk = status.get("disk")
+    if not isinstance(disk, dict):
+        return None
+    full, free, reserve = disk.get("full"), disk.get("free_bytes"), disk.get("reserve_bytes")
+    if type(full) is not bool:
+        return None
+    if type(free) is not int or type(reserve) is not int:
+        return full, 0  # free space unreadable: it may go full, it cannot return
+    return full, free - reserve
+
+
+def _disk_event(state: str, node: str, answer: Answer) -> Event | None:
+    """Rule 9: a node reporting its disk full is ``DiskFull`` (from any state but full or
+    removed; a down node that answers full is not returned); a ``full`` node returns once it
+    reports room, with ``limits.manager_disk_return_margin_bytes`` beyond its reserve."""
+    assert answer.status is not None
+    disk = _disk(answer.status)
+    if disk is None or state == "removed":
+        return None
+    full, room = disk
+    if full and state != "full":
+        return DiskFull(node)
+    if state == "full" and not full and room >= limits.manager_disk_return_margin_bytes:
+        return NodeReturned(node, answer.at_ms, _reports(answer.status))
+    return None
+
+
 def _late_answers(
     view: ManagerView, answers: Mapping[str, Answer], now_ms: int, memory: Memory
 ) -> dict[str, int]:
@@ -274,7 +305,10 @@ def plan_round(
     for node in sorted(answered):
         status = answers[node].status
         assert status is not None
-        if states[node] == "down":
+        disk_event = _disk_event(states[node], node, answers[node])
+        if disk_event is not None:
+            events.append(disk_event)
+        elif states[node] == "down":
             events.append(NodeReturned(node, answers[node].at_ms, _reports(status)))
         elif states[node] == "slow" and node not in in_chain:
             quick = answers[node].elapsed_ms <= view.config.slow_p99_ms

@@ -13,6 +13,10 @@ Rules (the reasons are in docs/manager.md):
 - a node whose neighbour reports a p99 above ``slow_p99_ms`` over at least ``slow_window_ms`` is
   slow and spliced out the same way, unless that would leave the shard with fewer than
   ``min_replicas`` members: then it stays, with a ``slow_node_kept`` alert;
+- a node that reports its disk full is ``full``: it leaves every chain where it is not the head,
+  like a down node (even below ``min_replicas``: a member that cannot commit holds every acks=all
+  write up), and stays head where it leads (the head refuses writes with disk_full itself);
+  ``member_disk_full`` alerts say so; it returns like a down node once it reports room;
 - a shard shorter than ``min_replicas`` carries a ``shard_below_min_replicas`` alert;
 - a down or slow node that returns catches up from each departed shard's tail (rolling back first
   if its takeover table diverged from the head's), then rejoins as tail;
@@ -36,6 +40,7 @@ from kayos.manager.events import (
     Alert,
     CatchUpDone,
     ClearAlert,
+    DiskFull,
     Drain,
     Event,
     HeadTookOver,
@@ -95,6 +100,11 @@ def _apply(view: ManagerView, event: Event, out: list[Action]) -> ManagerView:
         return _returned(view, event)
     if isinstance(event, CatchUpDone):
         return _catch_up_done(view, event, out)
+    if isinstance(event, DiskFull):
+        node = view.node(event.node)
+        if node is None or node.state in ("full", "removed"):
+            return view
+        return view.with_node(replace(node, state="full"))
     if isinstance(event, RemoveNode):
         node = view.node(event.node)
         if node is None or node.state == "removed":
@@ -244,7 +254,7 @@ def _heard_all(view: ManagerView, heard: tuple[tuple[str, int], ...], now_ms: in
 def _tick(view: ManagerView) -> ManagerView:
     config = view.config
     for node in view.nodes:
-        if node.state not in ("up", "suspect", "slow"):
+        if node.state not in ("up", "suspect", "slow", "full"):
             continue
         silence = view.now_ms - node.last_heard_ms
         if silence >= config.detection_window_ms:
@@ -369,7 +379,8 @@ def _reconcile(view: ManagerView) -> ManagerView:
             state = states[member]
             if state == "slow" and _staying(chain, shard.moves, member) < view.config.min_replicas:
                 continue  # kept: slow is better than under the minimum (docs/manager.md)
-            if state in ("down", "slow", "removed") and len(chain) > 1:
+            full_below_head = state == "full" and chain[0] != member  # rule 9
+            if (state in ("down", "slow", "removed") or full_below_head) and len(chain) > 1:
                 chain.remove(member)
                 if state != "removed" and member not in departed:
                     departed.append(member)

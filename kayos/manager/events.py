@@ -76,6 +76,14 @@ class NodeReturned:
 
 
 @dataclass(frozen=True, slots=True)
+class DiskFull:
+    """``node`` reports its disk full (docs/manager.md, rule 9): it cannot commit, so it leaves
+    every chain below the head until it reports room again (then it returns, ``NodeReturned``)."""
+
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
 class CatchUpDone:
     """``node`` has caught up on ``shard`` from its upstream and can join the chain, answering
     the catch-up order ``order`` (``StartCatchUp.order``): a report about an earlier order (one
@@ -150,6 +158,7 @@ Event: TypeAlias = (
     | LatencyReport
     | HeadTookOver
     | NodeReturned
+    | DiskFull
     | CatchUpDone
     | ManagerLeaderChanged
     | RemoveNode
@@ -257,7 +266,7 @@ def check_event(event: Event) -> Event:
         nodes = [event.node]
         if event.order < 1:
             raise InvalidRequest("a catch-up order number is >= 1")
-    elif isinstance(event, RemoveNode | Drain):
+    elif isinstance(event, RemoveNode | Drain | DiskFull):
         nodes = [event.node]
     elif isinstance(event, AddNode):
         nodes = [event.node]

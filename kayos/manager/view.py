@@ -17,23 +17,25 @@ from kayos import limits
 from kayos.errors import InvalidRequest
 from kayos.topology import check_node_id
 
-NodeState: TypeAlias = Literal["up", "suspect", "down", "slow", "removed"]
-NODE_STATES: tuple[NodeState, ...] = ("up", "suspect", "down", "slow", "removed")
+NodeState: TypeAlias = Literal["up", "suspect", "down", "slow", "full", "removed"]
+NODE_STATES: tuple[NodeState, ...] = ("up", "suspect", "down", "slow", "full", "removed")
 
 # Alert kinds (docs/manager.md "Alerts").
 BELOW_MIN_REPLICAS = "shard_below_min_replicas"  # a shard's chain is shorter than min_replicas
 SLOW_KEPT = "slow_node_kept"  # a slow node stays in a chain: removing it would go below the minimum
 NO_LIVE_MEMBER = "shard_no_live_member"  # a shard's only member is down or removed: it cannot serve
 DRAIN_BLOCKED = "drain_blocked"  # a draining node's replica has nowhere to go (rule 7)
-ALERT_KINDS = (BELOW_MIN_REPLICAS, SLOW_KEPT, NO_LIVE_MEMBER, DRAIN_BLOCKED)
+MEMBER_DISK_FULL = "member_disk_full"  # a shard's member (or departed member) has a full disk (9)
+ALERT_KINDS = (BELOW_MIN_REPLICAS, SLOW_KEPT, NO_LIVE_MEMBER, DRAIN_BLOCKED, MEMBER_DISK_FULL)
 
 # The view's encoding version: part of the hash, so members of different versions never agree.
 # 2: catch-up order numbers (ShardView.orders, ManagerView.orders_issued);
 # 3: 2 and pending moves, draining nodes and added nodes' addresses (docs/manager.md, "The view");
-# 4: 3 and each queue's shard count set by an operator (``queues``).
+# 4: 3 and each queue's shard count set by an operator (``queues``);
+# 5: 4 and the node state ``full`` with its alert ``member_disk_full`` (rule 9).
 # An older snapshot still reads: the fields it lacks are empty (see ``from_data``).
-VIEW_FORMAT = 4
-_FORMATS_READ = (1, 2, 3, 4)
+VIEW_FORMAT = 5
+_FORMATS_READ = (1, 2, 3, 4, 5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +240,7 @@ class ManagerView:
             config = Config(**{k: int(v) for k, v in data["config"].items()}).validate()
             nodes = []
             for node_id, state, heard in data["nodes"]:
-                if state not in NODE_STATES:
+                if state not in NODE_STATES or (state == "full" and fmt < 5):
                     raise InvalidRequest(f"bad node state {state!r}")
                 nodes.append(NodeView(str(node_id), cast(NodeState, state), int(heard)))
             shards = tuple(
@@ -317,6 +319,9 @@ def derive_alerts(view: ManagerView) -> tuple[AlertKey, ...]:
         for member in shard.chain:
             if states.get(member) == "slow":
                 found.add(AlertKey(SLOW_KEPT, shard.id, member))
+        for member in (*shard.chain, *shard.departed):
+            if states.get(member) == "full":
+                found.add(AlertKey(MEMBER_DISK_FULL, shard.id, member))
         if len(shard.chain) == 1 and states.get(shard.chain[0]) in ("down", "removed"):
             found.add(AlertKey(NO_LIVE_MEMBER, shard.id, shard.chain[0]))
         leaving = {source for _, source in shard.moves}

@@ -23,6 +23,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from kayos import limits
 from kayos.errors import KayosError, RetentionGapError, StorageError
+from kayos.storage import fileops
 from kayos.storage import format as fmt
 from kayos.storage.compact import compact
 from kayos.storage.index import SEGMENT_MASK, SEGMENT_SHIFT
@@ -269,6 +270,23 @@ class RetentionDriver:
             "policy": policy.to_meta() if policy is not None else None,
             "floor": floor_of(meta, queue),
         }
+
+
+def disk_status(data_dir: str, replicas: dict[int, ShardReplica]) -> dict[str, Any]:
+    """``GET /v1/status``'s ``disk`` (docs/retention.md, "Disk full"): the data directory's free
+    bytes and reserve, read with statvfs at each call (so a node out of every chain, committing
+    nothing, still notices freed space), and ``full``: less than the reserve plus
+    ``limits.disk_head_margin_bytes`` is free, or a replica below the head failed a commit for
+    space (a head's refusals are its own: it stays head, docs/manager.md rule 9)."""
+    reserve = limits.disk_reserve_bytes
+    failed = any(r.disk_full and r.role != "head" for r in replicas.values())
+    try:
+        free = fileops.free_bytes(data_dir)
+    except OSError as exc:
+        log.warning("cannot read the free space of %s: %s", data_dir, exc)
+        return {"free_bytes": None, "reserve_bytes": reserve, "full": failed}
+    low = free < reserve + limits.disk_head_margin_bytes
+    return {"free_bytes": free, "reserve_bytes": reserve, "full": low or failed}
 
 
 class _Collector:

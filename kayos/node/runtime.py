@@ -38,7 +38,7 @@ from kayos.errors import (
 from kayos.identity import check_data_dir
 from kayos.node import learners
 from kayos.node.reconfigure import Reconfigurer
-from kayos.node.retention import RetentionDriver, check_floor, retention_floors
+from kayos.node.retention import RetentionDriver, check_floor, disk_status, retention_floors
 from kayos.replication import frames as fr
 from kayos.replication.downstream import serve_downstream
 from kayos.replication.handshake import HostAddresses, accept_peer, shown
@@ -488,6 +488,7 @@ class Node:
             "epoch": self.epoch,
             "ready": self.ready,
             "latency": self.latency(),
+            "disk": disk_status(self.data_dir, self.replicas),
             "shards": {
                 str(shard_id): {
                     "role": replica.role,

@@ -15,6 +15,7 @@ from kayos.manager import (
     AddNode,
     CatchUpDone,
     Config,
+    DiskFull,
     Drain,
     Event,
     HeadTookOver,
@@ -99,9 +100,10 @@ GOLDEN_EVENTS: list[Event] = [
     MoveReplica(1, "b", "e"),
     Drain("c"),
     SetQueueShards("orders", 2),
+    DiskFull("d"),
 ]
-# view format 4, the default Config (slow window 1.5 s)
-GOLDEN_HASH = "398982ce9f8f0f34f31575c5c203d46ccab66e1e846a3daae4f6fd7d1fe5864a"
+# view format 5, the default Config (slow window 1.5 s)
+GOLDEN_HASH = "1627ffb6e7b286ca31279a190bec0df2da6520db00a3f7700c09b476b92e2bb4"
 
 
 def run(view: ManagerView, events: list[Event]) -> ManagerView:
@@ -137,7 +139,8 @@ def test_the_view_round_trips_through_its_encoding() -> None:
 @pytest.mark.parametrize(
     "breakage",
     [
-        lambda d: d.update(format=5),
+        lambda d: d.update(format=6),
+        lambda d: d.update(format=4, nodes=[["a", "full", 0]]),  # format 5 added "full"
         lambda d: d.update(format=0),
         lambda d: d.pop("orders_issued"),  # format 3 holds every field
         lambda d: d.pop("draining"),
@@ -190,8 +193,11 @@ def random_event(rng: random.Random, now_ms: int, view: ManagerView) -> Event:
         if pick < 0.9:
             return Rebalance()
         return Drain(node)
-    if rng.random() < 0.1:
+    pick = rng.random()
+    if pick < 0.1:
         return RemoveNode(node)
+    if pick < 0.3:
+        return DiskFull(node)
     return ManagerLeaderChanged(now_ms)
 
 

@@ -23,13 +23,13 @@ Commands (one per line in a block):
 - ``return NODE t= [report=SHARD:LAST:ID@SEQ,ID@SEQ ...]``; ``catch-up-done NODE shard= [order=N]``
   (without ``order``: the order the node follows now)
 - ``leader-change t=`` (the new leader starts from a copy of the view decoded from its encoding)
-- ``remove-node NODE``, ``hash``.
+- ``remove-node NODE``, ``disk-full NODE`` (the node reports its disk full), ``hash``.
 - ``add-node NODE [host= http= bin=]``, ``move shard= from= to=``, ``drain NODE``, ``rebalance``.
 - ``queue-shards QUEUE shards=S`` (``kayos ctl queue create/alter``).
 
 Besides the invariants above, every step checks that no chain got shorter unless some node went
-down, slow or removed in that step (``replica_count``): moves, drains and rebalances never take a
-shard below the replica count it had.
+down, slow, full or removed in that step (``replica_count``): moves, drains and rebalances never
+take a shard below the replica count it had.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from kayos.manager import (
     CatchUpDone,
     ClearAlert,
     Config,
+    DiskFull,
     Drain,
     Event,
     HeadTookOver,
@@ -260,6 +261,8 @@ class Interpreter:
             events = [ManagerLeaderChanged(_ms(keys["t"]))]
         elif name == "remove-node":
             events = [RemoveNode(node) for node in positional]
+        elif name == "disk-full":
+            events = [DiskFull(node) for node in positional]
         elif name == "add-node":
             events = [
                 AddNode(
@@ -322,7 +325,7 @@ def check_invariants(before: ManagerView, after: ManagerView) -> None:
     lost = [
         n.id
         for n in after.nodes
-        if n.state in ("down", "slow", "removed") and was.get(n.id) != n.state
+        if n.state in ("down", "slow", "full", "removed") and was.get(n.id) != n.state
     ]
     for shard, old in zip(after.shards, before.shards, strict=True):
         if not lost:
@@ -332,7 +335,9 @@ def check_invariants(before: ManagerView, after: ManagerView) -> None:
         assert len(set(shard.chain)) == len(shard.chain)
         states = {node.id: node.state for node in after.nodes}
         if len(shard.chain) > 1:
-            assert all(states[n] in ("up", "suspect", "slow") for n in shard.chain), shard
+            assert all(states[n] in ("up", "suspect", "slow") for n in shard.chain[1:]), shard
+            # Rule 9: a full node stays only as head (it refuses writes itself).
+            assert states[shard.chain[0]] in ("up", "suspect", "slow", "full"), shard
         targets = {target for target, _ in shard.moves}
         assert set(shard.catching_up) <= set(shard.departed) | targets, shard
         assert len(shard.moves) <= 1, shard
