@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -23,16 +22,14 @@ from typing import Any
 
 import pytest
 
-from chaos.checker import check
-from chaos.history import Event as HistoryEvent
-from chaos.history import Produce, Snapshot
+from chaos.history import Produce
 from kayos import limits
 from kayos.launcher import LocalCluster
 from kayos.manager import Config
+from tests.integration import test_manager_heals as heals
 from tests.integration.conftest import (
     WAIT_S,
     produce,
-    read_snapshot,
     small_disk,
     wait_until,
     write_ballast,
@@ -64,22 +61,13 @@ SPLICE_S = 2.0
 
 
 @dataclass
-class Producer:
-    """Batches of BATCH keys ``p<i>-<n>`` with acks=all to the head, each call recorded for the
-    checker, with its status and when it ended."""
+class Producer(heals.Producer):
+    """Batches of BATCH keys ``p<i>-<n>`` with acks=all to the head (``urls[0]``), each call
+    recorded for the checker, with its status and when it ended."""
 
-    index: int
-    url: str
-    history: list[Produce] = field(default_factory=list)
     calls: list[tuple[float, int]] = field(default_factory=list)  # (ended at, HTTP status)
     errors: list[tuple[float, int, str]] = field(default_factory=list)  # (ended at, status, what)
     sent_bytes: int = 0
-    stop: threading.Event = field(default_factory=threading.Event)
-    thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self.thread = threading.Thread(target=self._run, name=f"producer-{self.index}")
-        self.thread.start()
 
     def _run(self) -> None:
         n = 0
@@ -88,7 +76,7 @@ class Producer:
             n += BATCH
             op = self.index * 10_000_000 + n
             try:
-                status, body = produce(self.url, QUEUE, list(items))
+                status, body = produce(self.urls[0], QUEUE, list(items))
             except OSError as exc:  # the reply never came: the outcome is unknown
                 status, body = 0, {"error": {"message": str(exc)}}
             self.sent_bytes += BATCH * len(VALUE)
@@ -103,12 +91,6 @@ class Producer:
 
     def acks_after(self, since: float) -> int:
         return sum(1 for at, status in self.calls if status == 200 and at > since)
-
-    def finish(self) -> None:
-        self.stop.set()
-        assert self.thread is not None
-        self.thread.join(WAIT_S * 3)
-        assert not self.thread.is_alive(), f"producer {self.index} did not stop"
 
 
 def disk_full_reported(cluster: LocalCluster, node: str) -> bool:
@@ -170,7 +152,7 @@ def run_scenario(
         print(timeline[-1], flush=True)
         return now
 
-    producers = [Producer(i, cluster.url("a")) for i in range(2)]
+    producers = [Producer(i, [cluster.url("a")]) for i in range(2)]
     for producer in producers:
         producer.start()
     try:
@@ -216,7 +198,7 @@ def run_scenario(
     )
 
     # Nothing acknowledged is lost: every acked batch is on the remaining tail.
-    check_nothing_lost(cluster, remaining[-1], producers)
+    heals.check_nothing_lost(cluster, remaining[-1], list(producers), QUEUE)
 
     # A person frees space; the node notices by itself, catches up and rejoins as tail.
     ballast.unlink()
@@ -245,15 +227,3 @@ def run_scenario(
     assert not late_errors, late_errors
     assert 504 not in statuses, statuses
     assert max(stalls, default=0) < REMOVAL_S + SPLICE_S
-
-
-def check_nothing_lost(cluster: LocalCluster, tail: str, producers: list[Producer]) -> None:
-    snapshot = read_snapshot(cluster.url(tail), QUEUE, "check")
-    history: list[HistoryEvent] = [e for p in producers for e in p.history]
-    messages = tuple((m["seq"], m["key"], m["value"]) for m in snapshot.messages)
-    history.append(
-        Snapshot(99_999_999, QUEUE, "check", 0, snapshot.hwm, snapshot.boundary, messages, True)
-    )
-    verdict = check(history)
-    print(f"acked {verdict.acked_versions}, delivered {verdict.delivered_messages}")
-    assert verdict.ok, [v.to_json() for v in verdict.violations[:5]]

@@ -164,12 +164,14 @@ def test_kill_9_of_a_member_is_spliced_out_with_nothing_acked_lost(
     assert sum(len(p.acked_at) for p in producers) >= PRODUCERS * (BEFORE + AFTER)
 
 
-def check_nothing_lost(cluster: LocalCluster, tail: str, producers: list[Producer]) -> None:
-    snapshot = read_snapshot(cluster.url(tail), QUEUE, "check")
+def check_nothing_lost(
+    cluster: LocalCluster, tail: str, producers: list[Producer], queue: str = QUEUE
+) -> None:
+    snapshot = read_snapshot(cluster.url(tail), queue, "check")
     history: list[HistoryEvent] = [e for p in producers for e in p.history]
     messages = tuple((m["seq"], m["key"], m["value"]) for m in snapshot.messages)
     history.append(
-        Snapshot(9_999_999, QUEUE, "check", 0, snapshot.hwm, snapshot.boundary, messages, True)
+        Snapshot(9_999_999, queue, "check", 0, snapshot.hwm, snapshot.boundary, messages, True)
     )
     verdict = check(history)
     print(f"acked {verdict.acked_versions}, delivered {verdict.delivered_messages}")
