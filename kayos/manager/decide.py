@@ -13,10 +13,11 @@ Rules (the reasons are in docs/manager.md):
 - a node whose neighbour reports a p99 above ``slow_p99_ms`` over at least ``slow_window_ms`` is
   slow and spliced out the same way, unless that would leave the shard with fewer than
   ``min_replicas`` members: then it stays, with a ``slow_node_kept`` alert;
-- a node that reports its disk full is ``full``: it leaves every chain where it is not the head,
-  like a down node (even below ``min_replicas``: a member that cannot commit holds every acks=all
-  write up), and stays head where it leads (the head refuses writes with disk_full itself);
-  ``member_disk_full`` alerts say so; it returns like a down node once it reports room;
+- a node that reports its disk full is ``full``: it leaves every chain where it is not the head and
+  the head is not full, like a down node (even below ``min_replicas``: a member that cannot commit
+  holds every acks=all write up); it stays head where it leads, and stays below a full head (a full
+  head refuses writes with disk_full itself, so nothing stalls); ``member_disk_full`` alerts say
+  so; it returns like a down node once it reports room;
 - a shard shorter than ``min_replicas`` carries a ``shard_below_min_replicas`` alert;
 - a down or slow node that returns catches up from each departed shard's tail (rolling back first
   if its takeover table diverged from the head's), then rejoins as tail;
@@ -379,7 +380,9 @@ def _reconcile(view: ManagerView) -> ManagerView:
             state = states[member]
             if state == "slow" and _staying(chain, shard.moves, member) < view.config.min_replicas:
                 continue  # kept: slow is better than under the minimum (docs/manager.md)
-            full_below_head = state == "full" and chain[0] != member  # rule 9
+            # Rule 9: a full member leaves a chain whose head takes writes (it would stall them);
+            # under a full head, which refuses writes itself, it stays (it would only lose a copy).
+            full_below_head = state == "full" and chain[0] != member and states[chain[0]] != "full"
             if (state in ("down", "slow", "removed") or full_below_head) and len(chain) > 1:
                 chain.remove(member)
                 if state != "removed" and member not in departed:

@@ -327,16 +327,21 @@ def check_invariants(before: ManagerView, after: ManagerView) -> None:
         for n in after.nodes
         if n.state in ("down", "slow", "full", "removed") and was.get(n.id) != n.state
     ]
+    now = {node.id: node.state for node in after.nodes}
     for shard, old in zip(after.shards, before.shards, strict=True):
-        if not lost:
+        # A full member may leave when its shard's head stops being full (rule 9), a step in
+        # which its own state does not change.
+        full_left = [n for n in old.chain if n not in shard.chain and now.get(n) == "full"]
+        if not lost and not full_left:
             assert replica_count(shard) >= replica_count(old), f"shrank: {old} -> {shard}"
         assert shard.chain, f"shard {shard.id} lost its last member"
         assert shard.epoch >= old.epoch
         assert len(set(shard.chain)) == len(shard.chain)
         states = {node.id: node.state for node in after.nodes}
         if len(shard.chain) > 1:
-            assert all(states[n] in ("up", "suspect", "slow") for n in shard.chain[1:]), shard
-            # Rule 9: a full node stays only as head (it refuses writes itself).
+            # Rule 9: a full node stays only as head, or below a full head (which refuses writes).
+            below = ("up", "suspect", "slow", "full") if states[shard.chain[0]] == "full" else ()
+            assert all(states[n] in ("up", "suspect", "slow", *below) for n in shard.chain[1:])
             assert states[shard.chain[0]] in ("up", "suspect", "slow", "full"), shard
         targets = {target for target, _ in shard.moves}
         assert set(shard.catching_up) <= set(shard.departed) | targets, shard
