@@ -507,6 +507,32 @@ assert manager_members_max >= 3
 assert manager_slow_return_polls >= 1
 assert manager_change_history_epochs >= 1
 
+# --- head leases (docs/manager.md "Head leases", docs/replication-protocol.md "Confirming") ------
+
+# A node holds a read lease for this long from the local monotonic time it answered a manager
+# poll, once the leader's Raft-committed answer to that poll names an epoch the node holds. A third
+# of the detection window: measured from before the leader heard the node, a lease ends at least
+# 4 s before the manager can call the node down, far more than any clock rate drift could eat; and
+# ten poll rounds long, so a few slow rounds do not let a healthy head's lease lapse. A head serves
+# confirmations (and its own snapshots) only while it holds one; a head whose shard just lost a
+# member holds its writes this long after adopting the change (leases granted before it end).
+head_lease_ms = manager_detection_window_ms // 3
+# A node hands out a new lease nonce (GET /v1/status "lease_nonce") at most this often, reusing
+# the newest one in between: an older nonce starts the lease earlier, never later, so reuse is
+# safe, and a flood of status requests cannot push the leader's nonce out of the table below.
+lease_nonce_interval_ms = 50
+# Nonces a node remembers (with the time each was handed out): at one per interval this covers
+# 3.2 s, past a whole lease, so the leader's answer always finds its nonce.
+lease_nonces_max = 64
+# A member answers at most this many CONFIRMs of one downstream link at a time; past it, a CONFIRM
+# is answered "not held" at once (a downstream sends one per wave of snapshot requests).
+link_confirms_pending_max = 64
+
+assert 0 < head_lease_ms < manager_detection_window_ms - 2 * manager_poll_interval_ms
+assert head_lease_ms > 5 * manager_poll_interval_ms
+assert lease_nonces_max * lease_nonce_interval_ms > head_lease_ms
+assert link_confirms_pending_max >= 1
+
 # --- topology changes (docs/node-api.md, "Topology changes") -----------------------------------
 
 # A node starting asks each peer's GET /v1/topology for a newer signed topology, all at once, for

@@ -401,6 +401,7 @@ def node(
     import asyncio
     import logging
 
+    from kayos.control.config import members_from
     from kayos.errors import KayosError
     from kayos.node.server import Listen, serve
     from kayos.topology import Topology
@@ -411,7 +412,9 @@ def node(
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         topology = Topology.load(config_path)
-        asyncio.run(serve(topology, node_id, data_dir, listen=listen))
+        # Manager members in the file: the chains can be spliced, so heads need a lease.
+        managed = bool(members_from(config_path))
+        asyncio.run(serve(topology, node_id, data_dir, listen=listen, managed=managed))
     except KayosError as exc:  # refused at start: a bad file, another cluster's data directory
         raise click.ClickException(f"{exc.code}: {exc}") from exc
 

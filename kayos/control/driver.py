@@ -374,6 +374,23 @@ def plan_round(
     return Plan(events, send_topology, send_catch_up, memory, _followers_notes(view, answers))
 
 
+def lease_grants(view: ManagerView, answers: Mapping[str, Answer]) -> list[tuple[str, Any]]:
+    """The lease answers of a round whose entry is committed (``view``: the view after it): to
+    every node that answered with a ``lease_nonce``, the view's epoch and whether the node is
+    still a member of some chain and not down or removed (docs/manager.md, "Head leases"). Sent
+    only after the commit, so a leader that lost its majority grants nothing."""
+    states = {n.id: n.state for n in view.nodes}
+    in_chain = {m for s in view.shards for m in s.chain}
+    grants: list[tuple[str, Any]] = []
+    for node, answer in sorted(answers.items()):
+        nonce = answer.status.get("lease_nonce") if answer.status is not None else None
+        if type(nonce) is not int or nonce < 0 or node not in states:
+            continue
+        member = node in in_chain and states[node] not in ("down", "removed")
+        grants.append((node, {"epoch": view.epoch, "nonce": nonce, "member": member}))
+    return grants
+
+
 def node_addresses(view: ManagerView, nodes: Mapping[str, NodeAddr]) -> dict[str, NodeAddr]:
     """The file's node addresses and those of nodes added at runtime (AddNode, in the view)."""
     added = {a.id: NodeAddr(a.id, a.host, a.http_port, a.bin_port) for a in view.added}
@@ -466,7 +483,14 @@ class Driver:
         after, actions = await self.submit(plan.events)
         sends = sends_for(after, actions)
         topology_to = sorted(set(plan.send_topology) | set(sends.topology_to))
-        await self.carry_out(after, actions, topology_to, [*plan.send_catch_up, *sends.catch_ups])
+        grants = lease_grants(after, dict(zip(ids, answers, strict=True)))
+        await asyncio.gather(
+            self.carry_out(after, actions, topology_to, [*plan.send_catch_up, *sends.catch_ups]),
+            *(
+                self._send(node, "/v1/admin/lease", signed(self.identity, "lease", body))
+                for node, body in grants
+            ),
+        )
         await asyncio.gather(*(self._send_followers(note) for note in plan.send_followers))
 
     async def _send_followers(self, note: FollowersNote) -> None:

@@ -38,6 +38,7 @@ from kayos.errors import (
     WrongRoleError,
 )
 from kayos.node import learners
+from kayos.node.lease_api import apply_lease
 from kayos.node.operator_api import routes as operator_routes
 from kayos.node.runtime import GROUP_STATE_META, HWM_META, Node, Page, link_status
 from kayos.node.runtime import lag_seconds as lag_seconds_of
@@ -486,6 +487,11 @@ def make_app(node: Node) -> web.Application:
     async def catch_up(request: web.Request) -> web.Response:
         order = learners.parse_catch_up(node.topology.identity, await read_body(request))
         return _reply(request, await learners.start_catch_up(node, order))
+
+    @routes.post("/v1/admin/lease")
+    async def lease(request: web.Request) -> web.Response:
+        message = await read_body(request)
+        return _reply(request, apply_lease(node.topology.identity, node.lease, node.epoch, message))
 
     @routes.post("/v1/admin/followers")
     async def followers(request: web.Request) -> web.Response:

@@ -19,6 +19,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import os
 import random
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from kayos.clock import Clock
 from kayos.errors import InvalidRequest, KayosError, Unauthenticated, UnavailableError
 from kayos.identity import ClusterIdentity
 from kayos.node import learners
+from kayos.replication.lease import NodeLease, write_holds
 from kayos.replication.replica import ShardReplica
 from kayos.replication.upstream import UpstreamLink
 from kayos.signing import check_signed
@@ -51,6 +53,7 @@ class Node(Protocol):
     ready: bool
     _links: list[UpstreamLink]
     learners: dict[int, learners.Learner]
+    lease: NodeLease
 
     @property
     def epoch(self) -> int: ...
@@ -235,6 +238,9 @@ class Reconfigurer:
         self.message: dict[str, Any] | None = None
         # Shards whose replica is being re-made: requests for them get ``unavailable``.
         self.changing: set[int] = set()
+        # Per shard, until when (monotonic s) its head takes no write: the chain lost a member
+        # that may still hold a lease (``lease.write_holds``).
+        self.writes_held_until_s: dict[int, float] = {}
 
     async def choose_at_start(self) -> None:
         """Adopts the newest of the command line's topology, ``DATA/topology.json`` and the
@@ -309,6 +315,11 @@ class Reconfigurer:
                 leaving.append(replica)
             elif change == "open":
                 self.changing.add(shard_id)
+        if node.lease.state.managed:
+            until = node.clock.monotonic_s() + limits.head_lease_ms / 1000
+            for shard_id in write_holds(node.node_id, node.topology, new):
+                self.writes_held_until_s[shard_id] = until
+        node.lease.adopted(new.epoch)
         node.topology = new
         self.message = message
         # A learner of a shard this node now is a member of closes first: the member's replica
@@ -319,6 +330,7 @@ class Reconfigurer:
             if change == "keep" and kept is not None:
                 kept.topology = new
                 kept.shard = new.shards[shard_id]
+                kept.writes_held_until_s = self.writes_held_until_s.get(shard_id, -math.inf)
         try:
             for replica in leaving:
                 await self.close_replica(replica)
@@ -385,6 +397,8 @@ class Reconfigurer:
             )
         )
         replica.commit_observer = node.commit_seconds.labels(str(shard.id)).observe
+        replica.lease_holds = node.lease.holds
+        replica.writes_held_until_s = self.writes_held_until_s.get(shard.id, -math.inf)
         if replica.role == "head" and replica.repairing and replica.downstreams:
             # Its store lost a suffix: it re-fetches from its downstream before it serves.
             link = UpstreamLink(

@@ -44,6 +44,7 @@ from kayos.replication.downstream import serve_downstream
 from kayos.replication.handshake import HostAddresses, accept_peer, shown
 from kayos.replication.latency import LatencyWindow
 from kayos.replication.latency import summary as latency_summary
+from kayos.replication.lease import NodeLease, unconfirmed
 from kayos.replication.liveness import Direction, LinkHealth, keep_alive
 from kayos.replication.replica import (
     PROTOCOL_VERSION,
@@ -134,6 +135,7 @@ class Node:
         *,
         clock: Clock | None = None,
         rng: random.Random | None = None,
+        managed: bool = False,
     ) -> None:
         if node_id not in topology.nodes:
             raise InvalidRequest(f"node {node_id!r} is not in the topology")
@@ -143,6 +145,9 @@ class Node:
         self.data_dir = data_dir
         self.clock = clock or SystemClock()
         self.rng = rng or random.Random()  # noqa: S311 (backoff jitter and tail choice)
+        # The read lease from the cluster manager (``managed``: the topology file names manager
+        # members; without them the lease always holds). docs/manager.md, "Head leases".
+        self.lease = NodeLease(managed=managed, epoch=topology.epoch, clock=self.clock)
         self.replicas: dict[int, ShardReplica] = {}
         # Shards this node copies as a learner (kayos.node.learners), outside their chains.
         self.learners: dict[int, learners.Learner] = {}
@@ -451,10 +456,9 @@ class Node:
                     f" {replica.progress.upstream_point}, link point heard"
                     f" {replica.link_point_heard})"
                 )
-            if not await replica.confirm_linked(wait_s):
+            if not await replica.confirm_chain(wait_s):
                 raise UnavailableError(
-                    f"shard {replica.shard_id} on {self.node_id}: its upstream"
-                    f" {replica.upstream} did not confirm the link (the chain may have changed)"
+                    unconfirmed(replica.shard_id, self.node_id, replica.upstream)
                 )
         while True:
             try:
@@ -487,6 +491,9 @@ class Node:
             "node": self.node_id,
             "epoch": self.epoch,
             "ready": self.ready,
+            # The manager leader answers this nonce once its round is committed (lease_api).
+            "lease_nonce": self.lease.ask(),
+            "lease_remaining_ms": self.lease.remaining_ms(),
             "latency": self.latency(),
             "disk": disk_status(self.data_dir, self.replicas),
             "shards": {

@@ -37,14 +37,16 @@ async def serve(
     data_dir: str,
     ready: asyncio.Event | None = None,
     listen: Listen | None = None,
+    managed: bool = False,
 ) -> None:
     """Serves until SIGINT/SIGTERM, then closes links and stores cleanly.
 
     In this order (docs/node-api.md "Owners, locks and ports"): lock ``data_dir``, bind both
     ports, and only then open the stores and contact peers; a held lock
     (``DirectoryInUseError``) or a taken port (``AddressInUseError``) ends it before that.
-    ``listen`` binds elsewhere than the topology's address (a proxy in front of the node)."""
-    node = Node(topology, node_id, data_dir)
+    ``listen`` binds elsewhere than the topology's address (a proxy in front of the node);
+    ``managed``: manager members can splice the chains (the node's lease, docs/manager.md)."""
+    node = Node(topology, node_id, data_dir, managed=managed)
     lock = DirectoryLock.acquire(data_dir, what=f"node {node_id}'s data dir")
     try:
         http_listener, bin_listener = bind_ports(node, listen)

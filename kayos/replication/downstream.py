@@ -199,6 +199,7 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
     stream.on_round_trip = health.latency.add
     sender = asyncio.create_task(link.run())
     sender.add_done_callback(_close_with(stream))
+    confirming = _ConfirmAnswers(replica, stream)
     try:
         while True:
             reply = await recv_or_companion_failure(stream, sender)
@@ -226,9 +227,12 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
                 replica.downstream_event(event)
             elif isinstance(reply, fr.Ping):
                 stream.send(fr.Pong(reply.nonce))
+            elif isinstance(reply, fr.Confirm):
+                confirming.answer(reply.nonce)
             elif not isinstance(reply, fr.Pong):
                 raise ProtocolError(f"unexpected {type(reply).__name__} from a downstream")
     finally:
+        confirming.close()
         health.detach(stream)
         link.closed = True
         sender.cancel()
@@ -239,6 +243,34 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
             replica.copy_links.discard(key)
         if replica._links.get(key) is link:
             del replica._links[key]
+
+
+class _ConfirmAnswers:
+    """Answers a downstream's CONFIRMs (docs/replication-protocol.md, "Confirming a snapshot"):
+    each once the chain above is confirmed after it came in (``confirm_chain``), at most
+    ``limits.link_confirms_pending_max`` at a time (past it: not held, at once)."""
+
+    def __init__(self, replica: ShardReplica, stream: FrameStream) -> None:
+        self.replica = replica
+        self.stream = stream
+        self.pending: set[asyncio.Task[None]] = set()
+
+    def answer(self, nonce: int) -> None:
+        if len(self.pending) >= limits.link_confirms_pending_max:
+            self.stream.send(fr.Confirmed(nonce, False))
+            return
+        task = asyncio.create_task(self._answer(nonce))
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
+
+    async def _answer(self, nonce: int) -> None:
+        held = await self.replica.confirm_chain(limits.consume_commit_point_wait_ms / 1000)
+        with contextlib.suppress(Exception):  # the link is gone: nobody to answer
+            self.stream.send(fr.Confirmed(nonce, held))
+
+    def close(self) -> None:
+        for task in self.pending:
+            task.cancel()
 
 
 def check_copy_peer(replica: ShardReplica, node: str, role: str) -> None:

@@ -47,6 +47,8 @@ __all__ = [
     "CommitPoint",
     "Committed",
     "CommittedReply",
+    "Confirm",
+    "Confirmed",
     "ErrorFrame",
     "FieldSpec",
     "Frame",
@@ -67,12 +69,13 @@ __all__ = [
 ]
 
 # The highest protocol version this build speaks, and the lowest it still accepts in a handshake.
-PROTOCOL_VERSION: Final = 3
+PROTOCOL_VERSION: Final = 4
 PROTOCOL_VERSION_MIN: Final = 1
 # Replication links need both sides at this version or later: version 2 forwards before it
 # persists and carries the commit point down the chain, version 3 authenticates both sides of a
-# link (docs/replication-protocol.md).
-LINK_PROTOCOL_VERSION_MIN: Final = 3
+# link, version 4 confirms a snapshot below the head up to a head holding a lease (CONFIRM,
+# docs/replication-protocol.md "Confirming a snapshot").
+LINK_PROTOCOL_VERSION_MIN: Final = 4
 
 # HELLO's role field: a client, the connector's role in the shard's chain, or a copy that counts
 # in no commit: a learner (a node outside the chain catching up) or a member repairing its store.
@@ -347,6 +350,22 @@ class Pong(_FrameBase):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Confirm(_FrameBase):
+    """A downstream asks whether the chain above it is whole up to a head holding its lease;
+    ``nonce`` grows strictly per link and sender."""
+
+    nonce: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Confirmed(_FrameBase):
+    """Answers the ``Confirm`` with the same nonce: ``held`` or not."""
+
+    nonce: int
+    held: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class AuthChallenge(_FrameBase):
     """The acceptor of a replication link asks the connector to prove the cluster secret."""
 
@@ -538,6 +557,8 @@ Frame: TypeAlias = (
     | ErrorFrame
     | Ping
     | Pong
+    | Confirm
+    | Confirmed
     | AuthChallenge
     | AuthProof
     | AuthOk
@@ -693,6 +714,11 @@ FRAME_TABLE: Final[tuple[FrameSpec, ...]] = (
         FieldSpec("prefix_crc", _U32, 3),
         FieldSpec("generation", _U64, 3),
         FieldSpec("last_seq", _U64, 3),
+    )),
+    FrameSpec(25, "CONFIRM", Confirm, "downstream -> upstream", 4, (FieldSpec("nonce", _U64, 4),)),
+    FrameSpec(26, "CONFIRMED", Confirmed, "upstream -> downstream", 4, (
+        FieldSpec("nonce", _U64, 4),
+        FieldSpec("held", _BOOL, 4),
     )),
     FrameSpec(32, "PRODUCE", Produce, "client -> head", 1, (
         _f("request_id", _U64),

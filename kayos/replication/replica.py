@@ -20,6 +20,7 @@ import contextlib
 import heapq
 import itertools
 import logging
+import math
 import os
 import random
 import shutil
@@ -129,9 +130,16 @@ class FrameStream:
         # Seconds spent decoding received bytes (a copy link's throttle counts its work).
         self.decode_s = 0.0
         # The last PING nonce sent and the highest PONG nonce read: nonces grow per connection,
-        # so a PONG at or past a nonce answers every PING up to it (``confirm_linked``).
+        # so a PONG at or past a nonce answers every PING up to it.
         self.ping_nonce = 0
         self.pong_nonce = 0
+        # CONFIRMs (docs/replication-protocol.md, "Confirming a snapshot"): the last nonce sent and
+        # when, and the highest nonces answered held and not held (a later answer covers every
+        # earlier CONFIRM: the peer answers only on what happened after it received its one).
+        self.confirm_nonce = 0
+        self.confirm_sent_s = 0.0
+        self.held_nonce = 0
+        self.refused_nonce = 0
 
     def unanswered_since(self) -> float | None:
         return min(self._pinged.values()) if self._pinged else None
@@ -141,6 +149,24 @@ class FrameStream:
         self.ping_nonce += 1
         self.send(fr.Ping(self.ping_nonce))
         return self.ping_nonce
+
+    def confirm(self, since_s: float) -> int:
+        """The nonce of a CONFIRM sent at or after ``since_s`` (monotonic) and not yet answered,
+        sending a new one if there is none."""
+        pending = self.confirm_nonce > max(self.held_nonce, self.refused_nonce)
+        if not (pending and self.confirm_sent_s >= since_s):
+            self.confirm_nonce += 1
+            self.confirm_sent_s = self.clock.monotonic_s()
+            self.send(fr.Confirm(self.confirm_nonce))
+        return self.confirm_nonce
+
+    def confirmed(self, nonce: int) -> bool | None:
+        """The answer to CONFIRM ``nonce``: held, not held, or None while none has come."""
+        if self.held_nonce >= nonce:
+            return True
+        if self.refused_nonce >= nonce:
+            return False
+        return None
 
     def lift_frame_bound(self) -> None:
         """The full ``limits.frame_bytes_max`` from now on: the handshake is done."""
@@ -178,6 +204,11 @@ class FrameStream:
         frame = self._ready.pop()
         if type(frame) is fr.Pong:
             self.pong_nonce = max(self.pong_nonce, frame.nonce)
+        elif type(frame) is fr.Confirmed:
+            if frame.held:
+                self.held_nonce = max(self.held_nonce, frame.nonce)
+            else:
+                self.refused_nonce = max(self.refused_nonce, frame.nonce)
         if type(frame) is fr.Pong and self._pinged:
             sent = self._pinged.pop(frame.nonce, None)
             if sent is not None and self.on_round_trip is not None:
@@ -313,6 +344,10 @@ class _Write:
     future: asyncio.Future[CommitResult]
 
 
+def _always() -> bool:
+    return True
+
+
 def _expire(future: asyncio.Future[int]) -> None:
     if not future.done():
         future.set_result(-1)
@@ -413,6 +448,12 @@ class ShardReplica:
         target = self.store.meta.get(CATCH_UP_META_KEY, 0)
         self.catching_up = isinstance(target, int) and self.store.last_seq < target
         self.upstream_stream: FrameStream | None = None
+        # Whether this node holds its lease from the manager (kayos/replication/lease.py; the
+        # node sets it): a head answers CONFIRM, and serves a snapshot itself, only then.
+        self.lease_holds: Callable[[], bool] = _always
+        # A head whose shard just lost a member takes no write before this (monotonic s): leases
+        # granted before the change end first (docs/manager.md, "Head leases").
+        self.writes_held_until_s = -math.inf
         # A COMMIT_POINT came on the current upstream link (a tail serves only then: see
         # holds_upstream_point).
         self.link_point_heard = False
@@ -690,30 +731,35 @@ class ShardReplica:
                 await asyncio.wait_for(self.changed.waiter(), remaining)
         return True
 
-    async def confirm_linked(self, timeout_s: float) -> bool:
-        """Whether this member's upstream still has it as its downstream now: a PING sent on the
-        current upstream link after the call is answered on that link. A member below the head
-        serves a new snapshot only then (docs/node-api.md, "Consume"). The manager may have
-        spliced it out of the chain while it was paused or cut off, and the chain may have
-        committed a group's mark without it; its old upstream closes the link when it adopts the
-        new chain, so no PONG sent after that comes back, and with no link there is no answer
-        (the real-process campaign with the manager, seed 11: a tail resumed after a SIGSTOP
-        served a mark older than one acknowledged meanwhile). A head always is."""
+    async def confirm_chain(self, timeout_s: float) -> bool:
+        """Whether the chain above this member is whole now, up to a head that holds its lease:
+        a CONFIRM sent on the current upstream link after the call is answered ``held``
+        (docs/replication-protocol.md, "Confirming a snapshot"). A member below the head serves a
+        new snapshot only then (docs/node-api.md, "Consume"), and answers its own downstream's
+        CONFIRM with it. The manager may have spliced it out while it was paused or cut off, and
+        the new chain may have committed a group's mark without it: its old upstream closes the
+        link when it adopts the new chain (the real-process campaign, seed 11), a cut-off upstream
+        cannot answer, and a cut-off part of the old chain, head included, reaches no lease (one
+        hop was not enough: a tail cut off with its upstream kept its link). A head answers from
+        its lease (always held without a manager). False: refused, or no answer in time."""
         if self.upstream is None:
-            return True
+            return self.lease_holds()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        since_s = self.clock.monotonic_s()
         asked: tuple[FrameStream, int] | None = None
         while True:
             stream = self.upstream_stream
             if stream is not None:
                 if asked is None or asked[0] is not stream:
                     try:
-                        asked = (stream, stream.ping())
+                        asked = (stream, stream.confirm(since_s))
                     except Exception:  # the connection is gone: its reader ends the link
                         asked = None
-                if asked is not None and stream.pong_nonce >= asked[1]:
-                    return True
+                if asked is not None:
+                    verdict = stream.confirmed(asked[1])
+                    if verdict is not None:
+                        return verdict
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return False
@@ -744,6 +790,12 @@ class ShardReplica:
         if self.repairing:
             raise UnavailableError(
                 f"{self.node_id} is repairing its store of shard {self.shard_id}; retry later"
+            )
+        held_s = self.writes_held_until_s - self.clock.monotonic_s()
+        if held_s > 0:
+            raise UnavailableError(
+                f"{self.node_id} holds writes to shard {self.shard_id} for {held_s * 1000:.0f} ms"
+                " more: the chain lost a member, whose lease from the manager ends first"
             )
 
     def repair_status(self) -> dict[str, Any] | None:

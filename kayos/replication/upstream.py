@@ -296,7 +296,9 @@ class UpstreamLink:
                 elif isinstance(frame, fr.Ping):
                     stream.send(fr.Pong(frame.nonce))
                 elif isinstance(frame, fr.Pong):
-                    replica.changed.notify()  # a snapshot may wait for it (confirm_linked)
+                    pass  # liveness only (counted by the stream)
+                elif isinstance(frame, fr.Confirmed):
+                    replica.changed.notify()  # a snapshot may wait for it (confirm_chain)
                 elif isinstance(frame, fr.ErrorFrame):
                     raise_error_frame(frame)
                 else:

@@ -132,6 +132,9 @@ GOLDEN: list[tuple[f.Frame, str]] = [
         f.AuthOk(mac=bytes(range(32, 64))),
         "00000024 08 91 c420 202122232425262728292a2b2c2d2e2f303132333435363738393a3b3c3d3e3f",
     ),
+    # The confirmation frames of version 4 (docs/replication-protocol.md, "Confirming a snapshot").
+    (f.Confirm(nonce=5), "00000003 19 91 05"),
+    (f.Confirmed(nonce=5, held=True), "00000004 1a 92 05 c3"),
 ]
 
 GOLDEN_FRAMES = [frame for frame, _ in GOLDEN]
@@ -193,6 +196,8 @@ def test_table_matches_protocol_document() -> None:
         22: "SNAPSHOT_REQUEST",
         23: "SNAPSHOT_CHUNK",
         24: "SNAPSHOT_END",
+        25: "CONFIRM",
+        26: "CONFIRMED",
         32: "PRODUCE",
         33: "PRODUCED",
         34: "WAIT_COMMITTED",
@@ -207,6 +212,8 @@ def test_table_matches_protocol_document() -> None:
             "SNAPSHOT_REQUEST": 3,
             "SNAPSHOT_CHUNK": 3,
             "SNAPSHOT_END": 3,
+            "CONFIRM": 4,
+            "CONFIRMED": 4,
         }
         assert spec.since_version == since.get(spec.name, 1)
         assert all(field.since_version == spec.since_version for field in spec.fields)
@@ -397,7 +404,7 @@ def test_round_trip_stream_in_random_chunks(frame_list: list[f.Frame], data: st.
 # --- malformed input -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", [0, 9, 15, 25, 31, 36, 255])
+@pytest.mark.parametrize("kind", [0, 9, 15, 27, 31, 36, 255])
 def test_unknown_kind(kind: int) -> None:
     decode_fails(raw_frame(kind, raw_body([5])), match=f"unknown frame kind {kind}")
 

@@ -37,15 +37,18 @@ SEED = 20261122
 WAIT_S = 30.0
 
 
-def _node(topology: Topology, node_id: str, base: Path) -> Node:
-    return Node(topology, node_id, str(base / node_id), rng=random.Random(SEED))
+def _node(topology: Topology, node_id: str, base: Path, *, managed: bool = False) -> Node:
+    return Node(topology, node_id, str(base / node_id), rng=random.Random(SEED), managed=managed)
 
 
 @contextlib.asynccontextmanager
-async def _chain(base: Path) -> AsyncIterator[tuple[Topology, dict[str, Node]]]:
-    """Nodes a -> b -> c of one shard; ``nodes`` may be changed (a node restarted) inside."""
-    topology = one_shard_topology(["a", "b", "c"])
-    nodes = {n: _node(topology, n, base) for n in "abc"}
+async def _chain(
+    base: Path, ids: str = "abc", *, managed: bool = False
+) -> AsyncIterator[tuple[Topology, dict[str, Node]]]:
+    """Nodes a -> b -> c of one shard (or ``ids``; ``managed``: their heads need a lease from the
+    manager); ``nodes`` may be changed (a node restarted) inside."""
+    topology = one_shard_topology(list(ids))
+    nodes = {n: _node(topology, n, base, managed=managed) for n in ids}
     for node in nodes.values():
         await node.start()
     try:

@@ -1,5 +1,6 @@
-"""A member below the head serves a new consumer snapshot only once its upstream answered a PING
-sent on the current link after the request came in (``ShardReplica.confirm_linked``).
+"""A member below the head serves a new consumer snapshot only once its upstream answered a
+CONFIRM sent on the current link after the request came in, held up to the head
+(``ShardReplica.confirm_chain``; docs/replication-protocol.md, "Confirming a snapshot").
 
 The real-process campaign with the manager (seed 11, docs/testing.md "Findings") paused a tail
 past the detection window: the manager spliced it out, the new chain committed a group's mark
@@ -32,9 +33,9 @@ async def test_a_tail_whose_upstream_link_is_gone_serves_no_new_snapshot(
         page = await nodes["c"].consume(queue, "g", after=None, upto=None, limit=10, wait_ms=0)
         assert [int(seq) for seq in page.seqs] == [1]  # linked: its upstream answers
         assert tail.upstream_stream is not None
-        pinged = tail.upstream_stream.ping_nonce
-        assert pinged > 0
-        assert tail.upstream_stream.pong_nonce >= pinged
+        asked = tail.upstream_stream.confirm_nonce
+        assert asked > 0
+        assert tail.upstream_stream.confirmed(asked) is True
 
         # Its upstream goes away (as when it adopts a chain without this member, or is cut off):
         # the tail holds everything it was told is committed, yet serves no new snapshot.

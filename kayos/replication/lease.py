@@ -1,0 +1,188 @@
+"""A node's read lease from the cluster manager: pure decisions and a thin holder.
+
+A head serves a confirmation (docs/replication-protocol.md, "Confirming a snapshot") only while
+its node holds a lease. The leader polls every node (``GET /v1/status``), which hands out a
+nonce; once the leader has *committed* the round's Raft entry, it tells the node the nonce back
+with the view's epoch and whether the node is still a chain member (``POST /v1/admin/lease``).
+Such an answer extends the lease to the local time the nonce was handed out plus
+``limits.head_lease_ms``, but only if its epoch is one the node holds: a later epoch may have
+spliced the node out, and it ends the lease at once. The argument is in docs/manager.md,
+"Head leases". Without a manager (static chains) the lease always holds: nothing can splice the
+chain.
+
+``decide(state, event) -> (state, notes)`` reads no clock: times come inside events, so
+transcript tests drive it with plain numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from kayos import limits
+from kayos.clock import Clock, SystemClock
+from kayos.topology import Topology
+
+__all__ = [
+    "Asked",
+    "EpochAdopted",
+    "Granted",
+    "LeaseEvent",
+    "LeaseState",
+    "NodeLease",
+    "decide",
+    "holds",
+    "unconfirmed",
+    "write_holds",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseState:
+    """``managed``: a manager can splice this node's chains (else the lease always holds);
+    ``epoch``: the topology epoch the node holds; ``until_s``: the lease's end on the node's
+    monotonic clock (None: no lease); ``asks``: nonces handed out, oldest first, with their
+    times; ``nonce``: the last nonce handed out."""
+
+    managed: bool
+    epoch: int
+    until_s: float | None = None
+    asks: tuple[tuple[int, float], ...] = ()
+    nonce: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """The node answers a status poll at ``at_s``: it hands out a nonce."""
+
+    at_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Granted:
+    """The leader's committed answer to the poll that got ``nonce``: the view's ``epoch`` and
+    whether the node is still a member of some chain there."""
+
+    nonce: int
+    epoch: int
+    member: bool
+
+
+@dataclass(frozen=True, slots=True)
+class EpochAdopted:
+    """The node now holds topology ``epoch``."""
+
+    epoch: int
+
+
+LeaseEvent = Asked | Granted | EpochAdopted
+
+
+def decide(state: LeaseState, event: LeaseEvent) -> tuple[LeaseState, tuple[str, ...]]:
+    """The lease after ``event``, and notes for the log (a lease lost or refused)."""
+    if isinstance(event, Asked):
+        newest = state.asks[-1] if state.asks else None
+        if newest is not None and event.at_s - newest[1] < limits.lease_nonce_interval_ms / 1000:
+            return state, ()  # the newest nonce is reused: it starts earlier, never later
+        nonce = state.nonce + 1
+        asks = (*state.asks, (nonce, event.at_s))[-limits.lease_nonces_max :]
+        return dataclasses.replace(state, asks=asks, nonce=nonce), ()
+    if isinstance(event, EpochAdopted):
+        return dataclasses.replace(state, epoch=max(state.epoch, event.epoch)), ()
+    sent = next((at for nonce, at in state.asks if nonce == event.nonce), None)
+    if sent is None:
+        return state, ()  # a nonce never handed out, or one too old to be remembered
+    later = tuple(ask for ask in state.asks if ask[0] > event.nonce)
+    if event.epoch > state.epoch or not event.member:
+        why = (
+            f"the manager is at epoch {event.epoch}, this node at {state.epoch}"
+            if event.epoch > state.epoch
+            else f"the manager's view at epoch {event.epoch} has this node in no chain"
+        )
+        lost = state.until_s is not None
+        notes = (f"lease ended: {why}",) if lost else ()
+        return dataclasses.replace(state, until_s=None, asks=later), notes
+    until = sent + limits.head_lease_ms / 1000
+    if state.until_s is not None:
+        until = max(until, state.until_s)
+    return dataclasses.replace(state, until_s=until, asks=later), ()
+
+
+def holds(state: LeaseState, now_s: float) -> bool:
+    """Whether the node holds a lease at ``now_s``."""
+    if not state.managed:
+        return True
+    return state.until_s is not None and now_s < state.until_s
+
+
+class NodeLease:
+    """The node's lease state and clock: the thin driver the HTTP face and replicas call."""
+
+    def __init__(self, *, managed: bool, epoch: int, clock: Clock | None = None) -> None:
+        self.clock = clock or SystemClock()
+        self.state = LeaseState(managed, epoch)
+        self.notes: list[str] = []  # the last few, for the log and status
+
+    def _apply(self, event: LeaseEvent) -> None:
+        self.state, notes = decide(self.state, event)
+        if notes:
+            self.notes = [*self.notes, *notes][-8:]
+
+    def ask(self) -> int:
+        """A nonce for a status answer (the manager's poll)."""
+        self._apply(Asked(self.clock.monotonic_s()))
+        return self.state.nonce
+
+    def granted(self, nonce: int, epoch: int, member: bool) -> bool:
+        """The leader's answer; whether the lease holds after it."""
+        self._apply(Granted(nonce, epoch, member))
+        return self.holds()
+
+    def adopted(self, epoch: int) -> None:
+        self._apply(EpochAdopted(epoch))
+
+    def holds(self) -> bool:
+        return holds(self.state, self.clock.monotonic_s())
+
+    def remaining_ms(self) -> int | None:
+        """Milliseconds of lease left (None: no manager, it always holds)."""
+        if not self.state.managed:
+            return None
+        if self.state.until_s is None:
+            return 0
+        return max(0, round((self.state.until_s - self.clock.monotonic_s()) * 1000))
+
+
+def unconfirmed(shard: int, node: str, upstream: str | None) -> str:
+    """The ``unavailable`` message of a snapshot refused because the chain did not confirm."""
+    if upstream is None:
+        return (
+            f"shard {shard} on {node}: this head holds no lease from the cluster manager (no"
+            f" committed answer from its leader at an epoch the node holds within"
+            f" {limits.head_lease_ms} ms; it may have been spliced out); retry at the shard's"
+            " current tail"
+        )
+    return (
+        f"shard {shard} on {node}: its upstream {upstream} did not confirm the chain up to a head"
+        " holding its lease from the manager (the chain may have changed, or part of it is cut"
+        " off); retry at the shard's current tail"
+    )
+
+
+def write_holds(node: str, old: Topology, new: Topology) -> frozenset[int]:
+    """Shards whose head ``node`` is in ``new`` and whose chain lost a member since ``old`` (or
+    changed across skipped epochs): such a head takes no write for ``limits.head_lease_ms`` after
+    adopting ``new``, so a member removed while it still held a lease cannot confirm a snapshot
+    that misses a write of the new chain (docs/manager.md, "Head leases")."""
+    held: set[int] = set()
+    skipped = new.epoch > old.epoch + 1
+    for shard_id, shard in new.shards.items():
+        if shard.head != node:
+            continue
+        before = old.shards.get(shard_id)
+        if before is None:
+            continue  # a shard new to the topology: nothing was committed before it
+        lost = set(before.members) - set(shard.members)
+        if lost or (skipped and before != shard):
+            held.add(shard_id)
+    return frozenset(held)
