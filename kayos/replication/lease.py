@@ -5,8 +5,9 @@ its node holds a lease. The leader polls every node (``GET /v1/status``), which 
 nonce; once the leader has *committed* the round's Raft entry, it tells the node the nonce back
 with the view's epoch and whether the node is still a chain member (``POST /v1/admin/lease``).
 Such an answer extends the lease to the local time the nonce was handed out plus
-``limits.head_lease_ms``, but only if its epoch is one the node holds: a later epoch may have
-spliced the node out, and it ends the lease at once. The argument is in docs/manager.md,
+``limits.head_lease_ms``, but only if its epoch is one the node holds (a later epoch may have
+spliced the node out and back in: such an answer extends nothing), and an answer saying the
+node is in no chain ends the lease at once. The argument is in docs/manager.md,
 "Head leases". Without a manager (static chains) the lease always holds: nothing can splice the
 chain.
 
@@ -93,15 +94,15 @@ def decide(state: LeaseState, event: LeaseEvent) -> tuple[LeaseState, tuple[str,
     if sent is None:
         return state, ()  # a nonce never handed out, or one too old to be remembered
     later = tuple(ask for ask in state.asks if ask[0] > event.nonce)
-    if event.epoch > state.epoch or not event.member:
-        why = (
-            f"the manager is at epoch {event.epoch}, this node at {state.epoch}"
-            if event.epoch > state.epoch
-            else f"the manager's view at epoch {event.epoch} has this node in no chain"
-        )
-        lost = state.until_s is not None
-        notes = (f"lease ended: {why}",) if lost else ()
+    if not event.member:
+        why = f"the manager's view at epoch {event.epoch} has this node in no chain"
+        notes = (f"lease ended: {why}",) if state.until_s is not None else ()
         return dataclasses.replace(state, until_s=None, asks=later), notes
+    if event.epoch > state.epoch:
+        # A member at an epoch this node has not adopted yet (its topology is on its way): the
+        # node may have left a chain and come back in between, so this answer extends nothing;
+        # the lease it holds ends on time (the new chain held its writes until then).
+        return dataclasses.replace(state, asks=later), ()
     until = sent + limits.head_lease_ms / 1000
     if state.until_s is not None:
         until = max(until, state.until_s)
