@@ -15,12 +15,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from chaos.sim import lease
 from chaos.sim.core import CLIENT, MANAGER, Endpoint, Link, World
 from chaos.sim.store import Batch, Entry, Store
 from kayos.replication import chain
 from kayos.replication.chain import LinkWindow, Progress, TakeoverTable, rollback_point
 
-PLANTS = ("tail_acks_before_fsync", "skip_rollback", "head_counts_no_ack")
+PLANTS = ("tail_acks_before_fsync", "skip_rollback", "head_counts_no_ack", "no_lease")
 
 
 class Replica:
@@ -58,6 +59,11 @@ class Replica:
         self.table_pending = False  # the upstream's table is recorded but not yet durable
         self.syncing = False
         self.when_idle: list[Callable[[], None]] = []
+        # The head lease, the write hold after a lost member and CONFIRMs waiting (sim/lease.py).
+        self.lease_until = -float("inf")
+        self.writes_held_until = -float("inf")
+        self.confirm_token = 0
+        self.confirming: dict[int, Callable[[bool], None]] = {}
 
     # --- helpers ---------------------------------------------------------------------------------
 
@@ -260,6 +266,7 @@ class Replica:
     def adopt(self, members: tuple[str, ...], epoch: int) -> None:
         if epoch <= self.store.epoch:
             return
+        lease.hold_writes(self, members)
         self.store.chain, self.store.epoch = members, epoch
         self.followers -= set(members)
         self.set_counted(set())  # the manager's new chain ends every count
@@ -563,6 +570,8 @@ class Replica:
         p = self.progress
         if p is None or p.has_upstream or not self.head_ready or self.catch_up is not None:
             return False
+        if lease.writes_held(self):
+            return False
         self.node.heads_seen(self.shard, self.store.epoch)
         first = self.store.last() + 1
         batch = tuple(
@@ -619,6 +628,7 @@ class Node(Endpoint):
         slow_sync_ms: tuple[float, float],
         heartbeat_ms: float,
         heads: dict[tuple[int, int], set[str]],
+        lease_ms: float,
     ) -> None:
         self.world = world
         self.id = node_id
@@ -626,6 +636,7 @@ class Node(Endpoint):
         self.sync_ms = sync_ms
         self.slow_sync_ms = slow_sync_ms
         self.heartbeat_ms = heartbeat_ms
+        self.lease = lease.Lease(lease_ms)
         self.replicas = [Replica(self, shard) for shard in range(shards)]
         self.up = True
         self.paused = False
@@ -677,6 +688,7 @@ class Node(Endpoint):
             return
         self.up, self.paused = False, False
         self.incarnation += 1
+        self.lease.asks = {}  # volatile: a grant for an old nonce finds nothing
         self.inbox = []
         for replica in self.replicas:
             replica.store.crash()
@@ -763,7 +775,7 @@ class Node(Endpoint):
         )
 
     def heartbeat(self) -> None:
-        self.to_manager("heartbeat", self.reports())
+        self.to_manager("heartbeat", self.reports(), self.lease.ask(self.world.now))
         for replica in self.replicas:
             if replica.catch_up is not None and replica.done_sent:
                 # Again: a datagram may be lost.
@@ -795,4 +807,18 @@ class Node(Endpoint):
         group: str,
         reply: Callable[[int, tuple[int, int, list[Entry]] | None], None],
     ) -> None:
-        self.world.send(self.id, CLIENT, reply, op, self.replicas[shard].snapshot(group))
+        replica = self.replicas[shard]
+
+        def confirmed(held: bool) -> None:
+            self.world.send(self.id, CLIENT, reply, op, replica.snapshot(group) if held else None)
+
+        lease.confirm(replica, confirmed)
+
+    def on_confirm(self, shard: int, link: Link, token: int) -> None:
+        lease.on_confirm(self.replicas[shard], link, token)
+
+    def on_confirmed(self, shard: int, link: Link, token: int, held: bool) -> None:
+        lease.on_confirmed(self.replicas[shard], link, token, held)
+
+    def on_lease(self, nonce: int, grants: tuple[tuple[int, bool], ...]) -> None:
+        lease.granted(self, nonce, grants)

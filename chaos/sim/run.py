@@ -48,6 +48,7 @@ FAULT_KINDS = (
     "slow_disk",
     "fsync_error",
     "manager_failover",
+    "partition_pair",
 )
 SIM_PROPERTIES = ("split_brain", "liveness")
 
@@ -83,6 +84,11 @@ class SimConfig:
     detection_window_ms: int = 600
     suspect_after_ms: int = 300
     min_replicas: int = 2
+    # The head lease (limits.head_lease_ms scaled like the rest: a third of the window).
+    lease_ms: float = 200
+    # Consumers learn a new chain this long after the manager publishes it (real clients learn
+    # it from a wrong_role answer or their next refresh): a snapshot may go to a spliced tail.
+    client_topology_lag_ms: float = 200
 
 
 @dataclass(frozen=True)
@@ -172,6 +178,7 @@ class Manager(Endpoint):
         self.tick_ms = tick_ms
         self.client = client
         self.heard: list[tuple[str, int]] = []
+        self.lease_asks: list[tuple[str, int]] = []  # (node, nonce) heard since the last tick
         self.splices = 0
         self.catch_ups = 0
         self.orders = 0
@@ -184,7 +191,19 @@ class Manager(Endpoint):
     def tick(self) -> None:
         heard, self.heard = tuple(self.heard), []
         self.decide(TimerTick(self.now(), heard))
+        self.grant_leases()
         self.world.at(self.tick_ms, self.tick)
+
+    def grant_leases(self) -> None:
+        """Answers the heartbeats this tick applied (the sim's committed round): per shard, its
+        epoch and whether the node is a live member (chaos/sim/lease.py)."""
+        asks, self.lease_asks = self.lease_asks, []
+        for node_id, nonce in asks:
+            state = self.view.node(node_id)
+            live = state is not None and state.state not in ("down", "removed")
+            grants = tuple((s.epoch, live and node_id in s.chain) for s in self.view.shards)
+            endpoint = self.nodes[node_id]
+            self.world.send(MANAGER, node_id, endpoint.on_lease, nonce, grants)
 
     def decide(self, event: ManagerEvent) -> None:
         self.view, actions = decide(self.view, event)
@@ -199,7 +218,9 @@ class Manager(Endpoint):
                 self.catch_ups += 1
                 self.order_catch_up(action.node, action.shard, action.upstream, action.rollback_to)
             elif isinstance(action, PublishTopology):
-                self.client.chains = tuple(s.chain for s in self.view.shards)
+                chains = tuple(s.chain for s in self.view.shards)
+                self.client.chains = chains
+                self.world.at(self.client.config.client_topology_lag_ms, self.client.learn, chains)
 
     def order_catch_up(self, node: str, shard: int, upstream: str, rollback: int | None) -> None:
         """Each order is numbered; a ``CatchUpDone`` answering an older one is dropped (a late
@@ -216,6 +237,8 @@ class Manager(Endpoint):
         if kind in ("heartbeat", "returned"):
             reports = args[0]
             self.heard.append((node, int(at)))
+            if kind == "heartbeat":
+                self.lease_asks.append((node, args[1]))
             state = self.view.node(node)
             if kind == "returned" or (state is not None and state.state in ("down", "slow")):
                 shard_reports = tuple(
@@ -273,12 +296,17 @@ class Client(Endpoint):
         self._tick = 0
         self._op = 0
         self.pending: dict[int, tuple[Any, ...]] = {}
+        # The chains consumers go by: the published ones, client_topology_lag_ms late.
+        self.read_chains = chains
         self.producing = True
         self.reached: dict[tuple[int, str], int] = {}
 
     def tick(self) -> int:
         self._tick += 1
         return self._tick
+
+    def learn(self, chains: tuple[tuple[str, ...], ...]) -> None:
+        self.read_chains = chains
 
     def next_op(self) -> int:
         self._op += 1
@@ -361,7 +389,7 @@ class Client(Endpoint):
         op = self.next_op()
         invoked = self.tick()
         self.pending[op] = (shard, invoked, ("snapshot", group))
-        tail = self.nodes[self.chains[shard][-1]]
+        tail = self.nodes[self.read_chains[shard][-1]]
         self.world.send(CLIENT, tail.id, tail.on_snapshot, shard, op, group, self.on_snapshot)
         self.world.at(self.config.client_timeout_ms, self.on_snapshot, op, None)
 
@@ -423,6 +451,7 @@ class Sim:
                 sync_ms=config.sync_ms,
                 slow_sync_ms=config.slow_sync_ms,
                 heartbeat_ms=config.heartbeat_ms,
+                lease_ms=config.lease_ms,
                 heads=self.heads,
             )
             for node_id in ids
@@ -482,6 +511,15 @@ class Sim:
             for other in others:
                 world.partition(node.id, other)
             world.at(fault.hold_ms, self.heal_node, node.id)
+        elif fault.kind == "partition_pair":
+            # Two nodes (this one and the next by id) cut from the rest and the manager, not from
+            # each other nor the clients: a chain's tail and its upstream may keep their link.
+            ids = sorted(self.nodes)
+            pair = (node.id, ids[(ids.index(node.id) + 1) % len(ids)])
+            for cut in pair:
+                for other in [n for n in self.nodes if n not in pair] + [MANAGER]:
+                    world.partition(cut, other)
+                world.at(fault.hold_ms, self.heal_node, cut)
         elif fault.kind == "reset":
             links = sorted(world.links.values(), key=lambda link: link.id)
             if links:

@@ -1,0 +1,128 @@
+"""Head leases and CONFIRM chains in the simulator (docs/manager.md, "Head leases";
+docs/replication-protocol.md, "Confirming a snapshot").
+
+The model follows the real rules on the simulated clock: a node hands out a nonce with each
+heartbeat; the manager answers it after its next tick has applied that heartbeat (the sim's
+"committed round") with each shard's epoch and whether the node is a member; an answer at an
+epoch the replica holds extends its lease to the nonce's time plus ``lease_ms``, one saying it is
+no member ends it. A head that adopts a chain which lost a member takes no write for ``lease_ms``.
+A snapshot below the head is served only once a CONFIRM travelled up, link by link, to a head
+whose lease holds, and the answer came back.
+
+The sim keeps one lease per shard replica (its chain messages carry per-shard epochs, where the
+real topology is one epoch for all shards): the same argument, shard by shard.
+
+The plant ``no_lease`` turns it off (the tail serves from its own state at once, as before), so
+the simulator can show what the lease prevents.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from chaos.sim.core import Link
+    from chaos.sim.node import Node, Replica
+
+# Nonces a node remembers, and CONFIRMs a replica waits on at once (both bounded).
+NONCES_MAX = 64
+CONFIRMS_MAX = 64
+
+Done = Callable[[bool], None]
+
+
+class Lease:
+    """A node's nonces (volatile: a crash forgets them) and the lease length."""
+
+    def __init__(self, lease_ms: float) -> None:
+        self.lease_ms = lease_ms
+        self.nonce = 0
+        self.asks: dict[int, float] = {}
+
+    def ask(self, now: float) -> int:
+        self.nonce += 1
+        self.asks[self.nonce] = now
+        while len(self.asks) > NONCES_MAX:
+            del self.asks[min(self.asks)]
+        return self.nonce
+
+
+def off(node: Node) -> bool:
+    return node.plant == "no_lease"
+
+
+def granted(node: Node, nonce: int, grants: tuple[tuple[int, bool], ...]) -> None:
+    """The manager's answer to the heartbeat that carried ``nonce``: per shard (epoch, member)."""
+    at = node.lease.asks.get(nonce)
+    if at is None:
+        return
+    node.lease.asks = {n: t for n, t in node.lease.asks.items() if n > nonce}
+    for replica, (epoch, member) in zip(node.replicas, grants, strict=True):
+        if not member:
+            replica.lease_until = -math.inf
+        elif epoch <= replica.store.epoch:
+            replica.lease_until = max(replica.lease_until, at + node.lease.lease_ms)
+
+
+def hold_writes(replica: Replica, members: tuple[str, ...]) -> None:
+    """Before ``replica`` adopts ``members``: a head whose chain lost a member holds writes."""
+    node = replica.node
+    if off(node) or not members or members[0] != node.id:
+        return
+    if set(replica.store.chain) - set(members):
+        replica.writes_held_until = node.world.now + node.lease.lease_ms
+
+
+def writes_held(replica: Replica) -> bool:
+    return replica.node.world.now < replica.writes_held_until
+
+
+def confirm(replica: Replica, done: Done) -> None:
+    """Calls ``done(held)`` once the chain above ``replica`` is confirmed up to a head holding
+    its lease (or at once: a head answers from its lease, a member with no link says no). No
+    answer at all when a message is lost with its link: the asker's own bound ends the wait."""
+    node, p = replica.node, replica.progress
+    if off(node):
+        done(True)
+        return
+    if p is None:
+        done(False)
+        return
+    if not p.has_upstream:
+        done(node.world.now < replica.lease_until)
+        return
+    link = replica.up_link
+    if link is None or not replica.linked:
+        done(False)
+        return
+    replica.confirm_token += 1
+    token = replica.confirm_token
+    replica.confirming[token] = done
+    while len(replica.confirming) > CONFIRMS_MAX:
+        del replica.confirming[min(replica.confirming)]
+    upstream = replica.peer(link.upstream)
+    node.world.send_on(link, node.id, upstream.on_confirm, replica.shard, link, token)
+
+
+def on_confirm(replica: Replica, link: Link, token: int) -> None:
+    """A downstream's CONFIRM on ``link``: answered once the chain above confirms."""
+    if replica.down.get(link.downstream) is not link:
+        return  # not a current downstream link: no answer
+
+    def answer(held: bool) -> None:
+        downstream = replica.peer(link.downstream)
+        replica.node.world.send_on(
+            link, replica.node.id, downstream.on_confirmed, replica.shard, link, token, held
+        )
+
+    confirm(replica, answer)
+
+
+def on_confirmed(replica: Replica, link: Link, token: int, held: bool) -> None:
+    if link is not replica.up_link:
+        return
+    done = replica.confirming.pop(token, None)
+    if done is not None:
+        done(held)
