@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from chaos.sim.core import Link
-    from chaos.sim.node import Node, Replica
+from chaos.sim.core import Link
+
+# chaos/sim/node.py imports this module: its Node and Replica are not imported back (no cycle).
+Node = Any
+Replica = Any
 
 # Nonces a node remembers, and CONFIRMs a replica waits on at once (both bounded).
 NONCES_MAX = 64
@@ -50,7 +52,7 @@ class Lease:
 
 
 def off(node: Node) -> bool:
-    return node.plant == "no_lease"
+    return bool(node.plant == "no_lease")
 
 
 def granted(node: Node, nonce: int, grants: tuple[tuple[int, bool], ...]) -> None:
@@ -76,7 +78,7 @@ def hold_writes(replica: Replica, members: tuple[str, ...]) -> None:
 
 
 def writes_held(replica: Replica) -> bool:
-    return replica.node.world.now < replica.writes_held_until
+    return bool(replica.node.world.now < replica.writes_held_until)
 
 
 def confirm(replica: Replica, done: Done) -> None:
