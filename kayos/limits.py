@@ -514,8 +514,9 @@ assert manager_change_history_epochs >= 1
 # of the detection window: measured from before the leader heard the node, a lease ends at least
 # 4 s before the manager can call the node down, far more than any clock rate drift could eat; and
 # ten poll rounds long, so a few slow rounds do not let a healthy head's lease lapse. A head serves
-# confirmations (and its own snapshots) only while it holds one; a head whose shard just lost a
-# member holds its writes this long after adopting the change (leases granted before it end).
+# confirmations (and its own snapshots) only while it holds one; a head that took a shard over
+# from another node holds its writes at most this long after adopting the change (the old head's
+# lease ends first; the leader shortens it to what may be left, docs/manager.md).
 head_lease_ms = manager_detection_window_ms // 3
 # A node hands out a new lease nonce (GET /v1/status "lease_nonce") at most this often, reusing
 # the newest one in between: an older nonce starts the lease earlier, never later, so reuse is

@@ -24,7 +24,17 @@ from kayos.identity import ClusterIdentity
 
 SIGNING_VERSION: Final = b"kayos-admin-v1"
 PURPOSES: Final = frozenset(
-    {"topology", "catch-up", "remove-node", "repair", "operator", "compact", "followers", "lease"}
+    {
+        "topology",
+        "catch-up",
+        "remove-node",
+        "repair",
+        "operator",
+        "compact",
+        "followers",
+        "lease",
+        "write-hold",
+    }
 )
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from kayos import limits
 from kayos.control.codec import action_to_data
+from kayos.control.holds import hold_ms, record_grants, shard_heads
 from kayos.errors import KayosError
 from kayos.identity import ClusterIdentity
 from kayos.manager import (
@@ -459,10 +460,23 @@ class Driver:
     rounds: int = 0
     # The topology file: what the view does not hold (each queue's shard count) comes from it.
     base: Topology | None = None
+    # The member's chain change records (``ManagerLog.changes``); None: no write-hold releases
+    # are sent, so a new head holds writes the whole ``head_lease_ms``.
+    changes: Callable[[], tuple[list[dict[str, Any]], int]] | None = None
+    # Write holds (kayos/control/holds.py): when this member began to lead, the epoch and heads it
+    # began at, the heads last seen, grant times, and per shard the head still to be told.
+    elected_ms: int = 0
+    start: tuple[int, dict[int, str]] = (0, {})
+    heads: dict[int, str] = field(default_factory=dict)
+    grant_times: dict[str, dict[int, int]] = field(default_factory=dict)
+    releases: dict[int, tuple[str, int]] = field(default_factory=dict)
 
     async def lead(self, is_leader: Callable[[], bool]) -> None:
         """Logs ManagerLeaderChanged, re-sends everything, then polls until leadership is lost."""
+        self.elected_ms = self.clock_ms()
         view, actions = await self.submit([ManagerLeaderChanged(self.clock_ms())])
+        self.heads = {s.id: s.chain[0] for s in view.shards}
+        self.start = (view.epoch, dict(self.heads))
         log.info("became leader at epoch %d: logged ManagerLeaderChanged", view.epoch)
         self.memory = Memory()
         await self.carry_out(view, actions)
@@ -483,7 +497,14 @@ class Driver:
         after, actions = await self.submit(plan.events)
         sends = sends_for(after, actions)
         topology_to = sorted(set(plan.send_topology) | set(sends.topology_to))
-        grants = lease_grants(after, dict(zip(ids, answers, strict=True)))
+        by_node = dict(zip(ids, answers, strict=True))
+        grants = lease_grants(after, by_node)
+        granted = [(n, b["epoch"], by_node[n].at_ms) for n, b in grants if b["member"]]
+        self.grant_times = record_grants(self.grant_times, granted, self.clock_ms())
+        for shard in after.shards:
+            if self.heads.get(shard.id, shard.chain[0]) != shard.chain[0]:
+                self.releases[shard.id] = (shard.chain[0], after.epoch)
+        self.heads = {s.id: s.chain[0] for s in after.shards}
         await asyncio.gather(
             self.carry_out(after, actions, topology_to, [*plan.send_catch_up, *sends.catch_ups]),
             *(
@@ -491,7 +512,44 @@ class Driver:
                 for node, body in grants
             ),
         )
-        await asyncio.gather(*(self._send_followers(note) for note in plan.send_followers))
+        await asyncio.gather(
+            *(self._send_followers(note) for note in plan.send_followers),
+            *(self._release(after, shard, by_node) for shard in sorted(self.releases)),
+        )
+
+    async def _release(self, view: ManagerView, shard: int, answers: Mapping[str, Answer]) -> None:
+        """Tells the shard's new head how long it must still hold writes (``holds.hold_ms``),
+        once it holds the change; until then, each round again (it holds the whole
+        ``head_lease_ms`` meanwhile, so a lost message costs time, never safety)."""
+        node, epoch = self.releases[shard]
+        shard_view = view.shard(shard)
+        if self.changes is None or shard_view is None or shard_view.chain[0] != node:
+            self.releases.pop(shard, None)  # headed by another node now: a newer release
+            return
+        records, _ = self.changes()
+        heads = shard_heads(shard, self.start, records, epoch)
+        body = {
+            "epoch": epoch,
+            "shard": shard,
+            "hold_ms": hold_ms(node, heads, self.grant_times, self.elected_ms, self.clock_ms()),
+        }
+        status = answers[node].status if node in answers else None
+        address = node_addresses(view, self.nodes).get(node)
+        if status is None or address is None:
+            return  # silent this round (a request would wait its whole bound): the next one
+        seen = status.get("epoch")
+        adopted = type(seen) is int and seen >= epoch
+        try:
+            reply = await self.post(
+                f"{address.http_url}/v1/admin/write-hold", signed(self.identity, "write-hold", body)
+            )
+        except KayosError as exc:
+            log.info("sending the write hold of shard %s to %s failed: %s", shard, node, exc)
+            return
+        log.info("write hold of shard %s at %s: %s, answered %s", shard, node, body, reply)
+        held = reply.get("held_ms") if isinstance(reply, dict) else None
+        if (held is not None or adopted) and self.releases.get(shard) == (node, epoch):
+            del self.releases[shard]
 
     async def _send_followers(self, note: FollowersNote) -> None:
         body = {"epoch": note.epoch, "shard": note.shard, "followers": list(note.followers)}

@@ -111,6 +111,7 @@ class Member:
             self.log.view,
             monotonic_ms,
             base=self.setup.topology,
+            changes=self.log.changes,
         )
 
     def state(self) -> MemberState:

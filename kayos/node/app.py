@@ -38,7 +38,7 @@ from kayos.errors import (
     WrongRoleError,
 )
 from kayos.node import learners
-from kayos.node.lease_api import apply_lease
+from kayos.node.lease_api import apply_lease, apply_write_hold
 from kayos.node.operator_api import routes as operator_routes
 from kayos.node.runtime import GROUP_STATE_META, HWM_META, Node, Page, link_status
 from kayos.node.runtime import lag_seconds as lag_seconds_of
@@ -492,6 +492,12 @@ def make_app(node: Node) -> web.Application:
     async def lease(request: web.Request) -> web.Response:
         message = await read_body(request)
         return _reply(request, apply_lease(node.topology.identity, node.lease, node.epoch, message))
+
+    @routes.post("/v1/admin/write-hold")
+    async def write_hold(request: web.Request) -> web.Response:
+        message = await read_body(request)
+        release = node.reconfigure.release_hold
+        return _reply(request, apply_write_hold(node.topology.identity, release, message))
 
     @routes.post("/v1/admin/followers")
     async def followers(request: web.Request) -> web.Response:

@@ -33,7 +33,7 @@ from kayos.clock import Clock
 from kayos.errors import InvalidRequest, KayosError, Unauthenticated, UnavailableError
 from kayos.identity import ClusterIdentity
 from kayos.node import learners
-from kayos.replication.lease import NodeLease, write_holds
+from kayos.replication.lease import NodeLease, WriteHold, adopt_holds, release
 from kayos.replication.replica import ShardReplica
 from kayos.replication.upstream import UpstreamLink
 from kayos.signing import check_signed
@@ -238,9 +238,25 @@ class Reconfigurer:
         self.message: dict[str, Any] | None = None
         # Shards whose replica is being re-made: requests for them get ``unavailable``.
         self.changing: set[int] = set()
-        # Per shard, until when (monotonic s) its head takes no write: the chain lost a member
-        # that may still hold a lease (``lease.write_holds``).
-        self.writes_held_until_s: dict[int, float] = {}
+        # Per shard this node heads, a write hold: the head changed, and the old head may still
+        # hold a lease (``lease.write_holds``; the leader may shorten it, ``release_hold``).
+        self.write_holds: dict[int, WriteHold] = {}
+
+    def held_until_s(self, shard_id: int) -> float:
+        hold = self.write_holds.get(shard_id)
+        return hold.until_s if hold is not None else -math.inf
+
+    def release_hold(self, shard_id: int, epoch: int, hold_ms: int) -> int | None:
+        """The leader's ``POST /v1/admin/write-hold``: shortens the shard's hold (``release``);
+        the milliseconds of it left (None: no hold on the shard)."""
+        now_s = self.node.clock.monotonic_s()
+        self.write_holds = release(self.write_holds, shard_id, epoch, hold_ms, now_s)
+        replica = self.node.replicas.get(shard_id)
+        if replica is not None:
+            replica.writes_held_until_s = self.held_until_s(shard_id)
+        if shard_id not in self.write_holds:
+            return None
+        return max(0, round((self.held_until_s(shard_id) - now_s) * 1000))
 
     async def choose_at_start(self) -> None:
         """Adopts the newest of the command line's topology, ``DATA/topology.json`` and the
@@ -316,9 +332,8 @@ class Reconfigurer:
             elif change == "open":
                 self.changing.add(shard_id)
         if node.lease.state.managed:
-            until = node.clock.monotonic_s() + limits.head_lease_ms / 1000
-            for shard_id in write_holds(node.node_id, node.topology, new):
-                self.writes_held_until_s[shard_id] = until
+            holds, now_s = self.write_holds, node.clock.monotonic_s()
+            self.write_holds = adopt_holds(node.node_id, node.topology, new, holds, now_s)
         node.lease.adopted(new.epoch)
         node.topology = new
         self.message = message
@@ -330,7 +345,7 @@ class Reconfigurer:
             if change == "keep" and kept is not None:
                 kept.topology = new
                 kept.shard = new.shards[shard_id]
-                kept.writes_held_until_s = self.writes_held_until_s.get(shard_id, -math.inf)
+                kept.writes_held_until_s = self.held_until_s(shard_id)
         try:
             for replica in leaving:
                 await self.close_replica(replica)
@@ -398,7 +413,7 @@ class Reconfigurer:
         )
         replica.commit_observer = node.commit_seconds.labels(str(shard.id)).observe
         replica.lease_holds = node.lease.holds
-        replica.writes_held_until_s = self.writes_held_until_s.get(shard.id, -math.inf)
+        replica.writes_held_until_s = self.held_until_s(shard.id)
         if replica.role == "head" and replica.repairing and replica.downstreams:
             # Its store lost a suffix: it re-fetches from its downstream before it serves.
             link = UpstreamLink(

@@ -18,6 +18,7 @@ transcript tests drive it with plain numbers.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kayos import limits
@@ -31,8 +32,11 @@ __all__ = [
     "LeaseEvent",
     "LeaseState",
     "NodeLease",
+    "WriteHold",
+    "adopt_holds",
     "decide",
     "holds",
+    "release",
     "unconfirmed",
     "write_holds",
 ]
@@ -171,10 +175,13 @@ def unconfirmed(shard: int, node: str, upstream: str | None) -> str:
 
 
 def write_holds(node: str, old: Topology, new: Topology) -> frozenset[int]:
-    """Shards whose head ``node`` is in ``new`` and whose chain lost a member since ``old`` (or
-    changed across skipped epochs): such a head takes no write for ``limits.head_lease_ms`` after
-    adopting ``new``, so a member removed while it still held a lease cannot confirm a snapshot
-    that misses a write of the new chain (docs/manager.md, "Head leases")."""
+    """Shards ``node`` heads in ``new`` whose head was another node in ``old`` (or whose chain
+    changed across skipped epochs: a head in between is unknown). Such a head takes no write
+    until what may be left of the old head's lease has passed (``WriteHold``): at most
+    ``limits.head_lease_ms``, less once the manager leader says so (``release``). A shard whose
+    head stays takes no hold: the member just above a removed one cuts every CONFIRM path through
+    it when it adopts the change, before the new chain can commit anything without it
+    (docs/manager.md, "Head leases")."""
     held: set[int] = set()
     skipped = new.epoch > old.epoch + 1
     for shard_id, shard in new.shards.items():
@@ -183,7 +190,45 @@ def write_holds(node: str, old: Topology, new: Topology) -> frozenset[int]:
         before = old.shards.get(shard_id)
         if before is None:
             continue  # a shard new to the topology: nothing was committed before it
-        lost = set(before.members) - set(shard.members)
-        if lost or (skipped and before != shard):
+        if before.head != node or (skipped and before != shard):
             held.add(shard_id)
     return frozenset(held)
+
+
+@dataclass(frozen=True, slots=True)
+class WriteHold:
+    """A head's write hold on one shard: started on adopting topology ``epoch`` (the head
+    changed), no write before ``until_s`` (monotonic s)."""
+
+    epoch: int
+    until_s: float
+
+
+def adopt_holds(
+    node: str, old: Topology, new: Topology, holds: Mapping[int, WriteHold], now_s: float
+) -> dict[int, WriteHold]:
+    """The holds after ``node`` adopts ``new`` at ``now_s``: a full ``head_lease_ms`` for each
+    shard of ``write_holds``; a shard the node no longer heads drops its hold; the others keep
+    theirs (a hold set at an earlier epoch still runs)."""
+    kept = {
+        shard: hold
+        for shard, hold in holds.items()
+        if shard in new.shards and new.shards[shard].head == node
+    }
+    for shard in write_holds(node, old, new):
+        kept[shard] = WriteHold(new.epoch, now_s + limits.head_lease_ms / 1000)
+    return kept
+
+
+def release(
+    holds: Mapping[int, WriteHold], shard: int, epoch: int, hold_ms: int, now_s: float
+) -> dict[int, WriteHold]:
+    """The manager leader's word (``POST /v1/admin/write-hold``): in its view at ``epoch`` this
+    node heads ``shard``, and no lease of an earlier head of it lasts past ``hold_ms`` from when
+    the leader said so, which is before ``now_s``. It shortens a hold started at an epoch at or
+    below ``epoch``; a hold started later (a newer head change the leader had not seen) stays."""
+    hold = holds.get(shard)
+    if hold is None or hold.epoch > epoch:
+        return dict(holds)
+    until = min(hold.until_s, now_s + hold_ms / 1000)
+    return {**holds, shard: WriteHold(hold.epoch, until)}

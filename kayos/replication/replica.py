@@ -451,8 +451,8 @@ class ShardReplica:
         # Whether this node holds its lease from the manager (kayos/replication/lease.py; the
         # node sets it): a head answers CONFIRM, and serves a snapshot itself, only then.
         self.lease_holds: Callable[[], bool] = _always
-        # A head whose shard just lost a member takes no write before this (monotonic s): leases
-        # granted before the change end first (docs/manager.md, "Head leases").
+        # A head that just took the shard over takes no write before this (monotonic s): the old
+        # head's lease ends first (docs/manager.md, "Head leases").
         self.writes_held_until_s = -math.inf
         # A COMMIT_POINT came on the current upstream link (a tail serves only then: see
         # holds_upstream_point).
@@ -795,7 +795,7 @@ class ShardReplica:
         if held_s > 0:
             raise UnavailableError(
                 f"{self.node_id} holds writes to shard {self.shard_id} for {held_s * 1000:.0f} ms"
-                " more: the chain lost a member, whose lease from the manager ends first"
+                " more: it took over from another head, whose lease from the manager ends first"
             )
 
     def repair_status(self) -> dict[str, Any] | None:

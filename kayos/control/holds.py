@@ -1,0 +1,88 @@
+"""How long a new head must hold writes, as the manager leader knows it (docs/manager.md, "Head
+leases", "The new head's write hold"). Pure: the driver keeps the memory and the clock.
+
+A head that takes over a shard from another node holds writes for up to ``head_lease_ms`` after
+adopting the change (kayos/replication/lease.py, ``write_holds``): a lease the old head still
+holds lets it confirm a snapshot the new chain's writes would make stale. The leader knows when
+that lease can end at the latest. The old head measured it from the moment it handed out a nonce,
+which was before its poll answer reached the leader; an answer at an epoch at or past the change
+extends nothing at a node that has not adopted the change, and once it has, the node no longer
+heads the shard. So only this leader's grants at epochs below the change count, and a lease from
+an older leader's grant ends before this leader's election plus ``head_lease_ms`` (that grant's
+entry was committed before the election). ``hold_ms`` is what is left of the latest of those.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from kayos import limits
+
+__all__ = ["GrantTimes", "hold_ms", "record_grants", "shard_heads"]
+
+# Per node, per view epoch: the leader's clock (ms) at the latest poll answer whose nonce a grant
+# at that epoch (``member`` true) answered.
+GrantTimes = Mapping[str, Mapping[int, int]]
+
+
+def record_grants(
+    times: GrantTimes, granted: Iterable[tuple[str, int, int]], now_ms: int
+) -> dict[str, dict[int, int]]:
+    """``times`` with the grants just sent, (node, epoch, answer time ms) each, and without
+    entries older than ``head_lease_ms`` before ``now_ms``: a lease from those has ended, so they
+    bound nothing (this keeps the memory to about ten entries a node)."""
+    out = {node: dict(by_epoch) for node, by_epoch in times.items()}
+    for node, epoch, at_ms in granted:
+        by_epoch = out.setdefault(node, {})
+        by_epoch[epoch] = max(at_ms, by_epoch.get(epoch, at_ms))
+    horizon = now_ms - limits.head_lease_ms
+    pruned = {n: {e: at for e, at in b.items() if at > horizon} for n, b in out.items()}
+    return {n: b for n, b in pruned.items() if b}
+
+
+def shard_heads(
+    shard: int,
+    start: tuple[int, Mapping[int, str]],
+    changes: Sequence[Mapping[str, Any]],
+    epoch: int,
+) -> list[tuple[int, str | None]] | None:
+    """The shard's head at every epoch from ``start`` (the epoch and heads the leader began at)
+    to ``epoch``, from the member's change records (``GET /v1/manager/changes``); None when the
+    records do not hold every epoch in between (dropped, or past the history's bound)."""
+    first, heads = start
+    if epoch < first or epoch - first > limits.manager_change_history_epochs:
+        return None
+    by_epoch = {r.get("epoch"): r for r in changes}
+    out: list[tuple[int, str | None]] = [(first, heads.get(shard))]
+    for e in range(first + 1, epoch + 1):
+        record = by_epoch.get(e)
+        if record is None:
+            return None
+        chains = [s.get("chain") for s in record.get("shards", ()) if s.get("id") == shard]
+        chain = chains[0] if chains else None
+        out.append((e, chain[0] if chain else None))
+    return out
+
+
+def hold_ms(
+    new_head: str,
+    heads: Sequence[tuple[int, str | None]] | None,
+    grants: GrantTimes,
+    elected_ms: int,
+    now_ms: int,
+) -> int:
+    """Milliseconds ``new_head`` must still hold writes: until every earlier head's lease has
+    ended. ``heads``: the shard's head per epoch since the leader began (``shard_heads``; None:
+    unknown, so the whole ``head_lease_ms``). A head X that gave way at epoch C counts with its
+    latest grant at an epoch below C; every older leader's grant counts as ``elected_ms``."""
+    if heads is None:
+        return limits.head_lease_ms
+    latest = elected_ms
+    for (_, before), (epoch, after) in itertools.pairwise(heads):
+        if before is None or before in (after, new_head):
+            continue
+        times = grants.get(before, {})
+        latest = max([latest, *(at for e, at in times.items() if e < epoch)])
+    return max(0, min(limits.head_lease_ms, latest + limits.head_lease_ms - now_ms))
