@@ -5,7 +5,8 @@ The model follows the real rules on the simulated clock: a node hands out a nonc
 heartbeat; the manager answers it after its next tick has applied that heartbeat (the sim's
 "committed round") with each shard's epoch and whether the node is a member; an answer at an
 epoch the replica holds extends its lease to the nonce's time plus ``lease_ms``, one saying it is
-no member ends it. A head that adopts a chain which lost a member takes no write for ``lease_ms``.
+no member ends it. A head that takes a shard over from another node takes no write for
+``lease_ms``, or for what the manager says is left of the old heads' leases (``Holds``).
 A snapshot below the head is served only once a CONFIRM travelled up, link by link, to a head
 whose lease holds, and the answer came back.
 
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from chaos.sim.core import Link
+from kayos.control import holds
 
 # chaos/sim/node.py imports this module: its Node and Replica are not imported back (no cycle).
 Node = Any
@@ -68,13 +70,61 @@ def granted(node: Node, nonce: int, grants: tuple[tuple[int, bool], ...]) -> Non
             replica.lease_until = max(replica.lease_until, at + node.lease.lease_ms)
 
 
-def hold_writes(replica: Replica, members: tuple[str, ...]) -> None:
-    """Before ``replica`` adopts ``members``: a head whose chain lost a member holds writes."""
+def hold_writes(replica: Replica, members: tuple[str, ...], epoch: int) -> None:
+    """Before ``replica`` adopts ``members`` at ``epoch``: a head that took the shard over from
+    another node (or skipped epochs of a changed chain) holds writes ``lease_ms``, keyed by
+    ``epoch``, until the manager says less (``released``). A head that stays head holds
+    nothing; a replica that stops heading drops its hold."""
     node = replica.node
     if off(node) or not members or members[0] != node.id:
+        replica.writes_held_until, replica.hold_epoch = -math.inf, 0
         return
-    if set(replica.store.chain) - set(members):
+    before = replica.store.chain
+    skipped = epoch > replica.store.epoch + 1
+    if (before and before[0] != node.id) or (skipped and tuple(before) != members):
         replica.writes_held_until = node.world.now + node.lease.lease_ms
+        replica.hold_epoch = epoch
+
+
+def released(replica: Replica, epoch: int, hold_ms: float) -> None:
+    """The manager's word: at shard epoch ``epoch`` this replica heads the shard and no earlier
+    head's lease lasts past ``hold_ms`` from now. Shortens a hold started at or below
+    ``epoch`` (kayos/replication/lease.py, ``release``)."""
+    if replica.hold_epoch == 0 or replica.hold_epoch > epoch:
+        return
+    now = replica.node.world.now
+    replica.writes_held_until = min(replica.writes_held_until, now + hold_ms)
+
+
+class Holds:
+    """The manager leader's memory for write holds (kayos/control/holds.py): its election time,
+    per (node, shard) the arrival time of the latest granted heartbeat at each shard epoch, each
+    shard's heads since it began to lead, and the releases still to deliver."""
+
+    def __init__(self, now: float, heads: list[tuple[int, str]], lease_ms: float) -> None:
+        self.lease_ms = lease_ms
+        self.elected = now
+        self.grants: dict[int, dict[str, dict[int, float]]] = {}  # shard, node, epoch: at
+        self.heads: list[list[tuple[int, str]]] = [[head] for head in heads]
+        self.pending: dict[int, tuple[str, int]] = {}
+
+    def granted(self, node: str, shard: int, epoch: int, at: float) -> None:
+        times = self.grants.setdefault(shard, {}).setdefault(node, {})
+        times[epoch] = max(at, times.get(epoch, at))
+
+    def spliced(self, shard: int, chain: tuple[str, ...], epoch: int) -> bool:
+        """Records the shard's chain at ``epoch``; True if its head changed."""
+        history = self.heads[shard]
+        changed = bool(chain) and history[-1][1] != chain[0]
+        history.append((epoch, chain[0] if chain else history[-1][1]))
+        if changed:
+            self.pending[shard] = (chain[0], epoch)
+        return changed
+
+    def hold_ms(self, shard: int, new_head: str, now: float) -> float:
+        heads: list[tuple[int, str | None]] = list(self.heads[shard])
+        grants = self.grants.get(shard, {})
+        return holds.hold_ms(new_head, heads, grants, self.elected, now, self.lease_ms)
 
 
 def writes_held(replica: Replica) -> bool:

@@ -62,6 +62,7 @@ class Replica:
         # The head lease, the write hold after a lost member and CONFIRMs waiting (sim/lease.py).
         self.lease_until = -float("inf")
         self.writes_held_until = -float("inf")
+        self.hold_epoch = 0  # the epoch whose adoption started the write hold (0: none)
         self.confirm_token = 0
         self.confirming: dict[int, Callable[[bool], None]] = {}
 
@@ -266,7 +267,7 @@ class Replica:
     def adopt(self, members: tuple[str, ...], epoch: int) -> None:
         if epoch <= self.store.epoch:
             return
-        lease.hold_writes(self, members)
+        lease.hold_writes(self, members, epoch)
         self.store.chain, self.store.epoch = members, epoch
         self.followers -= set(members)
         self.set_counted(set())  # the manager's new chain ends every count
@@ -822,3 +823,6 @@ class Node(Endpoint):
 
     def on_lease(self, nonce: int, grants: tuple[tuple[int, bool], ...]) -> None:
         lease.granted(self, nonce, grants)
+
+    def on_write_hold(self, shard: int, epoch: int, hold_ms: float) -> None:
+        lease.released(self.replicas[shard], epoch, hold_ms)

@@ -19,6 +19,7 @@ from typing import Any
 
 from chaos import checker
 from chaos.history import Commit, Event, Note, Outcome, Produce, Snapshot
+from chaos.sim import lease
 from chaos.sim.core import CLIENT, MANAGER, Endpoint, World
 from chaos.sim.node import PLANTS, Node
 from chaos.sim.store import Entry, Store
@@ -178,7 +179,10 @@ class Manager(Endpoint):
         self.tick_ms = tick_ms
         self.client = client
         self.heard: list[tuple[str, int]] = []
-        self.lease_asks: list[tuple[str, int]] = []  # (node, nonce) heard since the last tick
+        # (node, nonce, arrival) heard since the last tick
+        self.lease_asks: list[tuple[str, int, float]] = []
+        self.lease_ms = next(iter(nodes.values())).lease.lease_ms if nodes else 0.0
+        self.holds = lease.Holds(0.0, self._heads(), self.lease_ms)
         self.splices = 0
         self.catch_ups = 0
         self.orders = 0
@@ -198,10 +202,13 @@ class Manager(Endpoint):
         """Answers the heartbeats this tick applied (the sim's committed round): per shard, its
         epoch and whether the node is a live member (chaos/sim/lease.py)."""
         asks, self.lease_asks = self.lease_asks, []
-        for node_id, nonce in asks:
+        for node_id, nonce, at in asks:
             state = self.view.node(node_id)
             live = state is not None and state.state not in ("down", "removed")
             grants = tuple((s.epoch, live and node_id in s.chain) for s in self.view.shards)
+            for shard, (epoch, member) in enumerate(grants):
+                if member:
+                    self.holds.granted(node_id, shard, epoch, at)
             endpoint = self.nodes[node_id]
             self.world.send(MANAGER, node_id, endpoint.on_lease, nonce, grants)
 
@@ -214,6 +221,8 @@ class Manager(Endpoint):
                     self.world.send(
                         MANAGER, node.id, node.on_chain, action.shard, action.chain, action.epoch
                     )
+                if self.holds.spliced(action.shard, action.chain, action.epoch):
+                    self.release(action.shard, None)
             elif isinstance(action, StartCatchUp):
                 self.catch_ups += 1
                 self.order_catch_up(action.node, action.shard, action.upstream, action.rollback_to)
@@ -238,7 +247,7 @@ class Manager(Endpoint):
             reports = args[0]
             self.heard.append((node, int(at)))
             if kind == "heartbeat":
-                self.lease_asks.append((node, args[1]))
+                self.lease_asks.append((node, args[1], at))
             state = self.view.node(node)
             if kind == "returned" or (state is not None and state.state in ("down", "slow")):
                 shard_reports = tuple(
@@ -256,11 +265,36 @@ class Manager(Endpoint):
             if self.order_of.get((node, shard)) == order and view_order is not None:
                 self.decide(CatchUpDone(node, shard, view_order))
 
+    def _heads(self) -> list[tuple[int, str]]:
+        return [(s.epoch, s.chain[0]) for s in self.view.shards]
+
+    def release(self, shard: int, reported_epoch: int | None) -> None:
+        """Tells the shard's new head what is left of the old heads' leases (sim/lease.py,
+        ``Holds``): at once after the splice, and again on a heartbeat showing the change (the
+        first may arrive before the chain; it is then dropped and the head holds it all)."""
+        pending = self.holds.pending.get(shard)
+        if pending is None:
+            return
+        head, epoch = pending
+        current = self.view.shard(shard)
+        if current is None or current.chain[0] != head:
+            del self.holds.pending[shard]
+            return
+        if reported_epoch is not None:
+            if reported_epoch < epoch:
+                return
+            del self.holds.pending[shard]
+        endpoint = self.nodes[head]
+        hold = self.holds.hold_ms(shard, head, self.world.now)
+        self.world.send(MANAGER, head, endpoint.on_write_hold, shard, epoch, hold)
+
     def anti_entropy(self, node: str, reports: tuple[Any, ...]) -> None:
         """Orders a node missed (a lost datagram, a pause, a restart) are sent again."""
         endpoint = self.nodes[node]
         for shard, report in zip(self.view.shards, reports, strict=True):
             _last, _table, epoch, catching, order = report
+            if self.holds.pending.get(shard.id, ("", 0))[0] == node:
+                self.release(shard.id, epoch)
             if epoch < shard.epoch:
                 self.world.send(
                     MANAGER, node, endpoint.on_chain, shard.id, shard.chain, shard.epoch
@@ -274,6 +308,9 @@ class Manager(Endpoint):
                 )
 
     def failover(self) -> None:
+        # A new leader: it knows no grant of the old one, only that each ends before its
+        # election plus the lease (sim/lease.py, ``Holds``).
+        self.holds = lease.Holds(self.world.now, self._heads(), self.lease_ms)
         self.decide(ManagerLeaderChanged(self.now()))
 
 

@@ -468,7 +468,7 @@ class Driver:
     elected_ms: int = 0
     start: tuple[int, dict[int, str]] = (0, {})
     heads: dict[int, str] = field(default_factory=dict)
-    grant_times: dict[str, dict[int, int]] = field(default_factory=dict)
+    grant_times: dict[str, dict[int, float]] = field(default_factory=dict)
     releases: dict[int, tuple[str, int]] = field(default_factory=dict)
 
     async def lead(self, is_leader: Callable[[], bool]) -> None:
@@ -531,7 +531,9 @@ class Driver:
         body = {
             "epoch": epoch,
             "shard": shard,
-            "hold_ms": hold_ms(node, heads, self.grant_times, self.elected_ms, self.clock_ms()),
+            "hold_ms": math.ceil(
+                hold_ms(node, heads, self.grant_times, self.elected_ms, self.clock_ms())
+            ),
         }
         status = answers[node].status if node in answers else None
         address = node_addresses(view, self.nodes).get(node)

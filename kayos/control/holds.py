@@ -24,12 +24,12 @@ __all__ = ["GrantTimes", "hold_ms", "record_grants", "shard_heads"]
 
 # Per node, per view epoch: the leader's clock (ms) at the latest poll answer whose nonce a grant
 # at that epoch (``member`` true) answered.
-GrantTimes = Mapping[str, Mapping[int, int]]
+GrantTimes = Mapping[str, Mapping[int, float]]
 
 
 def record_grants(
-    times: GrantTimes, granted: Iterable[tuple[str, int, int]], now_ms: int
-) -> dict[str, dict[int, int]]:
+    times: GrantTimes, granted: Iterable[tuple[str, int, float]], now_ms: float
+) -> dict[str, dict[int, float]]:
     """``times`` with the grants just sent, (node, epoch, answer time ms) each, and without
     entries older than ``head_lease_ms`` before ``now_ms``: a lease from those has ended, so they
     bound nothing (this keeps the memory to about ten entries a node)."""
@@ -70,19 +70,21 @@ def hold_ms(
     new_head: str,
     heads: Sequence[tuple[int, str | None]] | None,
     grants: GrantTimes,
-    elected_ms: int,
-    now_ms: int,
-) -> int:
+    elected_ms: float,
+    now_ms: float,
+    lease_ms: float = limits.head_lease_ms,
+) -> float:
     """Milliseconds ``new_head`` must still hold writes: until every earlier head's lease has
     ended. ``heads``: the shard's head per epoch since the leader began (``shard_heads``; None:
-    unknown, so the whole ``head_lease_ms``). A head X that gave way at epoch C counts with its
-    latest grant at an epoch below C; every older leader's grant counts as ``elected_ms``."""
+    unknown, so the whole ``lease_ms``). A head X that gave way at epoch C counts with its latest
+    grant at an epoch below C; every older leader's grant counts as ``elected_ms``. (The
+    simulator passes its own, scaled ``lease_ms``.)"""
     if heads is None:
-        return limits.head_lease_ms
+        return lease_ms
     latest = elected_ms
     for (_, before), (epoch, after) in itertools.pairwise(heads):
         if before is None or before in (after, new_head):
             continue
         times = grants.get(before, {})
         latest = max([latest, *(at for e, at in times.items() if e < epoch)])
-    return max(0, min(limits.head_lease_ms, latest + limits.head_lease_ms - now_ms))
+    return max(0.0, min(lease_ms, latest + lease_ms - now_ms))
