@@ -1,13 +1,19 @@
 """A new head's write hold, narrowed to where it is needed (docs/manager.md, "Head leases"):
 the node's pure hold bookkeeping (``adopt_holds``, ``release``) and the leader's pure estimate of
-what is left of the old head's lease (kayos/control/holds.py), as transcripts with plain times.
-No clock, no processes."""
+what is left of the old head's lease (kayos/control/holds.py), as transcripts with plain times,
+and the checks of ``POST /v1/admin/write-hold``. No clock, no processes."""
 
 from __future__ import annotations
 
+import pytest
+
 from kayos import limits
 from kayos.control.holds import hold_ms, record_grants, shard_heads
+from kayos.errors import InvalidRequest, Unauthenticated
+from kayos.identity import ClusterIdentity
+from kayos.node.lease_api import apply_write_hold
 from kayos.replication.lease import WriteHold, adopt_holds, release
+from kayos.signing import sign
 from kayos.topology import NodeAddr, ShardChain, Topology
 
 LEASE_MS = limits.head_lease_ms
@@ -125,3 +131,32 @@ def test_the_heads_come_from_the_change_records() -> None:
     assert shard_heads(0, start, records[:1] + records[2:], 5) is None  # epoch 4 dropped
     assert shard_heads(0, start, records, 6) is None  # not applied yet
     assert shard_heads(0, (5, {0: "b"}), records, 5) == [(5, "b")]
+
+
+# --- the message -------------------------------------------------------------------------------
+
+
+IDENTITY = ClusterIdentity("00000000-0000-4000-8000-000000000001", bytes(range(32)))
+
+
+def message(body: dict[str, object], purpose: str = "write-hold") -> dict[str, object]:
+    return {"body": body, "mac": sign(IDENTITY, purpose, body)}
+
+
+def test_the_write_hold_message_is_checked_before_it_changes_anything() -> None:
+    calls: list[tuple[int, int, int]] = []
+
+    def release_hold(shard: int, epoch: int, hold_ms: int) -> int | None:
+        calls.append((shard, epoch, hold_ms))
+        return 120
+
+    body = {"epoch": 7, "shard": 0, "hold_ms": 0}
+    assert apply_write_hold(IDENTITY, release_hold, message(body)) == {"shard": 0, "held_ms": 120}
+    assert calls == [(0, 7, 0)]
+    with pytest.raises(Unauthenticated):
+        apply_write_hold(IDENTITY, release_hold, message(body, purpose="lease"))
+    with pytest.raises(InvalidRequest):
+        apply_write_hold(IDENTITY, release_hold, message({**body, "extra": 1}))
+    with pytest.raises(InvalidRequest):
+        apply_write_hold(IDENTITY, release_hold, message({**body, "hold_ms": -1}))
+    assert calls == [(0, 7, 0)]
