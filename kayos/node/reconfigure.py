@@ -246,6 +246,14 @@ class Reconfigurer:
         hold = self.write_holds.get(shard_id)
         return hold.until_s if hold is not None else -math.inf
 
+    def hold_status(self, shard_id: int) -> dict[str, Any] | None:
+        """The shard's ``write_hold`` in the status: null when it has none."""
+        hold = self.write_holds.get(shard_id)
+        if hold is None:
+            return None
+        left_s = max(0.0, hold.until_s - self.node.clock.monotonic_s())
+        return {"epoch": hold.epoch, "remaining_ms": round(left_s * 1000), "told": hold.told}
+
     def release_hold(self, shard_id: int, epoch: int, hold_ms: int) -> int | None:
         """The leader's ``POST /v1/admin/write-hold``: shortens the shard's hold (``release``);
         the milliseconds of it left (None: no hold on the shard)."""

@@ -515,6 +515,7 @@ class Node:
                     "refetched_entries": replica.refetched_entries,
                     "counted_followers": list(replica.counted_followers),
                     "repair": replica.repair_status(),
+                    "write_hold": self.reconfigure.hold_status(shard_id),
                     "disk_full": replica.disk_full,
                     "retention": self.retention.status(replica),
                 }

@@ -198,10 +198,12 @@ def write_holds(node: str, old: Topology, new: Topology) -> frozenset[int]:
 @dataclass(frozen=True, slots=True)
 class WriteHold:
     """A head's write hold on one shard: started on adopting topology ``epoch`` (the head
-    changed), no write before ``until_s`` (monotonic s)."""
+    changed), no write before ``until_s`` (monotonic s); ``told``: the manager leader's word
+    (``release``) has shortened it to what may be left of the old heads' leases."""
 
     epoch: int
     until_s: float
+    told: bool = False
 
 
 def adopt_holds(
@@ -231,4 +233,4 @@ def release(
     if hold is None or hold.epoch > epoch:
         return dict(holds)
     until = min(hold.until_s, now_s + hold_ms / 1000)
-    return {**holds, shard: WriteHold(hold.epoch, until)}
+    return {**holds, shard: WriteHold(hold.epoch, until, told=True)}

@@ -39,11 +39,11 @@ def test_a_new_head_holds_the_whole_lease_until_the_leader_says_less() -> None:
     holds = adopt_holds("b", topology(1, "abc"), topology(2, "bc"), {}, 10.0)
     assert holds == {0: WriteHold(2, 10.0 + LEASE_S)}
     # The old head was silent: nothing of its lease is left.
-    assert release(holds, 0, 2, 0, 10.3) == {0: WriteHold(2, 10.3)}
+    assert release(holds, 0, 2, 0, 10.3) == {0: WriteHold(2, 10.3, told=True)}
     # A slow old head answered 500 ms ago: what is left of its lease from then.
-    assert release(holds, 0, 2, 1_500, 10.3) == {0: WriteHold(2, 11.8)}
+    assert release(holds, 0, 2, 1_500, 10.3) == {0: WriteHold(2, 11.8, told=True)}
     # A release never lengthens a hold.
-    assert release(holds, 0, 2, LEASE_MS, 10.5) == holds
+    assert release(holds, 0, 2, LEASE_MS, 10.5) == {0: WriteHold(2, 10.0 + LEASE_S, told=True)}
 
 
 def test_a_release_for_an_older_epoch_leaves_a_newer_hold() -> None:
@@ -52,7 +52,9 @@ def test_a_release_for_an_older_epoch_leaves_a_newer_hold() -> None:
     holds = adopt_holds("b", topology(3, "cb"), topology(4, "bc"), {}, 20.0)
     assert holds == {0: WriteHold(4, 20.0 + LEASE_S)}
     assert release(holds, 0, 2, 0, 20.1) == holds
-    assert release(holds, 0, 5, 0, 20.1) == {0: WriteHold(4, 20.1)}  # a later view covers it
+    assert release(holds, 0, 5, 0, 20.1) == {
+        0: WriteHold(4, 20.1, told=True)
+    }  # a later view covers it
     assert release(holds, 1, 5, 0, 20.1) == holds  # no hold on that shard
     assert release({}, 0, 5, 0, 20.1) == {}
 
