@@ -176,7 +176,8 @@ def unconfirmed(shard: int, node: str, upstream: str | None) -> str:
 
 def write_holds(node: str, old: Topology, new: Topology) -> frozenset[int]:
     """Shards ``node`` heads in ``new`` whose head was another node in ``old`` (or whose chain
-    changed across skipped epochs: a head in between is unknown). Such a head takes no write
+    that skipped epochs: another head may have come and gone in between, even if the chain
+    looks the same again). Such a head takes no write
     until what may be left of the old head's lease has passed (``WriteHold``): at most
     ``limits.head_lease_ms``, less once the manager leader says so (``release``). A shard whose
     head stays takes no hold: the member just above a removed one cuts every CONFIRM path through
@@ -190,7 +191,7 @@ def write_holds(node: str, old: Topology, new: Topology) -> frozenset[int]:
         before = old.shards.get(shard_id)
         if before is None:
             continue  # a shard new to the topology: nothing was committed before it
-        if before.head != node or (skipped and before != shard):
+        if before.head != node or skipped:
             held.add(shard_id)
     return frozenset(held)
 
