@@ -105,7 +105,7 @@ def decide(state: LeaseState, event: LeaseEvent) -> tuple[LeaseState, tuple[str,
     if event.epoch > state.epoch:
         # A member at an epoch this node has not adopted yet (its topology is on its way): the
         # node may have left a chain and come back in between, so this answer extends nothing;
-        # the lease it holds ends on time (the new chain held its writes until then).
+        # the lease it holds ends on time (a new head of its shards holds writes until then).
         return dataclasses.replace(state, asks=later), ()
     until = sent + limits.head_lease_ms / 1000
     if state.until_s is not None:
