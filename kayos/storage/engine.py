@@ -39,9 +39,46 @@ from kayos.storage import btree
 from kayos.storage import format as fmt
 from kayos.storage.fileops import OS_FILEOPS, FileHandle, FileOps, free_bytes
 from kayos.storage.index import SEGMENT_MASK, SEGMENT_SHIFT, DerivedIndex
+from kayos.storage.records import (
+    CommitResult,
+    Delete,
+    Entry,
+    Op,
+    Put,
+    RecoveryReport,
+    StoreOptions,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
+
+__all__ = [
+    "DATA_PREFIX",
+    "DATA_SUFFIX",
+    "SNAPSHOT_SUFFIX",
+    "BatchColumns",
+    "CommitResult",
+    "DataFile",
+    "Delete",
+    "Entry",
+    "Op",
+    "Put",
+    "RecoveryReport",
+    "ShardStore",
+    "Snapshot",
+    "StoreOptions",
+    "data_file_name",
+    "find_last_header",
+    "header_end",
+    "header_with",
+    "ops_to_columns",
+    "parse_generation",
+    "prepare_columns",
+    "read_header_at",
+    "region_matches",
+    "validate_meta",
+    "validate_ops",
+]
 
 log = logging.getLogger("kayos.storage")
 
@@ -53,64 +90,6 @@ _REGION_READ_BYTES = 1 << 20
 _PIN_ATTEMPTS_MAX = 100
 # The zero padding before a header block, for its CRC (a view: no copy per commit).
 _ZERO_BLOCK = memoryview(bytes(fmt.BLOCK))
-
-
-# --- public value types -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Put:
-    key: bytes
-    value: bytes
-    expiry_ms: int = 0
-    headers: dict[str, bytes] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Delete:
-    key: bytes
-
-
-Op = Put | Delete
-
-
-class Entry(NamedTuple):
-    seq: int
-    key: bytes
-    value: bytes | None  # None for a delete (tombstone)
-    expiry_ms: int
-    headers: dict[str, bytes] | None
-    prev_seq: int  # the version of this key it superseded, 0 if none
-    flags: int
-
-    @property
-    def deleted(self) -> bool:
-        return bool(self.flags & fmt.FLAG_DELETE)
-
-
-class CommitResult(NamedTuple):
-    first_seq: int  # first_seq == last_seq + 1 for a metadata-only commit
-    last_seq: int
-    commit_no: int
-
-
-@dataclass(slots=True)
-class StoreOptions:
-    rollback_window_seqs: int = limits.rollback_window_seqs
-    compaction_garbage_ratio: float = limits.compaction_garbage_ratio
-    compaction_file_bytes_min: int = limits.compaction_file_bytes_min
-    index_checkpoint_commits: int = limits.index_checkpoint_commits
-    disk_reserve_bytes: int = limits.disk_reserve_bytes  # 0: no reserve
-    store_uuid: bytes | None = None  # for tests; new stores get a random one
-
-
-@dataclass(slots=True)
-class RecoveryReport:
-    dropped_bytes: int = 0
-    dropped_from: int = -1
-    rebuilt_index: bool = False
-    replayed_entries: int = 0
-    reason: str = ""
 
 
 # --- files --------------------------------------------------------------------------------------
