@@ -24,16 +24,18 @@ from kayos.errors import (
 )
 from kayos.replication import chain, liveness, pacing
 from kayos.replication import frames as fr
+from kayos.replication.links import (
+    FrameStream,
+    Pulse,
+    _close_with,
+    _recv_answering_pings,
+    recv_or_companion_failure,
+)
 from kayos.replication.replica import (
     _LOCAL_META_PREFIXES,
     PROTOCOL_VERSION,
-    FrameStream,
-    Pulse,
     ShardReplica,
-    _close_with,
-    _recv_answering_pings,
     concat_columns,
-    recv_or_companion_failure,
 )
 from kayos.replication.snapshot import serve_snapshot
 from kayos.storage import Entry, ShardStore

@@ -29,27 +29,26 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeAlias
-
-import msgpack
+from typing import Any, TypeAlias
 
 from kayos import limits
-from kayos.clock import Clock, SystemClock
+from kayos.clock import Clock
 from kayos.errors import (
     CorruptionError,
     DiskFullError,
     InvalidRequest,
     KayosError,
-    ProtocolError,
     ReplicationError,
     RollbackTooFarError,
     StorageError,
     UnavailableError,
     WrongRoleError,
-    error_from_code,
 )
 from kayos.replication import chain, followers, liveness, pacing, timeindex
 from kayos.replication import frames as fr
+from kayos.replication.links import FrameStream as FrameStream
+from kayos.replication.links import Pulse, SendingLink, pack_takeover, unpack_takeover
+from kayos.replication.links import error_frame as error_frame
 from kayos.storage import CommitResult, ShardStore
 from kayos.storage.engine import prepare_columns
 from kayos.storage.salvage import SalvageReport, salvage
@@ -75,200 +74,8 @@ _LOCAL_META_PREFIXES = (
 )
 
 
-# A link's PINGs awaiting their PONG that are remembered (each PING is timed until answered).
-_PINGS_UNANSWERED_MAX = 64
-
-
 def queue_prefix(queue: str) -> bytes:
     return queue.encode() + b"\x00"
-
-
-class Pulse:
-    """Wakes every waiter on ``notify``; waiters re-check their condition. Each waiter has a
-    future of its own, so cancelling one wait never disturbs another."""
-
-    def __init__(self) -> None:
-        self._waiters: list[asyncio.Future[None]] = []
-
-    def notify(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        for future in waiters:
-            if not future.done():
-                future.set_result(None)
-
-    def waiter(self) -> asyncio.Future[None]:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(future)
-        return future
-
-
-class FrameStream:
-    """Frames over an asyncio stream pair: ``send`` encodes and writes, ``recv`` decodes."""
-
-    def __init__(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        clock: Clock | None = None,
-        *,
-        frame_bytes_max: int = limits.frame_bytes_max,
-    ) -> None:
-        self.reader = reader
-        self.writer = writer
-        # When bytes last came in (the clock's monotonic time): liveness closes a silent link.
-        self.clock = clock or SystemClock()
-        self.heard_at = self.clock.monotonic_s()
-        # Since when this side has been waiting for bytes (None while it is not reading): time
-        # spent not reading, on its own work or back-pressure, is not the peer's silence.
-        self.reading_since: float | None = None
-        self._decoder = fr.FrameDecoder(frame_bytes_max=frame_bytes_max)
-        self._ready: list[fr.Frame] = []
-        # PINGs sent and not yet answered, by nonce: when each went out. Told each round trip
-        # in ms when its PONG is read (a link's latency window).
-        self._pinged: dict[int, float] = {}
-        self.on_round_trip: Callable[[float, float], None] | None = None
-        # Seconds spent decoding received bytes (a copy link's throttle counts its work).
-        self.decode_s = 0.0
-        # The last PING nonce sent and the highest PONG nonce read: nonces grow per connection,
-        # so a PONG at or past a nonce answers every PING up to it.
-        self.ping_nonce = 0
-        self.pong_nonce = 0
-        # CONFIRMs (docs/replication-protocol.md, "Confirming a snapshot"): the last nonce sent and
-        # when, and the highest nonces answered held and not held (a later answer covers every
-        # earlier CONFIRM: the peer answers only on what happened after it received its one).
-        self.confirm_nonce = 0
-        self.confirm_sent_s = 0.0
-        self.held_nonce = 0
-        self.refused_nonce = 0
-
-    def unanswered_since(self) -> float | None:
-        return min(self._pinged.values()) if self._pinged else None
-
-    def ping(self) -> int:
-        """Sends a PING with the next nonce and returns that nonce."""
-        self.ping_nonce += 1
-        self.send(fr.Ping(self.ping_nonce))
-        return self.ping_nonce
-
-    def confirm(self, since_s: float) -> int:
-        """The nonce of a CONFIRM sent at or after ``since_s`` (monotonic) and not yet answered,
-        sending a new one if there is none."""
-        pending = self.confirm_nonce > max(self.held_nonce, self.refused_nonce)
-        if not (pending and self.confirm_sent_s >= since_s):
-            self.confirm_nonce += 1
-            self.confirm_sent_s = self.clock.monotonic_s()
-            self.send(fr.Confirm(self.confirm_nonce))
-        return self.confirm_nonce
-
-    def confirmed(self, nonce: int) -> bool | None:
-        """The answer to CONFIRM ``nonce``: held, not held, or None while none has come."""
-        if self.held_nonce >= nonce:
-            return True
-        if self.refused_nonce >= nonce:
-            return False
-        return None
-
-    def lift_frame_bound(self) -> None:
-        """The full ``limits.frame_bytes_max`` from now on: the handshake is done."""
-        self._decoder.frame_bytes_max = limits.frame_bytes_max
-
-    def send(self, frame: fr.Frame) -> int:
-        if type(frame) is fr.Ping:
-            if len(self._pinged) >= _PINGS_UNANSWERED_MAX:
-                self._pinged.clear()  # a peer that answers none: nothing to measure
-            self._pinged[frame.nonce] = self.clock.monotonic_s()
-        data = fr.encode(frame)
-        self.writer.write(data)
-        return len(data)
-
-    async def drain(self) -> None:
-        await self.writer.drain()
-
-    async def recv(self) -> fr.Frame | None:
-        """The next frame, or None at a clean end of stream."""
-        while not self._ready:
-            self.reading_since = self.clock.monotonic_s()
-            try:
-                data = await self.reader.read(256 * 1024)
-            finally:
-                self.reading_since = None
-            if not data:
-                if self._decoder.buffered_bytes:
-                    raise ProtocolError("stream ended inside a frame")
-                return None
-            self.heard_at = self.clock.monotonic_s()
-            started = time.perf_counter()
-            self._ready.extend(self._decoder.feed(data))
-            self.decode_s += time.perf_counter() - started
-            self._ready.reverse()
-        frame = self._ready.pop()
-        if type(frame) is fr.Pong:
-            self.pong_nonce = max(self.pong_nonce, frame.nonce)
-        elif type(frame) is fr.Confirmed:
-            if frame.held:
-                self.held_nonce = max(self.held_nonce, frame.nonce)
-            else:
-                self.refused_nonce = max(self.refused_nonce, frame.nonce)
-        if type(frame) is fr.Pong and self._pinged:
-            sent = self._pinged.pop(frame.nonce, None)
-            if sent is not None and self.on_round_trip is not None:
-                now = self.clock.monotonic_s()
-                self.on_round_trip(now, (now - sent) * 1000)
-        return frame
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.writer.close()
-
-
-async def recv_or_companion_failure(
-    stream: FrameStream, companion: asyncio.Task[None]
-) -> fr.Frame | None:
-    """The next frame. ``companion`` (the task working the other direction of the link) closes
-    the stream when it ends, which ends this read: then its exception is raised, if it had one."""
-    frame = await stream.recv()
-    if frame is None and companion.done() and not companion.cancelled():
-        error = companion.exception()
-        if error is not None:
-            raise error
-    return frame
-
-
-async def _recv_answering_pings(stream: FrameStream) -> fr.Frame | None:
-    """The next frame other than PING (answered) and PONG: both sides ping from HELLO_OK on,
-    so pings may come before SUBSCRIBE and SUBSCRIBED."""
-    while True:
-        frame = await stream.recv()
-        if isinstance(frame, fr.Ping):
-            stream.send(fr.Pong(frame.nonce))
-        elif not isinstance(frame, fr.Pong):
-            return frame
-
-
-def _close_with(stream: FrameStream) -> Callable[[asyncio.Task[None]], None]:
-    def close(_: asyncio.Task[None]) -> None:
-        stream.close()
-
-    return close
-
-
-def error_frame(exc: KayosError, request_id: int | None, epoch: int) -> fr.ErrorFrame:
-    redirect = exc.redirect if isinstance(exc, WrongRoleError) else None
-    return fr.ErrorFrame(request_id, exc.code, str(exc)[:1000] or exc.code, redirect, epoch)
-
-
-def raise_error_frame(frame: fr.ErrorFrame) -> None:
-    raise error_from_code(frame.code, frame.message, redirect=frame.redirect, epoch=frame.epoch)
-
-
-def pack_takeover(table: chain.TakeoverTable) -> bytes:
-    return msgpack.packb([[u, s] for u, s in table], use_bin_type=True)
-
-
-def unpack_takeover(raw: Any) -> chain.TakeoverTable:
-    if not isinstance(raw, bytes):
-        return []
-    return [(bytes(u), int(s)) for u, s in msgpack.unpackb(raw, raw=False)]
 
 
 Columns: TypeAlias = tuple[
@@ -326,15 +133,6 @@ def _commit_args(
         "validated": validated,
     }
     return columns, options
-
-
-class SendingLink(Protocol):
-    """What a replica uses of the sending side of one of its links below
-    (``kayos.replication.downstream``, which imports this module)."""
-
-    closed: bool
-
-    def offer(self, batch: fr.Batch) -> None: ...
 
 
 @dataclass(slots=True)

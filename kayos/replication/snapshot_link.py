@@ -21,11 +21,8 @@ from kayos.errors import KayosError, ProtocolError
 from kayos.replication import auth as link_auth
 from kayos.replication import frames as fr
 from kayos.replication import handshake
-from kayos.replication.replica import (
-    PROTOCOL_VERSION,
-    FrameStream,
-    raise_error_frame,
-)
+from kayos.replication.links import FrameStream, raise_error_frame
+from kayos.replication.replica import PROTOCOL_VERSION
 from kayos.replication.snapshot import SnapshotWriter
 from kayos.topology import Topology
 

@@ -28,19 +28,21 @@ from kayos.errors import (
 from kayos.replication import auth as link_auth
 from kayos.replication import chain, handshake, liveness, pacing
 from kayos.replication import frames as fr
+from kayos.replication.links import (
+    FrameStream,
+    _close_with,
+    _recv_answering_pings,
+    pack_takeover,
+    raise_error_frame,
+    recv_or_companion_failure,
+)
 from kayos.replication.replica import (
     _LOCAL_META_PREFIXES,
     CATCH_UP_META_KEY,
     PROTOCOL_VERSION,
     TAKEOVER_META_KEY,
-    FrameStream,
     ShardReplica,
-    _close_with,
     _commit_args,
-    _recv_answering_pings,
-    pack_takeover,
-    raise_error_frame,
-    recv_or_companion_failure,
 )
 
 log = logging.getLogger("kayos.replication")
