@@ -24,6 +24,7 @@ from kayos.errors import (
 )
 from kayos.replication import chain, liveness, pacing
 from kayos.replication import frames as fr
+from kayos.replication.head_writes import concat_columns
 from kayos.replication.links import (
     FrameStream,
     Pulse,
@@ -35,7 +36,6 @@ from kayos.replication.replica import (
     _LOCAL_META_PREFIXES,
     PROTOCOL_VERSION,
     ShardReplica,
-    concat_columns,
 )
 from kayos.replication.snapshot import serve_snapshot
 from kayos.storage import Entry, ShardStore

@@ -24,33 +24,28 @@ import math
 import os
 import random
 import shutil
-import time
 import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any
 
 from kayos import limits
 from kayos.clock import Clock
 from kayos.errors import (
     CorruptionError,
-    DiskFullError,
-    InvalidRequest,
     KayosError,
     ReplicationError,
     RollbackTooFarError,
-    StorageError,
-    UnavailableError,
-    WrongRoleError,
 )
 from kayos.replication import chain, followers, liveness, pacing, timeindex
 from kayos.replication import frames as fr
+from kayos.replication.head_writes import Columns as Columns
+from kayos.replication.head_writes import HeadWrites, _Write
 from kayos.replication.links import FrameStream as FrameStream
 from kayos.replication.links import Pulse, SendingLink, pack_takeover, unpack_takeover
 from kayos.replication.links import error_frame as error_frame
 from kayos.storage import CommitResult, ShardStore
-from kayos.storage.engine import prepare_columns
 from kayos.storage.salvage import SalvageReport, salvage
 from kayos.topology import ShardChain, Topology
 
@@ -78,70 +73,6 @@ def queue_prefix(queue: str) -> bytes:
     return queue.encode() + b"\x00"
 
 
-Columns: TypeAlias = tuple[
-    tuple[bytes, ...],
-    tuple[bytes | None, ...],
-    tuple[int, ...] | None,
-    tuple[dict[str, bytes] | None, ...] | None,
-]
-
-
-def concat_columns(parts: list[Columns]) -> Columns:
-    """One set of columns for several batches, in order (a group commit, a merged forward)."""
-    if len(parts) == 1:
-        return parts[0]
-    keys = tuple(itertools.chain.from_iterable(p[0] for p in parts))
-    values = tuple(itertools.chain.from_iterable(p[1] for p in parts))
-    expiries: tuple[int, ...] | None = None
-    if any(p[2] is not None for p in parts):
-        expiries = tuple(
-            itertools.chain.from_iterable(
-                p[2] if p[2] is not None else (0,) * len(p[0]) for p in parts
-            )
-        )
-    headers: tuple[dict[str, bytes] | None, ...] | None = None
-    if any(p[3] is not None for p in parts):
-        headers = tuple(
-            itertools.chain.from_iterable(
-                p[3] if p[3] is not None else (None,) * len(p[0]) for p in parts
-            )
-        )
-    return keys, values, expiries, headers
-
-
-def _commit_args(
-    batches: list[fr.Batch], *, validated: bool, extra_meta: dict[str, Any] | None = None
-) -> tuple[Columns, dict[str, Any]]:
-    """The one store commit of consecutive accepted batches: their columns, their explicit seqs,
-    the log range they cover and their metadata changes in order (``extra_meta`` last)."""
-    columns = concat_columns([(b.keys, b.values, b.expiries_ms, b.headers) for b in batches])
-    seqs = (
-        batches[0].seqs
-        if len(batches) == 1
-        else tuple(itertools.chain.from_iterable(b.seqs for b in batches))
-    )
-    meta: dict[str, Any] = {}
-    for batch in batches:
-        if batch.meta:
-            meta.update(batch.meta)
-    if extra_meta:
-        meta.update(extra_meta)
-    options = {
-        "seqs": seqs,
-        "last_seq": batches[-1].last_seq,
-        "meta": meta or None,
-        "validated": validated,
-    }
-    return columns, options
-
-
-@dataclass(slots=True)
-class _Write:
-    batch: fr.Batch
-    payload: int
-    future: asyncio.Future[CommitResult]
-
-
 def _always() -> bool:
     return True
 
@@ -157,7 +88,7 @@ class _Waiter:
     future: asyncio.Future[int]
 
 
-class ShardReplica:
+class ShardReplica(HeadWrites):
     """One node's member of one shard's chain."""
 
     def __init__(
@@ -575,27 +506,7 @@ class ShardReplica:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.changed.waiter(), remaining)
 
-    # --- writes at the head --------------------------------------------------------------------
-
-    def check_head(self) -> None:
-        if self.role != "head":
-            head = self.topology.nodes[self.shard.head]
-            raise WrongRoleError(
-                f"node {self.node_id} is not the head of shard {self.shard_id}",
-                redirect=head.id,
-                epoch=self.epoch,
-            )
-        if self.repairing:
-            raise UnavailableError(
-                f"{self.node_id} is repairing its store of shard {self.shard_id}; retry later"
-            )
-        held_s = self.writes_held_until_s - self.clock.monotonic_s()
-        if held_s > 0:
-            raise UnavailableError(
-                f"{self.node_id} holds writes to shard {self.shard_id} for {held_s * 1000:.0f} ms"
-                " more: it took over from another head, whose lease from the manager ends first"
-            )
-
+    # --- repair, and the batches kept for the links --------------------------------------------
     def repair_status(self) -> dict[str, Any] | None:
         """The ``repair`` field of the shard's status: None when the store verified."""
         if self.damage_seen is not None:
@@ -667,227 +578,6 @@ class ShardReplica:
         self._recent.clear()
         self._recent_order.clear()
         self._recent_bytes = 0
-
-    @property
-    def starting_new_history(self) -> bool:
-        """A head commit failed and the takeover entry that starts the new history is not down
-        yet: no seq is given out, and no downstream may subscribe (it would record the old
-        takeover table)."""
-        return self._write_failure is not None
-
-    def _check_writable(self) -> None:
-        if isinstance(self._write_failure, DiskFullError):
-            raise DiskFullError(
-                f"shard {self.shard_id}: the disk of head {self.node_id} is full; writes resume "
-                "by themselves once space is freed"
-            )
-        if self._write_failure is not None:
-            raise StorageError(
-                f"shard {self.shard_id}: a commit failed on head {self.node_id} "
-                f"({self._write_failure}); writes resume once it starts a new history"
-            )
-
-    def _check_space(self, payload: int) -> None:
-        """Refuses a head write (``DiskFullError``) before it takes a seq when the disk is too
-        full for it with ``limits.disk_head_margin_bytes`` to spare (docs/retention.md)."""
-        try:
-            self.store.check_space(
-                2 * payload + limits.disk_head_margin_bytes, self.store.options.disk_reserve_bytes
-            )
-        except DiskFullError:
-            self.disk_full = True
-            raise
-
-    def _take_seqs(self, count: int) -> tuple[int, int]:
-        first = self._next_seq
-        self._next_seq = first + count
-        return first, first + count - 1
-
-    async def commit_ops(self, columns: Columns) -> CommitResult:
-        """Commits one all-or-nothing batch at the head and returns its seq range once it is
-        durable here.
-
-        The batch gets its seqs and goes down the chain at once; its store commit runs at the
-        same time. Batches that arrive while the store is busy are committed together in one
-        store commit (the node's group commit: one worker thread, one fsync); each keeps its own
-        consecutive seq range. ``columns`` (stored keys, values, expiries, headers) go to the
-        store and down the chain as they are, without a read-back."""
-        self.check_head()
-        self._check_writable()
-        # A bad batch fails alone, before it takes seqs; the store need not check it again.
-        payload = prepare_columns(*columns).payload_bytes
-        if not columns[0]:
-            raise InvalidRequest("a batch needs at least one entry")
-        self._check_space(payload)
-        first, last = self._take_seqs(len(columns[0]))
-        # Unchecked: prepare_columns checked the columns, and the seqs are made right here.
-        batch = fr.Batch.unchecked(
-            self.shard_id, first, last, True, tuple(range(first, last + 1)), *columns, None
-        )
-        return await self._head_write(batch, payload)
-
-    async def commit_meta(self, meta: dict[str, Any]) -> CommitResult:
-        """A metadata-only write (a consumer high-water mark) with a seq of its own, so it rides
-        the replication stream like any other commit."""
-        self.check_head()
-        self._check_writable()
-        self._check_space(64 * len(meta))
-        seq, _ = self._take_seqs(1)
-        batch = fr.Batch(self.shard_id, seq, seq, True, (), (), (), None, None, meta)
-        return await self._head_write(batch, 64 * len(meta))
-
-    async def _head_write(self, batch: fr.Batch, payload: int) -> CommitResult:
-        self.accept(batch, payload)
-        idle = (self._writer is None or self._writer.done()) and not self._writes
-        if idle and len(batch.seqs) <= limits.inline_commit_entries_max:
-            # Nothing to group with: commit right here (the batch is on its way down already).
-            columns, options = _commit_args([batch], validated=True)
-            try:
-                result = self._commit_now(columns, **options)
-            except Exception as exc:
-                self._head_commit_failed(exc)
-                raise
-            self.last_entry_seq = max(self.last_entry_seq, batch.last_seq)
-            self.local_commit_done()
-            return CommitResult(batch.first_seq, batch.last_seq, result.commit_no)
-        future: asyncio.Future[CommitResult] = asyncio.get_running_loop().create_future()
-        self._writes.append(_Write(batch, payload, future))
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._write_loop())
-        return await future
-
-    async def _write_loop(self) -> None:
-        writes = self._writes
-        while writes:
-            group = [writes.popleft()]
-            entries = len(group[0].batch.seqs)
-            payload = group[0].payload
-            # Within the store's batch bounds, so the merged batch needs no second check.
-            while writes and (
-                entries + len(writes[0].batch.seqs) <= limits.batch_entries_max
-                and payload + writes[0].payload <= limits.batch_bytes_max
-            ):
-                write = writes.popleft()
-                group.append(write)
-                entries += len(write.batch.seqs)
-                payload += write.payload
-            columns, options = _commit_args([w.batch for w in group], validated=True)
-            try:
-                result = await self.timed_commit(columns, inline=not writes, **options)
-            except Exception as exc:  # every batch of the group failed with it
-                self._head_commit_failed(exc)
-                for write in group:
-                    if not write.future.done():
-                        write.future.set_exception(exc)
-                continue
-            self.last_entry_seq = max(self.last_entry_seq, group[-1].batch.last_seq)
-            self.local_commit_done()
-            for write in group:
-                if not write.future.done():
-                    write.future.set_result(
-                        CommitResult(write.batch.first_seq, write.batch.last_seq, result.commit_no)
-                    )
-
-    def _head_commit_failed(self, exc: BaseException) -> None:
-        """A head commit failed after its batch went down the chain: the seqs given out since the
-        last durable one are lost here but may be held below. No seq is given out again until a
-        new takeover entry marks where the new history starts, so the divergence rule rolls the
-        downstreams back; every write queued behind fails with this one."""
-        if self._write_failure is not None:
-            return
-        log.error("shard %s: head commit failed: %s", self.shard_id, exc)
-        self._write_failure = exc
-        while self._writes:
-            write = self._writes.popleft()
-            if not write.future.done():
-                write.future.set_exception(exc)
-        self.time_index.truncate_after(self.store.last_seq)
-        self._apply_events(chain.Discarded())
-        self.forget_recent()
-        self.close_downstream_links()
-        task = asyncio.get_running_loop().create_task(self._start_new_history())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _start_new_history(self) -> None:
-        writer = self._writer
-        if writer is not None and writer is not asyncio.current_task():
-            with contextlib.suppress(Exception):
-                await asyncio.shield(writer)
-        try:
-            await self._become_head_when_space()
-        except Exception as exc:
-            log.error(
-                "shard %s: head cannot start a new history (%s); writes stay refused until the "
-                "node restarts",
-                self.shard_id,
-                exc,
-            )
-            return
-        self.local_commit_done()
-        self._write_failure = None
-        log.warning("shard %s: head resumes writes at seq %s", self.shard_id, self._next_seq)
-
-    async def _become_head_when_space(self) -> None:
-        """``become_head``, tried again every ``limits.disk_full_retry_ms`` while the disk is
-        full (until the replica closes, which cancels this task), so that writes resume by
-        themselves once space is freed."""
-        while True:
-            try:
-                await self.become_head()
-            except DiskFullError:
-                self.disk_full = True
-                await asyncio.sleep(limits.disk_full_retry_ms / 1000)
-                continue
-            self.disk_full = False
-            return
-
-    def _commit_now(self, columns: Columns, **options: Any) -> CommitResult:
-        """A store commit on the event loop (small ones only: it blocks for one fsync)."""
-        started = time.perf_counter()
-        try:
-            result = self.store.commit_columns(*columns, **options)
-        except DiskFullError:
-            self.disk_full = True
-            raise
-        self.disk_full = False
-        if self.commit_observer is not None:
-            self.commit_observer(time.perf_counter() - started)
-        return result
-
-    async def timed_commit(
-        self, columns: Columns, *, inline: bool = False, **options: Any
-    ) -> CommitResult:
-        """A store commit of ``columns`` (``ShardStore.commit_columns``, which ``options`` go
-        to) in a worker thread; ``inline`` runs a small one on the event loop instead (when
-        nothing else waits, the thread hand-off costs more than the commit)."""
-        if inline and len(columns[0]) <= limits.inline_commit_entries_max:
-            return self._commit_now(columns, **options)
-        started = time.perf_counter()
-        future = asyncio.ensure_future(
-            asyncio.to_thread(self.store.commit_columns, *columns, **options)
-        )
-        self._commit_in_flight = future
-        try:
-            result = await asyncio.shield(future)
-        except DiskFullError:
-            self.disk_full = True
-            raise
-        self.disk_full = False
-        if self.commit_observer is not None:
-            self.commit_observer(time.perf_counter() - started)
-        return result
-
-    async def settle(self) -> None:
-        """Returns once no store commit of this replica runs in a worker thread any more (one
-        whose awaiting task was cancelled still lands), and counts what landed."""
-        future = self._commit_in_flight
-        if future is not None:
-            if not future.done():
-                await asyncio.wait([future])
-            if not future.cancelled():
-                future.exception()  # retrieved: its task, if still alive, raised it already
-        self.local_commit_done()
 
     # --- the store below the links -------------------------------------------------------------
 

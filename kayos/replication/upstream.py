@@ -28,6 +28,7 @@ from kayos.errors import (
 from kayos.replication import auth as link_auth
 from kayos.replication import chain, handshake, liveness, pacing
 from kayos.replication import frames as fr
+from kayos.replication.head_writes import _commit_args
 from kayos.replication.links import (
     FrameStream,
     _close_with,
@@ -42,7 +43,6 @@ from kayos.replication.replica import (
     PROTOCOL_VERSION,
     TAKEOVER_META_KEY,
     ShardReplica,
-    _commit_args,
 )
 
 log = logging.getLogger("kayos.replication")
