@@ -1,0 +1,214 @@
+"""What a subscription's verdict and a catch-up follower's reports do to a shard replica.
+
+``CatchUp`` holds a member's side of catching up below its upstream: refusing a rollback past the
+commit point, rolling back or resetting the store (and restarting the progress after it), and
+counting a learner that catches up below a member with no downstream in that member's commit
+(docs/replication-protocol.md, "Counting a catch-up follower"). Apart from
+``kayos.replication.replica`` because it is one seam of the replica: the store below the links
+changes under it, and the links start again. ``kayos.replication.replica.ShardReplica`` inherits it
+and sets every attribute declared here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+from typing import TYPE_CHECKING
+
+from kayos.clock import Clock
+from kayos.errors import KayosError, ReplicationError, RollbackTooFarError
+from kayos.replication import chain, followers, timeindex
+from kayos.replication import frames as fr
+from kayos.storage import ShardStore
+
+log = logging.getLogger("kayos.replication")
+
+
+class CatchUp:
+    """Rollbacks, resets and counted learners of one replica (see the module's docstring)."""
+
+    # The replica's state this uses (``ShardReplica.__init__`` sets it).
+    node_id: str
+    clock: Clock
+    store: ShardStore
+    store_path: str
+    upstream: str | None
+    downstreams: tuple[str, ...]
+    progress: chain.Progress
+    time_index: timeindex.TimeIndex
+    counted_followers: tuple[str, ...]
+    rolled_back_entries: int
+    rolled_back_committed_entries: int
+    refused_rollbacks: int
+    _counting: tuple[str, ...]
+    _followers_lock: asyncio.Lock
+    _point_persisted: int
+    _background: set[asyncio.Task[None]]
+
+    if TYPE_CHECKING:
+        # The replica's methods this uses (``ShardReplica`` defines them).
+        @property
+        def shard_id(self) -> int: ...
+
+        @property
+        def epoch(self) -> int: ...
+
+        def takeover_table(self) -> chain.TakeoverTable: ...
+
+        def _apply_events(self, *events: chain.Event) -> None: ...
+
+        def forget_recent(self) -> None: ...
+
+        def close_downstream_links(self) -> None: ...
+
+    # --- the store below the links -------------------------------------------------------------
+
+    async def _reset_store(self) -> None:
+        """Throws the replica's data away (its history shares nothing usable with upstream)."""
+        log.warning("shard %s: resetting replica to empty", self.shard_id)
+        self.store.close()
+        await asyncio.to_thread(shutil.rmtree, self.store_path, True)
+        os.makedirs(self.store_path, exist_ok=True)
+        self.store = ShardStore.open(self.store_path, clock=self.clock)
+        self._point_persisted = 0
+        self.time_index.clear()
+        self._restart_progress()
+
+    def _restart_progress(self) -> None:
+        """Progress afresh from the store (after a rollback or reset: the links restart). The
+        commit point stays what the upstream said, within what the store now holds."""
+        upstream_point = self.progress.upstream_point
+        self.progress = chain.Progress(
+            has_upstream=self.upstream is not None,
+            downstreams=(*self.downstreams, *self._counting),
+        )
+        self._apply_events(
+            chain.Durable(self.store.last_seq), chain.UpstreamCommitPoint(upstream_point)
+        )
+
+    def check_rollback_verdict(self, seq: int, upstream: fr.Subscribed | None = None) -> None:
+        """Refuses an upstream's order to roll back to ``seq`` when that drops entries at or
+        below the commit point this member knows: they are on every member and acknowledged, so
+        an upstream asking for that is damaged or stale, and obeying would destroy them (and the
+        links below would copy the loss). The link stays down; it is logged and counted."""
+        point = min(self.progress.commit_point, self.store.last_seq)
+        if seq >= point:
+            return
+        if (
+            seq == 0
+            and upstream is not None
+            and chain.reset_explained_by_cap(
+                self.takeover_table(),
+                list(upstream.takeover_table),
+                up_last=upstream.last_seq,
+                point=point,
+            )
+        ):
+            log.warning(
+                "shard %s: resetting: %s's table no longer names ours", self.shard_id, self.upstream
+            )
+            return
+        self.refused_rollbacks += 1
+        log.error(
+            "shard %s: refused %s's order to roll back to %s: the commit point here is %s "
+            "(acknowledged entries would be lost); the link stays down",
+            self.shard_id,
+            self.upstream,
+            seq,
+            point,
+        )
+        raise ReplicationError(
+            f"refused a rollback to {seq} below the commit point {point} (shard {self.shard_id})"
+        )
+
+    async def rollback(self, seq: int) -> None:
+        dropped = max(0, self.store.last_seq - seq)
+        committed = max(0, min(self.progress.commit_point, self.store.last_seq) - seq)
+        self.rolled_back_entries += dropped
+        self.rolled_back_committed_entries += committed
+        if committed:
+            log.error(
+                "shard %s: rolling back %s committed entries (commit point %s, to %s)",
+                self.shard_id,
+                committed,
+                self.progress.commit_point,
+                seq,
+            )
+        self.forget_recent()
+        # The links below were fed the history being dropped: they must subscribe again, so
+        # that each downstream rolls back too instead of stacking the new history on the old.
+        self.close_downstream_links()
+        if seq == 0:
+            await self._reset_store()
+            return
+        try:
+            await asyncio.to_thread(self.store.rollback_to, seq)
+        except RollbackTooFarError:
+            await self._reset_store()
+            return
+        self.time_index.truncate_after(seq)
+        # Progress never goes back on a live link; the links restart after a rollback.
+        self._restart_progress()
+
+    def learner_report(self, node: str, seq: int) -> None:
+        """A learner's ``ACK`` or ``COMMITTED``: either names a seq it holds durably (it has no
+        downstream; on an idle shard it sends only ``ACK``). A member with no downstream counts
+        the learner in its commit from its first report at or past this member's commit point
+        (every seq committed before it the learner holds, every later one waits for it), and
+        records the count before showing it; a counted learner's reports feed the commit as a
+        downstream's do (docs/replication-protocol.md, "Counting a catch-up follower")."""
+        if node in self._counting:
+            if seq > self.progress.downstream_committed.get(node, 0):
+                self._apply_events(chain.DownstreamCommitted(node, seq))
+            return
+        if self.downstreams or seq < self.progress.commit_point:
+            return
+        self._counting = tuple(sorted({*self._counting, node}))
+        self._apply_events(
+            chain.DownstreamsChanged((*self.downstreams, *self._counting)),
+            chain.DownstreamCommitted(node, seq),
+        )
+        log.info(
+            "shard %s: counting learner %s in the commit from seq %s", self.shard_id, node, seq
+        )
+        task = asyncio.get_running_loop().create_task(self._record_followers())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def learner_linked(self, node: str) -> None:
+        """A counted learner (re)subscribed: its reports start afresh, and the commit waits."""
+        if node in self._counting:
+            self._apply_events(chain.DownstreamLinked(node))
+
+    async def _record_followers(self) -> None:
+        async with self._followers_lock:
+            counting = self._counting
+            recorded = followers.record(self.node_id, counting)
+            try:
+                await asyncio.to_thread(
+                    self.store.commit, [], meta={followers.FOLLOWERS_META_KEY: recorded}
+                )
+            except KayosError as exc:
+                log.warning("shard %s: counted learners not recorded: %s", self.shard_id, exc)
+                return
+            if self._counting == counting:
+                self.counted_followers = counting
+            else:  # changed meanwhile: shown once recorded by the next write
+                self.counted_followers = tuple(n for n in counting if n in self._counting)
+
+    async def keep_followers(self, epoch: int, keep: set[str]) -> tuple[str, ...]:
+        """The manager's catch-up list at ``epoch`` (``POST /v1/admin/followers``): a counted
+        learner not in it counts no more. At another epoch nothing changes."""
+        if epoch != self.epoch:
+            return self.counted_followers
+        dropped = {n for n in self._counting if n not in keep}
+        if not dropped:
+            return self.counted_followers
+        self._counting = tuple(n for n in self._counting if n not in dropped)
+        self.counted_followers = tuple(n for n in self.counted_followers if n not in dropped)
+        log.info("shard %s: no longer counting %s (the manager's word)", self.shard_id, dropped)
+        self._apply_events(chain.DownstreamsChanged((*self.downstreams, *self._counting)))
+        await self._record_followers()
+        return self.counted_followers
