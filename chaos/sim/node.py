@@ -154,6 +154,13 @@ class Replica:
             if link is not None:
                 self.world.close_link(link)
 
+    def fail_waiters(self) -> None:
+        """Fails every producer waiting for its commit here (it may or may not commit: the
+        client's outcome is unknown)."""
+        waiting, self.waiters = self.waiters, []
+        for last, reply in waiting:
+            reply(False, last, 0)
+
     def release(self, seq: int) -> None:
         still = []
         for last, reply in self.waiters:
@@ -235,9 +242,7 @@ class Replica:
             self.node.world.at(self.node.restart_after_ms, self.node.start_if_down)
             return False
         self.step(chain.Discarded())
-        waiting, self.waiters = self.waiters, []
-        for last, reply in waiting:
-            reply(False, last, 0)
+        self.fail_waiters()
         self.close_down()
         self.head_ready = False
         self.disk("takeover", self.node.world.rng.randbytes(16))
@@ -268,6 +273,11 @@ class Replica:
         if epoch <= self.store.epoch:
             return
         lease.hold_writes(self, members, epoch)
+        if _position(self.store.chain, self.node.id) != _position(members, self.node.id):
+            # The real node remakes or closes the replica (reconfigure.plan_changes) and fails
+            # its producers (``fail_pending``). Kept, a waiter outlived a rollback of its write
+            # and was answered by the commit of another write at its seq (seed 3756).
+            self.fail_waiters()
         self.store.chain, self.store.epoch = members, epoch
         self.followers -= set(members)
         self.set_counted(set())  # the manager's new chain ends every count
@@ -611,6 +621,15 @@ class Replica:
             else:
                 latest[entry.key] = entry
         return hwm, boundary, sorted((e for e in latest.values() if e.seq > hwm), key=_seq)
+
+
+def _position(members: tuple[str, ...], me: str) -> tuple[str | None, tuple[str, ...]] | None:
+    """A member's place in a chain as ``reconfigure.position_of`` compares it: its upstream and
+    downstreams (None: not a member)."""
+    if me not in members:
+        return None
+    i = members.index(me)
+    return (members[i - 1] if i > 0 else None), members[i + 1 : i + 2]
 
 
 def _seq(entry: Entry) -> int:
