@@ -45,6 +45,7 @@ class CatchUp:
     _counting: tuple[str, ...]
     _followers_lock: asyncio.Lock
     _point_persisted: int
+    _mark_written: int
     _background: set[asyncio.Task[None]]
 
     if TYPE_CHECKING:
@@ -63,6 +64,8 @@ class CatchUp:
 
         def close_downstream_links(self) -> None: ...
 
+        def lower_durable_mark(self, seq: int) -> None: ...
+
     # --- the store below the links -------------------------------------------------------------
 
     async def _reset_store(self) -> None:
@@ -73,6 +76,7 @@ class CatchUp:
         os.makedirs(self.store_path, exist_ok=True)
         self.store = ShardStore.open(self.store_path, clock=self.clock)
         self._point_persisted = 0
+        self._mark_written = 0
         self.time_index.clear()
         self._restart_progress()
 
@@ -149,6 +153,7 @@ class CatchUp:
             await self._reset_store()
             return
         self.time_index.truncate_after(seq)
+        self.lower_durable_mark(seq)
         # Progress never goes back on a live link; the links restart after a rollback.
         self._restart_progress()
 

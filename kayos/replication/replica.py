@@ -36,7 +36,7 @@ from typing import Any
 from kayos import limits
 from kayos.clock import Clock
 from kayos.errors import CorruptionError, KayosError
-from kayos.replication import chain, followers, liveness, pacing, timeindex
+from kayos.replication import chain, durablemark, followers, liveness, pacing, timeindex
 from kayos.replication import frames as fr
 from kayos.replication.catchup import CatchUp
 from kayos.replication.head_writes import Columns as Columns
@@ -132,14 +132,18 @@ class ShardReplica(HeadWrites, CatchUp):
         # after its last valid header (a torn commit and a truncated file look the same; its
         # downstreams may hold more and would be told to roll back acknowledged entries).
         torn = bool(self.downstreams) and self.store.recovery.dropped_bytes > 0
-        self.repairing = self.salvage_report is not None or torn
+        # A store that opened below the durable mark beside it was cut short (a truncated file
+        # recovers to an older header and looks merely torn): it lost acknowledged entries.
+        self._mark_written = durablemark.read(store_path)
+        cut = None if copied else durablemark.cut_short(self._mark_written, self.store.last_seq)
+        self.repairing = self.salvage_report is not None or torn or cut is not None
         self.repair_problem = (
             self.salvage_report.problem
             if self.salvage_report is not None
-            else self.store.recovery.reason
-            if torn
-            else ""
+            else cut or (self.store.recovery.reason if torn else "")
         )
+        if cut is not None:
+            log.error("shard %s: %s: re-fetching from a peer before serving", shard.id, cut)
         # Entries this replica copied in catch-up (below the target its SUBSCRIBED named) since
         # the node started; a read that met a damaged chunk (never served).
         self.refetched_entries = 0
@@ -357,11 +361,31 @@ class ShardReplica(HeadWrites, CatchUp):
 
     async def persist_commit_point(self) -> None:
         """Writes the commit point into the store's local metadata (no seq, never replicated), so
-        a restarted tail serves what was committed before it stopped."""
+        a restarted tail serves what was committed before it stopped; then the durable mark."""
         point = self.commit_point_to_persist()
         if point is not None:
             await asyncio.to_thread(self.store.commit, [], meta={COMMIT_POINT_META_KEY: point})
             self._point_persisted = max(self._point_persisted, point)
+        await self.persist_durable_mark()
+
+    async def persist_durable_mark(self) -> None:
+        """Raises the durable mark beside the store (docs/storage-format.md) to what this store
+        holds of the committed history; left alone while the store repairs what it lost."""
+        mark = min(self.progress.commit_point, self.store.last_seq)
+        if self.repairing or mark <= self._mark_written:
+            return
+        try:
+            await asyncio.to_thread(durablemark.write, self.store_path, mark)
+        except OSError as exc:
+            log.warning("shard %s: durable mark not written: %s", self.shard_id, exc)
+            return
+        self._mark_written = mark
+
+    def lower_durable_mark(self, seq: int) -> None:
+        """A rollback to ``seq`` the replica accepted: the mark follows it down."""
+        if self._mark_written > seq:
+            durablemark.write(self.store_path, seq)
+            self._mark_written = seq
 
     async def persist_time_index(self, *, force: bool = False) -> None:
         """Writes the time index file when it changed, at most every

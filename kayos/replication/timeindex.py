@@ -14,7 +14,6 @@ missing, torn or foreign file is read as an empty index, never as an error.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import struct
 import sys
@@ -24,6 +23,7 @@ from bisect import bisect_right
 from itertools import pairwise
 
 from kayos import limits
+from kayos.replication import durablemark
 
 TIME_INDEX_FILE = "time-index"
 _MAGIC = b"KYTI"
@@ -192,20 +192,4 @@ def load(directory: str, last_seq: int) -> TimeIndex:
 def write(directory: str, raw: bytes) -> None:
     """Writes an encoded index whole (temporary file, fsync, rename): a crash leaves the old
     file or the new one, and a torn one is read as empty anyway."""
-    path = os.path.join(directory, TIME_INDEX_FILE)
-    temporary = path + ".tmp"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(raw)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(temporary, path)
-    with contextlib.suppress(OSError):
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+    durablemark.write_whole(os.path.join(directory, TIME_INDEX_FILE), raw)

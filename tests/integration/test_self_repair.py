@@ -75,6 +75,19 @@ def consume_recorded(cluster: LocalCluster, events: list[Event], group: str) -> 
         )
 
 
+def assert_nothing_lost(cluster: LocalCluster, events: list[Event], acked: int) -> None:
+    """No member rolled back a committed entry, and every tail serves every acknowledged message
+    once, in order, at its seq (the chaos checker's verdict over ``events``)."""
+    for node in cluster.ids:
+        node_status = cluster.status(node)
+        assert node_status is not None
+        assert node_status["shards"]["0"]["rolled_back_committed_entries"] == 0, node_status
+    consume_recorded(cluster, events, "g")
+    verdict = check(events)
+    assert not verdict.violations, [v.to_json() for v in verdict.violations]
+    assert verdict.acked_versions == acked
+
+
 def store_dir(cluster: LocalCluster, node: str) -> str:
     return str(Path(cluster.data_dir(node)) / "shards" / "0")
 
@@ -123,15 +136,7 @@ def test_damaged_replica_repairs_from_peers(start_cluster: Any, victim: str, how
     if how == "flip":
         assert replica["repair"]["kept_seq"] < total, replica
     # Nobody rolled back anything acknowledged: the damaged head re-fetched before it served.
-    for node in cluster.ids:
-        node_status = cluster.status(node)
-        assert node_status is not None
-        assert node_status["shards"]["0"]["rolled_back_committed_entries"] == 0, node_status
-
-    consume_recorded(cluster, events, "g")
-    verdict = check(events)
-    assert not verdict.violations, [v.to_json() for v in verdict.violations]
-    assert verdict.acked_versions == (BATCHES + 2) * BATCH
+    assert_nothing_lost(cluster, events, (BATCHES + 2) * BATCH)
 
     cluster.stop()
     for node in cluster.ids:
