@@ -341,6 +341,13 @@ class HeadWrites:
             self.disk_full = False
             return
 
+    def _commit_landed(self, started: float) -> None:
+        """A store commit begun at ``started`` (``time.perf_counter``) landed: the disk had room,
+        and the commit observer gets its duration."""
+        self.disk_full = False
+        if self.commit_observer is not None:
+            self.commit_observer(time.perf_counter() - started)
+
     def _commit_now(self, columns: Columns, **options: Any) -> CommitResult:
         """A store commit on the event loop (small ones only: it blocks for one fsync)."""
         started = time.perf_counter()
@@ -349,9 +356,7 @@ class HeadWrites:
         except DiskFullError:
             self.disk_full = True
             raise
-        self.disk_full = False
-        if self.commit_observer is not None:
-            self.commit_observer(time.perf_counter() - started)
+        self._commit_landed(started)
         return result
 
     async def timed_commit(
@@ -372,9 +377,7 @@ class HeadWrites:
         except DiskFullError:
             self.disk_full = True
             raise
-        self.disk_full = False
-        if self.commit_observer is not None:
-            self.commit_observer(time.perf_counter() - started)
+        self._commit_landed(started)
         return result
 
     async def settle(self) -> None:
