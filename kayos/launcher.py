@@ -279,6 +279,8 @@ class LocalCluster:
         self.manager_config = manager_config
         self.manager_members: list[MemberAddr] = []
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        # Nodes started from their own file rather than the cluster's (add_outside_node).
+        self.config_paths: dict[str, Path] = {}
         self._logs: dict[str, IO[bytes]] = {}
         # The cluster's id and secret: kept from an earlier run's file in base_dir (its data
         # directories belong to that cluster), else new.
@@ -425,6 +427,23 @@ class LocalCluster:
         elif wait:
             self.wait_ready([node])
 
+    def add_outside_node(self, node: str) -> NodeAddr:
+        """Starts node ``node``, which the cluster's file does not name, as an operator adds one:
+        free ports and its own file (the cluster's topology naming it too, at the same epoch).
+        From then on it is started and signalled like the others; telling the manager (``kayos
+        ctl add-node``) is the caller's part. Returns its address."""
+        if node in self.topology.nodes or node in self.manager_ids:
+            raise ClusterError(f"node {node} is already in the cluster")
+        http_port, bin_port = free_ports(2, self.host)
+        address = NodeAddr(node, self.host, http_port, bin_port)
+        nodes = {**self.topology.nodes, node: address}
+        self.topology = dataclasses.replace(self.topology, nodes=nodes)
+        self.config_paths[node] = self.base_dir / f"{node}.toml"
+        write_private(str(self.config_paths[node]), self.topology_text())
+        self.ids.append(node)
+        self.start(node)
+        return address
+
     def members(self) -> list[str]:
         """What ``kayos up`` supervises: every node and manager member (and, in a subclass,
         other processes)."""
@@ -510,7 +529,7 @@ class LocalCluster:
         command = [
             *self.node_command,
             "--config",
-            str(self.topology_path),
+            str(self.config_paths.get(node, self.topology_path)),
             "--id",
             node,
             "--data",

@@ -20,7 +20,7 @@ from typing import Any
 
 from chaos import checker
 from chaos.history import Produce, Recorder, dump_jsonl
-from chaos.procs import faults, membership, netfaults
+from chaos.procs import faults, membership, moves, netfaults
 from chaos.procs.workload import Consumer, Producer, join_timeout_s
 from kayos.control.config import Config as ManagerConfig
 from kayos.launcher import ClusterError, LocalCluster
@@ -67,6 +67,9 @@ class Report:
     fault_phase_s: float = 0.0
     faults: dict[str, int] = field(default_factory=dict)
     second_process: dict[str, int] = field(default_factory=dict)
+    # move_under_fault's moves by how each ended (chaos/procs/moves.py), and the spare node.
+    moves: dict[str, int] = field(default_factory=dict)
+    spare: dict[str, Any] = field(default_factory=dict)
     hostile_requests: int = 0
     strangers_refused: int = 0
     produce_calls: dict[str, int] = field(default_factory=dict)
@@ -100,6 +103,7 @@ class Report:
             "faults_total": sum(self.faults.values()),
             "faults": self.faults,
             "second_process": self.second_process,
+            **({"moves": self.moves, "spare": self.spare} if self.spare else {}),
             "hostile_requests": self.hostile_requests,
             "strangers_refused": self.strangers_refused,
             "produce_calls": self.produce_calls,
@@ -196,7 +200,10 @@ def run(config: Config) -> Report:
     report.network = type(cluster).__name__
     try:
         cluster.start_all()
+        if config.managers and moves.KINDS & set(config.kinds):
+            report.spare = moves.add_spare(cluster)
     except BaseException:
+        cluster.stop()
         netfaults.close(cluster)
         raise
     producers: list[Producer] = []
@@ -288,6 +295,7 @@ def _fault_phase(cluster: LocalCluster, config: Config, recorder: Recorder, repo
     deadline = time.monotonic() + config.fault_phase_s
     kinds: Counter[str] = Counter()
     outcomes: Counter[str] = Counter()
+    moved: Counter[str] = Counter()
     kinds_drawn = tuple(k for k in config.kinds if config.managers or k not in faults.MANAGER_KINDS)
     for fault in faults.schedule(config.seed, cluster.ids, kinds_drawn):
         if time.monotonic() >= deadline or (
@@ -306,6 +314,8 @@ def _fault_phase(cluster: LocalCluster, config: Config, recorder: Recorder, repo
         kinds[fault.kind] += 1
         if fault.kind == "second_process" and "outcome" in result:
             outcomes[str(result["outcome"])] += 1
+        if fault.kind in moves.KINDS:
+            moved[str(result.get("move", "failed"))] += 1
         report.hostile_requests += int(result.get("requests", 0))
         report.strangers_refused += int(bool(result.get("refused", False)))
         for what in result.get("unexpected", []):
@@ -324,6 +334,7 @@ def _fault_phase(cluster: LocalCluster, config: Config, recorder: Recorder, repo
             cluster.processes.pop(node, None)
     report.faults = dict(sorted(kinds.items()))
     report.second_process = dict(sorted(outcomes.items()))
+    report.moves = dict(sorted(moved.items()))
 
 
 def _restart_missing(cluster: LocalCluster, recorder: Recorder) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from chaos.procs import membership, netfaults
+from chaos.procs import membership, moves, netfaults
 from kayos import limits
 from kayos.launcher import LocalCluster
 from kayos.replication import frames as fr
@@ -48,12 +48,19 @@ KIND_WEIGHTS: dict[str, int] = {
     "kill_with_pauses": 2,
 }
 KINDS = tuple(KIND_WEIGHTS)
-# Network faults (chaos/procs/netfaults.py) need a proxied or namespaced cluster: a campaign
-# draws them only when asked (--kinds), never by default.
-ALL_KIND_WEIGHTS: dict[str, int] = {**KIND_WEIGHTS, **netfaults.KIND_WEIGHTS}
+# Network faults (chaos/procs/netfaults.py) need a proxied or namespaced cluster, and operator
+# moves (chaos/procs/moves.py) a spare node: a campaign draws them only when asked (--kinds),
+# never by default.
+ALL_KIND_WEIGHTS: dict[str, int] = {
+    **KIND_WEIGHTS,
+    **netfaults.KIND_WEIGHTS,
+    **moves.KIND_WEIGHTS,
+}
 ALL_KINDS = tuple(ALL_KIND_WEIGHTS)
 # The kinds whose hold is a down time of 0 .. down_s_max.
-HELD_KINDS = frozenset({"kill9", "sigterm", "restart_all", "corrupt_down", *membership.HANDLERS})
+HELD_KINDS = frozenset(
+    {"kill9", "sigterm", "restart_all", "corrupt_down", *membership.HANDLERS, *moves.KINDS}
+)
 # The kinds that need manager members running (a campaign with ``managers=0`` leaves them out).
 MANAGER_KINDS = frozenset(
     {
@@ -62,6 +69,7 @@ MANAGER_KINDS = frozenset(
         "splice_then_pause",
         "rejoin_kill_self",
         "rejoin_kill_tail",
+        *moves.KINDS,
     }
 )
 
@@ -213,9 +221,10 @@ def _stranger(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
     """A replication HELLO to the node's binary port from someone without the secret, then an
     acknowledgement it has no right to give. It must be refused and the link closed."""
     address = cluster.topology.nodes[fault.node]
+    # A node in no chain of the file (the spare of chaos/procs/moves.py) is sent the first one.
     chains = [c for c in cluster.topology.shards.values() if fault.node in c.members]
-    chain = chains[0]
-    position = chain.members.index(fault.node)
+    chain = (chains or list(cluster.topology.shards.values()))[0]
+    position = chain.members.index(fault.node) if chains else -1
     claimed = chain.members[(position + 1) % len(chain.members)]
     frames_seen: list[str] = []
     decoder = fr.FrameDecoder()
@@ -320,8 +329,11 @@ def _hostile_http(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
     head of its queue, a consume to the tail) so the refusal is the input check's, not a redirect.
     The queue is not one the workload uses: anything taken would go unseen by the checker, so a
     2xx here is itself reported."""
-    queue = queue_headed_by(cluster, fault.node, "chaos-hostile")
-    head, tail = cluster.url(fault.node), cluster.url(cluster.tails_of(queue)[0])
+    node = fault.node
+    if all(node not in chain.members for chain in cluster.topology.shards.values()):
+        node = next(iter(cluster.topology.shards.values())).head  # the spare heads nothing
+    queue = queue_headed_by(cluster, node, "chaos-hostile")
+    head, tail = cluster.url(node), cluster.url(cluster.tails_of(queue)[0])
     answers: list[int | str] = []
     unexpected: list[str] = []
     for method, path, body, content_type in hostile_requests(queue):
@@ -332,9 +344,9 @@ def _hostile_http(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
         # campaign), a defined "retry" refusal that takes nothing in.
         if not isinstance(answer, int) or not (400 <= answer < 500 or answer == 503):
             unexpected.append(f"{method} {path[:80]} -> {answer}")
-    for node in {fault.node, cluster.tails_of(queue)[0]}:
-        if cluster.status(node) is None:
-            unexpected.append(f"node {node} stopped answering /v1/status")
+    for asked in {node, cluster.tails_of(queue)[0]}:
+        if cluster.status(asked) is None:
+            unexpected.append(f"node {asked} stopped answering /v1/status")
     result: dict[str, Any] = {"requests": len(answers), "answers": answers}
     if unexpected:
         result["unexpected"] = unexpected
@@ -378,3 +390,11 @@ def _network_fault(kind: str) -> Callable[[LocalCluster, Fault], dict[str, Any]]
 
 
 _HANDLERS.update({kind: _network_fault(kind) for kind in netfaults.HANDLERS})
+
+
+def _move_under_fault(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
+    return moves.move_under_fault(cluster, fault.node, fault.hold_s, fault.index)
+
+
+_HANDLERS["move_under_fault"] = _move_under_fault
+assert set(_HANDLERS) == set(ALL_KIND_WEIGHTS)

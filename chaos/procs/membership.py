@@ -77,13 +77,13 @@ def spliced_out(cluster: LocalCluster, node: str) -> bool:
 
 
 def caught_or_catching(cluster: LocalCluster, node: str) -> bool:
-    """The manager has ``node`` catching up on some shard, or it is in every chain already (it
-    was the last member of each, or rejoined at once)."""
+    """The manager has ``node`` catching up on some shard, or it departed none (it was the last
+    member of each, rejoined at once, or held no replica: the spare of chaos/procs/moves.py)."""
     view = manager_view(cluster)
     if view is None:
         return False
     catching = any(node in s["catching_up"] for s in view["shards"])
-    return catching or all(node in chain for chain in chains(view).values())
+    return catching or not any(node in s.get("departed", ()) for s in view["shards"])
 
 
 def catching_up(cluster: LocalCluster, node: str) -> bool:
@@ -92,9 +92,10 @@ def catching_up(cluster: LocalCluster, node: str) -> bool:
 
 
 def converged(cluster: LocalCluster) -> dict[int, int] | None:
-    """Each shard's seq once the manager holds every node up in every chain with no catch-up
-    pending, and every member of each chain reports the same last and committed seq, linked to
-    its upstream and not catching up; else None."""
+    """Each shard's seq once the manager holds every node up, every chain at the cluster's
+    replica count with no catch-up or move pending (a node outside a chain, the spare of
+    chaos/procs/moves.py, is not waited for there), and every member of each chain reports the
+    same last and committed seq, linked to its upstream and not catching up; else None."""
     view = manager_view(cluster)
     if view is None:
         return None
@@ -104,11 +105,11 @@ def converged(cluster: LocalCluster) -> dict[int, int] | None:
     agreed: dict[int, int] = {}
     for shard in view["shards"]:
         chain = list(shard["chain"])
-        if sorted(chain) != sorted(cluster.ids) or shard["catching_up"]:
+        if len(chain) != cluster.replicas or shard["catching_up"] or shard.get("moves"):
             return None
         seqs: set[int] = set()
         for position, node in enumerate(chain):
-            status = statuses[node]
+            status = statuses.get(node)
             if status is None or int(status.get("epoch", 0)) < int(view["epoch"]):
                 return None
             replica = status.get("shards", {}).get(str(shard["id"]))

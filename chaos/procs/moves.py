@@ -1,0 +1,197 @@
+"""Operator moves struck by faults (docs/testing.md, "Moves under faults"): the campaign's spare
+node, and the ``move_under_fault`` kind.
+
+A campaign whose kinds include ``move_under_fault`` gets one node beyond the chains' three,
+started and added as an operator adds one (``LocalCluster.add_outside_node``, then the signed
+``add-node`` request ``kayos ctl add-node`` sends). Each fault asks the manager, with the signed
+``move-shard`` request ``kayos ctl move-shard`` sends, to move one replica of a shard onto the
+node outside that shard's chain, and while the target copies from the tail strikes the move's
+target, its source or the shard's tail (kill -9 and restart, or SIGSTOP of the target), then
+waits, bounded, until the manager holds no move for the shard. The cluster is reached only
+through its public APIs (node and manager HTTP) and process signals.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from typing import Any
+
+from chaos.procs.membership import chains, manager_view
+from kayos.bench.grow import operator
+from kayos.launcher import ClusterError, LocalCluster
+
+KIND_WEIGHTS: dict[str, int] = {"move_under_fault": 3}
+KINDS = frozenset(KIND_WEIGHTS)
+STRIKES = ("kill_target", "kill_source", "kill_tail", "pause_target")
+
+# The spare node's id: the one after the chains' nodes (a, b, c -> d).
+SPARE_NODE = "d"
+# One signed operator request, retried through an election or a stale epoch.
+operator_timeout_s = 30.0
+# Before a move: how long to wait for a shard that can move (every node up, a full chain, no
+# move or catch-up pending, a node outside the chain): a kill of an earlier fault must have been
+# healed by the manager first (detection window, catch-up and rejoin, with room for busy cores).
+settle_timeout_s = 60.0
+# After the strike: how long the manager gets to finish or cancel the move. A cancelled move's
+# target is seen down within the detection window; a finished one copies a few MB at most here.
+move_end_timeout_s = 90.0
+# The strike lands this long (drawn from 0 .. the bound by the fault's seed) after the manager
+# took the move: at once, mid-copy, or around the join.
+strike_delay_s_max = 0.5
+# A SIGSTOP of the target lasts 1 s plus twice the fault's hold (0-2 s): 1-5 s, past the
+# manager's 2 s detection window about half the time (then the move is cancelled).
+pause_s_base = 1.0
+# A bounded poll of the manager's view.
+poll_s = 0.05
+
+
+def add_spare(cluster: LocalCluster) -> dict[str, Any]:
+    """Starts the spare node and adds it to the manager as ``kayos ctl add-node`` does; returns
+    what happened (``error`` if the manager did not take it: the moves then find no target)."""
+    if type(cluster) is not LocalCluster:
+        raise ValueError(
+            "move_under_fault runs on a plain LocalCluster: it cannot run with the network kinds"
+        )
+    address = cluster.add_outside_node(SPARE_NODE)
+    body: dict[str, Any] = {"op": "add-node", "node": SPARE_NODE, "host": address.host}
+    body |= {"http_port": address.http_port, "bin_port": address.bin_port}
+    reply = _operator(cluster, body)
+    if "error" in reply:
+        return {"node": SPARE_NODE, **reply}
+    view = _wait_view(cluster, lambda v: _state(v, SPARE_NODE) == "up", settle_timeout_s)
+    return {"node": SPARE_NODE, "epoch": None if view is None else view["epoch"]}
+
+
+def movable(view: dict[str, Any], replicas: int) -> dict[int, list[str]]:
+    """Per shard that can move now, the up nodes outside its chain: every node in the view up,
+    the chain at full length with no move and no catch-up pending."""
+    states = {str(n): str(state) for n, state, _heard in view["nodes"]}
+    if any(state != "up" for state in states.values()):
+        return {}
+    found: dict[int, list[str]] = {}
+    for shard in view["shards"]:
+        chain = list(shard["chain"])
+        if len(chain) != replicas or shard["moves"] or shard["catching_up"]:
+            continue
+        outside = sorted(n for n in states if n not in chain)
+        if outside:
+            found[int(shard["id"])] = outside
+    return found
+
+
+def plan(rng: random.Random, view: dict[str, Any], replicas: int) -> dict[str, Any] | None:
+    """The move and strike for one fault, drawn by ``rng`` from what can move in ``view``."""
+    candidates = movable(view, replicas)
+    if not candidates:
+        return None
+    shard = rng.choice(sorted(candidates))
+    chain = chains(view)[shard]
+    return {
+        "shard": shard,
+        "source": rng.choice(chain),
+        "target": rng.choice(candidates[shard]),
+        "tail": chain[-1],
+        "strike": rng.choice(STRIKES),
+        "delay_s": round(rng.uniform(0.0, strike_delay_s_max), 3),
+    }
+
+
+def outcome(view: dict[str, Any], move: dict[str, Any]) -> str | None:
+    """``completed`` (the target in the chain, the source out), ``cancelled`` (the target not in
+    it), ``other`` (both in it: only a later move could do that), or None while still pending."""
+    shard = next(s for s in view["shards"] if int(s["id"]) == move["shard"])
+    if shard["moves"]:
+        return None
+    chain = list(shard["chain"])
+    if move["target"] not in chain:
+        return "cancelled"
+    return "completed" if move["source"] not in chain else "other"
+
+
+def move_under_fault(cluster: LocalCluster, node: str, hold_s: float, index: int) -> dict[str, Any]:
+    """One operator move struck by a fault; never raises for what the cluster did: a refused
+    move, a move still pending at the bound or a failed restart is in the result (``move``,
+    ``unexpected``). ``node`` seeds the draw with the schedule; the move picks its own nodes."""
+    rng = random.Random(f"move-{index}-{node}-{hold_s}")
+    view = _wait_view(cluster, lambda v: movable(v, cluster.replicas), settle_timeout_s)
+    move = None if view is None else plan(rng, view, cluster.replicas)
+    if view is None or move is None:
+        last = manager_view(cluster)
+        return {"move": "none_possible", "chains": None if last is None else chains(last)}
+    body = {"op": "move-shard", "shard": move["shard"]}
+    reply = _operator(cluster, {**body, "source": move["source"], "target": move["target"]})
+    if "error" in reply:
+        return {"move": "refused", **move, **reply}
+    began = time.monotonic()
+    time.sleep(move["delay_s"])  # when the strike lands in the copy: the fault's own timing
+    during = _wait_view(cluster, lambda v: v, 0.0)
+    move["struck_pending"] = during is not None and outcome(during, move) is None
+    struck = {"kill_source": move["source"], "kill_tail": move["tail"]}.get(
+        move["strike"], move["target"]
+    )
+    problems = _strike(cluster, struck, move["strike"], hold_s)
+    end = _wait_view(cluster, lambda v: outcome(v, move), move_end_timeout_s)
+    result: dict[str, Any] = {
+        **move,
+        "struck": struck,
+        "move": "pending_at_bound" if end is None else outcome(end, move),
+        "move_s": round(time.monotonic() - began, 2),
+    }
+    if problems:
+        result["unexpected"] = problems
+    return result
+
+
+def _strike(cluster: LocalCluster, struck: str, strike: str, hold_s: float) -> list[str]:
+    """kill -9 and restart after ``hold_s``, or SIGSTOP for ``pause_s_base + 2 * hold_s``; the
+    struck node is running again at the end (or the failure to start it is returned)."""
+    try:
+        if strike == "pause_target":
+            pid = cluster.pid(struck)
+            if pid is None:
+                return [f"node {struck} was not running for the pause"]
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                time.sleep(pause_s_base + 2 * hold_s)  # the pause's own length
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            return []
+        if cluster.running(struck):
+            cluster.kill(struck, signal.SIGKILL)
+        time.sleep(hold_s)  # the node's down time: the fault's own length
+        cluster.processes.pop(struck, None)
+        cluster.start(struck)
+    except (ClusterError, OSError) as error:
+        return [f"{strike} of {struck}: {error}"[:500]]
+    return []
+
+
+def _operator(cluster: LocalCluster, body: dict[str, Any]) -> dict[str, Any]:
+    """The manager's reply to a signed operator request, or ``{"error": why}``."""
+    try:
+        return operator(cluster, body, operator_timeout_s)
+    except (ClusterError, OSError, ValueError, RuntimeError) as error:  # TimeoutError is OSError
+        return {"error": str(error)[:300]}
+
+
+def _state(view: dict[str, Any], node: str) -> str | None:
+    return next((str(s) for n, s, _heard in view["nodes"] if n == node), None)
+
+
+def _wait_view(cluster: LocalCluster, condition: Any, timeout_s: float) -> dict[str, Any] | None:
+    """The manager leader's view once ``condition(view)`` is truthy, polled until ``timeout_s``;
+    None if it never was (or no leader answered)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            view = manager_view(cluster)
+        except (OSError, ValueError):
+            view = None
+        if view is not None and condition(view):
+            return view
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(poll_s)  # a bounded poll of a condition
