@@ -350,7 +350,11 @@ def plan_round(
                 events.append(CatchUpDone(node, shard.id, order))
                 continue
             last = sent_catch_up.get((node, shard.id))
-            if (entry is None or entry.get("role") != "learner") and (
+            # A learner of another upstream has not acted on the order either: a move's target
+            # still learning from where an earlier, cancelled move sent it (an operator's order
+            # goes out only from here; the campaign's move_under_fault found it waiting for good).
+            learning = entry is not None and entry.get("role") == "learner"
+            if not (learning and entry is not None and entry.get("upstream") == shard.tail) and (
                 last is None or now_ms - last >= limits.manager_resend_interval_ms
             ):
                 send_catch_up.append(CatchUpOrder(node, shard.id, shard.tail))
