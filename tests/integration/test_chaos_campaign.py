@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from chaos.procs import faults
-from chaos.procs.campaign import Config, run
+from chaos.procs.campaign import Config, Report, run
 
 # The manager campaign's phase bound (360 s) plus converge, drain and the check: past the
 # suite's 300 s default.
@@ -69,26 +69,40 @@ def test_campaign_with_the_manager_has_no_violations(tmp_path: Path) -> None:
 
 
 def campaign(tmp_path: Path, *, managers: int) -> None:
+    report = checked_campaign(
+        tmp_path,
+        kinds=campaign_kinds(),
+        managers=managers,
+        faults_max=FAULTS,
+        fault_phase_s=FAULT_PHASE_MANAGER_S if managers else FAULT_PHASE_S,
+    )
+    assert sum(report.faults.values()) >= FAULTS, f"seed {report.seed}: only {report.faults}"
+    if managers == 0:
+        assert not set(report.faults) & faults.MANAGER_KINDS, report.faults
+
+
+def checked_campaign(
+    tmp_path: Path, *, kinds: tuple[str, ...], managers: int, faults_max: int, fault_phase_s: float
+) -> Report:
+    """A campaign from a printed seed (KAYOS_CHAOS_SEED, else random) that must end with no
+    violation, something acknowledged, nothing lost and heads seen by the split-brain monitor."""
     seed = int(os.environ.get("KAYOS_CHAOS_SEED") or random.SystemRandom().randrange(2**32))
     print(f"chaos seed {seed} (replay: KAYOS_CHAOS_SEED={seed}, or kayos chaos run --seed {seed})")
     report = run(
         Config(
             seed=seed,
-            fault_phase_s=FAULT_PHASE_MANAGER_S if managers else FAULT_PHASE_S,
-            faults_max=FAULTS,
-            kinds=campaign_kinds(),
+            fault_phase_s=fault_phase_s,
+            faults_max=faults_max,
+            kinds=kinds,
             managers=managers,
             gap_s=GAP_S,
             base_dir=tmp_path / "cluster",
             echo=print,
         )
     )
-    summary = report.to_json()
-    print(json.dumps(summary, indent=2))
+    print(json.dumps(report.to_json(), indent=2))
     assert report.violations == [], f"seed {seed}: {report.violations}"
-    assert sum(report.faults.values()) >= FAULTS, f"seed {seed}: only {report.faults}"
     assert report.acked > 0
     assert report.lost == 0
     assert report.heads_seen > 0, "the split-brain monitor saw no head"
-    if managers == 0:
-        assert not set(report.faults) & faults.MANAGER_KINDS, report.faults
+    return report
