@@ -12,7 +12,7 @@ import click
 
 from chaos import checker
 from chaos.history import dump_jsonl, load_jsonl
-from chaos.procs import faults, netfaults
+from chaos.procs import faults, moves, netfaults
 from kayos import limits
 
 
@@ -71,6 +71,11 @@ def run_command(
         raise click.BadParameter(
             f"kinds {sorted(both[0])} and {sorted(both[1])} cannot run in one campaign "
             "(fault proxies or network namespaces); run them in two"
+        )
+    if moves.KINDS & set(chosen) and set(chosen) & set(netfaults.KIND_WEIGHTS):
+        raise click.BadParameter(
+            f"{', '.join(sorted(moves.KINDS))} needs a plain cluster (its spare node has no "
+            "proxy or namespace): run it apart from the network kinds"
         )
     if not minutes > 0 or producers < 1 or managers < 0:
         raise click.BadParameter("--minutes must be > 0, --producers >= 1, --managers >= 0")

@@ -11,6 +11,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from click.testing import CliRunner
+
+from chaos.cli import chaos
 from chaos.procs import faults, membership, moves
 from kayos.launcher import LocalCluster
 
@@ -32,6 +35,14 @@ def test_moves_are_drawn_only_when_named_and_need_the_manager() -> None:
     assert all(0.0 <= hold <= faults.down_s_max for hold in held)
     assert mixed == first(5, 600, ("kill9", "pause", "move_under_fault"))
     assert mixed != first(6, 600, ("kill9", "pause", "move_under_fault"))
+
+
+def test_moves_are_refused_with_the_network_kinds_before_anything_starts() -> None:
+    for network in ("latency", "partition"):
+        args = ["run", "--kinds", f"kill9,move_under_fault,{network}", "--seed", "1"]
+        result = CliRunner().invoke(chaos, args)
+        assert result.exit_code == 2, result.output
+        assert "needs a plain cluster" in result.output
 
 
 def view(
