@@ -140,6 +140,11 @@ def move_under_fault(cluster: LocalCluster, node: str, hold_s: float, index: int
         "move": "pending_at_bound" if end is None else outcome(end, move),
         "move_s": round(time.monotonic() - began, 2),
     }
+    if end is None:
+        problems.append(
+            f"shard {move['shard']}'s move {move['source']}->{move['target']} still pending "
+            f"{move_end_timeout_s:.0f} s after the {move['strike']}"
+        )
     if problems:
         result["unexpected"] = problems
     return result
