@@ -41,9 +41,10 @@ move_end_timeout_s = 90.0
 # The strike lands this long (drawn from 0 .. the bound by the fault's seed) after the manager
 # took the move: at once, mid-copy, or around the join.
 strike_delay_s_max = 0.5
-# A SIGSTOP of the target lasts 1 s plus twice the fault's hold (0-2 s): 1-5 s, past the
-# manager's 2 s detection window about half the time (then the move is cancelled).
-pause_s_base = 1.0
+# A SIGSTOP of the target lasts 0.2 s plus twice the fault's hold (0-2 s): 0.2-4.2 s. Past the
+# campaign's 1 s suspect bound (most of them) the manager cancels the move (a catch-up goes on
+# only on an up node); a shorter one the move must ride out.
+pause_s_base = 0.2
 # A bounded poll of the manager's view.
 poll_s = 0.05
 
