@@ -184,7 +184,7 @@ def _second_process(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
     command = [
         *cluster.node_command,
         "--config",
-        str(cluster.topology_path),
+        str(cluster.config_paths.get(fault.node, cluster.topology_path)),
         "--id",
         fault.node,
         "--data",
