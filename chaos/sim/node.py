@@ -21,7 +21,13 @@ from chaos.sim.store import Batch, Entry, Store
 from kayos.replication import chain
 from kayos.replication.chain import LinkWindow, Progress, TakeoverTable, rollback_point
 
-PLANTS = ("tail_acks_before_fsync", "skip_rollback", "head_counts_no_ack", "no_lease")
+PLANTS = (
+    "tail_acks_before_fsync",
+    "skip_rollback",
+    "head_counts_no_ack",
+    "no_lease",
+    "mark_past_point",
+)
 
 
 class Replica:
@@ -58,6 +64,10 @@ class Replica:
         self.cp_write_queued = False
         self.table_pending = False  # the upstream's table is recorded but not yet durable
         self.syncing = False
+        self.sync_size = 0  # batches of ``store.pending`` the sync in flight makes durable
+        # The last seq of the current link's first batch, until it is durable (its metadata
+        # replaces the store's: ``Store.marks``); 0: none due.
+        self.meta_from_link = 0
         self.when_idle: list[Callable[[], None]] = []
         # The head lease, the write hold after a lost member and CONFIRMs waiting (sim/lease.py).
         self.lease_until = -float("inf")
@@ -191,7 +201,12 @@ class Replica:
         elif kind == "batch":
             # One sync makes durable every batch written before it started (a group commit).
             store.batches += store.pending[:payload]
+            for batch in store.pending[:payload]:
+                store.marks.update((e.group, e.hwm) for e in batch if e.group)
             del store.pending[:payload]
+            if 0 < self.meta_from_link <= store.durable_last():
+                self.meta_from_link = 0
+                store.marks = store.marks_upto(store.durable_last())
             self.syncing = False
             if store.pending:
                 self.start_sync()
@@ -255,7 +270,22 @@ class Replica:
 
     def start_sync(self) -> None:
         self.syncing = True
-        self.disk("batch", len(self.store.pending))
+        self.sync_size = len(self.store.pending)
+        self.disk("batch", self.sync_size)
+
+    def discard_unsynced(self) -> None:
+        """The upstream link ended: the batches taken in behind the sync in flight are dropped
+        (the real member lets its commit in flight land, then discards what it accepted but had
+        not begun to commit: ``ShardReplica.discard_unpersisted``), and the links below, which
+        may hold them already (forward, then persist), are closed, so the divergence rule rolls
+        them back when they subscribe again."""
+        store = self.store
+        kept = self.sync_size if self.syncing else 0
+        if self.progress is None or len(store.pending) <= kept:
+            return
+        del store.pending[kept:]
+        self.step(chain.Discarded())
+        self.close_down()
 
     def after_disk(self, fn: Callable[[], None]) -> None:
         """Runs ``fn`` once every write and sync begun so far has landed."""
@@ -407,6 +437,7 @@ class Replica:
             self.table_pending = True
             self.close_down()
         self.linked = True
+        self.meta_from_link = -1  # the next batch is the link's first
         if self.catch_up is not None:
             self.catch_target = last
         self.step(chain.UpstreamLinked())
@@ -421,6 +452,8 @@ class Replica:
             return
         self.write(batch)
         last = batch[-1].seq
+        if self.meta_from_link < 0:
+            self.meta_from_link = last
         self.step(chain.Accepted(last))
         if self.node.plant == "tail_acks_before_fsync" and p.is_tail and self.catch_up is None:
             self.step(chain.Durable(last))
@@ -557,6 +590,7 @@ class Replica:
     def link_closed(self, link: Link) -> None:
         if link is self.up_link:
             self.up_link, self.linked = None, False
+            self.discard_unsynced()
             self.node.later(self.world.rng.uniform(5, 30), self.subscribe)
             return
         for who, down in list(self.down.items()):
@@ -605,7 +639,11 @@ class Replica:
         """(hwm, boundary, latest version of each key in (hwm, boundary]) served by a tail; None
         while it is not a serving tail or its commit point does not yet cover what it holds."""
         p = self.progress
-        if p is None or not self.is_serving_tail() or p.commit_point < p.durable:
+        # The plant ``mark_past_point``: the tail serves while its commit point is behind what it
+        # holds, and reads the group's mark from its metadata map (as the node did before
+        # session 10: a mark past the commit point, or one of seqs a rollback dropped).
+        planted = self.node.plant == "mark_past_point"
+        if p is None or not self.is_serving_tail() or (p.commit_point < p.durable and not planted):
             return None
         if p.has_upstream and (not self.heard_point or p.upstream_point > p.durable):
             # The shard committed seqs this tail does not hold yet (it has just joined, or its
@@ -620,7 +658,10 @@ class Replica:
                     hwm = entry.hwm
             else:
                 latest[entry.key] = entry
-        return hwm, boundary, sorted((e for e in latest.values() if e.seq > hwm), key=_seq)
+        if planted:
+            hwm = self.store.marks.get(group, 0)
+        entries = sorted((e for e in latest.values() if e.seq > hwm), key=_seq)
+        return hwm, max(boundary, hwm), entries
 
 
 def _position(members: tuple[str, ...], me: str) -> tuple[str | None, tuple[str, ...]] | None:

@@ -35,6 +35,10 @@ class Store:
         self.chain: tuple[str, ...] = ()
         self.epoch = 0
         self.counted: frozenset[str] = frozenset()
+        # The groups' marks as the real store's metadata holds them (one map, not kept per seq):
+        # set as mark entries become durable, kept through a truncation, replaced from the log
+        # when the first batch of a link lands. Read only by the plant ``mark_past_point``.
+        self.marks: dict[str, int] = {}
 
     def durable_last(self) -> int:
         return self.batches[-1][-1].seq if self.batches else 0
@@ -65,6 +69,11 @@ class Store:
         self.batches = kept
         if seq == 0:
             self.table = []
+            self.marks = {}
+
+    def marks_upto(self, seq: int) -> dict[str, int]:
+        """Each group's last mark in the log through ``seq``."""
+        return {e.group: e.hwm for e in self.entries_upto(seq) if e.group}
 
     def entries_upto(self, seq: int) -> list[Entry]:
         out: list[Entry] = []
