@@ -37,6 +37,7 @@ from kayos.errors import (
 )
 from kayos.identity import check_data_dir
 from kayos.node import learners
+from kayos.node.marks import committed_mark
 from kayos.node.reconfigure import Reconfigurer
 from kayos.node.retention import RetentionDriver, check_floor, disk_status, retention_floors
 from kayos.replication import frames as fr
@@ -435,9 +436,8 @@ class Node:
     ) -> Page:
         check_group_name(group)
         replica = self.replica_for(queue, want="tail", shard_id=shard_id)
-        hwm = int(replica.store.meta.get(f"{HWM_META}{queue}/{group}", 0))
-        start = hwm if after is None else after
-        check_floor(replica.store.meta, queue, start)
+        key = f"{HWM_META}{queue}/{group}"
+        hwm = int(replica.store.meta.get(key, 0))
         limit = max(1, min(limit, limits.consume_page_entries_max))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(wait_ms, limits.consume_wait_ms_max) / 1000
@@ -460,6 +460,10 @@ class Node:
                 raise UnavailableError(
                     unconfirmed(replica.shard_id, self.node_id, replica.upstream)
                 )
+            # A committed mark only, read after the checks (kayos/node/marks.py).
+            hwm = await committed_mark(replica, key, self.node_id, wait_s)
+        start = hwm if after is None else after
+        check_floor(replica.store.meta, queue, start)
         while True:
             try:
                 page = await asyncio.to_thread(

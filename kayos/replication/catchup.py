@@ -25,6 +25,13 @@ from kayos.storage import ShardStore
 
 log = logging.getLogger("kayos.replication")
 
+# Local metadata (never sent down a link): the seq a rollback went back to, written before the
+# rollback and removed once the first BATCH of a later link committed. A rollback keeps the
+# replicated metadata as it was (one map, not kept per seq): a group's mark written by a dropped
+# seq stays until that batch replaces the map, so meanwhile no new consumer snapshot is served
+# (docs/replication-protocol.md, "After SUBSCRIBED").
+ROLLED_BACK_META_KEY = "rolled_back"
+
 
 class CatchUp:
     """Rollbacks, resets and counted learners of one replica (see the module's docstring)."""
@@ -67,6 +74,17 @@ class CatchUp:
         def lower_durable_mark(self, seq: int) -> None: ...
 
     # --- the store below the links -------------------------------------------------------------
+
+    def rolled_back_to(self) -> int | None:
+        """The seq this replica rolled back to since a link last replaced its replicated
+        metadata (None: it holds its upstream's): its marks may be from the dropped seqs."""
+        seq = self.store.meta.get(ROLLED_BACK_META_KEY)
+        return seq if isinstance(seq, int) else None
+
+    async def metadata_replaced(self) -> None:
+        """The first batch of a link committed, with the upstream's whole replicated metadata."""
+        if self.rolled_back_to() is not None:
+            await asyncio.to_thread(self.store.commit, [], meta={ROLLED_BACK_META_KEY: None})
 
     async def _reset_store(self) -> None:
         """Throws the replica's data away (its history shares nothing usable with upstream)."""
@@ -147,6 +165,8 @@ class CatchUp:
         if seq == 0:
             await self._reset_store()
             return
+        if seq < self.store.last_seq:
+            await asyncio.to_thread(self.store.commit, [], meta={ROLLED_BACK_META_KEY: seq})
         try:
             await asyncio.to_thread(self.store.rollback_to, seq)
         except RollbackTooFarError:

@@ -259,6 +259,17 @@ def step(progress: Progress, event: Event) -> tuple[Progress, list[Action]]:
     return progress, actions
 
 
+def mark_servable(progress: Progress, written_at: int) -> bool:
+    """Whether a consumer group's mark, written into this member's store by the commit of seq
+    ``written_at``, may start a snapshot here: only once the commit point covers that seq. A mark
+    that is only durable on this member (forward, then persist: a tail may hold a group commit
+    before the members above it do) was acknowledged to nobody and may be rolled back (a middle
+    discards what it had not begun to commit when its upstream link ends, or a new head lacks
+    it); served, the group's next snapshot would start below this one (docs/node-api.md,
+    "Consume")."""
+    return progress.commit_point >= written_at
+
+
 # --- divergence ----------------------------------------------------------------------------------
 
 TakeoverTable: TypeAlias = list[tuple[bytes, int]]

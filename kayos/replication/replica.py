@@ -38,7 +38,7 @@ from kayos.clock import Clock
 from kayos.errors import CorruptionError, KayosError
 from kayos.replication import chain, durablemark, followers, liveness, pacing, timeindex
 from kayos.replication import frames as fr
-from kayos.replication.catchup import CatchUp
+from kayos.replication.catchup import ROLLED_BACK_META_KEY, CatchUp
 from kayos.replication.head_writes import Columns as Columns
 from kayos.replication.head_writes import HeadWrites, _Write
 from kayos.replication.links import FrameStream as FrameStream
@@ -64,6 +64,7 @@ _LOCAL_META_PREFIXES = (
     TAKEOVER_META_KEY,
     CATCH_UP_META_KEY,
     COMMIT_POINT_META_KEY,
+    ROLLED_BACK_META_KEY,
     followers.FOLLOWERS_META_KEY,
 )
 

@@ -87,6 +87,8 @@ class UpstreamLink:
             asyncio.open_connection, local_addr=(own_host, 0)
         )
         self._stopped = False
+        # The last seq of the current link's first batch (its meta is the upstream's whole map).
+        self._first_batch_last: int | None = None
         self.connected = asyncio.Event()
 
     def stop(self) -> None:
@@ -259,6 +261,7 @@ class UpstreamLink:
         applier.add_done_callback(_close_with(stream))
         expected = replica.store.last_seq + 1
         first_batch = True
+        self._first_batch_last = None
         point_heard = catch_up_target  # live entries are those the chain commits past it
         try:
             while True:
@@ -279,6 +282,7 @@ class UpstreamLink:
                     if first_batch:
                         first_batch = False
                         frame = _with_meta_deletes(frame, replica.store.meta)
+                        self._first_batch_last = frame.last_seq
                     # Forward first, persist next: the batch goes down before its commit.
                     # What the upstream held when this link subscribed is old: its time is unknown.
                     replica.accept(
@@ -375,6 +379,10 @@ class UpstreamLink:
                 log.info("shard %s: caught up at %s", replica.shard_id, replica.store.last_seq)
                 self._caught_up()
             replica.local_commit_done()
+            meta_at = self._first_batch_last
+            if meta_at is not None and replica.store.last_seq >= meta_at:
+                self._first_batch_last = None
+                await replica.metadata_replaced()
             stream = replica.upstream_stream
             if stream is not None:
                 if self.copy:

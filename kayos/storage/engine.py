@@ -147,6 +147,11 @@ class ShardStore(StoreRecovery):
         self._index: DerivedIndex
         self.compactions = 0
         self._last_header_block = 0
+        # The seq of each metadata key's last change since the store opened (in memory only; a
+        # key unchanged since counts as changed at the seq the store opened at): a tail serves a
+        # group's mark only once the commit point covers the seq that wrote it.
+        self._meta_seqs: dict[str, int] = {}
+        self._meta_floor = 0
 
     # --- open -----------------------------------------------------------------------------------
 
@@ -164,6 +169,7 @@ class ShardStore(StoreRecovery):
             store._open()
         except OSError as exc:
             raise StorageError(f"cannot open store {directory}: {exc}") from exc
+        store._meta_floor = store.last_seq
         return store
 
     # --- properties -----------------------------------------------------------------------------
@@ -179,6 +185,12 @@ class ShardStore(StoreRecovery):
     @property
     def meta(self) -> dict[str, Any]:
         return dict(self._current.meta)
+
+    def meta_written_at(self, name: str) -> int:
+        """The seq of the commit that last changed metadata key ``name`` (set or deleted) since
+        the store opened; the seq it opened at for a key unchanged since. Read after the
+        metadata it vouches for: a commit landing in between only makes it higher."""
+        return self._meta_seqs.get(name, self._meta_floor)
 
     @property
     def path(self) -> str:
@@ -432,6 +444,10 @@ class ShardStore(StoreRecovery):
             # Durable. Successors first, so a reader of the new header never sees both versions.
             succ.set_many(build.supersede)
             meta = build.meta if build.meta is not None else current.meta
+            # Before the new state is installed: a reader of it finds its metadata's seqs.
+            for pending in group:
+                if pending.meta and pending.result is not None and pending.error is None:
+                    self._meta_seqs.update(dict.fromkeys(pending.meta, pending.result.last_seq))
             self._current = _Current(current.file, new_header, meta)
             self._edge = edge
             index.write_latest(txn, latest, (), new_header.last_seq, ordered=ordered)

@@ -1,0 +1,195 @@
+"""A new consumer snapshot starts at a committed group mark only (docs/node-api.md, "Consume";
+docs/testing.md, Findings, "a group's mark moved back under partitions with the manager").
+
+Forward, then persist: a tail may hold a group commit durably before the middle does. The tail
+read the group's mark from its store's metadata, so it served a snapshot starting at a mark
+nobody had been told of; when the middle's upstream link then ended, the middle discarded the
+batch it had taken in but not begun to commit, the tail rolled back to it, and the group's next
+snapshot started lower. In-process managed nodes over real stores and real loopback links; the
+middle's store commit is held (a slow disk) by wrapping its ``timed_commit``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kayos.errors import UnavailableError
+from kayos.node.marks import committed_mark, read_mark
+from kayos.node.runtime import HWM_META, Node
+from kayos.replication import chain
+from kayos.replication.replica import ShardReplica
+from kayos.storage import Put, ShardStore
+from tests.linkauth import until
+from tests.unit.test_confirm_chain import QUEUE, grant, managed_chain, snapshot
+from tests.unit.test_replica_review import SEED
+
+GROUP = "g"
+KEY = f"{HWM_META}{QUEUE}/{GROUP}"
+
+
+def hold_commits(replica: ShardReplica) -> asyncio.Event:
+    """Holds every store commit of ``replica`` that starts from now on until the returned event
+    is set (what it took in is forwarded meanwhile, as a member with a slow disk does)."""
+    release = asyncio.Event()
+    real = replica.timed_commit
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        await release.wait()
+        return await real(*args, **kwargs)
+
+    replica.timed_commit = held  # type: ignore[method-assign]
+    return release
+
+
+async def marked(nodes: dict[str, Node]) -> ShardReplica:
+    """Two acks=all writes at a and the group's mark 1 committed; returns c's replica once it
+    serves a snapshot from that mark."""
+    grant(nodes["a"])
+    await nodes["a"].produce(QUEUE, [b"k0", b"k1"], [b"v0", b"v1"], None, None, acks=-1)
+    await nodes["a"].commit_group(QUEUE, GROUP, 1, None)
+    tail = nodes["c"].replicas[0]
+    await until(lambda: read_mark(tail, KEY)[0] == 1, "c holds the mark 1")
+    page = await nodes["c"].consume(QUEUE, GROUP, after=None, upto=None, limit=10, wait_ms=0)
+    assert page.hwm == 1
+    return tail
+
+
+async def cut_middle(nodes: dict[str, Node], *, for_good: bool) -> None:
+    """Ends the middle's link to the head (``for_good``: and stops it subscribing again)."""
+    middle = nodes["b"].replicas[0]
+    if for_good:
+        next(link for link in nodes["b"]._links if link.replica is middle).stop()
+    stream = middle.upstream_stream
+    assert stream is not None
+    stream.close()
+
+
+@dataclass
+class Held:
+    """The mark 2 committed at the head, forwarded by the middle, durable on the tail; the
+    middle's store commits held until ``release`` is set; ``commit`` the group commit's call."""
+
+    tail: ShardReplica
+    middle: ShardReplica
+    release: asyncio.Event
+    commit: asyncio.Task[int]
+
+
+@contextlib.asynccontextmanager
+async def mark_2_held(nodes: dict[str, Node]) -> AsyncIterator[Held]:
+    tail = await marked(nodes)
+    middle = nodes["b"].replicas[0]
+    release = hold_commits(middle)
+    commit = asyncio.create_task(nodes["a"].commit_group(QUEUE, GROUP, 2, None))
+    try:
+        await until(lambda: read_mark(tail, KEY)[0] == 2, "c holds the mark 2")
+        yield Held(tail, middle, release, commit)
+    finally:
+        release.set()
+        if not commit.done():
+            commit.cancel()
+        await asyncio.gather(commit, return_exceptions=True)
+
+
+async def served_mark(node: Node) -> int:
+    """The mark a new snapshot at ``node`` starts at, once its commit point covers the mark."""
+    replica = node.replicas[0]
+    await until(lambda: chain.mark_servable(replica.progress, read_mark(replica, KEY)[1]), "level")
+    page = await node.consume(QUEUE, GROUP, after=None, upto=None, limit=10, wait_ms=0)
+    return page.hwm
+
+
+@pytest.mark.asyncio
+async def test_a_mark_only_durable_at_the_tail_starts_no_snapshot(tmp_path: Path) -> None:
+    print("seed", SEED)
+    async with managed_chain(tmp_path, "abc") as (_, nodes), mark_2_held(nodes) as held:
+        tail = held.tail
+        # The middle forwarded the mark 2 and has not committed it; the tail has.
+        _mark, written_at = read_mark(tail, KEY)
+        assert held.middle.durable < written_at
+        assert not chain.mark_servable(tail.progress, written_at)
+        assert not held.commit.done()
+        # Before the fix the tail served hwm 2 here (and the chain confirmed: the head holds
+        # its lease, every link is up).
+        with pytest.raises(UnavailableError, match="may not be committed yet"):
+            await snapshot(nodes["c"])
+
+        # The middle loses its upstream: its commit of the mark never begins, it discards the
+        # batch and the tail rolls back to what the middle holds (seq 3).
+        await cut_middle(nodes, for_good=True)
+        await until(lambda: tail.store.last_seq == written_at - 1, "c rolled back")
+        assert tail.rolled_back_to() == written_at - 1
+        assert tail.commit_point == written_at - 1
+        # The store keeps its metadata through a rollback: mark 2, of a dropped seq, is still
+        # there, and the commit point covers every seq the tail holds. Before the fix a
+        # snapshot started at it once the chain confirmed; the next one, after the middle's
+        # first batch replaced the metadata, at 1. Now the tail serves none until then (after
+        # a restart too: the rolled_back key is in the store).
+        assert read_mark(tail, KEY)[0] == 2
+        assert read_mark(held.middle, KEY)[0] == 1
+        with pytest.raises(UnavailableError, match="rolled back to seq 3"):
+            await committed_mark(tail, KEY, "c", 0.0)
+
+
+@pytest.mark.asyncio
+async def test_a_rolled_back_tail_serves_again_once_a_link_replaced_its_metadata(
+    tmp_path: Path,
+) -> None:
+    print("seed", SEED)
+    async with managed_chain(tmp_path, "abc") as (_, nodes), mark_2_held(nodes) as held:
+        # The middle's link ends and comes back: it discards the mark's batch, the tail rolls
+        # back, and the middle takes the batch from the head again.
+        await cut_middle(nodes, for_good=False)
+        await until(lambda: held.tail.rolled_back_to() is not None, "c rolled back")
+        held.release.set()
+        assert await held.commit > 0  # the chain committed the mark: acknowledged
+        await until(lambda: held.tail.rolled_back_to() is None, "c's metadata replaced")
+        assert await served_mark(nodes["c"]) == 2
+
+
+@pytest.mark.asyncio
+async def test_a_mark_is_served_once_the_commit_point_covers_it(tmp_path: Path) -> None:
+    print("seed", SEED)
+    async with managed_chain(tmp_path, "abc") as (_, nodes), mark_2_held(nodes) as held:
+        with pytest.raises(UnavailableError, match="may not be committed yet"):
+            await snapshot(nodes["c"])
+        held.release.set()
+        assert await held.commit > 0  # the chain committed it: acknowledged
+        assert await served_mark(nodes["c"]) == 2
+
+
+def test_the_store_knows_the_seq_that_last_changed_a_metadata_key(tmp_path: Path) -> None:
+    store = ShardStore.open(str(tmp_path / "s"))
+    try:
+        store.commit([Put(b"k", b"v")])
+        store.commit([], meta={"hwm/q/g": 1}, claim_seq=True)
+        store.commit([Put(b"k", b"w")])
+        assert store.meta_written_at("hwm/q/g") == 2
+        assert store.meta_written_at("hwm/q/other") == 0  # unchanged since it opened
+        store.commit([], meta={"hwm/q/g": None}, claim_seq=True)
+        assert store.meta_written_at("hwm/q/g") == 4  # a delete is a change too
+    finally:
+        store.close()
+    reopened = ShardStore.open(str(tmp_path / "s"))
+    try:
+        assert reopened.meta_written_at("hwm/q/g") == 4  # the seq it opened at
+    finally:
+        reopened.close()
+
+
+def test_a_mark_is_servable_only_at_or_below_the_commit_point() -> None:
+    progress = chain.Progress(has_upstream=True, downstreams=())
+    for event in (chain.Accepted(5), chain.Durable(5), chain.UpstreamCommitPoint(3)):
+        progress, _ = chain.step(progress, event)
+    assert progress.durable == 5
+    assert progress.commit_point == 3
+    assert chain.mark_servable(progress, 3)
+    assert not chain.mark_servable(progress, 4)
+    progress, _ = chain.step(progress, chain.UpstreamCommitPoint(5))
+    assert chain.mark_servable(progress, 5)
