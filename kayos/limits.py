@@ -98,6 +98,11 @@ compaction_catchup_rounds_max = 10
 # Versions superseded within this many seqs of the compaction point survive compaction, so a replica
 # can roll back that far without a full resync.
 rollback_window_seqs = 100_000
+# A rollback walks the store's header chain back (one block read each) at most this many headers
+# to find the metadata as of the seq it goes back to; past it the replica keeps its metadata and
+# serves no snapshot until a link replaced it (docs/storage-format.md, "Rollback"). A dropped
+# suffix is a few commits; this is a second or so of reads on a slow disk.
+rollback_meta_headers_max = 10_000
 # The compactor fsyncs the new file every this many bytes, so one large fsync at the end does not
 # stall readers (couchstore MB-25509).
 compaction_sync_bytes = 64 * 1024 * 1024

@@ -26,9 +26,9 @@ from kayos.storage import ShardStore
 log = logging.getLogger("kayos.replication")
 
 # Local metadata (never sent down a link): the seq a rollback went back to, written before the
-# rollback and removed once the first BATCH of a later link committed. A rollback keeps the
-# replicated metadata as it was (one map, not kept per seq): a group's mark written by a dropped
-# seq stays until that batch replaces the map, so meanwhile no new consumer snapshot is served
+# rollback and removed once the store restored the replicated metadata as of that seq, or, when
+# it could not, once the first BATCH of a later link committed (it replaces the map): a group's
+# mark written by a dropped seq must not start a snapshot, so meanwhile none is served
 # (docs/replication-protocol.md, "After SUBSCRIBED").
 ROLLED_BACK_META_KEY = "rolled_back"
 
@@ -72,6 +72,8 @@ class CatchUp:
         def close_downstream_links(self) -> None: ...
 
         def lower_durable_mark(self, seq: int) -> None: ...
+
+        def replicated_meta(self, name: str) -> bool: ...
 
     # --- the store below the links -------------------------------------------------------------
 
@@ -165,13 +167,18 @@ class CatchUp:
         if seq == 0:
             await self._reset_store()
             return
+        unsettled = self.rolled_back_to()
         if seq < self.store.last_seq:
-            await asyncio.to_thread(self.store.commit, [], meta={ROLLED_BACK_META_KEY: seq})
+            # Before the rollback: a restart half-way must not serve marks of dropped seqs.
+            flag = seq if unsettled is None else min(seq, unsettled)
+            await asyncio.to_thread(self.store.commit, [], meta={ROLLED_BACK_META_KEY: flag})
         try:
-            await asyncio.to_thread(self.store.rollback_to, seq)
+            restored = await asyncio.to_thread(self.store.rollback_to, seq, self.replicated_meta)
         except RollbackTooFarError:
             await self._reset_store()
             return
+        if restored and unsettled is None:
+            await self.metadata_replaced()  # the store put the replicated metadata back
         self.time_index.truncate_after(seq)
         self.lower_durable_mark(seq)
         # Progress never goes back on a live link; the links restart after a rollback.

@@ -263,6 +263,10 @@ class ShardReplica(HeadWrites, CatchUp):
         """The commit point last written to the store (members below the head; 0 at a head)."""
         return self._point_persisted
 
+    def replicated_meta(self, name: str) -> bool:
+        """Whether metadata key ``name`` is replicated (a rollback restores it), not local."""
+        return not name.startswith(_LOCAL_META_PREFIXES)
+
     def takeover_table(self) -> chain.TakeoverTable:
         return unpack_takeover(self.store.meta.get(TAKEOVER_META_KEY))
 

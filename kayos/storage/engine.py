@@ -19,6 +19,7 @@ import itertools
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 from itertools import repeat
 from operator import lt
 from typing import TYPE_CHECKING, Any
@@ -607,8 +608,11 @@ class ShardStore(StoreRecovery):
 
     # --- rollback -------------------------------------------------------------------------------
 
-    def rollback_to(self, seq: int) -> None:
-        """Drops every entry after ``seq`` and restores the state as of ``seq``."""
+    def rollback_to(self, seq: int, restore: Callable[[str], bool] | None = None) -> bool:
+        """Drops every entry after ``seq`` and restores the state as of ``seq``: the metadata
+        keys ``restore`` names too, from the newest header at or below ``seq`` (the others stay
+        as they are). False: that header was not reached (docs/storage-format.md, "Rollback")
+        and the metadata stays as it is; True otherwise (nothing to roll back included)."""
         if seq < 0:
             raise InvalidRequest(f"cannot roll back to seq {seq}")
         with self._write_lock:
@@ -616,18 +620,37 @@ class ShardStore(StoreRecovery):
             current = self._current
             header = current.header
             if seq >= header.last_seq:
-                return
+                return True
             if seq < header.min_rollback_seq:
                 raise RollbackTooFarError(
                     f"cannot roll back to {seq}: compaction kept versions from "
                     f"{header.min_rollback_seq} on"
                 )
             try:
-                self._rollback(seq)
+                meta = None if restore is None else self._meta_restored(seq, restore)
+                self._rollback(seq, meta)
             except OSError as exc:
                 raise StorageError(f"rollback failed: {exc}") from exc
+            return restore is None or meta is not None
 
-    def _rollback(self, seq: int) -> None:
+    def _meta_restored(self, seq: int, restore: Callable[[str], bool]) -> dict[str, Any] | None:
+        """The metadata after a rollback to ``seq``: the keys ``restore`` names as the newest
+        header at or below ``seq`` held them, the others as they are; None if no such header
+        is within ``limits.rollback_meta_headers_max`` of the current one."""
+        current = self._current
+        header, pos = current.header, self._last_header_block
+        for _ in range(limits.rollback_meta_headers_max):
+            if header.last_seq <= seq:
+                old = current.file.reader.read_meta(header.meta) if header.meta >= 0 else {}
+                kept = {name: value for name, value in current.meta.items() if not restore(name)}
+                return {**{k: v for k, v in old.items() if restore(k)}, **kept}
+            if not 0 <= header.prev_header < pos:
+                return None
+            pos = header.prev_header
+            header = read_header_at(current.file.handle, pos)
+        return None
+
+    def _rollback(self, seq: int, meta: dict[str, Any] | None = None) -> None:
         current = self._current
         header = current.header
         reader = current.file.reader
@@ -671,13 +694,19 @@ class ShardStore(StoreRecovery):
             superseded_bytes=header.superseded_bytes - unsuperseded_bytes,
             timestamp_ms=int(self._clock.now_s() * 1000),
         )
+        if meta is not None:
+            new_header = header_with(new_header, meta=out.add_chunk(fmt.encode_meta(meta)))
         assert (root.count if root else 0) == new_header.entry_count, "rollback counts agree"
         new_header = self._write_commit(out, new_header)
         self._rollbacks.append((len(self._rollbacks), seq))
         for prev, _ in restored.values():
             succ.set(prev, 0)
         succ.clear_from(seq + 1)
-        self._current = _Current(current.file, new_header, current.meta)
+        if meta is not None:
+            # Changed back: written at or below ``seq`` as far as a reader can tell.
+            changed = {k for k in {*meta, *current.meta} if meta.get(k) != current.meta.get(k)}
+            self._meta_seqs.update(dict.fromkeys(changed, seq))
+        self._current = _Current(current.file, new_header, current.meta if meta is None else meta)
         self._edge = edge
         txn = self._index.begin_write()
         try:

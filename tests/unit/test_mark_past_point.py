@@ -25,6 +25,7 @@ from kayos.node.runtime import HWM_META, Node
 from kayos.replication import chain
 from kayos.replication.replica import ShardReplica
 from kayos.storage import Put, ShardStore
+from kayos.storage.compact import compact
 from tests.linkauth import until
 from tests.unit.test_confirm_chain import QUEUE, grant, managed_chain, snapshot
 from tests.unit.test_replica_review import SEED
@@ -124,21 +125,19 @@ async def test_a_mark_only_durable_at_the_tail_starts_no_snapshot(tmp_path: Path
         # batch and the tail rolls back to what the middle holds (seq 3).
         await cut_middle(nodes, for_good=True)
         await until(lambda: tail.store.last_seq == written_at - 1, "c rolled back")
-        assert tail.rolled_back_to() == written_at - 1
         assert tail.commit_point == written_at - 1
-        # The store keeps its metadata through a rollback: mark 2, of a dropped seq, is still
-        # there, and the commit point covers every seq the tail holds. Before the fix a
-        # snapshot started at it once the chain confirmed; the next one, after the middle's
-        # first batch replaced the metadata, at 1. Now the tail serves none until then (after
-        # a restart too: the rolled_back key is in the store).
-        assert read_mark(tail, KEY)[0] == 2
+        # Before the fix the store kept its metadata through the rollback: mark 2, of the
+        # dropped seq, stayed (at a seq the commit point covers) until the middle's first batch
+        # replaced it; a snapshot started at 2, the next one at 1. Now the rollback restores
+        # the mark as of seq 3.
+        await until(lambda: tail.rolled_back_to() is None, "c's rollback settled")
+        assert read_mark(tail, KEY) == (1, written_at - 1)
         assert read_mark(held.middle, KEY)[0] == 1
-        with pytest.raises(UnavailableError, match="rolled back to seq 3"):
-            await committed_mark(tail, KEY, "c", 0.0)
+        assert await committed_mark(tail, KEY, "c", 0.0) == 1
 
 
 @pytest.mark.asyncio
-async def test_a_rolled_back_tail_serves_again_once_a_link_replaced_its_metadata(
+async def test_a_rolled_back_tail_serves_the_mark_the_chain_commits_again(
     tmp_path: Path,
 ) -> None:
     print("seed", SEED)
@@ -146,11 +145,11 @@ async def test_a_rolled_back_tail_serves_again_once_a_link_replaced_its_metadata
         # The middle's link ends and comes back: it discards the mark's batch, the tail rolls
         # back, and the middle takes the batch from the head again.
         await cut_middle(nodes, for_good=False)
-        await until(lambda: held.tail.rolled_back_to() is not None, "c rolled back")
+        await until(lambda: held.tail.rolled_back_entries > 0, "c rolled back")
         held.release.set()
         assert await held.commit > 0  # the chain committed the mark: acknowledged
-        await until(lambda: held.tail.rolled_back_to() is None, "c's metadata replaced")
         assert await served_mark(nodes["c"]) == 2
+        assert held.tail.rolled_back_to() is None
 
 
 @pytest.mark.asyncio
@@ -181,6 +180,48 @@ def test_the_store_knows_the_seq_that_last_changed_a_metadata_key(tmp_path: Path
         assert reopened.meta_written_at("hwm/q/g") == 4  # the seq it opened at
     finally:
         reopened.close()
+
+
+def _replicated(name: str) -> bool:
+    return name.startswith("hwm/")
+
+
+def test_a_rollback_restores_the_replicated_metadata_as_of_its_seq(tmp_path: Path) -> None:
+    store = ShardStore.open(str(tmp_path / "s"))
+    try:
+        store.commit([Put(b"k", b"v")])
+        store.commit([], meta={"hwm/q/g": 1}, claim_seq=True)
+        store.commit([], meta={"local": b"a"})  # local, no seq
+        store.commit([], meta={"hwm/q/g": 2, "hwm/q/new": 3}, claim_seq=True)
+        store.commit([Put(b"k", b"w")], meta={"local": b"b"})
+        assert store.rollback_to(2, _replicated)
+        assert store.last_seq == 2
+        assert store.meta == {"hwm/q/g": 1, "local": b"b"}
+        assert store.meta_written_at("hwm/q/g") == 2
+        assert store.meta_written_at("hwm/q/new") == 2  # deleted back: changed too
+    finally:
+        store.close()
+    reopened = ShardStore.open(str(tmp_path / "s"))
+    try:
+        assert reopened.meta == {"hwm/q/g": 1, "local": b"b"}  # the rollback's header holds it
+    finally:
+        reopened.close()
+
+
+def test_a_rollback_behind_a_compaction_keeps_the_metadata_and_says_so(tmp_path: Path) -> None:
+    store = ShardStore.open(str(tmp_path / "s"))
+    try:
+        store.commit([Put(b"k", b"v")])
+        store.commit([], meta={"hwm/q/g": 1}, claim_seq=True)
+        store.commit([], meta={"hwm/q/g": 2}, claim_seq=True)
+        compact(store)  # the header chain starts anew at seq 3
+        store.commit([Put(b"k", b"w")])
+        assert not store.rollback_to(2, _replicated)
+        assert store.last_seq == 2
+        assert store.meta == {"hwm/q/g": 2}
+        assert store.rollback_to(1)  # restoring nothing asked: nothing missed
+    finally:
+        store.close()
 
 
 def test_a_mark_is_servable_only_at_or_below_the_commit_point() -> None:
