@@ -69,13 +69,15 @@ __all__ = [
 ]
 
 # The highest protocol version this build speaks, and the lowest it still accepts in a handshake.
-PROTOCOL_VERSION: Final = 4
+PROTOCOL_VERSION: Final = 5
 PROTOCOL_VERSION_MIN: Final = 1
 # Replication links need both sides at this version or later: version 2 forwards before it
 # persists and carries the commit point down the chain, version 3 authenticates both sides of a
 # link, version 4 confirms a snapshot below the head up to a head holding a lease (CONFIRM,
-# docs/replication-protocol.md "Confirming a snapshot").
-LINK_PROTOCOL_VERSION_MIN: Final = 4
+# docs/replication-protocol.md "Confirming a snapshot"), version 5's SUBSCRIBE names the
+# downstream's commit point (a head that lost committed entries repairs instead of ordering a
+# rollback: "An upstream that lacks committed entries").
+LINK_PROTOCOL_VERSION_MIN: Final = 5
 
 # HELLO's role field: a client, the connector's role in the shard's chain, or a copy that counts
 # in no commit: a learner (a node outside the chain catching up) or a member repairing its store.
@@ -396,6 +398,7 @@ class Subscribe(_FrameBase):
     shard: int
     from_seq: int
     takeover_table: tuple[TakeoverEntry, ...]
+    commit_point: int = 0
 
     def _relation_problem(self) -> str | None:
         return "from_seq must be at least 1" if self.from_seq == 0 else None
@@ -669,6 +672,7 @@ FRAME_TABLE: Final[tuple[FrameSpec, ...]] = (
         _f("shard", _U32),
         _f("from_seq", _U64),
         _f("takeover_table", _TAKEOVER),
+        FieldSpec("commit_point", _U64, 5),
     )),
     FrameSpec(17, "SUBSCRIBED", Subscribed, "upstream -> downstream", 1, (
         _f("shard", _U32),

@@ -223,7 +223,12 @@ class UpstreamLink:
         replica = self.replica
         for _ in range(3):
             from_seq = replica.store.last_seq + 1
-            stream.send(fr.Subscribe(replica.shard_id, from_seq, tuple(replica.takeover_table())))
+            # The commit point it knows, within what it holds: an upstream that lacks part of it
+            # lost committed entries (docs/replication-protocol.md, "An upstream that lacks
+            # committed entries").
+            point = min(replica.commit_point, replica.store.last_seq)
+            table = tuple(replica.takeover_table())
+            stream.send(fr.Subscribe(replica.shard_id, from_seq, table, point))
             reply = await _recv_answering_pings(stream)
             if reply is None:
                 raise EOFError("upstream closed the link before SUBSCRIBED")

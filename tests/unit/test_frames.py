@@ -48,8 +48,8 @@ GOLDEN: list[tuple[f.Frame, str]] = [
     (f.Ping(nonce=5), "00000003 04 91 05"),
     (f.Pong(nonce=5), "00000003 05 91 05"),
     (
-        f.Subscribe(shard=7, from_seq=2901, takeover_table=((UUID_A, 0),)),
-        "0000001b 10 93 07 cd0b55 91 92 c410000102030405060708090a0b0c0d0e0f 00",
+        f.Subscribe(shard=7, from_seq=2901, takeover_table=((UUID_A, 0),), commit_point=2850),
+        "0000001e 10 94 07 cd0b55 91 92 c410000102030405060708090a0b0c0d0e0f 00 cd0b22",
     ),
     (
         f.Subscribed(
@@ -216,7 +216,10 @@ def test_table_matches_protocol_document() -> None:
             "CONFIRMED": 4,
         }
         assert spec.since_version == since.get(spec.name, 1)
-        assert all(field.since_version == spec.since_version for field in spec.fields)
+        # Fields appended to a released frame, with the version that added them.
+        appended = {("SUBSCRIBE", "commit_point"): 5}
+        for field in spec.fields:
+            assert field.since_version == appended.get((spec.name, field.name), spec.since_version)
 
 
 # --- golden bytes, both ways ---------------------------------------------------------------------
@@ -565,7 +568,7 @@ def test_empty_batch_covers_a_range() -> None:
         (32, [1, "q", [b"a"], [b"v"], [0, 0], None, 1, False], "PRODUCE: columns differ"),
         (33, [1, 0, 5], "PRODUCED: range 0..5"),
         (33, [1, 6, 5], "PRODUCED: range 6..5"),
-        (16, [1, 0, []], "SUBSCRIBE: from_seq must be at least 1"),
+        (16, [1, 0, [], 0], "SUBSCRIBE: from_seq must be at least 1"),
         (1, [0, "n", None, 0, "client"], "HELLO: protocol_version 0"),
         (2, [0, "n", 0], "HELLO_OK: protocol_version 0"),
     ],
@@ -619,7 +622,7 @@ def test_column_entries_bound() -> None:
 def test_nested_containers_over_budget() -> None:
     # An ACK has no container fields, so a nested array is refused while msgpack still builds it.
     decode_fails(raw_frame(19, raw_body([[[]], 1])), match="ACK: body holds more arrays")
-    decode_fails(raw_frame(16, raw_body([1, 1, [{}]])), match="SUBSCRIBE: body holds more maps")
+    decode_fails(raw_frame(16, raw_body([1, 1, [{}], 0])), match="SUBSCRIBE: body holds more maps")
     # A BATCH may hold one map per entry (headers) and one more (meta), no matter where they are.
     maps = [{} for _ in range(limits.batch_entries_max)]
     decode_fails(batch_body(values=maps, headers=[{}, {}]), match="BATCH: body holds more maps")
