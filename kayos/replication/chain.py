@@ -318,6 +318,26 @@ def reset_explained_by_cap(
     return max(seq for _, seq in downstream) <= upstream[0][1]
 
 
+def upstream_lacks_committed(
+    downstream: TakeoverTable,
+    upstream: TakeoverTable,
+    *,
+    verdict: int | None,
+    up_last: int,
+    point: int,
+) -> bool:
+    """Whether an upstream whose divergence verdict for a subscribing downstream is ``verdict``
+    lost committed entries: the verdict would drop seqs at or below ``point``, the commit point
+    the downstream knows (within what it holds), which were durable on every member, the
+    upstream included. A reset the table cap explains drops nothing committed
+    (docs/replication-protocol.md, "An upstream that lacks committed entries")."""
+    if verdict is None or verdict >= point:
+        return False
+    return not (
+        verdict == 0 and reset_explained_by_cap(downstream, upstream, up_last=up_last, point=point)
+    )
+
+
 def with_takeover(table: TakeoverTable, uuid: bytes, seq: int) -> TakeoverTable:
     """The table after a member becomes head at ``seq``: entries past ``seq`` dropped (they name
     masters of seqs this member never held, which the new master now writes), then the new entry

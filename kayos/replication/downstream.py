@@ -22,7 +22,7 @@ from kayos.errors import (
     UnavailableError,
     WrongRoleError,
 )
-from kayos.replication import chain, liveness, pacing
+from kayos.replication import chain, liveness, lostcommit, pacing
 from kayos.replication import frames as fr
 from kayos.replication.head_writes import concat_columns
 from kayos.replication.links import (
@@ -176,6 +176,21 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
         verdict = chain.rollback_point(
             list(frame.takeover_table), own_table, frame.from_seq - 1, replica.durable
         )
+        if (
+            not copy
+            and replica.role == "head"
+            and chain.upstream_lacks_committed(
+                list(frame.takeover_table),
+                own_table,
+                verdict=verdict,
+                up_last=replica.durable,
+                point=frame.commit_point,
+            )
+        ):
+            assert verdict is not None
+            raise UnavailableError(
+                lostcommit.step_down_to_repair(replica, node, verdict, frame.commit_point)
+            )
         stream.send(fr.Subscribed(replica.shard_id, verdict, tuple(own_table), replica.durable))
         if verdict is None:
             break

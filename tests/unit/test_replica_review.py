@@ -142,11 +142,15 @@ async def test_group_delete_missed_by_a_middle_reaches_the_tail(tmp_path: Path) 
 
 
 @pytest.mark.asyncio
-async def test_a_middle_refuses_a_reset_that_would_drop_committed_entries(tmp_path: Path) -> None:
+async def test_a_head_back_with_an_empty_store_refetches_instead_of_ordering_a_reset(
+    tmp_path: Path,
+) -> None:
     """The head comes back with an empty store (lost disk) and, sharing no history with the
-    middle, orders it to reset. The middle knows that its entries are committed (acknowledged):
-    it refuses (logged, counted, the link stays down), keeps them, and so does its tail. Obeying
-    would destroy acknowledged data on every member (issue 11, "Safety")."""
+    middle, would order it to reset. The middle's SUBSCRIBE names the commit point it knows, so
+    the head sees it lost committed entries: it never sends the order, re-fetches them from the
+    middle and only then leads (docs/replication-protocol.md, "An upstream that lacks committed
+    entries"). Obeying the order would destroy acknowledged data on every member (issue 11,
+    "Safety"); the middle's refusal of such an order stays the net below a head."""
     print("seed", SEED)
     async with _chain(tmp_path) as (topology, nodes):
         queue = "q"
@@ -159,13 +163,23 @@ async def test_a_middle_refuses_a_reset_that_would_drop_committed_entries(tmp_pa
         shutil.rmtree(tmp_path / "a")
         nodes["a"] = _node(topology, "a", tmp_path)
         await nodes["a"].start()
-        await until(lambda: middle.refused_rollbacks >= 2, "the middle refusing twice")
-        assert middle.upstream_stream is None, "the link came up on a refused verdict"
+
+        def repaired() -> bool:
+            head = nodes["a"].replicas.get(0)
+            return head is not None and not head.repairing and head.durable >= 5
+
+        await until(repaired, "the head re-fetching what it lost")
+        head = nodes["a"].replicas[0]
+        assert _stored_keys(head) == kept
+        assert head.repair_status() is not None
+        await nodes["a"].produce(queue, [b"new"], [b"v"], None, None, acks=-1)
+        assert middle.refused_rollbacks == 0, "the head ordered a rollback"
         assert middle.rolled_back_entries == 0
         assert middle.rolled_back_committed_entries == 0
-        assert _stored_keys(middle) == kept
-        assert _stored_keys(tail) == kept
-        assert nodes["b"].status()["shards"]["0"]["refused_rollbacks"] >= 2
+        assert _stored_keys(middle) == {*kept, b"q\x00new"}
+        await until(
+            lambda: _stored_keys(tail) == {*kept, b"q\x00new"}, "the tail holding every entry"
+        )
 
 
 @pytest.mark.asyncio
