@@ -338,6 +338,14 @@ def upstream_lacks_committed(
     )
 
 
+def may_drop_past(agreed: int, own_point: int) -> bool:
+    """Whether a head found lacking committed entries may drop what it holds past ``agreed`` to
+    re-fetch them: only when none of it is committed as far as it knows (``own_point``, its own
+    commit point). Otherwise it committed seqs alone that its downstream holds other committed
+    values at, and dropping either side's loses acknowledged entries."""
+    return own_point <= agreed
+
+
 def with_takeover(table: TakeoverTable, uuid: bytes, seq: int) -> TakeoverTable:
     """The table after a member becomes head at ``seq``: entries past ``seq`` dropped (they name
     masters of seqs this member never held, which the new master now writes), then the new entry

@@ -14,7 +14,7 @@ import asyncio
 import logging
 
 from kayos.errors import KayosError, UnavailableError
-from kayos.replication import durablemark
+from kayos.replication import chain, durablemark
 from kayos.replication.replica import ShardReplica
 
 log = logging.getLogger("kayos.replication")
@@ -28,6 +28,15 @@ def step_down_to_repair(replica: ShardReplica, node: str, agreed: int, point: in
         f"with it only through {agreed} (it holds {replica.durable}): it lost committed entries"
     )
     if replica.repairing or replica.damage_seen is not None:
+        return reason
+    if not chain.may_drop_past(agreed, replica.commit_point):
+        # Both hold committed seqs the other lacks (a chain of this member alone committed past
+        # the agreed seq): dropping either side's loses acknowledged entries. Neither is.
+        reason += (
+            f"; it also knows its own seqs through {replica.commit_point} committed: both "
+            "histories hold acknowledged entries, so neither is dropped (an operator decides)"
+        )
+        log.error("shard %s: %s", replica.shard_id, reason)
         return reason
     log.error("shard %s: %s; re-fetching them before it leads", replica.shard_id, reason)
     replica.repairing = True

@@ -79,3 +79,12 @@ def test_a_reset_the_capped_table_explains_is_not_a_head_that_lacks() -> None:
     upstream = [(bytes([2, i]), 100 + i) for i in range(cap)]
     assert _lacks(old, 45, 45, upstream, 500) == (0, False)
     assert _lacks(old, 45, 45, upstream, 40) == (0, True)
+
+
+def test_a_head_drops_past_the_agreed_seq_only_what_it_never_knew_committed() -> None:
+    """The cut head of the first case, back with commit point 0 (a head's starts there) or one
+    at most the agreed seq, drops its own writes past 600 and re-fetches. A head that committed
+    seqs past it alone (a chain of one) would destroy acknowledged entries: it keeps them."""
+    assert chain.may_drop_past(600, 0)
+    assert chain.may_drop_past(600, 600)
+    assert not chain.may_drop_past(600, 601)
