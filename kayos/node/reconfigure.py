@@ -33,6 +33,7 @@ from kayos.clock import Clock
 from kayos.errors import InvalidRequest, KayosError, Unauthenticated, UnavailableError
 from kayos.identity import ClusterIdentity
 from kayos.node import learners
+from kayos.node import repair as peer_repair
 from kayos.replication.lease import NodeLease, WriteHold, adopt_holds, release
 from kayos.replication.replica import ShardReplica
 from kayos.replication.upstream import UpstreamLink
@@ -233,7 +234,7 @@ class Reconfigurer:
         # Also held by a catch-up order while it opens a learner: a shard directory has one
         # store open at a time (a replica closing, a learner opening).
         self.lock = asyncio.Lock()
-        self._link_tasks: dict[int, tuple[UpstreamLink, asyncio.Task[None]]] = {}
+        self._link_tasks: dict[int, tuple[UpstreamLink | None, asyncio.Task[None]]] = {}
         # The signed message the node's topology came in (None: the command line's file).
         self.message: dict[str, Any] | None = None
         # Shards whose replica is being re-made: requests for them get ``unavailable``.
@@ -429,6 +430,11 @@ class Reconfigurer:
             )
             repair = node.spawn(learners.repair_then_lead(replica, link))
             self._link_tasks[shard.id] = (link, repair)
+        elif await asyncio.to_thread(peer_repair.needs_peers, replica):
+            # Its store lost a suffix and no member is below it: it asks the other nodes.
+            peers = tuple(n for n in sorted(node.topology.nodes) if n != node.node_id)
+            task = node.spawn(peer_repair.repair_from_peers(replica, peers))
+            self._link_tasks[shard.id] = (None, task)
         elif replica.role == "head":
             await learners.repair_then_lead(replica, None)
         else:
@@ -444,9 +450,10 @@ class Reconfigurer:
         linked = self._link_tasks.pop(replica.shard_id, None)
         if linked is not None:
             link, task = linked
-            with contextlib.suppress(ValueError):
-                self.node._links.remove(link)
-            link.stop()
+            if link is not None:
+                with contextlib.suppress(ValueError):
+                    self.node._links.remove(link)
+                link.stop()
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task

@@ -590,6 +590,10 @@ class Node:
                 await self._serve_client(stream)
                 return
             replica = self.replicas.get(hello.shard) if hello.shard is not None else None
+            if replica is None and hello.role == "repair" and hello.shard in self.learners:
+                # A head with no downstream repairs from a learner (docs/replication-protocol.md,
+                # "A damaged head repairs first").
+                replica = self.learners[hello.shard].replica
             if replica is None:
                 raise WrongRoleError(
                     f"{self.node_id} holds no replica of shard {hello.shard}",

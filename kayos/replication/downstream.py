@@ -177,7 +177,7 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
             list(frame.takeover_table), own_table, frame.from_seq - 1, replica.durable
         )
         if (
-            not copy
+            hello.role != "repair"
             and replica.role == "head"
             and chain.upstream_lacks_committed(
                 list(frame.takeover_table),

@@ -103,24 +103,31 @@ class UpstreamLink:
         delay_ms = limits.link_retry_delay_ms_min
         while not self._stopped:
             try:
-                await self._session()
+                await self.attempt()
                 delay_ms = limits.link_retry_delay_ms_min
             except asyncio.CancelledError:
                 raise
             except (OSError, KayosError, EOFError) as exc:
                 if not self.done.is_set():
                     log.info("shard %s: link to %s failed: %s", replica.shard_id, self.peer, exc)
-            finally:
-                self.connected.clear()
-                if replica.upstream_stream is not None:
-                    replica.upstream_stream.close()
-                    replica.upstream_stream = None
-                    replica.changed.notify()
             if self.stopping:
                 break
             jitter = 0.5 + replica.rng.random()
             await asyncio.sleep(delay_ms * jitter / 1000)
             delay_ms = min(delay_ms * 2, limits.link_retry_delay_ms_max)
+
+    async def attempt(self) -> None:
+        """One session, without the retries of ``run``: a repair going through several peers
+        moves on to the next when this one fails (it raises) or holds too little."""
+        try:
+            await self._session()
+        finally:
+            replica = self.replica
+            self.connected.clear()
+            if replica.upstream_stream is not None:
+                replica.upstream_stream.close()
+                replica.upstream_stream = None
+                replica.changed.notify()
 
     async def _session(self) -> None:
         replica = self.replica

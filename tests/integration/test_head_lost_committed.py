@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 
 from chaos.history import Event
-from kayos.launcher import LocalCluster
+from kayos.launcher import LocalCluster, http_json
 from kayos.replication import durablemark
+from kayos.signing import sign
 from kayos.storage.check import data_file_of
 from tests.integration.conftest import produce, read_snapshot, wait_until
 from tests.integration.test_self_repair import (
@@ -130,3 +131,54 @@ def test_a_cut_head_drops_what_it_took_before_its_downstream_returned(start_clus
         served = read_snapshot(cluster.url(tail), QUEUE, "strays", limit=5000).messages
         assert served
         assert not [m for m in served if m["key"].startswith("acks1-")]
+
+
+@pytest.mark.parametrize("mark", ["below", "past"])
+def test_a_head_alone_refetches_from_a_learner_before_it_leads(
+    start_cluster: Any, mark: str
+) -> None:
+    """Shard 0 is a alone (a chain of one: the manager spliced the others out), b a learner of
+    it. a's store is cut back from ``total2`` to ``total1``: with its mark left at ``total2``
+    (``below``: a finds the cut itself on open) or set to ``total1`` (``past``: only b's
+    SUBSCRIBE shows it). a has no member to re-fetch from: it must re-fetch from b's learner
+    before it leads, never take writes at seqs b holds with committed values (campaign seed
+    1115409774: such a head led at once with the short log)."""
+    cluster = start_cluster(nodes=2, replicas=1, shards=1)
+    assert cluster.topology.shards[0].chain == ("a",)
+    events: list[Event] = []
+    produce_recorded(cluster, events, "before", BEFORE)
+    total1 = cluster.wait_replicated()[0]
+    path = store_dir(cluster, "a")
+    wait_until(lambda: durablemark.read(path) >= total1, "a's durable mark reaching the commit")
+    data_path = data_file_of(path)
+    size1 = os.path.getsize(data_path)
+    produce_recorded(cluster, events, "cut-away", CUT_AWAY)
+    total2 = cluster.wait_replicated()[0]
+    body = {"epoch": cluster.topology.epoch, "shard": 0, "upstream": "a"}
+    assert cluster.identity is not None
+    signed = {"body": body, "mac": sign(cluster.identity, "catch-up", body)}
+    code, reply = http_json(f"{cluster.url('b')}/v1/admin/catch-up", method="POST", body=signed)
+    assert code == 200, reply
+
+    def learned() -> bool:
+        found = cluster.status("b")
+        shard = found["shards"].get("0") if found else None
+        return bool(shard) and shard["durable_seq"] == total2 and shard["committed_seq"] == total2
+
+    wait_until(learned, "b's learner holding and knowing every committed seq")
+    wait_until(lambda: durablemark.read(path) >= total2, "a's durable mark reaching the commit")
+    cluster.kill("a", signal.SIGKILL)
+    os.truncate(data_path, size1)
+    if mark == "past":
+        durablemark.write(path, total1)
+    print(f"a cut back from seq {total2} to {total1}, its mark at {durablemark.read(path)}")
+    cluster.start("a")
+
+    replica = wait_until(lambda: _repaired(cluster), "a to repair from b's learner", 60)
+    print(f"a after the cut: {replica}")
+    assert replica["last_seq"] >= total2, replica
+    assert f"below its durable mark {total2}" in replica["repair"]["problem"], replica
+    produce_recorded(cluster, events, "after", AFTER)
+    assert events[-1].first_seq > total2, events[-1]  # type: ignore[union-attr]
+    cluster.wait_replicated(60)
+    assert_nothing_lost(cluster, events, (BEFORE + CUT_AWAY + AFTER) * BATCH)
