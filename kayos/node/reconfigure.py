@@ -423,18 +423,19 @@ class Reconfigurer:
         replica.commit_observer = node.commit_seconds.labels(str(shard.id)).observe
         replica.lease_holds = node.lease.holds
         replica.writes_held_until_s = self.held_until_s(shard.id)
-        if replica.role == "head" and replica.repairing and replica.downstreams:
+        if await asyncio.to_thread(peer_repair.below_mark, replica):
+            # Its store holds less than its durable mark: it re-fetches that much, from its
+            # downstreams first, then from the other nodes' learners, before it serves.
+            peers = peer_repair.peers_of(replica, node.topology)
+            task = node.spawn(peer_repair.repair_from_peers(replica, peers))
+            self._link_tasks[shard.id] = (None, task)
+        elif replica.role == "head" and replica.repairing and replica.downstreams:
             # Its store lost a suffix: it re-fetches from its downstream before it serves.
             link = UpstreamLink(
                 replica, peer=replica.downstreams[0], role="repair", until_caught_up=True
             )
             repair = node.spawn(learners.repair_then_lead(replica, link))
             self._link_tasks[shard.id] = (link, repair)
-        elif await asyncio.to_thread(peer_repair.needs_peers, replica):
-            # Its store lost a suffix and no member is below it: it asks the other nodes.
-            peers = tuple(n for n in sorted(node.topology.nodes) if n != node.node_id)
-            task = node.spawn(peer_repair.repair_from_peers(replica, peers))
-            self._link_tasks[shard.id] = (None, task)
         elif replica.role == "head":
             await learners.repair_then_lead(replica, None)
         else:

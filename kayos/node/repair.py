@@ -1,10 +1,11 @@
-"""A head with no downstream repairs from the nodes outside its chain (docs/replication-protocol.md,
-"A damaged head repairs first"; docs/node-api.md, "Self-repair").
+"""A head whose store opened below its durable mark repairs through the mark before it leads
+(docs/replication-protocol.md, "A damaged head repairs first"; docs/node-api.md, "Self-repair").
 
-A chain of one member alone, whose store opened below its durable mark, has no member to re-fetch
-from: ``repair_from_peers`` asks the other nodes of the topology in turn over ``repair`` links (a
-node answers from the learner it holds of the shard) until the store holds the mark's seq, then
-leads. It never leads with less: while no node holds that much it keeps asking, with backoff.
+``repair_from_peers`` asks its downstreams, then the other nodes of the topology (a node outside
+the chain answers from the learner it holds of the shard), in turn over ``repair`` links until the
+store holds the mark's seq, then leads. It never leads with less: a downstream may hold less than
+the head had committed (a learner of it, just made a member, or one cut itself), and a chain of
+one has no member to ask. While no node holds that much it keeps asking, with backoff.
 """
 
 from __future__ import annotations
@@ -18,22 +19,28 @@ from kayos.node import learners
 from kayos.replication import durablemark
 from kayos.replication.replica import ShardReplica
 from kayos.replication.upstream import UpstreamLink
+from kayos.topology import Topology
 
 log = logging.getLogger("kayos.node")
 
 
-def needs_peers(replica: ShardReplica) -> bool:
-    """A head with no downstream whose store holds less than its durable mark."""
-    if replica.role != "head" or replica.downstreams or not replica.repairing:
+def below_mark(replica: ShardReplica) -> bool:
+    """A head repairing a store that holds less than its durable mark."""
+    if replica.role != "head" or not replica.repairing:
         return False
     return replica.store.last_seq < durablemark.read(replica.store_path)
+
+
+def peers_of(replica: ShardReplica, topology: Topology) -> tuple[str, ...]:
+    """Whom to ask: the head's downstreams first (members), then every other node."""
+    others = sorted(n for n in topology.nodes if n != replica.node_id)
+    return (*replica.downstreams, *(n for n in others if n not in replica.downstreams))
 
 
 async def repair_from_peers(replica: ShardReplica, peers: tuple[str, ...]) -> None:
     goal = durablemark.read(replica.store_path)
     log.warning(
-        "shard %s: head with no downstream lost a suffix (%s): re-fetching through %s from %s "
-        "before serving",
+        "shard %s: head's store lost a suffix (%s): re-fetching through %s from %s before serving",
         replica.shard_id,
         replica.repair_problem,
         goal,
