@@ -42,18 +42,26 @@ CUT_AWAY = 10
 AFTER = 2
 
 
-def _cut_head_past_its_mark(cluster: LocalCluster, events: list[Event]) -> tuple[int, int]:
-    """Commits ``BEFORE`` batches, notes a's file size, commits ``CUT_AWAY`` more, kills a and
-    cuts its file and mark back to the first part. Returns (total1, total2)."""
+def _commit_in_two_parts(cluster: LocalCluster, events: list[Event]) -> tuple[int, int, int]:
+    """Commits ``BEFORE`` batches, notes a's file size once its mark holds them, commits
+    ``CUT_AWAY`` more. Returns (total1, total2, a's file size at total1)."""
     produce_recorded(cluster, events, "before", BEFORE)
     total1 = cluster.wait_replicated()[0]
     path = store_dir(cluster, "a")
     wait_until(lambda: durablemark.read(path) >= total1, "a's durable mark reaching the commit")
-    data_path = data_file_of(path)
-    size1 = os.path.getsize(data_path)
+    size1 = os.path.getsize(data_file_of(path))
     produce_recorded(cluster, events, "cut-away", CUT_AWAY)
     total2 = cluster.wait_replicated()[0]
     assert total2 > total1
+    return total1, total2, size1
+
+
+def _cut_head_past_its_mark(cluster: LocalCluster, events: list[Event]) -> tuple[int, int]:
+    """Commits in two parts, kills a and cuts its file and mark back to the first part.
+    Returns (total1, total2)."""
+    total1, total2, size1 = _commit_in_two_parts(cluster, events)
+    path = store_dir(cluster, "a")
+    data_path = data_file_of(path)
 
     def b_knows_total2() -> bool:
         found = cluster.status("b")
@@ -146,14 +154,9 @@ def test_a_head_alone_refetches_from_a_learner_before_it_leads(
     cluster = start_cluster(nodes=2, replicas=1, shards=1)
     assert cluster.topology.shards[0].chain == ("a",)
     events: list[Event] = []
-    produce_recorded(cluster, events, "before", BEFORE)
-    total1 = cluster.wait_replicated()[0]
+    total1, total2, size1 = _commit_in_two_parts(cluster, events)
     path = store_dir(cluster, "a")
-    wait_until(lambda: durablemark.read(path) >= total1, "a's durable mark reaching the commit")
     data_path = data_file_of(path)
-    size1 = os.path.getsize(data_path)
-    produce_recorded(cluster, events, "cut-away", CUT_AWAY)
-    total2 = cluster.wait_replicated()[0]
     body = {"epoch": cluster.topology.epoch, "shard": 0, "upstream": "a"}
     assert cluster.identity is not None
     signed = {"body": body, "mac": sign(cluster.identity, "catch-up", body)}
