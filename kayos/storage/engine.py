@@ -189,8 +189,9 @@ class ShardStore(StoreRecovery):
 
     def meta_written_at(self, name: str) -> int:
         """The seq of the commit that last changed metadata key ``name`` (set or deleted) since
-        the store opened; the seq it opened at for a key unchanged since. Read after the
-        metadata it vouches for: a commit landing in between only makes it higher."""
+        the store opened; the seq it opened at for a key unchanged since (at most the seq of a
+        rollback since that restored the metadata). Read after the metadata it vouches for: a
+        commit landing in between only makes it higher."""
         return self._meta_seqs.get(name, self._meta_floor)
 
     @property
@@ -703,9 +704,13 @@ class ShardStore(StoreRecovery):
             succ.set(prev, 0)
         succ.clear_from(seq + 1)
         if meta is not None:
-            # Changed back: written at or below ``seq`` as far as a reader can tell.
+            # The metadata is as of ``seq`` now: every key was last changed at or below it as far
+            # as a reader can tell, those changed back included, and those unchanged since the
+            # store opened (a seq past ``seq`` would wait for a commit point of a dropped seq).
             changed = {k for k in {*meta, *current.meta} if meta.get(k) != current.meta.get(k)}
+            self._meta_seqs = {k: min(at, seq) for k, at in self._meta_seqs.items()}
             self._meta_seqs.update(dict.fromkeys(changed, seq))
+            self._meta_floor = min(self._meta_floor, seq)
         self._current = _Current(current.file, new_header, current.meta if meta is None else meta)
         self._edge = edge
         txn = self._index.begin_write()
