@@ -8,9 +8,18 @@ again, so on an idle shard the tail would refuse every new snapshot for good."""
 
 from __future__ import annotations
 
+import asyncio
+import random
 from pathlib import Path
 
+import pytest
+
+from kayos.clock import SystemClock
+from kayos.replication import lostcommit
+from kayos.replication.replica import ShardReplica
 from kayos.storage import Put, ShardStore
+from kayos.topology import Topology
+from tests.linkauth import one_shard_topology
 
 
 def _replicated(name: str) -> bool:
@@ -53,3 +62,54 @@ def test_a_key_unchanged_since_the_store_opened_reports_no_dropped_seq(tmp_path:
         assert reopened.meta_written_at("hwm/q/never") <= 2
     finally:
         reopened.close()
+
+
+SEED = 20261124
+
+
+def _replica(topology: Topology, store_path: Path) -> ShardReplica:
+    return ShardReplica(
+        node_id="h",
+        topology=topology,
+        shard=topology.shards[0],
+        store_path=str(store_path),
+        clock=SystemClock(),
+        rng=random.Random(SEED),
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review s10: a head re-made with a downstream forgets what it committed alone "
+    "(commit point 0), so chain.may_drop_past lets it drop its own acknowledged seqs",
+)
+@pytest.mark.asyncio
+async def test_a_head_that_committed_alone_keeps_its_seqs_after_the_remake(tmp_path: Path) -> None:
+    """docs/replication-protocol.md, "An upstream that lacks committed entries": a head whose own
+    commit point is past the agreed seq committed seqs alone and drops neither history. A chain
+    of one commits every seq it makes durable; the topology that adds the downstream back re-makes
+    the replica (another set of downstreams), and the re-made head's commit point is 0 until that
+    downstream acks, so the guard sees nothing committed and the head throws its acknowledged
+    seqs 101-110 away to take the downstream's."""
+    print("seed", SEED)
+    path = tmp_path / "h"
+    store = ShardStore.open(str(path))
+    try:
+        for i in range(110):
+            store.commit([Put(f"k{i}".encode(), b"alone")])
+    finally:
+        store.close()
+    replica = _replica(one_shard_topology(["h"]), path)
+    try:
+        assert replica.commit_point == 110  # h alone: each acknowledged once durable on h
+    finally:
+        replica.close()
+    with_d = one_shard_topology(["h", "d"])  # the manager adds d back as tail: a re-make
+    remade = _replica(with_d, path)
+    try:
+        # d subscribes knowing seqs through 105 committed; its log agrees with h's through 100.
+        lostcommit.step_down_to_repair(remade, "d", 100, 105)
+        assert not remade.repairing, "h would drop seqs 101-110 it acknowledged alone"
+    finally:
+        await asyncio.gather(*remade._background, return_exceptions=True)
+        remade.close()
