@@ -14,12 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from kayos import limits
 from kayos.clock import SystemClock
+from kayos.node.marks import read_mark
 from kayos.replication import lostcommit
 from kayos.replication.replica import ShardReplica
 from kayos.storage import Put, ShardStore
 from kayos.topology import Topology
-from tests.linkauth import one_shard_topology
+from tests.linkauth import one_shard_topology, until
+from tests.unit.test_confirm_chain import managed_chain
+from tests.unit.test_mark_past_point import KEY, cut_middle, mark_2_held
 
 
 def _replicated(name: str) -> bool:
@@ -113,3 +117,30 @@ async def test_a_head_that_committed_alone_keeps_its_seqs_after_the_remake(tmp_p
     finally:
         await asyncio.gather(*remade._background, return_exceptions=True)
         remade.close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review s10: a tail whose rollback could not restore the metadata waits for its "
+    "upstream's next BATCH to settle, and an idle upstream sends none: no snapshot for good",
+)
+@pytest.mark.asyncio
+async def test_a_rollback_that_kept_the_metadata_settles_on_an_idle_shard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/storage-format.md, "Rollback": past ``limits.rollback_meta_headers_max`` headers (or
+    behind a compaction) the store keeps its metadata and the replica serves no snapshot until a
+    link replaced it (local key ``rolled_back``). Only a link's first BATCH replaces it; an
+    upstream holding nothing past the rollback seq sends none, so on a shard nobody writes to the
+    tail answers 503 to every new consumer for as long as the shard stays idle."""
+    print("seed", SEED)
+    monkeypatch.setattr(limits, "rollback_meta_headers_max", 0)  # no header chain walked
+    async with managed_chain(tmp_path, "abc") as (_, nodes), mark_2_held(nodes) as held:
+        tail = held.tail
+        _mark, written_at = read_mark(tail, KEY)
+        await cut_middle(nodes, for_good=True)  # the middle holds through seq written_at - 1
+        await until(lambda: tail.store.last_seq == written_at - 1, "c rolled back")
+        assert tail.rolled_back_to() == written_at - 1  # the metadata was kept
+        await until(lambda: tail.upstream_stream is not None, "c linked to b again")
+        # Nothing is written any more: the middle has nothing past seq written_at - 1 to send.
+        await until(lambda: tail.rolled_back_to() is None, "c's rollback settled", 10.0)
