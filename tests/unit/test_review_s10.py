@@ -17,13 +17,14 @@ import pytest
 from kayos import limits
 from kayos.clock import SystemClock
 from kayos.node.marks import read_mark
-from kayos.replication import lostcommit
+from kayos.replication import durablemark, lostcommit
 from kayos.replication.replica import ShardReplica
 from kayos.storage import Put, ShardStore
 from kayos.topology import Topology
 from tests.linkauth import one_shard_topology, until
 from tests.unit.test_confirm_chain import managed_chain
 from tests.unit.test_mark_past_point import KEY, cut_middle, mark_2_held
+from tests.unit.test_replica_review import _chain, _node
 
 
 def _replicated(name: str) -> bool:
@@ -144,3 +145,45 @@ async def test_a_rollback_that_kept_the_metadata_settles_on_an_idle_shard(
         await until(lambda: tail.upstream_stream is not None, "c linked to b again")
         # Nothing is written any more: the middle has nothing past seq written_at - 1 to send.
         await until(lambda: tail.rolled_back_to() is None, "c's rollback settled", 10.0)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review s10: a member that is repairing refuses repair links too, so a head below "
+    "its mark and its downstream below its own wait on each other for good",
+)
+@pytest.mark.asyncio
+async def test_a_head_repairs_from_a_downstream_that_is_repairing_itself(tmp_path: Path) -> None:
+    """docs/node-api.md, "Self-repair": a head whose store opened below its durable mark asks its
+    downstreams, then the other nodes, until it holds the mark's seq. Here both stores of a chain
+    a -> b were cut short (a truncation past each one's last durable-mark write): a lost its last
+    two seqs, which b holds; b lost two past its own mark, which nobody holds. b refuses every
+    SUBSCRIBE while it repairs, the repair link of its head included (downstream.py), and
+    re-fetches from its upstream a, which refuses it while it repairs: neither ever serves,
+    although b holds every seq a needs."""
+    print("seed", SEED)
+    async with _chain(tmp_path, "ab") as (topology, nodes):
+        for i in range(12):
+            await nodes["a"].produce("q", [f"k{i}".encode()], [b"v"], None, None, acks=-1)
+        head, middle = (nodes[n].replicas[0] for n in "ab")
+        last = head.durable
+        await until(lambda: middle.commit_point >= last, "b knowing every seq committed")
+        paths = {n: nodes[n].replicas[0].store_path for n in "ab"}
+        for node in nodes.values():
+            await node.stop()
+        store = ShardStore.open(paths["a"])
+        try:
+            store.rollback_to(last - 2)  # a lost seqs it acknowledged: b holds them
+        finally:
+            store.close()
+        durablemark.write(paths["a"], last)
+        durablemark.write(paths["b"], last + 2)  # b lost two seqs past its mark: nobody holds them
+        for n in "ab":
+            nodes[n] = _node(topology, n, tmp_path)
+            await nodes[n].start()
+
+        def led() -> bool:
+            replica = nodes["a"].replicas.get(0)
+            return replica is not None and not replica.repairing and replica.durable >= last
+
+        await until(led, "a re-fetching seqs it lost from b and leading", 15.0)
