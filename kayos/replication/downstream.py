@@ -160,13 +160,15 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
             return
         if not isinstance(frame, fr.Subscribe) or frame.shard != replica.shard_id:
             raise ProtocolError(f"expected SUBSCRIBE, got {type(frame).__name__}")
-        if (replica.catching_up and hello.role != "repair") or replica.repairing:
+        if (replica.catching_up or replica.repairing) and hello.role != "repair":
             # Its store may hold part of an all-or-nothing batch, or lack what it lost to damage
             # (a downstream would be told to roll back acknowledged entries): nothing goes down.
-            # A head repairing from a member still catching up from it is served (it would
-            # wait for ever on it otherwise): whole entries, which the head lost.
+            # A head repairing from a member still catching up or repairing itself (from that
+            # head: each would wait for ever on the other) is served: whole entries it holds,
+            # and a repair link never rolls back.
+            doing = "repairing" if replica.repairing else "catching up"
             raise UnavailableError(
-                f"{replica.node_id} is catching up on shard {replica.shard_id}; retry later"
+                f"{replica.node_id} is {doing} on shard {replica.shard_id}; retry later"
             )
         if replica.starting_new_history:
             raise UnavailableError(
