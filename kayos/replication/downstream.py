@@ -134,8 +134,8 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
     node = hello.node_id
     if hello.protocol_version < fr.LINK_PROTOCOL_VERSION_MIN:
         raise ProtocolError(
-            f"replication links need protocol version {fr.LINK_PROTOCOL_VERSION_MIN} "
-            f"(forward, then persist); {node} speaks {hello.protocol_version}"
+            f"replication links need protocol version {fr.LINK_PROTOCOL_VERSION_MIN}; "
+            f"{node} speaks {hello.protocol_version}"
         )
     copy = hello.role in fr.COPY_ROLES
     if copy:

@@ -16,8 +16,10 @@ import pytest
 
 from kayos import limits
 from kayos.clock import SystemClock
+from kayos.errors import ProtocolError
 from kayos.node.marks import read_mark
 from kayos.replication import durablemark, lostcommit
+from kayos.replication import frames as fr
 from kayos.replication.replica import ShardReplica
 from kayos.storage import Put, ShardStore
 from kayos.topology import Topology
@@ -188,3 +190,26 @@ async def test_a_head_repairs_from_a_downstream_that_is_repairing_itself(tmp_pat
         for i in range(2):
             await nodes["a"].produce("q", [f"new{i}".encode()], [b"v"], None, None, acks=-1)
         await until(lambda: not nodes["b"].replicas[0].repairing, "b repaired from a", 15.0)
+
+
+@pytest.mark.asyncio
+async def test_a_version_4_link_is_refused_clearly(tmp_path: Path) -> None:
+    """A rolling upgrade's mixed chain: a node one version behind (its SUBSCRIBE names no commit
+    point, so a head could not tell it lost committed entries) is refused with protocol_error
+    naming the version links need, never served (docs/replication-protocol.md, "Version")."""
+    async with _chain(tmp_path, "ab") as (topology, _):
+        address = topology.nodes["a"]
+        reader, writer = await asyncio.open_connection(address.host, address.bin_port)
+        try:
+            writer.write(fr.encode(fr.Hello(4, "b", 0, topology.epoch, "tail")))
+            decoder = fr.FrameDecoder()
+            frames: list[fr.Frame] = []
+            while not frames:
+                data = await asyncio.wait_for(reader.read(65536), 30.0)
+                assert data, "closed without an answer"
+                frames.extend(decoder.feed(data))
+            assert isinstance(frames[0], fr.ErrorFrame)
+            assert frames[0].code == ProtocolError.code
+            assert "replication links need protocol version 5; b speaks 4" in frames[0].message
+        finally:
+            writer.close()
