@@ -112,3 +112,20 @@ async def until(condition: Callable[[], Any], what: str, timeout_s: float = 30.0
         if loop.time() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.01)  # a bounded poll of a condition
+
+
+async def first_answer(address: NodeAddr, hello: fr.Hello, timeout_s: float = 30.0) -> fr.Frame:
+    """The first frame node ``address`` answers a raw ``hello`` with (a refusal, in the version
+    tests), read within ``timeout_s``."""
+    reader, writer = await asyncio.open_connection(address.host, address.bin_port)
+    try:
+        writer.write(fr.encode(hello))
+        decoder = fr.FrameDecoder()
+        frames: list[fr.Frame] = []
+        while not frames:
+            data = await asyncio.wait_for(reader.read(65536), timeout_s)
+            assert data, "closed without an answer"
+            frames.extend(decoder.feed(data))
+        return frames[0]
+    finally:
+        writer.close()

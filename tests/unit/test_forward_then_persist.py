@@ -18,6 +18,7 @@ from kayos.replication import chain
 from kayos.replication import frames as fr
 from kayos.replication.replica import ShardReplica
 from kayos.storage import ShardStore
+from tests.linkauth import first_answer
 from tests.linkauth import until as _until
 from tests.unit.test_replica_review import SEED, WAIT_S, _chain, _stored_keys
 
@@ -206,21 +207,11 @@ async def test_a_version_1_link_is_refused(tmp_path: Path) -> None:
     """Version 1 persisted before it forwarded and knew no COMMIT_POINT, version 2 did not
     authenticate links: a link handshake below version 3 fails with protocol_error."""
     async with _chain(tmp_path) as (topology, _):
-        address = topology.nodes["b"]
-        reader, writer = await asyncio.open_connection(address.host, address.bin_port)
-        try:
-            writer.write(fr.encode(fr.Hello(1, "c", 0, topology.epoch, "tail")))
-            decoder = fr.FrameDecoder()
-            frames: list[fr.Frame] = []
-            while not frames:
-                data = await asyncio.wait_for(reader.read(65536), WAIT_S)
-                assert data, "closed without an answer"
-                frames.extend(decoder.feed(data))
-            assert isinstance(frames[0], fr.ErrorFrame)
-            assert frames[0].code == ProtocolError.code
-            assert f"version {fr.LINK_PROTOCOL_VERSION_MIN}" in frames[0].message
-        finally:
-            writer.close()
+        hello = fr.Hello(1, "c", 0, topology.epoch, "tail")
+        answer = await first_answer(topology.nodes["b"], hello, WAIT_S)
+        assert isinstance(answer, fr.ErrorFrame)
+        assert answer.code == ProtocolError.code
+        assert f"version {fr.LINK_PROTOCOL_VERSION_MIN}" in answer.message
 
 
 def test_a_discard_forgets_the_reports_of_the_lost_part() -> None:

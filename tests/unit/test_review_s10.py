@@ -23,7 +23,7 @@ from kayos.replication import frames as fr
 from kayos.replication.replica import ShardReplica
 from kayos.storage import Put, ShardStore
 from kayos.topology import Topology
-from tests.linkauth import one_shard_topology, until
+from tests.linkauth import first_answer, one_shard_topology, until
 from tests.unit.test_confirm_chain import managed_chain
 from tests.unit.test_mark_past_point import KEY, cut_middle, mark_2_held
 from tests.unit.test_replica_review import _chain, _node
@@ -198,18 +198,9 @@ async def test_a_version_4_link_is_refused_clearly(tmp_path: Path) -> None:
     point, so a head could not tell it lost committed entries) is refused with protocol_error
     naming the version links need, never served (docs/replication-protocol.md, "Version")."""
     async with _chain(tmp_path, "ab") as (topology, _):
-        address = topology.nodes["a"]
-        reader, writer = await asyncio.open_connection(address.host, address.bin_port)
-        try:
-            writer.write(fr.encode(fr.Hello(4, "b", 0, topology.epoch, "tail")))
-            decoder = fr.FrameDecoder()
-            frames: list[fr.Frame] = []
-            while not frames:
-                data = await asyncio.wait_for(reader.read(65536), 30.0)
-                assert data, "closed without an answer"
-                frames.extend(decoder.feed(data))
-            assert isinstance(frames[0], fr.ErrorFrame)
-            assert frames[0].code == ProtocolError.code
-            assert "replication links need protocol version 5; b speaks 4" in frames[0].message
-        finally:
-            writer.close()
+        answer = await first_answer(
+            topology.nodes["a"], fr.Hello(4, "b", 0, topology.epoch, "tail")
+        )
+        assert isinstance(answer, fr.ErrorFrame)
+        assert answer.code == ProtocolError.code
+        assert "replication links need protocol version 5; b speaks 4" in answer.message
