@@ -72,10 +72,12 @@ def run_command(
             f"kinds {sorted(both[0])} and {sorted(both[1])} cannot run in one campaign "
             "(fault proxies or network namespaces); run them in two"
         )
-    if moves.KINDS & set(chosen) and set(chosen) & set(netfaults.KIND_WEIGHTS):
+    proxied = set(chosen) & set(netfaults.PROXY_KIND_WEIGHTS)
+    if moves.KINDS & set(chosen) and proxied:
         raise click.BadParameter(
-            f"{', '.join(sorted(moves.KINDS))} needs a plain cluster (its spare node has no "
-            "proxy or namespace): run it apart from the network kinds"
+            f"{', '.join(sorted(moves.KINDS))} cannot run with the proxy kinds "
+            f"{sorted(proxied)} (its spare node has no fault proxy); it runs with the partition "
+            "kinds (network namespaces) or with none"
         )
     if not minutes > 0 or producers < 1 or managers < 0:
         raise click.BadParameter("--minutes must be > 0, --producers >= 1, --managers >= 0")

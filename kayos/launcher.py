@@ -434,8 +434,7 @@ class LocalCluster:
         ctl add-node``) is the caller's part. Returns its address."""
         if node in self.topology.nodes or node in self.manager_ids:
             raise ClusterError(f"node {node} is already in the cluster")
-        http_port, bin_port = free_ports(2, self.host)
-        address = NodeAddr(node, self.host, http_port, bin_port)
+        address = self._outside_address(node)
         nodes = {**self.topology.nodes, node: address}
         self.topology = dataclasses.replace(self.topology, nodes=nodes)
         self.config_paths[node] = self.base_dir / f"{node}.toml"
@@ -443,6 +442,12 @@ class LocalCluster:
         self.ids.append(node)
         self.start(node)
         return address
+
+    def _outside_address(self, node: str) -> NodeAddr:
+        """Where ``add_outside_node`` puts node ``node``: free ports on the cluster's host (a
+        subclass with other networking gives its own)."""
+        http_port, bin_port = free_ports(2, self.host)
+        return NodeAddr(node, self.host, http_port, bin_port)
 
     def members(self) -> list[str]:
         """What ``kayos up`` supervises: every node and manager member (and, in a subclass,

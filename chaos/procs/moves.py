@@ -6,9 +6,11 @@ started and added as an operator adds one (``LocalCluster.add_outside_node``, th
 ``add-node`` request ``kayos ctl add-node`` sends). Each fault asks the manager, with the signed
 ``move-shard`` request ``kayos ctl move-shard`` sends, to move one replica of a shard onto the
 node outside that shard's chain, and while the target copies from the tail strikes the move's
-target, its source or the shard's tail (kill -9 and restart, or SIGSTOP of the target), then
-waits, bounded, until the manager holds no move for the shard. The cluster is reached only
-through its public APIs (node and manager HTTP) and process signals.
+target, its source or the shard's tail (kill -9 and restart, or SIGSTOP of the target; in
+network namespaces also a partition of the target from the tail, or of the source or the tail
+from every other member, healed after), then waits, bounded, until the manager holds no move for
+the shard. The cluster is reached only through its public APIs (node and manager HTTP), process
+signals and the namespaces' rules.
 """
 
 from __future__ import annotations
@@ -20,12 +22,17 @@ import time
 from typing import Any
 
 from chaos.procs.membership import chains, manager_view
+from chaos.procs.netfaults import CUT_HOWS, ProxiedCluster, held_cut
+from chaos.procs.netns import NetnsCluster, NetnsError
 from kayos.bench.grow import operator
 from kayos.launcher import ClusterError, LocalCluster
 
 KIND_WEIGHTS: dict[str, int] = {"move_under_fault": 3}
 KINDS = frozenset(KIND_WEIGHTS)
 STRIKES = ("kill_target", "kill_source", "kill_tail", "pause_target")
+# Drawn as well only in network namespaces (a NetnsCluster): the target cut from the shard's tail
+# (its upstream in the copy), the source or the tail cut from every other node and manager member.
+PARTITION_STRIKES = ("cut_target_from_tail", "isolate_source", "isolate_tail")
 
 # The spare node's id: the one after the chains' nodes (a, b, c -> d).
 SPARE_NODE = "d"
@@ -41,7 +48,8 @@ move_end_timeout_s = 90.0
 # The strike lands this long (drawn from 0 .. the bound by the fault's seed) after the manager
 # took the move: at once, mid-copy, or around the join.
 strike_delay_s_max = 0.5
-# A SIGSTOP of the target lasts 0.2 s plus twice the fault's hold (0-2 s): 0.2-4.2 s. Past the
+# A SIGSTOP of the target, and a partition strike, last 0.2 s plus twice the fault's hold (0-2 s):
+# 0.2-4.2 s. Past the
 # campaign's 1 s suspect bound (most of them) the manager cancels the move (a catch-up goes on
 # only on an up node); a shorter one the move must ride out.
 pause_s_base = 0.2
@@ -52,9 +60,9 @@ poll_s = 0.05
 def add_spare(cluster: LocalCluster) -> dict[str, Any]:
     """Starts the spare node and adds it to the manager as ``kayos ctl add-node`` does; returns
     what happened (``error`` if the manager did not take it: the moves then find no target)."""
-    if type(cluster) is not LocalCluster:
+    if isinstance(cluster, ProxiedCluster):
         raise ValueError(
-            "move_under_fault runs on a plain LocalCluster: it cannot run with the network kinds"
+            "move_under_fault cannot run with the proxy kinds: the spare has no fault proxy"
         )
     address = cluster.add_outside_node(SPARE_NODE)
     body: dict[str, Any] = {"op": "add-node", "node": SPARE_NODE, "host": address.host}
@@ -83,21 +91,48 @@ def movable(view: dict[str, Any], replicas: int) -> dict[int, list[str]]:
     return found
 
 
-def plan(rng: random.Random, view: dict[str, Any], replicas: int) -> dict[str, Any] | None:
-    """The move and strike for one fault, drawn by ``rng`` from what can move in ``view``."""
+def strikes_for(cluster: LocalCluster) -> tuple[str, ...]:
+    """The strikes a move can draw on ``cluster``: the partitions only in network namespaces."""
+    return STRIKES + PARTITION_STRIKES if isinstance(cluster, NetnsCluster) else STRIKES
+
+
+def plan(
+    rng: random.Random, view: dict[str, Any], replicas: int, strikes: tuple[str, ...] = STRIKES
+) -> dict[str, Any] | None:
+    """The move and strike (one of ``strikes``) for one fault, drawn by ``rng`` from what can
+    move in ``view``; a partition strike draws how its cut stops traffic too."""
     candidates = movable(view, replicas)
     if not candidates:
         return None
     shard = rng.choice(sorted(candidates))
     chain = chains(view)[shard]
-    return {
+    move: dict[str, Any] = {
         "shard": shard,
         "source": rng.choice(chain),
         "target": rng.choice(candidates[shard]),
         "tail": chain[-1],
-        "strike": rng.choice(STRIKES),
+        "strike": rng.choice(strikes),
         "delay_s": round(rng.uniform(0.0, strike_delay_s_max), 3),
     }
+    if move["strike"] in PARTITION_STRIKES:
+        move["how"] = rng.choice(CUT_HOWS)
+    return move
+
+
+def struck_node(move: dict[str, Any]) -> str:
+    """The node a move's strike is aimed at (for a cut: the node cut off, or the target)."""
+    role = {"kill_source": "source", "isolate_source": "source"}
+    role |= {"kill_tail": "tail", "isolate_tail": "tail"}
+    return str(move[role.get(str(move["strike"]), "target")])
+
+
+def cut_sides(move: dict[str, Any], members: list[str]) -> tuple[list[str], list[str]]:
+    """A partition strike's two sides: the target and the tail, or the struck node and every
+    other member."""
+    if move["strike"] == "cut_target_from_tail":
+        return [move["target"]], [move["tail"]]
+    struck = struck_node(move)
+    return [struck], [member for member in members if member != struck]
 
 
 def outcome(view: dict[str, Any], move: dict[str, Any]) -> str | None:
@@ -118,7 +153,7 @@ def move_under_fault(cluster: LocalCluster, node: str, hold_s: float, index: int
     ``unexpected``). ``node`` seeds the draw with the schedule; the move picks its own nodes."""
     rng = random.Random(f"move-{index}-{node}-{hold_s}")
     view = _wait_view(cluster, lambda v: movable(v, cluster.replicas), settle_timeout_s)
-    move = None if view is None else plan(rng, view, cluster.replicas)
+    move = None if view is None else plan(rng, view, cluster.replicas, strikes_for(cluster))
     if view is None or move is None:
         last = manager_view(cluster)
         return {"move": "none_possible", "chains": None if last is None else chains(last)}
@@ -130,10 +165,11 @@ def move_under_fault(cluster: LocalCluster, node: str, hold_s: float, index: int
     time.sleep(move["delay_s"])  # when the strike lands in the copy: the fault's own timing
     during = _wait_view(cluster, lambda v: v, 0.0)
     move["struck_pending"] = during is not None and outcome(during, move) is None
-    struck = {"kill_source": move["source"], "kill_tail": move["tail"]}.get(
-        move["strike"], move["target"]
-    )
-    problems = _strike(cluster, struck, move["strike"], hold_s)
+    struck = struck_node(move)
+    if move["strike"] in PARTITION_STRIKES:
+        problems = _cut(cluster, move, hold_s)
+    else:
+        problems = _strike(cluster, struck, move["strike"], hold_s)
     end = _wait_view(cluster, lambda v: outcome(v, move), move_end_timeout_s)
     result: dict[str, Any] = {
         **move,
@@ -172,6 +208,16 @@ def _strike(cluster: LocalCluster, struck: str, strike: str, hold_s: float) -> l
         cluster.start(struck)
     except (ClusterError, OSError) as error:
         return [f"{strike} of {struck}: {error}"[:500]]
+    return []
+
+
+def _cut(cluster: LocalCluster, move: dict[str, Any], hold_s: float) -> list[str]:
+    """The move's partition for ``pause_s_base + 2 * hold_s``, healed after whatever happened."""
+    sides = cut_sides(move, cluster.members())
+    try:
+        held_cut(cluster, sides, move["how"], pause_s_base + 2 * hold_s)
+    except NetnsError as error:
+        return [f"{move['strike']} {sides}: {error}"[:500]]
     return []
 
 

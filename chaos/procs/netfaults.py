@@ -41,6 +41,8 @@ HOLD_S: dict[str, tuple[float, float]] = {
     "partition_split": (0.5, 5.0),
     "partition_bridge": (0.5, 5.0),
 }
+# How a partition stops traffic (chaos.procs.netns.Network.cut): silence, or TCP resets.
+CUT_HOWS = ("drop", "reject")
 # A latency toxic's delay (ms, each way) and a bandwidth toxic's rate (KB/s, each way).
 latency_ms_range = (20, 400)
 rate_kb_s_range = (8, 256)
@@ -239,8 +241,16 @@ def _partition(
     cluster: LocalCluster, kind: str, node: str, hold_s: float, index: int,
     sides: tuple[list[str], list[str]],
 ) -> dict[str, Any]:  # fmt: skip
+    how = _rng(kind, node, index).choice(CUT_HOWS)
+    return held_cut(cluster, sides, how, hold_s)
+
+
+def held_cut(
+    cluster: LocalCluster, sides: tuple[list[str], list[str]], how: str, hold_s: float
+) -> dict[str, Any]:
+    """The two sides cut (``how``: one of ``CUT_HOWS``) for ``hold_s``, then every partition
+    healed, whatever happened meanwhile; the sides and how, for the fault's detail."""
     network = _network(cluster).network
-    how = _rng(kind, node, index).choice(("drop", "reject"))
     try:
         network.cut(*sides, how=how)
         _hold(hold_s)

@@ -149,6 +149,16 @@ class Network:
             self.down()
             raise
 
+    def add(self, member: str) -> str:
+        """One more member after ``up`` (the campaign's spare node): its namespace, veth and the
+        next address of the run's /24; removed by ``down`` with the others. Returns its address."""
+        assert member not in self.hosts, member
+        assert len(self._veth(member, "h")) <= _IFNAME_MAX, member
+        self.hosts[member] = f"{self.subnet}.{len(self.members) + 2}"
+        self.members.append(member)
+        self._add(member)
+        return self.hosts[member]
+
     def _add(self, member: str) -> None:
         ns, host_end, ns_end = (
             self.namespace(member),
@@ -241,6 +251,11 @@ class NetnsCluster(LocalCluster):
             addresses, replicas=self.replicas, shard_count=self.shard_count, fanout=self.fanout
         )
         return dataclasses.replace(built, queues=self.queue_shards).with_identity(self.identity)
+
+    def _outside_address(self, node: str) -> NodeAddr:
+        """A namespace of its own for a node added later (the campaign's spare), on the bridge
+        like every member, so partitions can cut it too."""
+        return NodeAddr(node, self.network.add(node), NODE_HTTP_PORT, NODE_BIN_PORT)
 
     def check_ports(self) -> None:
         """Nothing to check: each member's namespace is new, its ports its own."""

@@ -174,3 +174,36 @@ def test_down_leaves_nothing_behind() -> None:
     assert not any(name in listed for name in names)
     assert net.bridge not in netns.run("ip", "-o", "link", "show")
     assert net.down() == []  # twice is harmless
+
+
+@skip_without_netns
+def test_a_member_added_after_up_is_on_the_bridge_cut_like_the_others_and_removed() -> None:
+    net = netns.Network(["x", "y"])
+    net.up()
+    listeners = []
+    try:
+        host = net.add("z")
+        assert host == f"{net.subnet}.4"
+        assert net.members == ["x", "y", "z"]
+        assert len(set(net.hosts.values())) == 3
+        for member in net.members:
+            listeners.append(
+                subprocess.Popen([*net.exec_prefix(member), sys.executable, "-c", _LISTENER])
+            )
+        for member in net.members:
+            wait_until(lambda m=member: from_root(net, m) == "ok", f"{member} listening")
+        assert between(net, "z", "x") == "ok"
+        assert between(net, "y", "z") == "ok"
+        net.cut(["z"], ["x", "y"], how="reject")
+        assert between(net, "z", "x", SILENCE_S) in {"refused", "reset"}
+        assert between(net, "y", "z", SILENCE_S) in {"refused", "reset"}
+        assert from_root(net, "z") == "ok"
+        net.heal()
+        assert net.rules("z") == []
+        assert between(net, "x", "z") == "ok"
+    finally:
+        for listener in listeners:
+            listener.kill()
+            listener.wait(CONNECT_S)
+        assert net.down() == []
+    assert net.namespace("z") not in netns.run("ip", "netns", "list")

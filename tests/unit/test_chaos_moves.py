@@ -11,10 +11,13 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import pytest
 from click.testing import CliRunner
 
 from chaos.cli import chaos
 from chaos.procs import faults, membership, moves
+from chaos.procs.netfaults import ProxiedCluster
+from chaos.procs.netns import NetnsCluster
 from kayos.launcher import LocalCluster
 
 NODES = ["a", "b", "c", "d"]
@@ -37,12 +40,19 @@ def test_moves_are_drawn_only_when_named_and_need_the_manager() -> None:
     assert mixed != first(6, 600, ("kill9", "pause", "move_under_fault"))
 
 
-def test_moves_are_refused_with_the_network_kinds_before_anything_starts() -> None:
-    for network in ("latency", "partition"):
+def test_moves_are_refused_with_the_proxy_kinds_before_anything_starts() -> None:
+    for network in ("latency", "reset_peer,partition"):
         args = ["run", "--kinds", f"kill9,move_under_fault,{network}", "--seed", "1"]
         result = CliRunner().invoke(chaos, args)
         assert result.exit_code == 2, result.output
-        assert "needs a plain cluster" in result.output
+        assert "has no fault proxy" in result.output or "cannot run in one" in result.output
+    args = ["run", "--kinds", "move_under_fault,bandwidth", "--seed", "1"]
+    assert "has no fault proxy" in CliRunner().invoke(chaos, args).output
+    # With the partition kinds it is not refused: the campaign's own refusals are the only ones.
+    args = ["run", "--kinds", "move_under_fault,partition", "--minutes", "0", "--seed", "1"]
+    result = CliRunner().invoke(chaos, args)
+    assert result.exit_code == 2, result.output
+    assert "--minutes must be > 0" in result.output
 
 
 def view(
@@ -94,6 +104,49 @@ def test_the_plan_is_the_seeds_and_moves_onto_the_node_outside_the_chain() -> No
     assert {p["strike"] for p in plans if p} == set(moves.STRIKES)
     assert {p["shard"] for p in plans if p} == set(CHAINS)
     assert moves.plan(random.Random(1), view(CHAINS, down=("a",)), 3) is None
+
+
+def test_partition_strikes_are_drawn_only_in_network_namespaces() -> None:
+    # isinstance is all strikes_for reads: no namespace is made here.
+    assert moves.strikes_for(LocalCluster.__new__(LocalCluster)) == moves.STRIKES
+    in_netns = moves.strikes_for(NetnsCluster.__new__(NetnsCluster))
+    assert in_netns == moves.STRIKES + moves.PARTITION_STRIKES
+    with pytest.raises(ValueError, match="no fault proxy"):
+        moves.add_spare(ProxiedCluster.__new__(ProxiedCluster))
+    plans = [moves.plan(random.Random(seed), view(CHAINS), 3, in_netns) for seed in range(300)]
+    assert plans == [moves.plan(random.Random(s), view(CHAINS), 3, in_netns) for s in range(300)]
+    assert {p["strike"] for p in plans if p} == set(in_netns)
+    for plan in plans:
+        assert plan is not None
+        if plan["strike"] in moves.PARTITION_STRIKES:
+            assert plan["how"] in ("drop", "reject")
+        else:
+            assert "how" not in plan
+    assert {p["how"] for p in plans if p and "how" in p} == {"drop", "reject"}
+    # Without namespaces the draw is what it was before partitions existed: same seeds, same plans.
+    plain = [moves.plan(random.Random(seed), view(CHAINS), 3) for seed in range(300)]
+    assert plain == [
+        moves.plan(random.Random(s), view(CHAINS), 3, moves.STRIKES) for s in range(300)
+    ]
+    assert all(p and p["strike"] in moves.STRIKES for p in plain)
+
+
+def test_a_strike_aims_at_its_node_and_a_cut_has_its_sides() -> None:
+    move = {"shard": 0, "source": "b", "target": "d", "tail": "c"}
+    members = ["a", "b", "c", "d", "m1", "m2", "m3"]
+    aimed = {
+        "kill_target": "d", "pause_target": "d", "kill_source": "b", "kill_tail": "c",
+        "cut_target_from_tail": "d", "isolate_source": "b", "isolate_tail": "c",
+    }  # fmt: skip
+    assert set(aimed) == set(moves.STRIKES + moves.PARTITION_STRIKES)
+    for strike, node in aimed.items():
+        assert moves.struck_node({**move, "strike": strike}) == node, strike
+    cut = {**move, "strike": "cut_target_from_tail"}
+    assert moves.cut_sides(cut, members) == (["d"], ["c"])
+    alone = {**move, "strike": "isolate_source"}
+    assert moves.cut_sides(alone, members) == (["b"], ["a", "c", "d", "m1", "m2", "m3"])
+    alone = {**move, "strike": "isolate_tail"}
+    assert moves.cut_sides(alone, members) == (["c"], ["a", "b", "d", "m1", "m2", "m3"])
 
 
 def test_a_moves_end_is_read_from_the_view() -> None:
