@@ -5,6 +5,11 @@ throughout; each fault moves one replica onto the node outside its shard's chain
 target, the source or the tail, or pauses the target, while the copy runs. Zero violations, and
 every move ends, completed or cancelled, within its bound.
 
+`test_moves_struck_by_partitions_lose_nothing` runs moves with the partition kinds in network
+namespaces (root and ip netns with iptables only; skipped elsewhere, saying why): the spare gets a
+namespace of its own, the partition kinds cut it like any member, and a move's strike may be a
+cut (the target from the tail, the source or the tail from everyone) as well as a kill or pause.
+
 The seed is random unless KAYOS_CHAOS_SEED is set; it is printed, and the report's `replay` line
 (`kayos chaos run --seed S --faults 8 --kinds move_under_fault`) replays the same faults.
 """
@@ -15,7 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from chaos.history import Note, load_jsonl
+from chaos.procs import moves, netfaults
 from tests.integration.test_chaos_campaign import checked_campaign
+from tests.integration.test_network_campaign import needs_netns
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -39,3 +47,31 @@ def test_moves_struck_by_kills_and_pauses_lose_nothing(tmp_path: Path) -> None:
     ended = report.moves.get("completed", 0) + report.moves.get("cancelled", 0)
     assert ended == FAULTS, f"seed {report.seed}: {report.moves}"
     assert report.to_json()["moves"] == report.moves
+
+
+NETNS_FAULTS = 10
+
+
+@needs_netns
+def test_moves_struck_by_partitions_lose_nothing(tmp_path: Path) -> None:
+    kinds = ("move_under_fault", *netfaults.NETNS_KIND_WEIGHTS)
+    report = checked_campaign(
+        tmp_path, kinds=kinds, managers=3, faults_max=NETNS_FAULTS, fault_phase_s=FAULT_PHASE_S
+    )
+    assert report.network == "NetnsCluster"
+    assert sum(report.faults.values()) == NETNS_FAULTS, f"seed {report.seed}: {report.faults}"
+    assert report.spare.get("node") == "d", report.spare
+    assert "error" not in report.spare, report.spare
+    done = [
+        event.detail
+        for event in load_jsonl(report.history)
+        if isinstance(event, Note) and event.what == "fault done"
+    ]
+    struck = [d for d in done if "strike" in d]
+    # Every move the manager took ended one way or the other within its bound; a partition
+    # strike's cut was between members of the run (the spare's namespace among them).
+    ended = report.moves.get("completed", 0) + report.moves.get("cancelled", 0)
+    assert ended == len(struck) == sum(report.moves.values()), f"seed {report.seed}: {report.moves}"
+    for detail in struck:
+        assert detail["strike"] in moves.STRIKES + moves.PARTITION_STRIKES
+    print("strikes:", sorted((d["strike"], d["move"]) for d in struck))
