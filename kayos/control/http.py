@@ -60,6 +60,10 @@ class MemberState:
     term: Callable[[], int]
     ready: Callable[[], bool]
     submit: Callable[[list[Event]], Awaitable[tuple[ManagerView, tuple[Action, ...]]]]
+    # Sends what an operator entry's actions ask for (a move's catch-up order, a new topology)
+    # at once, without waiting for it (the leader's driver, ``Member.send_actions``); the
+    # driver's next polling round would send them otherwise.
+    send_actions: Callable[[ManagerView, tuple[Action, ...]], None] = lambda _view, _actions: None
 
 
 def status_body(state: MemberState) -> dict[str, Any]:
@@ -126,9 +130,10 @@ def make_app(state: MemberState) -> web.Application:
             body = await _signed_body(request, state, "operator")
             _check_leader(state)
             event = operator_event(body, state.view()[0], state.setup.topology)
-            view, _ = await state.submit([event])
+            view, actions = await state.submit([event])
         except KayosError as exc:
             return error_response(exc)
+        state.send_actions(view, actions)
         reply = {"op": body["op"], "epoch": view.epoch, **progress(view)}
         if isinstance(event, SetQueueShards):
             reply["queue"] = event.queue

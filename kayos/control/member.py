@@ -45,6 +45,9 @@ class Member:
         self._loop = asyncio.get_running_loop()
         self.log = ManagerLog(setup, member_id, data_dir, on_state_changed=self._state_changed)
         self.session: aiohttp.ClientSession | None = None
+        # The driver while this member leads, and the operator sends it has on their way.
+        self._driver: Driver | None = None
+        self._sends: set[asyncio.Task[None]] = set()
 
     def _state_changed(self) -> None:  # on pysyncobj's thread
         self._loop.call_soon_threadsafe(self._wake.set)
@@ -114,6 +117,17 @@ class Member:
             changes=self.log.changes,
         )
 
+    def send_actions(self, view: ManagerView, actions: tuple[Action, ...]) -> None:
+        """What an operator entry's actions ask to send, sent now by the leading driver (in a
+        task: the operator's reply does not wait on the nodes). A send that fails is logged; the
+        driver's rounds send it again, as for their own."""
+        driver = self._driver
+        if driver is None or not actions or not self.log.is_leader():
+            return
+        task = asyncio.create_task(driver.carry_out(view, actions))
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)
+
     def state(self) -> MemberState:
         return MemberState(
             self.member_id,
@@ -125,6 +139,7 @@ class Member:
             self.log.term,
             self.log.ready,
             self.submit,
+            self.send_actions,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -146,29 +161,30 @@ class Member:
             while not stop.is_set():
                 if self.log.is_leader() and leading is None and monotonic_ms() >= retry_at:
                     log.info("manager %s became leader at term %d", self.member_id, self.log.term())
-                    leading = asyncio.create_task(self.driver().lead(self.log.is_leader))
+                    self._driver = self.driver()
+                    leading = asyncio.create_task(self._driver.lead(self.log.is_leader))
                 if leading is not None and leading.done():
                     with contextlib.suppress(asyncio.CancelledError):
                         exc = leading.exception()
                         if exc is not None:
                             log.warning("driver stopped: %r", exc)
                             retry_at = monotonic_ms() + limits.manager_poll_interval_ms
-                    leading = None
+                    leading, self._driver = None, None
                 if leading is not None and not self.log.is_leader():
                     log.info("manager %s no longer leads", self.member_id)
                     leading.cancel()
                     with contextlib.suppress(asyncio.CancelledError, KayosError):
                         await leading
-                    leading = None
+                    leading, self._driver = None, None
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(limits.manager_raft_heartbeat_ms / 1000):
                         await self._wake.wait()
         finally:
-            if leading is not None:
-                leading.cancel()
+            for task in [*self._sends, *([leading] if leading else [])]:
+                task.cancel()
                 with contextlib.suppress(BaseException):
-                    await leading
+                    await task
             await self.session.close()
             await runner.cleanup()
             self.log.close()
