@@ -338,12 +338,14 @@ def upstream_lacks_committed(
     )
 
 
-def may_drop_past(agreed: int, own_point: int) -> bool:
+def may_drop_past(agreed: int, own_point: int, *, marked: int = 0) -> bool:
     """Whether a head found lacking committed entries may drop what it holds past ``agreed`` to
     re-fetch them: only when none of it is committed as far as it knows (``own_point``, its own
-    commit point). Otherwise it committed seqs alone that its downstream holds other committed
-    values at, and dropping either side's loses acknowledged entries."""
-    return own_point <= agreed
+    commit point, and ``marked``, its durable mark: what it knew committed before a re-make or a
+    restart set its commit point back to 0). Otherwise it committed seqs alone that its
+    downstream holds other committed values at, and dropping either side's loses acknowledged
+    entries."""
+    return max(own_point, marked) <= agreed
 
 
 def with_takeover(table: TakeoverTable, uuid: bytes, seq: int) -> TakeoverTable:

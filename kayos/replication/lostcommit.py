@@ -29,11 +29,13 @@ def step_down_to_repair(replica: ShardReplica, node: str, agreed: int, point: in
     )
     if replica.repairing or replica.damage_seen is not None:
         return reason
-    if not chain.may_drop_past(agreed, replica.commit_point):
+    own = max(replica.commit_point, replica.marked_committed)
+    if not chain.may_drop_past(agreed, replica.commit_point, marked=replica.marked_committed):
         # Both hold committed seqs the other lacks (a chain of this member alone committed past
-        # the agreed seq): dropping either side's loses acknowledged entries. Neither is.
+        # the agreed seq, maybe before a re-make): dropping either side's loses acknowledged
+        # entries. Neither is.
         reason += (
-            f"; it also knows its own seqs through {replica.commit_point} committed: both "
+            f"; it also knows its own seqs through {own} committed: both "
             "histories hold acknowledged entries, so neither is dropped (an operator decides)"
         )
         log.error("shard %s: %s", replica.shard_id, reason)

@@ -236,6 +236,11 @@ class ShardReplica(HeadWrites, CatchUp):
             chain.UpstreamCommitPoint(self._point_persisted),
         ):
             self.progress, _ = chain.step(self.progress, event)
+        # A chain of one commits all it holds: its mark says so at once, so a re-make that adds
+        # a downstream (commit point 0 again) still knows what it acknowledged (lostcommit).
+        mark = min(self.progress.commit_point, self.store.last_seq)
+        if mark > self._mark_written and not self.repairing:
+            self._write_mark_now(mark)
 
     @property
     def shard_id(self) -> int:
@@ -262,6 +267,20 @@ class ShardReplica(HeadWrites, CatchUp):
     def commit_point_persisted(self) -> int:
         """The commit point last written to the store (members below the head; 0 at a head)."""
         return self._point_persisted
+
+    @property
+    def marked_committed(self) -> int:
+        """The seq the durable mark beside the store names: what this store was known to hold
+        committed, across re-makes and restarts (docs/storage-format.md)."""
+        return self._mark_written
+
+    def _write_mark_now(self, mark: int) -> None:
+        try:
+            durablemark.write(self.store_path, mark)
+        except OSError as exc:
+            log.warning("shard %s: durable mark not written: %s", self.shard_id, exc)
+            return
+        self._mark_written = mark
 
     def replicated_meta(self, name: str) -> bool:
         """Whether metadata key ``name`` is replicated (a rollback restores it), not local."""
@@ -379,12 +398,7 @@ class ShardReplica(HeadWrites, CatchUp):
         mark = min(self.progress.commit_point, self.store.last_seq)
         if self.repairing or mark <= self._mark_written:
             return
-        try:
-            await asyncio.to_thread(durablemark.write, self.store_path, mark)
-        except OSError as exc:
-            log.warning("shard %s: durable mark not written: %s", self.shard_id, exc)
-            return
-        self._mark_written = mark
+        await asyncio.to_thread(self._write_mark_now, mark)
 
     def lower_durable_mark(self, seq: int) -> None:
         """A rollback to ``seq`` the replica accepted: the mark follows it down."""

@@ -85,11 +85,6 @@ def _replica(topology: Topology, store_path: Path) -> ShardReplica:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review s10: a head re-made with a downstream forgets what it committed alone "
-    "(commit point 0), so chain.may_drop_past lets it drop its own acknowledged seqs",
-)
 @pytest.mark.asyncio
 async def test_a_head_that_committed_alone_keeps_its_seqs_after_the_remake(tmp_path: Path) -> None:
     """docs/replication-protocol.md, "An upstream that lacks committed entries": a head whose own

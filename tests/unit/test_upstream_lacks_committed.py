@@ -88,3 +88,12 @@ def test_a_head_drops_past_the_agreed_seq_only_what_it_never_knew_committed() ->
     assert chain.may_drop_past(600, 0)
     assert chain.may_drop_past(600, 600)
     assert not chain.may_drop_past(600, 601)
+
+
+def test_a_remade_head_drops_nothing_its_durable_mark_knew_committed() -> None:
+    """A head re-made or restarted with a downstream starts at commit point 0; its durable mark
+    still names what it committed before (as a chain of one): past the agreed seq, it keeps it."""
+    assert not chain.may_drop_past(100, 0, marked=110)
+    assert not chain.may_drop_past(100, 101, marked=0)
+    assert chain.may_drop_past(100, 0, marked=100)
+    assert chain.may_drop_past(100, 90, marked=95)
