@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from kayos.clock import Clock
 from kayos.errors import KayosError, ReplicationError, RollbackTooFarError
-from kayos.replication import chain, followers, timeindex
+from kayos.replication import chain, durablemark, followers, timeindex
 from kayos.replication import frames as fr
 from kayos.storage import ShardStore
 
@@ -72,6 +72,8 @@ class CatchUp:
         def close_downstream_links(self) -> None: ...
 
         def lower_durable_mark(self, seq: int) -> None: ...
+
+        async def persist_durable_mark(self) -> None: ...
 
         def replicated_meta(self, name: str) -> bool: ...
 
@@ -218,10 +220,18 @@ class CatchUp:
         async with self._followers_lock:
             counting = self._counting
             recorded = followers.record(self.node_id, counting)
+            # A chain of one that counts a learner commits alone no more: its mark first takes
+            # what it committed alone, then its store's ``alone`` key goes (and comes back once
+            # it counts nobody).
+            alone = not counting and self.upstream is None and not self.downstreams
+            if not alone:
+                await self.persist_durable_mark()
+            meta = {
+                followers.FOLLOWERS_META_KEY: recorded,
+                durablemark.ALONE_META_KEY: 1 if alone else None,
+            }
             try:
-                await asyncio.to_thread(
-                    self.store.commit, [], meta={followers.FOLLOWERS_META_KEY: recorded}
-                )
+                await asyncio.to_thread(self.store.commit, [], meta=meta)
             except KayosError as exc:
                 log.warning("shard %s: counted learners not recorded: %s", self.shard_id, exc)
                 return

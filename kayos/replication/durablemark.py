@@ -14,6 +14,10 @@ import struct
 import zlib
 
 DURABLE_MARK_FILE = "durable-mark"
+# A local metadata key of the store, present while its replica runs as a chain of one (set when
+# it opens so, or stops counting its last learner): every seq the store then holds is committed,
+# whether or not the mark caught up before a crash (``known_on_open``).
+ALONE_META_KEY = "alone"
 _MAGIC = b"KYDM"
 _VERSION = 1
 _BODY = struct.Struct("<4sB3xQ")
@@ -48,6 +52,13 @@ def cut_short(recorded_seq: int, recovered_last_seq: int) -> str | None:
         f"store recovered to seq {recovered_last_seq} below its durable mark {recorded_seq} "
         f"(cut short: {recorded_seq - recovered_last_seq} entries lost)"
     )
+
+
+def known_on_open(commit_point: int, last_seq: int, *, ran_alone: bool) -> int:
+    """The mark a replica opening may raise its mark to: what its store holds of the history it
+    knows committed. A store that last ran as a chain of one committed everything it holds (each
+    seq was acknowledged once durable there), even past a mark it had no time to raise."""
+    return last_seq if ran_alone else min(commit_point, last_seq)
 
 
 def read(directory: str) -> int:

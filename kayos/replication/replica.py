@@ -61,6 +61,7 @@ CATCH_UP_META_KEY = "catchup"
 # upstream tells it more.
 COMMIT_POINT_META_KEY = "commit_point"
 _LOCAL_META_PREFIXES = (
+    durablemark.ALONE_META_KEY,
     TAKEOVER_META_KEY,
     CATCH_UP_META_KEY,
     COMMIT_POINT_META_KEY,
@@ -238,9 +239,17 @@ class ShardReplica(HeadWrites, CatchUp):
             self.progress, _ = chain.step(self.progress, event)
         # A chain of one commits all it holds: its mark says so at once, so a re-make that adds
         # a downstream (commit point 0 again) still knows what it acknowledged (lostcommit).
-        mark = min(self.progress.commit_point, self.store.last_seq)
+        alone = learner_upstream is None and self.upstream is None and not self.progress.downstreams
+        ran_alone = self.store.meta.get(durablemark.ALONE_META_KEY) is not None
+        mark = durablemark.known_on_open(
+            self.progress.commit_point, self.store.last_seq, ran_alone=ran_alone
+        )
         if mark > self._mark_written and not self.repairing:
             self._write_mark_now(mark)
+        if alone and not ran_alone:
+            self.store.commit([], meta={durablemark.ALONE_META_KEY: 1})
+        elif ran_alone and not alone and (self.repairing or self._mark_written >= mark):
+            self.store.commit([], meta={durablemark.ALONE_META_KEY: None})
 
     @property
     def shard_id(self) -> int:

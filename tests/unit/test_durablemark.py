@@ -53,3 +53,13 @@ def test_write_then_read(tmp_path: Path) -> None:
     durablemark.write(str(tmp_path), 700)
     assert durablemark.read(str(tmp_path)) == 700
     assert sorted(os.listdir(tmp_path)) == [durablemark.DURABLE_MARK_FILE]
+
+
+def test_a_store_that_ran_alone_knows_all_it_holds_committed() -> None:
+    """A chain of one acknowledged every seq once durable: the open raises the mark to the last
+    seq even where the commit point (0 at a re-made head) says less; otherwise it is what the
+    store holds of the commit point."""
+    assert durablemark.known_on_open(0, 120, ran_alone=True) == 120
+    assert durablemark.known_on_open(0, 120, ran_alone=False) == 0
+    assert durablemark.known_on_open(150, 120, ran_alone=False) == 120
+    assert durablemark.known_on_open(100, 120, ran_alone=False) == 100
