@@ -5,14 +5,12 @@ converge, drain and the checker, with the split-brain monitor throughout. Zero v
 - `test_short_campaign_has_no_violations` (CI): 50 faults of every kind that needs no manager,
   static chains (kill -9, SIGTERM, pauses, whole-cluster restarts, corruption while down, a
   second process on a live data dir, strangers, hostile requests).
-- `test_campaign_with_the_manager_has_no_violations`: three manager members as well, so chains
-  change all the time, and every membership fault kind. It is opt-in (KAYOS_CHAOS_MANAGER=1)
-  because it finds an open bug (docs/testing.md, Findings, "A store cut short by truncation
-  becomes head"): a member whose store file was truncated while it was down recovers to an older
-  header without knowing it lost acknowledged entries, the manager can make it head, and its new
-  writes reuse acknowledged seqs (CI seed 1115409774, faults 10-11; the long run's seed 9112409).
-  A CI that is red for a known reason hides a new one. Its phase bound is longer (membership
-  faults wait for the manager: 50 did not always fit 180 s on a loaded box).
+- `test_campaign_with_the_manager_has_no_violations` (CI): three manager members as well, so
+  chains change all the time, and every membership fault kind. It was opt-in while it found the
+  open truncation bug (docs/testing.md, Findings, "A store cut short by truncation becomes head",
+  CI seed 1115409774); with the durable mark and the lost-committed check that seed and others
+  pass, so it runs on every change again. Its phase bound is longer (membership faults wait for
+  the manager: 50 did not always fit 180 s on a loaded box).
 
 The seed is random unless KAYOS_CHAOS_SEED is set; it is printed, and
 `kayos chaos run --seed S --faults 50` replays the same faults in the same order.
@@ -59,11 +57,6 @@ def test_short_campaign_has_no_violations(tmp_path: Path) -> None:
     campaign(tmp_path, managers=0)
 
 
-@pytest.mark.skipif(
-    not os.environ.get("KAYOS_CHAOS_MANAGER"),
-    reason="opt-in (KAYOS_CHAOS_MANAGER=1): it finds an open bug (docs/testing.md, Findings: "
-    "a store cut short by truncation becomes head)",
-)
 def test_campaign_with_the_manager_has_no_violations(tmp_path: Path) -> None:
     campaign(tmp_path, managers=3)
 
