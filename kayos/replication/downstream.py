@@ -90,7 +90,7 @@ def read_range(
     *,
     entries_max: int = limits.batch_entries_max,
     bytes_max: int = limits.batch_bytes_max,
-) -> tuple[list[Entry], int, dict[str, Any], int]:
+) -> tuple[list[Entry], int, dict[str, Any] | None, bool]:
     """The longest piece of ``(after, upto]`` that fits one ``BATCH`` frame: at most
     ``entries_max`` entries and ``bytes_max`` payload bytes (the bounds of one commit;
     ``limits.frame_bytes_max`` leaves room for their framing), with every version in it except
@@ -101,13 +101,28 @@ def read_range(
     commit boundary, found from the commit-end flags of every version in the range (superseded
     entries and compaction's markers included: kayos.storage.readback), so an all-or-nothing write
     is never split, even when the entry that ended it was superseded since. Returns the entries,
-    the last seq the piece covers, the snapshot's metadata and its boundary."""
+    the last seq the piece covers, and the metadata as of that seq with whether it is exact
+    (docs/replication-protocol.md, "Applying batches"): the map of the newest store header at or
+    below it, not the snapshot's, which may be ahead of the piece (a group's mark of a later,
+    uncommitted seq then looked written at the piece's last seq). A piece whose end falls inside
+    a group commit that changed metadata is cut back to the header below it when it still covers
+    a seq there (its map is then exact); else the older map is returned, not exact. None for the
+    map: no header at or below the piece's end is within reach (the piece carries no change)."""
     with store.snapshot() as snap:
         floor = snap.boundary - store.options.rollback_window_seqs
         entries, covered = read_back(
             snap, after, upto, floor=floor, entries_max=entries_max, bytes_max=bytes_max
         )
-        return entries, covered, snap.meta, snap.boundary
+        found = snap.meta_as_of(covered)
+        if found is not None and not found.exact and after < found.at:
+            # Only read-back pays for this, and only where a group commit changed metadata.
+            entries, covered = read_back(
+                snap, after, found.at, floor=floor, entries_max=entries_max, bytes_max=bytes_max
+            )
+            found = snap.meta_as_of(covered)
+        if found is None:
+            return entries, covered, None, False
+        return entries, covered, found.meta, found.exact
 
 
 def build_batch(
@@ -338,8 +353,13 @@ class _LinkSender:
         )
         self.window = chain.LinkWindow()
         self.acked = Pulse()
-        # None until the link's first batch, which is read from the store and carries all of it.
+        # None until the link's first batch with a map, which is read from the store and
+        # carries all of it.
         self.meta_sent: dict[str, Any] | None = None
+        # Whether ``meta_sent`` is the map as of ``sent``: a read-back piece's may lag its range
+        # (see ``read_range``), and a batch from memory carries only its own changes, so until
+        # it is the link reads back.
+        self.meta_exact = False
         self.closed = False
         # (last seq, when sent) of the batches not yet acknowledged, oldest first (ACK delays).
         self._sent_at: deque[tuple[int, float]] = deque()
@@ -349,7 +369,7 @@ class _LinkSender:
         # for several (fewer frames, wake-ups and reports per message), from ``run``.
         if (
             not self.closed
-            and self.meta_sent is not None
+            and self.meta_exact
             and batch.first_seq == self.sent + 1
             and not self.window.in_flight
         ):
@@ -387,7 +407,7 @@ class _LinkSender:
             if not self.window.can_send():
                 await self.acked.waiter()
                 continue
-            recent = replica.recent_run(self.sent + 1) if self.meta_sent is not None else []
+            recent = replica.recent_run(self.sent + 1) if self.meta_exact else []
             if recent:
                 # The fast path: forward what was accepted, merged, no read-back.
                 self._send(merge_batches(recent))
@@ -412,15 +432,18 @@ class _LinkSender:
                 except CorruptionError as exc:
                     replica.note_damage(exc)
                     raise
-                entries, covered, meta, _boundary = result
-                # Metadata as of the snapshot, which may run a little ahead of the range read: a
-                # high-water mark arriving early is harmless, one never sent would be lost (later
-                # batches may come from memory). The first batch on a link carries all of it,
-                # and the downstream replaces its own with it.
-                changes: dict[str, Any] | None = _meta_changes(self.meta_sent, meta)
-                if not changes and self.meta_sent is not None:
-                    changes = None  # an empty map only marks a link's first batch
-                self.meta_sent = dict(meta)
+                entries, covered, meta, exact = result
+                # Metadata as of the piece's last seq (never ahead of it: a mark of a later seq
+                # would look written here, docs/replication-protocol.md "Applying batches"). The
+                # first batch with a map carries all of it, and the downstream replaces its own
+                # with it; None (out of reach) carries no change.
+                changes: dict[str, Any] | None = None
+                if meta is not None:
+                    changes = _meta_changes(self.meta_sent, meta)
+                    if not changes and self.meta_sent is not None:
+                        changes = None  # an empty map only marks a link's first batch
+                    self.meta_sent = dict(meta)
+                self.meta_exact = exact
                 self._send(build_batch(replica.shard_id, self.sent + 1, covered, entries, changes))
                 if self.pacer is not None:
                     pause_s = self.pacer.decide(time.perf_counter() - started)

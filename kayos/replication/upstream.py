@@ -87,7 +87,7 @@ class UpstreamLink:
             asyncio.open_connection, local_addr=(own_host, 0)
         )
         self._stopped = False
-        # The last seq of the current link's first batch (its meta is the upstream's whole map).
+        # The last seq of the current link's first batch with a map (the upstream's whole one).
         self._first_batch_last: int | None = None
         self.connected = asyncio.Event()
 
@@ -291,7 +291,9 @@ class UpstreamLink:
                         health.heard(frame.last_seq)
                     if frame.last_seq <= catch_up_target:
                         replica.refetched_entries += len(frame.seqs)
-                    if first_batch:
+                    if first_batch and frame.meta is not None:
+                        # The link's first map (batches before it, read back past the upstream's
+                        # reach, carry none: this replica keeps its own until then).
                         first_batch = False
                         frame = _with_meta_deletes(frame, replica.store.meta)
                         self._first_batch_last = frame.last_seq

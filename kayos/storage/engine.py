@@ -66,6 +66,7 @@ from kayos.storage.group import (
     _seq_problem,
     _supersede,
 )
+from kayos.storage.headerwalk import meta_as_of
 from kayos.storage.index import DerivedIndex
 from kayos.storage.reads import Snapshot, _entry_at
 from kayos.storage.records import (
@@ -639,17 +640,20 @@ class ShardStore(StoreRecovery):
         header at or below ``seq`` held them, the others as they are; None if no such header
         is within ``limits.rollback_meta_headers_max`` of the current one."""
         current = self._current
-        header, pos = current.header, self._last_header_block
-        for _ in range(limits.rollback_meta_headers_max):
-            if header.last_seq <= seq:
-                old = current.file.reader.read_meta(header.meta) if header.meta >= 0 else {}
-                kept = {name: value for name, value in current.meta.items() if not restore(name)}
-                return {**{k: v for k, v in old.items() if restore(k)}, **kept}
-            if not 0 <= header.prev_header < pos:
-                return None
-            pos = header.prev_header
-            header = read_header_at(current.file.handle, pos)
-        return None
+        file = current.file
+        found = meta_as_of(
+            file.handle,
+            file.reader,
+            current.header,
+            self._last_header_block,
+            seq,
+            current=current.meta,
+            headers_max=limits.rollback_meta_headers_max,
+        )
+        if found is None:
+            return None
+        kept = {name: value for name, value in current.meta.items() if not restore(name)}
+        return {**{k: v for k, v in found.meta.items() if restore(k)}, **kept}
 
     def _rollback(self, seq: int, meta: dict[str, Any] | None = None) -> None:
         current = self._current

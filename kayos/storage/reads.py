@@ -15,6 +15,7 @@ from kayos import limits
 from kayos.errors import InvalidRequest, SnapshotInvalidatedError, StoreClosedError
 from kayos.storage import btree
 from kayos.storage import format as fmt
+from kayos.storage.headerwalk import MetaAsOf, meta_as_of
 from kayos.storage.index import SEGMENT_MASK, SEGMENT_SHIFT
 from kayos.storage.records import Entry
 
@@ -132,6 +133,27 @@ class Snapshot:
     def check(self) -> None:
         """Raises if the snapshot was released or a rollback went below its boundary."""
         self._check()
+
+    def meta_as_of(self, seq: int) -> MetaAsOf | None:
+        """The metadata as of ``seq`` (at most the boundary; kayos.storage.headerwalk): this
+        snapshot's own map, read nowhere, when ``seq`` is its boundary; else the newest header at
+        or below ``seq`` found walking back from its header (at most
+        ``limits.rollback_meta_headers_max`` headers), None if none is reached."""
+        if seq >= self.boundary:
+            return MetaAsOf(self.meta, self.boundary, True)
+        data_file = self._check()
+        handle = data_file.handle
+        found = meta_as_of(
+            handle,
+            data_file.reader,
+            self.header,
+            handle.size(),
+            seq,
+            current=self.meta,
+            headers_max=limits.rollback_meta_headers_max,
+        )
+        self._check()  # a rollback below the boundary since: the walk may have read its headers
+        return found
 
     def scan(
         self, after_seq: int = 0, upto_seq: int | None = None, *, now_ms: int | None = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,17 +34,22 @@ GROUP = "g"
 KEY = f"{HWM_META}{QUEUE}/{GROUP}"
 
 
+def wait_before_commits(replica: ShardReplica, wait: Callable[[], Awaitable[Any]]) -> None:
+    """Every store commit of ``replica`` that starts from now on first awaits ``wait()``."""
+    real = replica.timed_commit
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        await wait()
+        return await real(*args, **kwargs)
+
+    replica.timed_commit = held  # type: ignore[method-assign]
+
+
 def hold_commits(replica: ShardReplica) -> asyncio.Event:
     """Holds every store commit of ``replica`` that starts from now on until the returned event
     is set (what it took in is forwarded meanwhile, as a member with a slow disk does)."""
     release = asyncio.Event()
-    real = replica.timed_commit
-
-    async def held(*args: Any, **kwargs: Any) -> Any:
-        await release.wait()
-        return await real(*args, **kwargs)
-
-    replica.timed_commit = held  # type: ignore[method-assign]
+    wait_before_commits(replica, release.wait)
     return release
 
 

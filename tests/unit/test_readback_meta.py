@@ -1,0 +1,211 @@
+"""A read-back piece carries the metadata as of its own last seq (docs/replication-protocol.md,
+"Applying batches"; docs/storage-format.md, "Rollback", the metadata as of a seq).
+
+Left open by the fix of "a group's mark moved back under partitions with the manager"
+(docs/testing.md, Findings): a link that read a piece back from its store sent the metadata of
+the store's current snapshot, which may be ahead of the piece. The downstream counts a key the
+batch changes as written at the batch's last seq, so a group's mark of a later, uncommitted seq
+looked committed as soon as the commit point covered the piece, and a tail served a snapshot
+from it (lost if the upstream then rolled back). The store tests use real stores and the link's
+own read-back; the chain test in-process managed nodes over real stores and loopback links, the
+tail's batch commits let through one at a time (a slow disk)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kayos import limits
+from kayos.node.marks import read_mark
+from kayos.node.runtime import Node
+from kayos.replication import chain
+from kayos.replication.downstream import read_range
+from kayos.replication.replica import ShardReplica
+from kayos.storage import Put, ShardStore
+from kayos.storage.batch import ops_to_columns, prepare_columns
+from kayos.storage.compact import compact
+from kayos.storage.group import _Pending
+from tests.linkauth import until
+from tests.unit.test_confirm_chain import QUEUE, managed_chain
+from tests.unit.test_mark_past_point import GROUP, KEY, marked, wait_before_commits
+from tests.unit.test_replica_review import SEED
+
+MARK = "hwm/q/g"
+
+
+def group_commit(store: ShardStore, *commits: tuple[list[Put], dict[str, Any] | None]) -> None:
+    """``commits`` as one group commit: one header, a commit boundary after each (what
+    concurrent commits make, built here without racing threads)."""
+    pendings = [
+        _Pending(prepare_columns(*ops_to_columns(ops)), meta, None, claim_seq=not ops)
+        for ops, meta in commits
+    ]
+    with store.write_lock:
+        store._commit_group(pendings)
+    assert all(p.error is None for p in pendings)
+
+
+def test_a_piece_carries_the_metadata_as_of_its_last_seq(tmp_path: Path) -> None:
+    store = ShardStore.open(str(tmp_path / "s"))
+    try:
+        store.commit([], meta={MARK: 1}, claim_seq=True)  # 1
+        store.commit([Put(b"a", b"x" * 100)])  # 2
+        store.commit([Put(b"b", b"x" * 100)])  # 3
+        store.commit([], meta={MARK: 2}, claim_seq=True)  # 4: not committed anywhere yet
+        entries, covered, meta, exact = read_range(store, 1, store.last_seq, bytes_max=150)
+        assert ([e.seq for e in entries], covered) == ([2], 2)
+        # Before the fix: the snapshot's map, {MARK: 2}, counted downstream as written at 2.
+        assert (meta, exact) == ({MARK: 1}, True)
+        _, covered, meta, exact = read_range(store, 2, store.last_seq)
+        assert (covered, meta, exact) == (4, {MARK: 2}, True)
+    finally:
+        store.close()
+
+
+def test_a_piece_ending_inside_a_group_commit_is_cut_back_to_its_header(tmp_path: Path) -> None:
+    store = ShardStore.open(str(tmp_path / "s"))
+    try:
+        store.commit([Put(b"a", b"x" * 100)])  # 1
+        group_commit(
+            store,
+            ([Put(b"b", b"x" * 100)], None),  # 2
+            ([], {MARK: 2}),  # 3
+            ([Put(b"c", b"x" * 100)], None),  # 4
+            ([Put(b"d", b"x" * 100)], None),  # 5: the group's header
+        )
+        # (0, 5] cut at 4 by the bytes bound: 4 is inside the group, whose header changed the
+        # map, so the piece is cut back to the header below (1), whose map is exact.
+        entries, covered, meta, exact = read_range(store, 0, 5, bytes_max=350)
+        assert ([e.seq for e in entries], covered) == ([1], 1)
+        assert (meta, exact) == ({}, True)
+        # From inside the group no header lies in the piece: the older map, not exact.
+        _, covered, meta, exact = read_range(store, 1, 5, bytes_max=250)
+        assert (covered, meta, exact) == (4, {}, False)
+        _, covered, meta, exact = read_range(store, 4, 5)
+        assert (covered, meta, exact) == (5, {MARK: 2}, True)
+    finally:
+        store.close()
+
+
+def test_a_group_commit_that_changed_no_metadata_keeps_the_map_exact(tmp_path: Path) -> None:
+    store = ShardStore.open(str(tmp_path / "s"))
+    try:
+        store.commit([], meta={MARK: 1}, claim_seq=True)  # 1
+        group_commit(store, ([Put(b"a", b"x" * 100)], None), ([Put(b"b", b"x" * 100)], None))
+        store.commit([], meta={MARK: 2}, claim_seq=True)  # 4
+        entries, covered, meta, exact = read_range(store, 1, 4, bytes_max=150)
+        assert (covered, meta, exact) == (2, {MARK: 1}, True)
+        assert [e.seq for e in entries] == [2]
+    finally:
+        store.close()
+
+
+def test_a_piece_behind_a_compaction_carries_no_metadata(tmp_path: Path) -> None:
+    store = ShardStore.open(str(tmp_path / "s"))
+    try:
+        store.commit([Put(b"a", b"x" * 100)])  # 1
+        store.commit([Put(b"b", b"x" * 100)])  # 2
+        store.commit([], meta={MARK: 2}, claim_seq=True)  # 3
+        compact(store)  # the header chain begins anew at seq 3
+        store.commit([Put(b"c", b"x")])  # 4
+        _, covered, meta, exact = read_range(store, 0, 4, bytes_max=150)
+        assert (covered, meta, exact) == (1, None, False)
+        _, covered, meta, exact = read_range(store, 1, 4)
+        assert (covered, meta, exact) == (4, {MARK: 2}, True)
+    finally:
+        store.close()
+
+
+def test_the_walk_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = ShardStore.open(str(tmp_path / "s"))
+    try:
+        for i in range(5):
+            store.commit([Put(b"k", b"%d" % i)], meta={MARK: i})
+        monkeypatch.setattr(limits, "rollback_meta_headers_max", 3)
+        with store.snapshot() as snap:
+            found = snap.meta_as_of(3)
+            assert found is not None
+            assert (found.meta, found.at, found.exact) == ({MARK: 2}, 3, True)
+            assert snap.meta_as_of(2) is None  # four headers back from 5
+    finally:
+        store.close()
+
+
+def gate_commits(replica: ShardReplica) -> asyncio.Semaphore:
+    """Lets ``replica``'s batch commits through one per ``release`` of the returned semaphore
+    (what it takes in waits meanwhile, and it reports nothing past what it committed)."""
+    gate = asyncio.Semaphore(0)
+    wait_before_commits(replica, gate.acquire)
+    return gate
+
+
+async def produce_one(node: Node, key: bytes) -> int:
+    """One entry of about 110 bytes at the head, durable there (not waiting for the chain)."""
+    _, last = await node.produce(QUEUE, [key], [b"x" * 100], None, None, acks=1)
+    return last
+
+
+@pytest.mark.asyncio
+async def test_a_tail_fed_by_read_back_serves_no_mark_ahead_of_its_pieces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    print("seed", SEED)
+    async with managed_chain(tmp_path, "abc") as (_, nodes):
+        tail = await marked(nodes)  # mark 1 committed and served at c
+        middle = nodes["b"].replicas[0]
+        # Every batch below b is read back (no memory of recent ones), one in flight at a time,
+        # one entry per piece.
+        monkeypatch.setattr(limits, "replica_recent_batches_max", 0)
+        monkeypatch.setattr(limits, "link_in_flight_batches_max", 1)
+        monkeypatch.setattr(limits, "batch_bytes_max", 150)
+        gate = gate_commits(tail)
+        x = await produce_one(nodes["a"], b"x")
+        await until(lambda: tail.progress.accepted >= x, "c took x in (not committed)")
+        y1 = await produce_one(nodes["a"], b"y1")
+        y2 = await produce_one(nodes["a"], b"y2")
+        commit = asyncio.create_task(nodes["a"].commit_group(QUEUE, GROUP, 2, None))
+        try:
+            await until(lambda: read_mark(middle, KEY)[0] == 2, "b holds the mark 2")
+            mark_seq = read_mark(middle, KEY)[1]
+            assert y1 < y2 < mark_seq
+            await until(lambda: middle.durable >= mark_seq, "b durable through the mark")
+            # c commits x; b, its window free, reads (x, mark] back: the piece is y1 alone,
+            # read from a snapshot that holds the mark 2. c commits it: the commit point
+            # reaches y1, not the mark's seq.
+            gate.release()
+            await until(lambda: tail.progress.accepted >= y1, "c took y1 in")
+            gate.release()
+            await until(lambda: tail.commit_point >= y1, "the commit point reached y1")
+            assert tail.commit_point < mark_seq
+            assert not commit.done()
+            # Before the fix c held the mark 2 as written at y1: servable, and served.
+            mark, written_at = read_mark(tail, KEY)
+            assert mark == 1, f"c holds the uncommitted mark {mark} (written at {written_at})"
+            page = await nodes["c"].consume(
+                QUEUE, GROUP, after=None, upto=None, limit=10, wait_ms=0
+            )
+            assert page.hwm == 1
+            # Let c catch up: the chain commits the mark, and c serves it.
+            for _ in range(8):
+                gate.release()
+            assert await commit > 0
+            await until(
+                lambda: (
+                    read_mark(tail, KEY)[0] == 2
+                    and chain.mark_servable(tail.progress, read_mark(tail, KEY)[1])
+                ),
+                "c holds the committed mark 2",
+            )
+            page = await nodes["c"].consume(
+                QUEUE, GROUP, after=None, upto=None, limit=10, wait_ms=0
+            )
+            assert page.hwm == 2
+        finally:
+            for _ in range(16):
+                gate.release()
+            if not commit.done():
+                commit.cancel()
+            await asyncio.gather(commit, return_exceptions=True)
