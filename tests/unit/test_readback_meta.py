@@ -13,6 +13,7 @@ tail's batch commits let through one at a time (a slow disk)."""
 from __future__ import annotations
 
 import asyncio
+import random
 from pathlib import Path
 from typing import Any
 
@@ -203,6 +204,54 @@ async def test_a_tail_fed_by_read_back_serves_no_mark_ahead_of_its_pieces(
                 QUEUE, GROUP, after=None, upto=None, limit=10, wait_ms=0
             )
             assert page.hwm == 2
+        finally:
+            for _ in range(16):
+                gate.release()
+            if not commit.done():
+                commit.cancel()
+            await asyncio.gather(commit, return_exceptions=True)
+
+
+@pytest.mark.asyncio
+async def test_a_first_piece_out_of_reach_leaves_the_downstream_its_own_map(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    print("seed", SEED)
+    gate = asyncio.Semaphore(0)
+    real = ShardReplica.timed_commit
+
+    async def gated(self: ShardReplica, *args: Any, **kwargs: Any) -> Any:
+        if self.node_id == "c":
+            await gate.acquire()
+        return await real(self, *args, **kwargs)
+
+    async with managed_chain(tmp_path, "abc") as (topology, nodes):
+        await marked(nodes)  # mark 1 committed and served at c
+        await nodes["c"].stop()
+        y1 = await produce_one(nodes["a"], b"y1")
+        await produce_one(nodes["a"], b"y2")
+        commit = asyncio.create_task(nodes["a"].commit_group(QUEUE, GROUP, 2, None))
+        try:
+            middle = nodes["b"].replicas[0]
+            await until(lambda: read_mark(middle, KEY)[0] == 2, "b holds the mark 2")
+            await until(lambda: middle.durable >= read_mark(middle, KEY)[1], "b durable")
+            compact(middle.store)  # b's header chain begins anew past y1 and y2
+            monkeypatch.setattr(limits, "batch_bytes_max", 150)
+            monkeypatch.setattr(ShardReplica, "timed_commit", gated)
+            nodes["c"] = Node(topology, "c", str(tmp_path / "c"), rng=random.Random(SEED))
+            await nodes["c"].start()
+            tail = nodes["c"].replicas[0]
+            gate.release()
+            await until(lambda: tail.store.last_seq >= y1, "c committed its first piece")
+            # The piece (..., y1] is out of b's reach: no map. Before the fix it carried b's
+            # current one (the mark 2, of a later seq); a downstream taking a first batch
+            # without a map as an empty one would have deleted the mark 1.
+            assert read_mark(tail, KEY)[0] == 1
+            assert tail.store.last_seq < read_mark(middle, KEY)[1]
+            for _ in range(8):
+                gate.release()
+            assert await commit > 0
+            await until(lambda: read_mark(tail, KEY)[0] == 2, "c holds the mark 2")
         finally:
             for _ in range(16):
                 gate.release()
