@@ -13,7 +13,6 @@ tail's batch commits let through one at a time (a slow disk)."""
 from __future__ import annotations
 
 import asyncio
-import random
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ from kayos.storage.group import _Pending
 from tests.linkauth import until
 from tests.unit.test_confirm_chain import QUEUE, managed_chain
 from tests.unit.test_mark_past_point import GROUP, KEY, marked, wait_before_commits
-from tests.unit.test_replica_review import SEED
+from tests.unit.test_replica_review import SEED, _node
 
 MARK = "hwm/q/g"
 
@@ -135,12 +134,31 @@ def test_the_walk_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         store.close()
 
 
-def gate_commits(replica: ShardReplica) -> asyncio.Semaphore:
-    """Lets ``replica``'s batch commits through one per ``release`` of the returned semaphore
-    (what it takes in waits meanwhile, and it reports nothing past what it committed)."""
-    gate = asyncio.Semaphore(0)
-    wait_before_commits(replica, gate.acquire)
-    return gate
+class Gate:
+    """Lets batch commits through one per ``step``, every one after ``open`` (a slow disk)."""
+
+    def __init__(self) -> None:
+        self._steps = asyncio.Semaphore(0)
+        self._open = False
+
+    async def wait(self) -> None:
+        if not self._open:
+            await self._steps.acquire()
+
+    def step(self) -> None:
+        self._steps.release()
+
+    def open(self) -> None:
+        self._open = True
+        for _ in range(64):  # wakes whoever waits: one applier per replica
+            self._steps.release()
+
+
+async def settle(gate: Gate, commit: asyncio.Task[int]) -> None:
+    gate.open()
+    if not commit.done():
+        commit.cancel()
+    await asyncio.gather(commit, return_exceptions=True)
 
 
 async def produce_one(node: Node, key: bytes) -> int:
@@ -162,7 +180,8 @@ async def test_a_tail_fed_by_read_back_serves_no_mark_ahead_of_its_pieces(
         monkeypatch.setattr(limits, "replica_recent_batches_max", 0)
         monkeypatch.setattr(limits, "link_in_flight_batches_max", 1)
         monkeypatch.setattr(limits, "batch_bytes_max", 150)
-        gate = gate_commits(tail)
+        gate = Gate()
+        wait_before_commits(tail, gate.wait)
         x = await produce_one(nodes["a"], b"x")
         await until(lambda: tail.progress.accepted >= x, "c took x in (not committed)")
         y1 = await produce_one(nodes["a"], b"y1")
@@ -176,9 +195,9 @@ async def test_a_tail_fed_by_read_back_serves_no_mark_ahead_of_its_pieces(
             # c commits x; b, its window free, reads (x, mark] back: the piece is y1 alone,
             # read from a snapshot that holds the mark 2. c commits it: the commit point
             # reaches y1, not the mark's seq.
-            gate.release()
+            gate.step()
             await until(lambda: tail.progress.accepted >= y1, "c took y1 in")
-            gate.release()
+            gate.step()
             await until(lambda: tail.commit_point >= y1, "the commit point reached y1")
             assert tail.commit_point < mark_seq
             assert not commit.done()
@@ -190,8 +209,7 @@ async def test_a_tail_fed_by_read_back_serves_no_mark_ahead_of_its_pieces(
             )
             assert page.hwm == 1
             # Let c catch up: the chain commits the mark, and c serves it.
-            for _ in range(8):
-                gate.release()
+            gate.open()
             assert await commit > 0
             await until(
                 lambda: (
@@ -205,11 +223,7 @@ async def test_a_tail_fed_by_read_back_serves_no_mark_ahead_of_its_pieces(
             )
             assert page.hwm == 2
         finally:
-            for _ in range(16):
-                gate.release()
-            if not commit.done():
-                commit.cancel()
-            await asyncio.gather(commit, return_exceptions=True)
+            await settle(gate, commit)
 
 
 @pytest.mark.asyncio
@@ -217,12 +231,12 @@ async def test_a_first_piece_out_of_reach_leaves_the_downstream_its_own_map(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     print("seed", SEED)
-    gate = asyncio.Semaphore(0)
+    gate = Gate()
     real = ShardReplica.timed_commit
 
     async def gated(self: ShardReplica, *args: Any, **kwargs: Any) -> Any:
         if self.node_id == "c":
-            await gate.acquire()
+            await gate.wait()
         return await real(self, *args, **kwargs)
 
     async with managed_chain(tmp_path, "abc") as (topology, nodes):
@@ -238,23 +252,18 @@ async def test_a_first_piece_out_of_reach_leaves_the_downstream_its_own_map(
             compact(middle.store)  # b's header chain begins anew past y1 and y2
             monkeypatch.setattr(limits, "batch_bytes_max", 150)
             monkeypatch.setattr(ShardReplica, "timed_commit", gated)
-            nodes["c"] = Node(topology, "c", str(tmp_path / "c"), rng=random.Random(SEED))
+            nodes["c"] = _node(topology, "c", tmp_path, managed=True)
             await nodes["c"].start()
             tail = nodes["c"].replicas[0]
-            gate.release()
+            gate.step()
             await until(lambda: tail.store.last_seq >= y1, "c committed its first piece")
             # The piece (..., y1] is out of b's reach: no map. Before the fix it carried b's
             # current one (the mark 2, of a later seq); a downstream taking a first batch
             # without a map as an empty one would have deleted the mark 1.
             assert read_mark(tail, KEY)[0] == 1
             assert tail.store.last_seq < read_mark(middle, KEY)[1]
-            for _ in range(8):
-                gate.release()
+            gate.open()
             assert await commit > 0
             await until(lambda: read_mark(tail, KEY)[0] == 2, "c holds the mark 2")
         finally:
-            for _ in range(16):
-                gate.release()
-            if not commit.done():
-                commit.cancel()
-            await asyncio.gather(commit, return_exceptions=True)
+            await settle(gate, commit)
