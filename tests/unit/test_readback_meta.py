@@ -19,10 +19,13 @@ from typing import Any
 import pytest
 
 from kayos import limits
+from kayos.clock import ManualClock
 from kayos.node.marks import read_mark
 from kayos.node.runtime import Node
 from kayos.replication import chain
-from kayos.replication.downstream import read_range
+from kayos.replication import frames as fr
+from kayos.replication.downstream import _LinkSender, build_batch, read_range
+from kayos.replication.links import Pulse
 from kayos.replication.replica import ShardReplica
 from kayos.storage import Put, ShardStore
 from kayos.storage.batch import ops_to_columns, prepare_columns
@@ -267,3 +270,74 @@ async def test_a_first_piece_out_of_reach_leaves_the_downstream_its_own_map(
             await until(lambda: read_mark(tail, KEY)[0] == 2, "c holds the mark 2")
         finally:
             await settle(gate, commit)
+
+
+class _Stream:
+    """A link's stream that keeps what is sent (the sender's side only)."""
+
+    def __init__(self) -> None:
+        self.sent: list[fr.Batch] = []
+
+    def send(self, frame: fr.Batch) -> int:
+        self.sent.append(frame)
+        return 100
+
+    async def drain(self) -> None:
+        return None
+
+
+class _Replica:
+    """What a link sender reads of its replica: a real store, whose last commit is also
+    remembered as a ready batch (the memory a live link forwards from)."""
+
+    shard_id = 0
+
+    def __init__(self, store: ShardStore, remembered: fr.Batch) -> None:
+        self.store = store
+        self.clock = ManualClock()
+        self.changed = Pulse()
+        self.progress = chain.Progress(
+            has_upstream=False, downstreams=(), durable=store.last_seq, accepted=store.last_seq
+        )
+        self.durable = store.last_seq
+        self._remembered = remembered
+
+    def recent_run(self, first_seq: int) -> list[fr.Batch]:
+        return [self._remembered] if first_seq == self._remembered.first_seq else []
+
+
+@pytest.mark.asyncio
+async def test_a_link_reads_back_until_its_map_is_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ShardStore.open(str(tmp_path / "s"))
+    try:
+        store.commit([Put(b"a", b"x" * 100)])  # 1
+        group_commit(
+            store,
+            ([], {MARK: 2}),  # 2
+            ([Put(b"b", b"x" * 100)], None),  # 3
+            ([Put(b"c", b"x" * 100)], None),  # 4: the group's header
+        )
+        # Seq 4 as the batch the store took it in from: it carries no metadata of its own.
+        last = build_batch(0, 4, 4, [e for e in store.scan(3) if e.seq == 4], None)
+        monkeypatch.setattr(limits, "batch_bytes_max", 150)  # one entry per piece
+        replica = _Replica(store, last)
+        stream = _Stream()
+        sender = _LinkSender(replica, stream, 0)  # type: ignore[arg-type]
+        task = asyncio.create_task(sender.run())
+        try:
+            await until(lambda: sender.sent == 4, "the link sent through 4")
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        # (0, 1] with the whole map; (1, 3] ends inside the group, whose header is past it and
+        # changed the map: the map as of 1, not exact; so 4 is read back too, with the mark.
+        # Before, 4 went from memory, and the mark 2 written at 2 never went down the link.
+        assert [(b.first_seq, b.last_seq, b.meta) for b in stream.sent] == [
+            (1, 1, {}),
+            (2, 3, None),
+            (4, 4, {MARK: 2}),
+        ]
+    finally:
+        store.close()
