@@ -101,7 +101,9 @@ rollback_window_seqs = 100_000
 # A rollback walks the store's header chain back (one block read each) at most this many headers
 # to find the metadata as of the seq it goes back to; past it the replica keeps its metadata and
 # serves no snapshot until a link replaced it (docs/storage-format.md, "Rollback"). A dropped
-# suffix is a few commits; this is a second or so of reads on a slow disk.
+# suffix is a few commits; this is a second or so of reads on a slow disk. A link's read-back
+# piece walks as far for the metadata as of its last seq (past it the piece carries none:
+# docs/replication-protocol.md, "Applying batches"); ~67 ms from the page cache here.
 rollback_meta_headers_max = 10_000
 # The compactor fsyncs the new file every this many bytes, so one large fsync at the end does not
 # stall readers (couchstore MB-25509).
