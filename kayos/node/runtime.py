@@ -310,6 +310,10 @@ class Node:
                 raise UnavailableError(f"shard {shard.id} is catching up on {self.node_id}")
         elif replica is None:
             raise self._wrong_role(f"not a member of shard {shard.id}", shard.head)
+        if want != "head" and replica.repairing:
+            # Its store lost part of what it held (its marks and entries are an older state's):
+            # nothing is read from it until it has re-fetched (a head's writes refuse it too).
+            raise UnavailableError(f"shard {shard.id} is repairing its store on {self.node_id}")
         return replica
 
     def _wrong_role(self, why: str, node: str) -> WrongRoleError:
@@ -474,7 +478,7 @@ class Node:
                 raise
             # A link may have put the replica in catch-up since the request came in (its commits
             # are what wakes a long-poll): a page read meanwhile may hold part of a batch.
-            if replica.catching_up:
+            if replica.catching_up or replica.repairing:
                 raise UnavailableError(f"shard {replica.shard_id} is catching up on {self.node_id}")
             # Long-poll: an empty first page waits for entries of this queue (commits of other
             # queues or of high-water marks move the boundary but bring nothing to read).

@@ -90,15 +90,20 @@ class CatchUp:
         if self.rolled_back_to() is not None:
             await asyncio.to_thread(self.store.commit, [], meta={ROLLED_BACK_META_KEY: None})
 
-    async def _reset_store(self) -> None:
-        """Throws the replica's data away (its history shares nothing usable with upstream)."""
+    async def _reset_store(self, *, keep_mark: bool = False) -> None:
+        """Throws the replica's data away (its history shares nothing usable with upstream);
+        ``keep_mark``: the durable mark beside the store stays (a head repairing re-copies what
+        its mark says it held committed, and leads only once it holds that much again)."""
         log.warning("shard %s: resetting replica to empty", self.shard_id)
+        mark = self._mark_written if keep_mark else 0
         self.store.close()
         await asyncio.to_thread(shutil.rmtree, self.store_path, True)
         os.makedirs(self.store_path, exist_ok=True)
+        if mark:
+            await asyncio.to_thread(durablemark.write, self.store_path, mark)
         self.store = ShardStore.open(self.store_path, clock=self.clock)
         self._point_persisted = 0
-        self._mark_written = 0
+        self._mark_written = mark
         self.time_index.clear()
         self._restart_progress()
 
@@ -113,6 +118,36 @@ class CatchUp:
         self._apply_events(
             chain.Durable(self.store.last_seq), chain.UpstreamCommitPoint(upstream_point)
         )
+
+    async def reset_to_repair(self, upstream: fr.Subscribed) -> bool:
+        """A repair link's verdict 0 that only the table cap explains (``upstream``'s table, full,
+        no longer names a master this store knows, and the peer holds more than this store):
+        every entry here is below the durable mark, so committed and in the peer's history too.
+        The store resets, keeping its mark, and re-copies from the peer; False (nothing done) for
+        any other verdict: the peer holds no more than this store."""
+        own_last = self.store.last_seq
+        if (
+            upstream.rollback_to != 0
+            or upstream.last_seq <= own_last
+            or not chain.reset_explained_by_cap(
+                self.takeover_table(),
+                list(upstream.takeover_table),
+                up_last=upstream.last_seq,
+                point=own_last,
+            )
+        ):
+            return False
+        log.warning(
+            "shard %s: repairing: the peer's table no longer names a master this store knows"
+            " (it holds %s, this store %s): re-copying everything from it",
+            self.shard_id,
+            upstream.last_seq,
+            own_last,
+        )
+        self.forget_recent()
+        self.close_downstream_links()
+        await self._reset_store(keep_mark=True)
+        return True
 
     def check_rollback_verdict(self, seq: int, upstream: fr.Subscribed | None = None) -> None:
         """Refuses an upstream's order to roll back to ``seq`` when that drops entries at or

@@ -252,6 +252,8 @@ class UpstreamLink:
             if reply.rollback_to is None:
                 return reply, from_seq
             if self.role == "repair":
+                if await replica.reset_to_repair(reply):
+                    continue
                 # It holds at least what the peer holds: nothing to fetch, nothing to drop.
                 self._caught_up()
                 raise EOFError(f"{self.peer} holds no more than this replica")
