@@ -3,6 +3,8 @@
 The HTTP face (``kayos.node.app``) and the binary port both call into ``Node``; neither holds
 logic of its own. Roles come from the topology (docs/node-api.md): a produce reaches only the
 shard's head, a consume only a tail, and a request at the wrong node is refused with a redirect.
+Reading a consume page out of a store is ``kayos.node.pages``; the status document is
+``kayos.node.status``.
 """
 
 from __future__ import annotations
@@ -12,11 +14,8 @@ import contextlib
 import logging
 import random
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from itertools import compress, repeat
-from operator import and_, itemgetter
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram
@@ -38,15 +37,20 @@ from kayos.errors import (
 from kayos.identity import check_data_dir
 from kayos.node import learners
 from kayos.node.marks import committed_mark
+from kayos.node.pages import Message as Message  # `x as x`: importable from here still
+from kayos.node.pages import Page as Page
+from kayos.node.pages import count_unread
+from kayos.node.pages import lag_seconds as lag_seconds
+from kayos.node.pages import read_page as read_page
 from kayos.node.reconfigure import Reconfigurer
-from kayos.node.retention import RetentionDriver, check_floor, disk_status, retention_floors
+from kayos.node.retention import RetentionDriver, check_floor, retention_floors
+from kayos.node.status import link_status as link_status
+from kayos.node.status import neighbour_latency, node_status
 from kayos.replication import frames as fr
 from kayos.replication.downstream import serve_downstream
 from kayos.replication.handshake import HostAddresses, accept_peer, shown
-from kayos.replication.latency import LatencyWindow
-from kayos.replication.latency import summary as latency_summary
 from kayos.replication.lease import NodeLease, unconfirmed
-from kayos.replication.liveness import Direction, LinkHealth, keep_alive
+from kayos.replication.liveness import keep_alive
 from kayos.replication.replica import (
     PROTOCOL_VERSION,
     Columns,
@@ -56,18 +60,11 @@ from kayos.replication.replica import (
     queue_prefix,
 )
 from kayos.replication.upstream import UpstreamLink
-from kayos.storage import Entry
 from kayos.storage.compact import compact
 from kayos.storage.engine import prepare_columns
-from kayos.storage.format import FLAG_DELETE
 from kayos.topology import Topology, check_queue_name
 
 log = logging.getLogger("kayos.node")
-
-# Column positions in the store's ``Entry`` tuples (read_page transposes pages of them).
-_SEQ, _KEY, _VALUE, _EXPIRY, _HEADERS, _FLAGS = (
-    Entry._fields.index(name) for name in ("seq", "key", "value", "expiry_ms", "headers", "flags")
-)
 
 HWM_META = "hwm/"
 GROUP_STATE_META = "gstate/"
@@ -75,56 +72,6 @@ GROUP_STATE_META = "gstate/"
 # commit at a time each), metadata commits, link read-backs and consume pages. A busy node uses a
 # handful; the bound only keeps a burst of consume requests from queueing behind each other.
 _COMMIT_THREADS = 64
-
-
-@dataclass(frozen=True, slots=True)
-class Message:
-    seq: int
-    key: bytes
-    value: bytes | None
-    expiry_ms: int
-    headers: dict[str, bytes] | None
-    deleted: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Page:
-    """One consume page, column by column: ``seqs[i]``, ``keys[i]`` (without the queue prefix),
-    ``values[i]`` (None for a delete) describe message i. The optional columns are None when no
-    message of the page has one: ``expiries_ms`` (all 0), ``headers`` (all None), ``deleted``
-    (no tombstone)."""
-
-    shard: int
-    group: str
-    hwm: int
-    boundary: int
-    seqs: list[int]
-    keys: list[bytes]
-    values: list[bytes | None]
-    expiries_ms: list[int] | None
-    headers: list[dict[str, bytes] | None] | None
-    deleted: list[bool] | None
-    next: int
-    end: bool
-
-    def __len__(self) -> int:
-        return len(self.seqs)
-
-    @property
-    def messages(self) -> list[Message]:
-        """The page as one ``Message`` per entry (the JSON reply's shape)."""
-        count = len(self.seqs)
-        return list(
-            map(
-                Message,
-                self.seqs,
-                self.keys,
-                self.values,
-                self.expiries_ms if self.expiries_ms is not None else repeat(0, count),
-                self.headers if self.headers is not None else repeat(None, count),
-                self.deleted if self.deleted is not None else repeat(False, count),
-            )
-        )
 
 
 class Node:
@@ -495,55 +442,10 @@ class Node:
         return await replica.wait_committed(seq, timeout_ms / 1000)
 
     def status(self) -> dict[str, Any]:
-        return {
-            "node": self.node_id,
-            "epoch": self.epoch,
-            "ready": self.ready,
-            # The manager leader answers this nonce once its round is committed (lease_api).
-            "lease_nonce": self.lease.ask(),
-            "lease_remaining_ms": self.lease.remaining_ms(),
-            "latency": self.latency(),
-            "disk": disk_status(self.data_dir, self.replicas),
-            "shards": {
-                str(shard_id): {
-                    "role": replica.role,
-                    "upstream": replica.upstream,
-                    "last_seq": replica.durable,
-                    "durable_seq": replica.durable,
-                    "committed_seq": replica.commit_point,
-                    "catching_up": replica.catching_up,
-                    "upstream_linked": replica.upstream_stream is not None,
-                    "downstreams_linked": sorted(replica.downstream_streams),
-                    "links": link_status(replica),
-                    "commit_point_persisted": replica.commit_point_persisted,
-                    "takeover": [[master.hex(), seq] for master, seq in replica.takeover_table()],
-                    "rolled_back_entries": replica.rolled_back_entries,
-                    "rolled_back_committed_entries": replica.rolled_back_committed_entries,
-                    "refused_rollbacks": replica.refused_rollbacks,
-                    "refetched_entries": replica.refetched_entries,
-                    "counted_followers": list(replica.counted_followers),
-                    "repair": replica.repair_status(),
-                    "write_hold": self.reconfigure.hold_status(shard_id),
-                    "disk_full": replica.disk_full,
-                    "retention": self.retention.status(replica),
-                }
-                for shard_id, replica in self.replicas.items()
-            }
-            | {
-                str(shard_id): learners.learner_status(learner)
-                for shard_id, learner in self.learners.items()
-            },
-        }
+        return node_status(self)
 
     def latency(self) -> dict[str, dict[str, Any]]:
-        """Per chain neighbour: the p99 of this node's PING/PONG round trips and ACK delays to
-        it over ``limits.latency_window_ms``, over every shard they share."""
-        windows: dict[str, list[LatencyWindow]] = {}
-        for replica in self.replicas.values():
-            for peer, health in replica.link_health.items():
-                windows.setdefault(peer, []).append(health.latency)
-        now_s = self.clock.monotonic_s()
-        return {peer: latency_summary(found, now_s) for peer, found in sorted(windows.items())}
+        return neighbour_latency(self.replicas.values(), self.clock.monotonic_s())
 
     # --- binary port ---------------------------------------------------------------------------
 
@@ -713,19 +615,6 @@ class Node:
             await stream.drain()
 
 
-def link_status(replica: ShardReplica) -> list[dict[str, Any]]:
-    """Every link of the replica's chain position, up or down (docs/node-api.md, "Status")."""
-    peers: list[tuple[str, Direction]] = [(node, "downstream") for node in replica.downstreams]
-    if replica.upstream is not None:
-        peers.insert(0, (replica.upstream, "upstream"))
-    return [
-        replica.link_health.get(peer, LinkHealth(peer, direction)).status(
-            replica.durable, replica.clock
-        )
-        for peer, direction in peers
-    ]
-
-
 async def _logged(coro: Any) -> None:
     try:
         await coro
@@ -762,112 +651,4 @@ def build_columns(
         tuple(values),
         None if expiries_ms is None else tuple(expiries_ms),
         None if headers is None else tuple(headers),
-    )
-
-
-def count_unread(replica: ShardReplica, queue: str, hwm: int) -> tuple[int, int, bool, int | None]:
-    """``(boundary, lag, complete, oldest)``: the entries of ``queue`` in ``(hwm, boundary]`` as
-    of the boundary (the member's commit point), as ``read_page`` would return them; ``complete``
-    is False when ``limits.group_lag_scan_entries_max`` entries were looked at first; ``oldest``
-    is the seq of the first of them (None when there is none)."""
-    prefix = queue_prefix(queue)
-    lag = scanned = 0
-    oldest: int | None = None
-    with replica.store.snapshot() as snap:
-        boundary = min(snap.boundary, replica.commit_point)
-        if hwm >= boundary:
-            return boundary, 0, True, None
-        for entries in snap.pages(hwm, boundary, as_of=boundary):
-            scanned += len(entries)
-            mine: Iterator[bool] = map(
-                bytes.startswith, map(itemgetter(_KEY), entries), repeat(prefix)
-            )
-            if oldest is None:
-                flags = list(mine)
-                with contextlib.suppress(ValueError):
-                    oldest = entries[flags.index(True)].seq
-                mine = iter(flags)
-            lag += sum(mine)
-            if scanned >= limits.group_lag_scan_entries_max:
-                return boundary, lag, False, oldest
-    return boundary, lag, True, oldest
-
-
-def lag_seconds(replica: ShardReplica, oldest: int | None, now_s: float) -> float | None:
-    """The age in seconds of the entry ``oldest`` (the oldest unread one) by ``replica``'s time
-    index: 0.0 when there is none, None when its time is unknown here."""
-    if oldest is None:
-        return 0.0
-    accepted_ms = replica.time_index.time_of(oldest)
-    if accepted_ms is None:
-        return None
-    return round(max(0.0, now_s - accepted_ms / 1000), 3)
-
-
-def read_page(
-    replica: ShardReplica,
-    queue: str,
-    group: str,
-    hwm: int,
-    after: int,
-    upto: int | None,
-    limit: int,
-) -> Page:
-    """One page of a consumer snapshot ``(after, boundary]``, read as of the boundary.
-
-    The columns are cut from the store's entry tuples a store page at a time (``zip`` and ``map``
-    run in C), with no object per message: entries of the shard's other queues are dropped with
-    ``compress`` only in the store pages that hold any."""
-    prefix = queue_prefix(queue)
-    seqs: list[int] = []
-    keys: list[bytes] = []
-    values: list[bytes | None] = []
-    expiries: list[int] = []
-    headers: list[dict[str, bytes] | None] = []
-    flags: list[int] = []
-    with replica.store.snapshot() as snap:
-        # Up to the commit point only: what this tail holds past it is not yet on every member.
-        visible = min(snap.boundary, replica.commit_point)
-        boundary = visible if upto is None else min(upto, visible)
-        last_seen = boundary
-        for entries in snap.pages(after, boundary, as_of=boundary):
-            if not entries:
-                continue
-            columns: list[Sequence[Any]] = list(zip(*entries, strict=True))
-            ours = list(map(bytes.startswith, columns[_KEY], repeat(prefix)))
-            if False in ours:  # entries of the shard's other queues
-                columns = [tuple(compress(column, ours)) for column in columns]
-            room = limit - len(seqs)
-            full = len(columns[_SEQ]) >= room
-            if full:
-                columns = [column[:room] for column in columns]
-                last_seen = columns[_SEQ][-1]
-            seqs += columns[_SEQ]
-            keys += columns[_KEY]
-            values += columns[_VALUE]
-            expiries += columns[_EXPIRY]
-            headers += columns[_HEADERS]
-            flags += columns[_FLAGS]
-            if full:
-                break
-    if after > boundary:
-        # The group's mark can run ahead of this replica (metadata may arrive a moment before the
-        # seqs it names): an empty snapshot that ends where the group is, so that committing its
-        # boundary never moves the mark back.
-        boundary = last_seen = after
-    end = last_seen >= boundary
-    deletes = list(map(and_, flags, repeat(FLAG_DELETE)))
-    return Page(
-        replica.shard_id,
-        group,
-        hwm,
-        boundary,
-        seqs,
-        list(map(itemgetter(slice(len(prefix), None)), keys)),
-        values,
-        expiries if any(expiries) else None,
-        None if headers.count(None) == len(headers) else headers,
-        list(map(bool, deletes)) if any(deletes) else None,
-        last_seen,
-        end,
     )
