@@ -36,6 +36,8 @@ FLOORS: list[tuple[int, tuple[str, ...]]] = [
             "kayos.identity",
             "kayos.signing",
             "kayos.replication.frames",
+            "kayos.replication.frame_table",
+            "kayos.replication.frame_fields",
             "kayos.replication.chain",
             "kayos.manager",
         ),
