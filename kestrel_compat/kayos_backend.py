@@ -10,7 +10,9 @@
 - A group (a Kestrel queue or fanout child) is a Kayos consumer group: its high-water mark and
   blob are committed with ``acks=all`` semantics, so a confirmed removal survives the loss of any
   one replica.
-- Reads (recovery at start-up, read-behind refills) page through a tail with ``AsyncClient.read``.
+- Reads (recovery at start-up, read-behind refills) page through a tail with ``AsyncClient.read``;
+  one that starts below the queue's retention floor goes on from the floor (items that are gone
+  are skipped, as Kestrel does; docs/kestrel-compat.md §10).
 - A Kestrel log is one FIFO sequence with one seq space, so it lives in one shard of its Kayos
   queue even when the queue has several (docs/node-api.md, "Queues over several shards"): the
   queue's first shard. Its keys are chosen so the hash puts them there; reads, marks and the tail
@@ -25,10 +27,11 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import uuid
 
 from kayos import AsyncClient, Item
-from kayos.errors import InvalidRequest, KayosError
+from kayos.errors import InvalidRequest, KayosError, RetentionGapError
 from kayos.topology import check_queue_name
 from kestrel_compat import limits
 from kestrel_compat.backend import BackendError, Entry, GroupState, NewEntry
@@ -37,6 +40,8 @@ _PREFIX = "k."
 _HEX_PREFIX = "kx."
 _GROUPS_SEPARATOR = b"\x00"
 _READ_PAGE_ENTRIES = 5_000
+
+logger = logging.getLogger("kestrel_compat.kayos_backend")
 
 
 def queue_for(log: str) -> str:
@@ -145,17 +150,30 @@ class KayosBackend:
         self._retained.add(log)
 
     async def read(self, log: str, after_seq: int, limit: int) -> list[Entry]:
+        """Up to ``limit`` entries after ``after_seq``. A start below the queue's retention floor
+        goes on from the floor: what lies at or below it is gone (confirmed by every group the
+        queue had then, or given up by a policy an operator set), and a Kestrel reader is never
+        told about items that are gone, it gets the next live one (docs/kestrel-compat.md §10)."""
         found: list[Entry] = []
         after = after_seq
         try:
             while len(found) < limit:
                 queue = queue_for(log)
-                page = await self._client.read(
-                    queue,
-                    after=after,
-                    limit=min(limit, _READ_PAGE_ENTRIES),
-                    shard=self._shard(queue),
-                )
+                try:
+                    page = await self._client.read(
+                        queue,
+                        after=after,
+                        limit=min(limit, _READ_PAGE_ENTRIES),
+                        shard=self._shard(queue),
+                    )
+                except RetentionGapError as gap:
+                    if gap.floor <= after:
+                        raise  # no floor to go on from: not a gap this read can step over
+                    logger.info(
+                        "read of %r after %d goes on from its floor %d", log, after, gap.floor
+                    )
+                    after = gap.floor  # rises each time, and a floor never passes the log's end
+                    continue
                 for message in page.messages:
                     if message.value is not None and len(found) < limit:
                         found.append(entry_from(message.seq, message.value, message.headers))

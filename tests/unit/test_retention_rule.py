@@ -86,6 +86,20 @@ def test_decide_floor_only_rises_and_never_passes_the_commit_point() -> None:
     )
 
 
+def test_a_group_registered_after_a_tick_does_not_lower_the_floor() -> None:
+    """CI's interleaving in the pure rule: entries 2 and 3 committed, "jobs" commits mark 2 while
+    it is the only group, a tick runs, then "jobs+audit" registers at 0. The floor stays 2: a
+    reader starting at 0 gets ``RetentionGapError`` (the Kestrel backend goes on from 2)."""
+    consumed = RetentionPolicy(until_consumed=True)
+    common = {"now_ms": 0, "samples": [], "buckets": []}
+    assert decide_floor(consumed, old_floor=0, commit_point=4, marks=[], **common) == 0
+    after_jobs = decide_floor(consumed, old_floor=0, commit_point=4, marks=[2], **common)
+    assert after_jobs == 2
+    assert decide_floor(consumed, old_floor=after_jobs, commit_point=5, marks=[2, 0], **common) == 2
+    # Registered before the tick, the late group holds the floor at its mark.
+    assert decide_floor(consumed, old_floor=0, commit_point=5, marks=[2, 0], **common) == 0
+
+
 def test_metadata_readers() -> None:
     meta = {
         "retain/q": encode_policy(RetentionPolicy(until_consumed=True)),
