@@ -186,7 +186,10 @@ def start_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
 
 def fingerprint(cluster: LocalCluster, queue: str) -> tuple[Any, Any]:
     """Every replica's seqs and ``queue``'s content as a consumer sees it: what a refused request
-    must leave as it was."""
+    must leave as it was. Read once the replicas agree: a member learns the commit point of
+    its last batch a moment after the tail has it, and a refused request that wrote anything
+    still shows (the seqs differ once settled)."""
+    cluster.wait_replicated()
     seqs = {}
     for node in cluster.topology.nodes:
         status = cluster.status(node)
