@@ -216,7 +216,14 @@ async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr
     old = replica.downstream_streams.pop(key, None)
     if old is not None:
         old.close()
-    link = _LinkSender(replica, stream, frame.from_seq - 1, throttled=copy)
+    link = _LinkSender(
+        replica,
+        stream,
+        frame.from_seq - 1,
+        throttled=copy,
+        idle_map=hello.role != "repair"
+        and hello.protocol_version >= fr.METADATA_PROTOCOL_VERSION_MIN,
+    )
     replica.downstream_streams[key] = stream
     replica._links[key] = link
     if copy:
@@ -333,11 +340,21 @@ class _LinkSender:
     remembered, else read back from the store (durable seqs only)."""
 
     def __init__(
-        self, replica: ShardReplica, stream: FrameStream, sent: int, *, throttled: bool = False
+        self,
+        replica: ShardReplica,
+        stream: FrameStream,
+        sent: int,
+        *,
+        throttled: bool = False,
+        idle_map: bool = False,
     ) -> None:
         self.replica = replica
         self.stream = stream
         self.sent = sent
+        # Whether the peer takes METADATA (version 6, not a repair link): an idle link whose map
+        # may not be the one as of ``sent`` gets it whole (docs/replication-protocol.md, "The
+        # metadata on an idle link").
+        self.idle_map = idle_map
         # A learner or repair link: its read-backs take a share of the time, set by a copy pacer,
         # while the shard takes live writes (limits.catchup_produce_share_max to start).
         self.throttled = throttled
@@ -389,6 +406,33 @@ class _LinkSender:
         if len(self._sent_at) > limits.latency_samples_max:
             self._sent_at.popleft()
 
+    def _send_idle_map(self) -> bool:
+        """Sends METADATA, the whole replicated map as of ``sent``, when nothing past ``sent``
+        is to be sent and the link's map may not be that one (none sent yet, or one that lags):
+        a downstream whose rollback kept its metadata settles without a write
+        (docs/replication-protocol.md, "The metadata on an idle link"). False: not due, or not
+        yet (the map here is not the one as of ``sent``): wait for a change."""
+        replica = self.replica
+        if (
+            not self.idle_map
+            or self.meta_exact
+            or self.closed
+            or replica.catching_up
+            or replica.repairing
+            or replica.rolled_back_to() is not None
+        ):
+            return False
+        with replica.store.snapshot() as snap:
+            if snap.boundary != self.sent:
+                return False  # a commit still landing
+            meta = {
+                name: value for name, value in snap.meta.items() if replica.replicated_meta(name)
+            }
+        self.stream.send(fr.Metadata(replica.shard_id, self.sent, meta))
+        self.meta_sent = dict(meta)
+        self.meta_exact = True
+        return True
+
     def note_ack(self, seq: int, health: liveness.LinkHealth) -> None:
         """An ACK (or a tail's COMMITTED) of ``seq``: one delay per batch it covers, each from
         when that batch went out (the downstream's receive, persist and report, plus the wire
@@ -402,7 +446,8 @@ class _LinkSender:
         replica = self.replica
         while True:
             if self.sent >= replica.progress.accepted:
-                await replica.changed.waiter()
+                if not self._send_idle_map():
+                    await replica.changed.waiter()
                 continue
             if not self.window.can_send():
                 await self.acked.waiter()
@@ -433,6 +478,10 @@ class _LinkSender:
                     replica.note_damage(exc)
                     raise
                 entries, covered, meta, exact = result
+                if replica.rolled_back_to() is not None:
+                    # This replica's map may hold marks of seqs its rollback dropped: none goes
+                    # down until its own upstream replaced it.
+                    meta, exact = None, False
                 # Metadata as of the piece's last seq (never ahead of it: a mark of a later seq
                 # would look written here, docs/replication-protocol.md "Applying batches"). The
                 # first batch with a map carries all of it, and the downstream replaces its own

@@ -45,7 +45,7 @@ from kayos.replication.frame_fields import (
 )
 
 # The highest protocol version this build speaks, and the lowest it still accepts in a handshake.
-PROTOCOL_VERSION: Final = 5
+PROTOCOL_VERSION: Final = 6
 PROTOCOL_VERSION_MIN: Final = 1
 # Replication links need both sides at this version or later: version 2 forwards before it
 # persists and carries the commit point down the chain, version 3 authenticates both sides of a
@@ -54,6 +54,9 @@ PROTOCOL_VERSION_MIN: Final = 1
 # downstream's commit point (a head that lost committed entries repairs instead of ordering a
 # rollback: "An upstream that lacks committed entries").
 LINK_PROTOCOL_VERSION_MIN: Final = 5
+# Version 6 adds METADATA: an upstream sends it only to a connector at this version or later, and
+# a version 5 peer keeps the version 5 behaviour (docs/replication-protocol.md, "Compatibility").
+METADATA_PROTOCOL_VERSION_MIN: Final = 6
 
 TakeoverEntry: TypeAlias = tuple[bytes, int]
 Headers: TypeAlias = dict[str, bytes]
@@ -161,6 +164,21 @@ class Confirmed(_FrameBase):
 
     nonce: int
     held: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Metadata(_FrameBase):
+    """An idle upstream's whole replicated metadata as of ``seq``, the last seq it sent on the
+    link (docs/replication-protocol.md, "The metadata on an idle link")."""
+
+    shard: int
+    seq: int
+    meta: dict[str, MetaValue]
+
+    def _relation_problem(self) -> str | None:
+        if any(value is None for value in self.meta.values()):
+            return "a whole map deletes no key"
+        return None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -358,6 +376,7 @@ Frame: TypeAlias = (
     | Pong
     | Confirm
     | Confirmed
+    | Metadata
     | AuthChallenge
     | AuthProof
     | AuthOk
@@ -519,6 +538,11 @@ FRAME_TABLE: Final[tuple[FrameSpec, ...]] = (
     FrameSpec(26, "CONFIRMED", Confirmed, "upstream -> downstream", 4, (
         FieldSpec("nonce", U64, 4),
         FieldSpec("held", BOOL, 4),
+    )),
+    FrameSpec(27, "METADATA", Metadata, "upstream -> downstream", 6, (
+        FieldSpec("shard", U32, 6),
+        FieldSpec("seq", U64, 6),
+        FieldSpec("meta", META, 6),
     )),
     FrameSpec(32, "PRODUCE", Produce, "client -> head", 1, (
         _f("request_id", U64),

@@ -28,6 +28,7 @@ from kayos.errors import (
 from kayos.replication import auth as link_auth
 from kayos.replication import chain, handshake, liveness, pacing
 from kayos.replication import frames as fr
+from kayos.replication.catchup import ROLLED_BACK_META_KEY
 from kayos.replication.head_writes import _commit_args
 from kayos.replication.links import (
     FrameStream,
@@ -270,7 +271,7 @@ class UpstreamLink:
 
     async def _follow(self, stream: FrameStream, catch_up_target: int) -> None:
         replica = self.replica
-        batches: asyncio.Queue[fr.Batch | None] = asyncio.Queue()
+        batches: asyncio.Queue[fr.Batch | fr.Metadata | None] = asyncio.Queue()
         applier = asyncio.create_task(self._apply(batches, catch_up_target))
         applier.add_done_callback(_close_with(stream))
         expected = replica.store.last_seq + 1
@@ -305,6 +306,11 @@ class UpstreamLink:
                         frame, _batch_bytes(frame), live=frame.last_seq > catch_up_target
                     )
                     batches.put_nowait(frame)
+                elif isinstance(frame, fr.Metadata):
+                    _check_idle_map(replica, frame, expected - 1)
+                    # The link's map from now on: a later batch's meta holds changes only.
+                    first_batch = False
+                    batches.put_nowait(frame)  # applied once the batches before it committed
                 elif isinstance(frame, fr.CommitPoint):
                     if self.copy and frame.committed_seq > point_heard:
                         # The chain above commits anew: it takes live writes (the copy is paced
@@ -334,7 +340,9 @@ class UpstreamLink:
             await replica.settle()
             replica.discard_unpersisted()
 
-    async def _apply(self, batches: asyncio.Queue[fr.Batch | None], catch_up_target: int) -> None:
+    async def _apply(
+        self, batches: asyncio.Queue[fr.Batch | fr.Metadata | None], catch_up_target: int
+    ) -> None:
         """Commits accepted batches, merging what piled up during the previous commit."""
         replica = self.replica
         if replica.store.last_seq >= catch_up_target:
@@ -344,7 +352,7 @@ class UpstreamLink:
                 return
         # A batch taken from the queue that would have made the merge too big: the next group's
         # first.
-        carried: fr.Batch | None = None
+        carried: fr.Batch | fr.Metadata | None = None
         decode_seen_s = 0.0
         pacer = (
             pacing.CopyPacer(
@@ -361,6 +369,9 @@ class UpstreamLink:
             carried = None
             if first is None:
                 return
+            if isinstance(first, fr.Metadata):
+                await _replace_meta(replica, first)
+                continue
             group = [first]
             entries = len(first.seqs)
             payload = _batch_bytes(first)
@@ -368,9 +379,10 @@ class UpstreamLink:
                 nxt = batches.get_nowait()
                 if nxt is None:
                     break
-                # One store commit: within the bounds of one batch.
+                # One store commit: within the bounds of one batch; a map after the batches.
                 if (
-                    entries + len(nxt.seqs) > limits.batch_entries_max
+                    isinstance(nxt, fr.Metadata)
+                    or entries + len(nxt.seqs) > limits.batch_entries_max
                     or payload + _batch_bytes(nxt) > limits.batch_bytes_max
                 ):
                     carried = nxt
@@ -430,14 +442,56 @@ def _with_meta_deletes(batch: fr.Batch, own_meta: dict[str, Any]) -> fr.Batch:
     holds that it lacks were deleted upstream while the link was down. The batch as committed
     and forwarded says so with explicit deletes."""
     full = batch.meta or {}
-    deletes = {
+    deletes = _deletes(full, own_meta)
+    if not deletes:
+        return batch
+    return dataclasses.replace(batch, meta={**full, **deletes})
+
+
+def _deletes(full: dict[str, Any], own_meta: dict[str, Any]) -> dict[str, None]:
+    """A delete for each replicated key held here that the upstream's whole map lacks."""
+    return {
         name: None
         for name in own_meta
         if not name.startswith(_LOCAL_META_PREFIXES) and name not in full
     }
-    if not deletes:
-        return batch
-    return dataclasses.replace(batch, meta={**full, **deletes})
+
+
+def _check_idle_map(replica: ShardReplica, frame: fr.Metadata, last_received: int) -> None:
+    """METADATA is as of the last seq the link carried, and names replicated keys only
+    (docs/replication-protocol.md, "The metadata on an idle link")."""
+    if frame.shard != replica.shard_id or frame.seq != last_received:
+        raise ProtocolError(
+            f"METADATA of shard {frame.shard} as of {frame.seq}, where shard"
+            f" {replica.shard_id} as of {last_received} was due"
+        )
+    local = sorted(name for name in frame.meta if name.startswith(_LOCAL_META_PREFIXES))
+    if local:
+        raise ProtocolError(f"METADATA names a key local to a replica: {local[0]!r}")
+
+
+async def _replace_meta(replica: ShardReplica, frame: fr.Metadata) -> None:
+    """The upstream's whole replicated map as of the seq this store holds (the batches before
+    it committed): it replaces this replica's, in one commit that claims no seq and settles a
+    rollback that kept the metadata. The links below were sent the old map and would hear of
+    no change that comes without a seq: if any key changed, they subscribe again."""
+    own = replica.store.meta
+    meta: dict[str, Any] = {**frame.meta, **_deletes(frame.meta, own)}
+    changed = any(own.get(name) != value for name, value in meta.items())
+    settles = replica.rolled_back_to() is not None
+    if settles:
+        meta[ROLLED_BACK_META_KEY] = None
+    if changed or settles:
+        await asyncio.to_thread(replica.store.commit, [], meta=meta)
+        log.info(
+            "shard %s: replicated metadata replaced as of %s (%s keys)",
+            replica.shard_id,
+            frame.seq,
+            len(frame.meta),
+        )
+    if changed:
+        replica.close_downstream_links()
+    replica.changed.notify()  # senders waiting for this replica's map to settle
 
 
 def _batch_bytes(batch: fr.Batch) -> int:

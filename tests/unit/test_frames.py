@@ -135,6 +135,12 @@ GOLDEN: list[tuple[f.Frame, str]] = [
     # The confirmation frames of version 4 (docs/replication-protocol.md, "Confirming a snapshot").
     (f.Confirm(nonce=5), "00000003 19 91 05"),
     (f.Confirmed(nonce=5, held=True), "00000004 1a 92 05 c3"),
+    # The idle link's map of version 6 (docs/replication-protocol.md, "The metadata on an idle
+    # link").
+    (
+        f.Metadata(shard=7, seq=2900, meta={"hwm/c1": 99}),
+        "0000000f 1b 93 07 cd0b54 81 a668776d2f6331 63",
+    ),
 ]
 
 GOLDEN_FRAMES = [frame for frame, _ in GOLDEN]
@@ -198,6 +204,7 @@ def test_table_matches_protocol_document() -> None:
         24: "SNAPSHOT_END",
         25: "CONFIRM",
         26: "CONFIRMED",
+        27: "METADATA",
         32: "PRODUCE",
         33: "PRODUCED",
         34: "WAIT_COMMITTED",
@@ -214,6 +221,7 @@ def test_table_matches_protocol_document() -> None:
             "SNAPSHOT_END": 3,
             "CONFIRM": 4,
             "CONFIRMED": 4,
+            "METADATA": 6,
         }
         assert spec.since_version == since.get(spec.name, 1)
         # Fields appended to a released frame, with the version that added them.
@@ -377,6 +385,7 @@ any_frame: st.SearchStrategy[f.Frame] = st.one_of(
     st.builds(f.Ack, u32, u64),
     st.builds(f.Committed, u32, u64),
     st.builds(f.CommitPoint, u32, u64),
+    st.builds(f.Metadata, u32, u64, st.dictionaries(text, st.one_of(u64, blob), max_size=5)),
     produces(),
     produced(),
     st.builds(f.WaitCommitted, u64, u32, u64, u32),
@@ -407,7 +416,7 @@ def test_round_trip_stream_in_random_chunks(frame_list: list[f.Frame], data: st.
 # --- malformed input -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", [0, 9, 15, 27, 31, 36, 255])
+@pytest.mark.parametrize("kind", [0, 9, 15, 28, 31, 36, 255])
 def test_unknown_kind(kind: int) -> None:
     decode_fails(raw_frame(kind, raw_body([5])), match=f"unknown frame kind {kind}")
 
@@ -483,6 +492,7 @@ BAD_VALUES: dict[str, list[Any]] = {
     "[bin | nil]": [None, ["v"], [1], [True]],
     "[u64] | nil": [[1, -1], [True], [None], 0],
     "[headers | nil] | nil": [[{1: b"x"}], [{"h": "x"}], [{"h": 1}], [[]], [b""], {}],
+    "meta": [None, [], {1: 1}, {"k": -1}, {"k": 1.5}, {"k": "v"}, {"k": [1]}],
     "meta | nil": [[], {1: 1}, {"k": -1}, {"k": 1.5}, {"k": "v"}, {"k": [1]}],
 }
 
@@ -571,6 +581,7 @@ def test_empty_batch_covers_a_range() -> None:
         (16, [1, 0, [], 0], "SUBSCRIBE: from_seq must be at least 1"),
         (1, [0, "n", None, 0, "client"], "HELLO: protocol_version 0"),
         (2, [0, "n", 0], "HELLO_OK: protocol_version 0"),
+        (27, [7, 5, {"hwm/c1": None}], "METADATA: a whole map deletes no key"),
     ],
 )
 def test_other_relations(kind: int, fields: list[Any], match: str) -> None:

@@ -174,20 +174,18 @@ async def test_a_chain_of_one_counting_a_learner_commits_alone_no_more(tmp_path:
         replica.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review s10: a tail whose rollback could not restore the metadata waits for its "
-    "upstream's next BATCH to settle, and an idle upstream sends none: no snapshot for good",
-)
 @pytest.mark.asyncio
 async def test_a_rollback_that_kept_the_metadata_settles_on_an_idle_shard(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """docs/storage-format.md, "Rollback": past ``limits.rollback_meta_headers_max`` headers (or
     behind a compaction) the store keeps its metadata and the replica serves no snapshot until a
-    link replaced it (local key ``rolled_back``). Only a link's first BATCH replaces it; an
-    upstream holding nothing past the rollback seq sends none, so on a shard nobody writes to the
-    tail answers 503 to every new consumer for as long as the shard stays idle."""
+    link replaced it (local key ``rolled_back``). Only a link's first BATCH replaced it; an
+    upstream holding nothing past the rollback seq sent none, so on a shard nobody writes to the
+    tail answered 503 to every new consumer for as long as the shard stayed idle. Now the idle
+    upstream sends its whole map as of that seq (METADATA, docs/replication-protocol.md, "The
+    metadata on an idle link"): the tail settles and holds the middle's map, without the mark
+    its rollback dropped."""
     print("seed", SEED)
     monkeypatch.setattr(limits, "rollback_meta_headers_max", 0)  # no header chain walked
     async with managed_chain(tmp_path, "abc") as (_, nodes), mark_2_held(nodes) as held:
@@ -199,6 +197,9 @@ async def test_a_rollback_that_kept_the_metadata_settles_on_an_idle_shard(
         await until(lambda: tail.upstream_stream is not None, "c linked to b again")
         # Nothing is written any more: the middle has nothing past seq written_at - 1 to send.
         await until(lambda: tail.rolled_back_to() is None, "c's rollback settled", 10.0)
+        # The middle's map as of that seq: the mark 2 of the dropped seq is gone.
+        assert read_mark(tail, KEY)[0] == 1
+        assert tail.store.meta == {**tail.store.meta, KEY: held.middle.store.meta[KEY]}
 
 
 @pytest.mark.asyncio

@@ -1,0 +1,117 @@
+"""METADATA (protocol version 6): an idle upstream sends its whole replicated map, so that a
+replica whose rollback kept its metadata settles without a write (docs/replication-protocol.md,
+"The metadata on an idle link"; review s10 finding 4, pinned end to end by
+tests/unit/test_review_s10.py::test_a_rollback_that_kept_the_metadata_settles_on_an_idle_shard).
+In-process nodes over real stores and loopback links; a raw connection plays the downstream."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
+
+import pytest
+
+from kayos.errors import ProtocolError
+from kayos.node.marks import read_mark
+from kayos.replication import auth
+from kayos.replication import frames as fr
+from kayos.replication.catchup import ROLLED_BACK_META_KEY
+from kayos.replication.replica import TAKEOVER_META_KEY, ShardReplica
+from kayos.replication.upstream import _check_idle_map, _replace_meta
+from kayos.storage import Put
+from kayos.topology import Topology
+from tests.linkauth import TEST_IDENTITY, RawLink, answer_challenge, one_shard_topology
+from tests.unit.test_replica_review import _chain
+from tests.unit.test_review_s10 import _replica
+
+QUEUE = "q"
+KEY = f"hwm/{QUEUE}/g"
+
+
+def _subscribe_idle(topology: Topology, head: ShardReplica, version: int) -> list[fr.Frame]:
+    """Subscribes to a as its tail b at ``version``, from the seq after a's last: the frames a
+    sends after SUBSCRIBED, up to and including the first METADATA (or the PONG answering a
+    PING sent once that many frames came, when ``version`` takes none)."""
+    address = topology.nodes["a"]
+    link = RawLink.open(address.host, address.bin_port)
+    try:
+        link.send(fr.Hello(version, "b", 0, topology.epoch, "tail"))
+        claim = auth.LinkClaim("b", "a", 0, topology.epoch, "tail")
+        assert isinstance(answer_challenge(link, TEST_IDENTITY, claim), fr.AuthOk)
+        assert isinstance(link.next(), fr.HelloOk)
+        link.send(fr.Subscribe(0, head.durable + 1, tuple(head.takeover_table()), 0))
+        frames: list[fr.Frame] = []
+        while True:
+            frame = link.next()
+            assert frame is not None, f"a closed the link after {frames}"
+            if isinstance(frame, fr.Ping):
+                link.send(fr.Pong(frame.nonce))
+                continue
+            frames.append(frame)
+            if isinstance(frame, fr.Metadata | fr.Pong):
+                return frames
+            if isinstance(frame, fr.Subscribed) and version < fr.METADATA_PROTOCOL_VERSION_MIN:
+                link.send(fr.Ping(1))
+    finally:
+        link.close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("version", [5, 6])
+async def test_an_idle_upstream_sends_its_map_to_a_version_6_peer_only(
+    tmp_path: Path, version: int
+) -> None:
+    async with _chain(tmp_path, "ab") as (topology, nodes):
+        await nodes["a"].produce(QUEUE, [b"k0"], [b"v0"], None, None, acks=-1)
+        await nodes["a"].commit_group(QUEUE, "g", 1, None)
+        await nodes["b"].stop()  # the raw connection plays b
+        head = nodes["a"].replicas[0]
+        frames = await asyncio.to_thread(_subscribe_idle, topology, head, version)
+        subscribed = frames[0]
+        assert isinstance(subscribed, fr.Subscribed)
+        assert subscribed.rollback_to is None
+        sent = [f for f in frames if isinstance(f, fr.Metadata)]
+        link = head._links.get("b")
+        if version < fr.METADATA_PROTOCOL_VERSION_MIN:
+            # A version 5 peer never gets the frame it would refuse: the old behaviour.
+            assert not sent
+            assert link is None or not link.idle_map
+            return
+        assert sent == [fr.Metadata(0, head.durable, {KEY: read_mark(head, KEY)[0]})]
+        assert not any(isinstance(f, fr.Batch) for f in frames)
+        assert read_mark(head, KEY)[0] == 1
+
+
+def test_a_map_not_as_of_the_last_seq_received_or_naming_a_local_key_is_refused() -> None:
+    replica = cast(ShardReplica, SimpleNamespace(shard_id=0))
+    _check_idle_map(replica, fr.Metadata(0, 7, {KEY: 1}), 7)
+    with pytest.raises(ProtocolError, match="as of 6, where shard 0 as of 7 was due"):
+        _check_idle_map(replica, fr.Metadata(0, 6, {KEY: 1}), 7)
+    with pytest.raises(ProtocolError, match="METADATA of shard 1"):
+        _check_idle_map(replica, fr.Metadata(1, 7, {KEY: 1}), 7)
+    with pytest.raises(ProtocolError, match="local to a replica: 'rolled_back'"):
+        _check_idle_map(replica, fr.Metadata(0, 7, {ROLLED_BACK_META_KEY: 3}), 7)
+
+
+@pytest.mark.asyncio
+async def test_the_map_replaces_the_replicated_keys_and_settles_a_rollback(
+    tmp_path: Path,
+) -> None:
+    replica = _replica(one_shard_topology(["h"]), tmp_path / "h")
+    try:
+        store = replica.store
+        store.commit([Put(b"k", b"v")])
+        store.commit([], meta={KEY: 2, "hwm/q/gone": 5}, claim_seq=True)
+        store.commit([], meta={ROLLED_BACK_META_KEY: store.last_seq})
+        last, table = store.last_seq, store.meta.get(TAKEOVER_META_KEY)
+        await _replace_meta(replica, fr.Metadata(0, last, {KEY: 1}))
+        assert replica.rolled_back_to() is None
+        assert store.meta.get(KEY) == 1
+        assert "hwm/q/gone" not in store.meta
+        assert store.meta.get(TAKEOVER_META_KEY) == table  # local keys stay
+        assert store.last_seq == last  # no seq claimed
+        assert store.meta_written_at(KEY) <= last
+    finally:
+        replica.close()
