@@ -305,6 +305,9 @@ class _Replica:
     def recent_run(self, first_seq: int) -> list[fr.Batch]:
         return [self._remembered] if first_seq == self._remembered.first_seq else []
 
+    def rolled_back_to(self) -> int | None:
+        return None  # its map is its upstream's: read-back pieces carry it
+
 
 @pytest.mark.asyncio
 async def test_a_link_reads_back_until_its_map_is_exact(
