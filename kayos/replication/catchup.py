@@ -85,6 +85,12 @@ class CatchUp:
         seq = self.store.meta.get(ROLLED_BACK_META_KEY)
         return seq if isinstance(seq, int) else None
 
+    def map_unsettled(self) -> bool:
+        """Whether this replica's replicated map may hold marks of seqs its rollback dropped, to
+        be replaced by its upstream's (a head's map is the shard's): it sends none down a link
+        meanwhile (docs/replication-protocol.md, "The metadata on an idle link")."""
+        return self.upstream is not None and self.rolled_back_to() is not None
+
     async def metadata_replaced(self) -> None:
         """The first batch of a link committed, with the upstream's whole replicated metadata."""
         if self.rolled_back_to() is not None:

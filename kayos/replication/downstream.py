@@ -419,7 +419,7 @@ class _LinkSender:
             or self.closed
             or replica.catching_up
             or replica.repairing
-            or replica.rolled_back_to() is not None
+            or replica.map_unsettled()
         ):
             return False
         with replica.store.snapshot() as snap:
@@ -478,7 +478,7 @@ class _LinkSender:
                     replica.note_damage(exc)
                     raise
                 entries, covered, meta, exact = result
-                if replica.rolled_back_to() is not None:
+                if replica.map_unsettled():
                     # This replica's map may hold marks of seqs its rollback dropped: none goes
                     # down until its own upstream replaced it.
                     meta, exact = None, False

@@ -18,11 +18,19 @@ from kayos.node.marks import read_mark
 from kayos.replication import auth
 from kayos.replication import frames as fr
 from kayos.replication.catchup import ROLLED_BACK_META_KEY
-from kayos.replication.replica import TAKEOVER_META_KEY, ShardReplica
+from kayos.replication.downstream import _LinkSender, build_batch
+from kayos.replication.replica import _LOCAL_META_PREFIXES, TAKEOVER_META_KEY, ShardReplica
 from kayos.replication.upstream import _check_idle_map, _replace_meta
-from kayos.storage import Put
+from kayos.storage import Put, ShardStore
 from kayos.topology import Topology
-from tests.linkauth import TEST_IDENTITY, RawLink, answer_challenge, one_shard_topology
+from tests.linkauth import (
+    TEST_IDENTITY,
+    RawLink,
+    answer_challenge,
+    one_shard_topology,
+    until,
+)
+from tests.unit.test_readback_meta import _Replica, _Stream
 from tests.unit.test_replica_review import _chain
 from tests.unit.test_review_s10 import _replica
 
@@ -59,15 +67,20 @@ def _subscribe_idle(topology: Topology, head: ShardReplica, version: int) -> lis
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("version", [5, 6])
+@pytest.mark.parametrize(("version", "head_rolled_back"), [(5, False), (6, False), (6, True)])
 async def test_an_idle_upstream_sends_its_map_to_a_version_6_peer_only(
-    tmp_path: Path, version: int
+    tmp_path: Path, version: int, head_rolled_back: bool
 ) -> None:
+    """``head_rolled_back``: a's store holds the key ``rolled_back`` from a rollback it had as
+    a member; a head's map is the shard's, so it still sends it."""
     async with _chain(tmp_path, "ab") as (topology, nodes):
         await nodes["a"].produce(QUEUE, [b"k0"], [b"v0"], None, None, acks=-1)
         await nodes["a"].commit_group(QUEUE, "g", 1, None)
         await nodes["b"].stop()  # the raw connection plays b
         head = nodes["a"].replicas[0]
+        if head_rolled_back:
+            head.store.commit([], meta={ROLLED_BACK_META_KEY: 1})
+            assert not head.map_unsettled()
         frames = await asyncio.to_thread(_subscribe_idle, topology, head, version)
         subscribed = frames[0]
         assert isinstance(subscribed, fr.Subscribed)
@@ -115,3 +128,46 @@ async def test_the_map_replaces_the_replicated_keys_and_settles_a_rollback(
         assert store.meta_written_at(KEY) <= last
     finally:
         replica.close()
+
+
+class _RolledBack(_Replica):
+    """A member whose rollback kept its metadata (``unsettled`` until its upstream replaced it)."""
+
+    catching_up = False
+    repairing = False
+    unsettled = True
+
+    def map_unsettled(self) -> bool:
+        return self.unsettled
+
+    def replicated_meta(self, name: str) -> bool:
+        return not name.startswith(_LOCAL_META_PREFIXES)
+
+
+@pytest.mark.asyncio
+async def test_a_member_whose_rollback_kept_its_map_sends_none_until_it_is_replaced(
+    tmp_path: Path,
+) -> None:
+    store = ShardStore.open(str(tmp_path / "s"))
+    try:
+        store.commit([Put(b"a", b"x")])  # 1
+        store.commit([], meta={KEY: 1}, claim_seq=True)  # 2
+        nothing_remembered = build_batch(0, 99, 99, [], None)
+        replica = _RolledBack(store, nothing_remembered)
+        stream = _Stream()
+        sender = _LinkSender(replica, stream, 0, idle_map=True)  # type: ignore[arg-type]
+        task = asyncio.create_task(sender.run())
+        try:
+            await until(lambda: sender.sent == 2, "the link sent through 2")
+            # Read back without its map (it may hold marks of dropped seqs), and no METADATA.
+            assert [(b.first_seq, b.last_seq, b.meta) for b in stream.sent] == [(1, 2, None)]
+            replica.unsettled = False  # its upstream replaced its map
+            replica.changed.notify()
+            await until(lambda: len(stream.sent) == 2, "the map sent once settled")
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        assert stream.sent[1] == fr.Metadata(0, 2, {KEY: 1})
+        assert sender.meta_exact
+    finally:
+        store.close()

@@ -305,8 +305,8 @@ class _Replica:
     def recent_run(self, first_seq: int) -> list[fr.Batch]:
         return [self._remembered] if first_seq == self._remembered.first_seq else []
 
-    def rolled_back_to(self) -> int | None:
-        return None  # its map is its upstream's: read-back pieces carry it
+    def map_unsettled(self) -> bool:
+        return False  # its map is its upstream's: read-back pieces carry it
 
 
 @pytest.mark.asyncio
