@@ -12,6 +12,7 @@ and sets every attribute declared here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -103,10 +104,15 @@ class CatchUp:
         log.warning("shard %s: resetting replica to empty", self.shard_id)
         mark = self._mark_written if keep_mark else 0
         self.store.close()
-        await asyncio.to_thread(shutil.rmtree, self.store_path, True)
+        if keep_mark:
+            # The mark's file is never deleted nor rewritten: a crash anywhere in the reset or
+            # the copy leaves a store that opens below it and repairs again (deleted with the
+            # rest and written after, a crash between left an empty store with no mark, which
+            # opened as whole and led with nothing).
+            await asyncio.to_thread(_empty_but_mark, self.store_path)
+        else:
+            await asyncio.to_thread(shutil.rmtree, self.store_path, True)
         os.makedirs(self.store_path, exist_ok=True)
-        if mark:
-            await asyncio.to_thread(durablemark.write, self.store_path, mark)
         self.store = ShardStore.open(self.store_path, clock=self.clock)
         self._point_persisted = 0
         self._mark_written = mark
@@ -153,6 +159,10 @@ class CatchUp:
         self.forget_recent()
         self.close_downstream_links()
         await self._reset_store(keep_mark=True)
+        # The store's local keys went with it: the ``alone`` key of a chain of one (what it
+        # acknowledges alone past its mark survives a crash and a re-make only by it) and the
+        # record of the learners it counts (a restart goes on counting them only by it).
+        await self._record_followers()
         return True
 
     def check_rollback_verdict(self, seq: int, upstream: fr.Subscribed | None = None) -> None:
@@ -295,3 +305,18 @@ class CatchUp:
         self._apply_events(chain.DownstreamsChanged((*self.downstreams, *self._counting)))
         await self._record_followers()
         return self.counted_followers
+
+
+def _empty_but_mark(directory: str) -> None:
+    """Deletes everything in a store's directory but its ``durable-mark`` file."""
+    with os.scandir(directory) as entries:
+        names = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
+    for name, is_dir in names:
+        if name == durablemark.DURABLE_MARK_FILE:
+            continue
+        path = os.path.join(directory, name)
+        if is_dir:
+            shutil.rmtree(path, True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
