@@ -339,6 +339,8 @@ class Node:
         replica = self.replicas.get(shard)
         if replica is None:
             raise InvalidRequest(f"node {self.node_id} holds no replica of shard {shard}")
+        if replica.repairing:  # its marks are an older state's, as in replica_for
+            raise UnavailableError(f"shard {shard} is repairing its store on {self.node_id}")
         groups = []
         for name, value in sorted(replica.store.meta.items()):
             if name.startswith(HWM_META) and isinstance(value, int):

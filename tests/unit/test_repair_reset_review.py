@@ -9,16 +9,21 @@ store vouched for, on a real ``ShardReplica`` over a real store in a temporary d
 - The reset dropped the store's local metadata: the ``alone`` key of a chain of one (its
   acknowledged seqs past its last mark write survive a crash and a re-make only by it) and the
   record of the learners it counts (a restart keeps counting them only by it).
+- A repairing head served ``GET /v1/shards/{shard}/groups`` (its older marks) while consume,
+  group info and retention refused.
 """
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
 
 from kayos import limits
+from kayos.errors import UnavailableError
 from kayos.node import repair as peer_repair
+from kayos.node.runtime import Node
 from kayos.replication import catchup, durablemark, followers
 from kayos.replication import frames as fr
 from kayos.replication.links import pack_takeover
@@ -151,3 +156,24 @@ async def test_the_repair_reset_keeps_the_record_of_counted_learners(tmp_path: P
         assert restarted.counted_followers == ("l",)
     finally:
         restarted.close()
+
+
+@pytest.mark.asyncio
+async def test_a_repairing_head_lists_no_groups(tmp_path: Path) -> None:
+    """``GET /v1/shards/{shard}/groups`` reads the head's marks (the client and the Kestrel
+    front ask the head): while it repairs they are an older state's, refused like a consume."""
+    print("seed", SEED)
+    topology = one_shard_topology(["a"])
+    node = Node(topology, "a", str(tmp_path / "a"), rng=random.Random(SEED))
+    await node.start()
+    try:
+        await node.produce("q", [b"k"], [b"v"], None, None, acks=-1)
+        await node.commit_group("q", "g", 1, None)
+        assert node.list_groups(0) == [{"queue": "q", "group": "g", "hwm": 1}]
+        node.replicas[0].repairing = True
+        with pytest.raises(UnavailableError, match="repairing"):
+            node.list_groups(0)
+        node.replicas[0].repairing = False
+        assert node.list_groups(0) == [{"queue": "q", "group": "g", "hwm": 1}]
+    finally:
+        await node.stop()
