@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ from kayos.replication.links import pack_takeover
 from kayos.replication.replica import TAKEOVER_META_KEY
 from kayos.storage import ShardStore
 from kayos.storage.check import data_file_of
-from kayos.topology import Topology
+from kayos.topology import ShardChain, Topology
 from tests.linkauth import one_shard_topology, until
 from tests.unit.test_replica_review import _stored_keys
 
@@ -58,13 +59,15 @@ def _set_table(path: str, table: list[tuple[bytes, int]]) -> None:
         store.close()
 
 
-@pytest.mark.asyncio
-async def test_a_head_below_its_mark_resets_from_a_peer_whose_full_table_names_none_of_its_masters(
-    tmp_path: Path,
-) -> None:
-    print("seed", SEED)
-    topology = one_shard_topology(["a", "b", "c"])
-    nodes = {n: _node(topology, n, tmp_path) for n in "abc"}
+async def cut_head_behind_capped_peers(topology: Topology, base: Path) -> tuple[int, set[bytes]]:
+    """Nodes a -> b -> c (``topology``'s nodes) take ``BEFORE`` entries, then ``CUT_AWAY`` more,
+    and stop; a's file is cut back to the first part, its mark still naming all of it, and b's
+    and c's tables go through more changes of head than a table keeps since. Returns the last
+    seq and the keys the tail held."""
+    chain3 = Topology(
+        topology.epoch, topology.nodes, {0: ShardChain(0, ("a", "b", "c"), ())}, topology.identity
+    )
+    nodes = {n: _node(chain3, n, base) for n in "abc"}
     for node in nodes.values():
         await node.start()
     try:
@@ -85,26 +88,48 @@ async def test_a_head_below_its_mark_resets_from_a_peer_whose_full_table_names_n
         for node in nodes.values():
             await node.stop()
 
-    # The head's file loses everything past the first part, its mark still names all of it;
-    # its peers' tables went through more changes of head than a table keeps since.
     os.truncate(data_file_of(head_path), size_before)
     durablemark.write(head_path, total)
     for path in peer_paths.values():
         _set_table(path, _full_table_of_other_masters(BEFORE + 1))
+    return total, kept
 
-    nodes = {n: _node(topology, n, tmp_path) for n in "abc"}
+
+async def started(topology: Topology, base: Path) -> dict[str, Node]:
+    """Nodes a, b and c at ``topology``, started."""
+    nodes = {n: _node(topology, n, base) for n in "abc"}
     for node in nodes.values():
         await node.start()
+    return nodes
+
+
+def repaired(nodes: dict[str, Node], total: int) -> Callable[[], bool]:
+    """Whether a's replica leads again, holding ``total``."""
+
+    def check() -> bool:
+        replica = nodes["a"].replicas.get(0)
+        return replica is not None and not replica.repairing and replica.durable >= total
+
+    return check
+
+
+@pytest.mark.asyncio
+async def test_a_head_below_its_mark_resets_from_a_peer_whose_full_table_names_none_of_its_masters(
+    tmp_path: Path,
+) -> None:
+    print("seed", SEED)
+    topology = one_shard_topology(["a", "b", "c"])
+    queue = "q"
+    total, kept = await cut_head_behind_capped_peers(topology, tmp_path)
+
+    nodes = await started(topology, tmp_path)
     try:
         head = nodes["a"].replicas[0]
         assert head.repairing
         assert head.store.last_seq < total
-
-        def repaired() -> bool:
-            replica = nodes["a"].replicas.get(0)
-            return replica is not None and not replica.repairing and replica.durable >= total
-
-        await until(repaired, "the head re-copying what it lost from a peer and leading")
+        await until(
+            repaired(nodes, total), "the head re-copying what it lost from a peer and leading"
+        )
         head = nodes["a"].replicas[0]
         assert _stored_keys(head) == kept
         assert head.marked_committed >= total, "the reset lowered the head's durable mark"

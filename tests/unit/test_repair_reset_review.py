@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from kayos import limits
 from kayos.errors import UnavailableError
+from kayos.node import learners
 from kayos.node import repair as peer_repair
 from kayos.node.runtime import Node
 from kayos.replication import catchup, durablemark, followers
@@ -30,7 +30,14 @@ from kayos.replication.links import pack_takeover
 from kayos.replication.replica import TAKEOVER_META_KEY
 from kayos.storage import ShardStore
 from kayos.topology import ShardChain, Topology
-from tests.linkauth import TEST_IDENTITY, one_shard_topology
+from tests.linkauth import TEST_IDENTITY, one_shard_topology, until
+from tests.unit.test_repair_capped_table import (
+    _full_table_of_other_masters,
+    cut_head_behind_capped_peers,
+    repaired,
+    started,
+)
+from tests.unit.test_replica_review import _stored_keys
 from tests.unit.test_review_s10 import _replica  # node h's replica of shard 0
 
 SEED = 20261125
@@ -66,8 +73,7 @@ def _cut_store(path: Path, meta: dict[str, object] | None = None) -> None:
 def _capped_verdict() -> fr.Subscribed:
     """A peer's verdict 0 that the table cap explains: its full table's masters all began after
     the head's last one, and it holds more than the head."""
-    cap = limits.takeover_table_entries_max
-    table = tuple((bytes([7, i]) + bytes(14), HELD + 1 + i) for i in range(cap))
+    table = tuple(_full_table_of_other_masters(HELD + 1))
     return fr.Subscribed(0, 0, table, PEER_LAST)
 
 
@@ -177,3 +183,43 @@ async def test_a_repairing_head_lists_no_groups(tmp_path: Path) -> None:
         assert node.list_groups(0) == [{"queue": "q", "group": "g", "hwm": 1}]
     finally:
         await node.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_lone_head_below_its_mark_repairs_from_a_learner_and_leads_alone(
+    tmp_path: Path,
+) -> None:
+    """The campaign's shape: the cut head was left alone in its chain, the nodes that held the
+    data only its learners (their tables full of masters it never knew). It resets from a
+    learner, leads with every acknowledged entry, and the learner follows it (counted, and
+    recorded as counted) afterwards."""
+    print("seed", SEED)
+    chain3 = one_shard_topology(["a", "b", "c"])
+    total, kept = await cut_head_behind_capped_peers(chain3, tmp_path)
+
+    alone = Topology(1, chain3.nodes, {0: ShardChain(0, ("a",), ())}, TEST_IDENTITY)
+    nodes = await started(alone, tmp_path)
+    try:
+        head = nodes["a"].replicas[0]
+        assert head.repairing
+        assert head.store.last_seq < total
+        await learners.start_catch_up(nodes["b"], learners.CatchUpOrder(1, 0, "a"))
+
+        await until(repaired(nodes, total), "the lone head re-copying from a learner and leading")
+        head = nodes["a"].replicas[0]
+        assert _stored_keys(head) == kept
+        assert head.marked_committed >= total
+        await nodes["a"].produce("q", [b"new"], [b"v"], None, None, acks=-1)
+        learner = nodes["b"].learners[0].replica
+        assert learner is not None
+        await until(
+            lambda: _stored_keys(learner) == {*kept, b"q\x00new"}, "the learner following it"
+        )
+        await until(lambda: head.counted_followers == ("b",), "the head counting the learner")
+        assert head.store.meta.get(followers.FOLLOWERS_META_KEY) == followers.record("a", ("b",))
+        assert durablemark.ALONE_META_KEY not in head.store.meta
+        page = await nodes["a"].consume("q", "g", after=None, upto=None, limit=1000, wait_ms=0)
+        assert len(page.seqs) == len(kept) + 1
+    finally:
+        for node in nodes.values():
+            await node.stop()
