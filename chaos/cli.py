@@ -12,7 +12,7 @@ import click
 
 from chaos import checker
 from chaos.history import dump_jsonl, load_jsonl
-from chaos.procs import faults, moves, netfaults
+from chaos.procs import faults, netfaults
 from kayos import limits
 
 
@@ -73,9 +73,10 @@ def run_command(
             "(fault proxies or network namespaces); run them in two"
         )
     proxied = set(chosen) & set(netfaults.PROXY_KIND_WEIGHTS)
-    if moves.KINDS & set(chosen) and proxied:
+    spared = sorted(faults.SPARE_KINDS & set(chosen))
+    if spared and proxied:
         raise click.BadParameter(
-            f"{', '.join(sorted(moves.KINDS))} cannot run with the proxy kinds "
+            f"{', '.join(spared)} cannot run with the proxy kinds "
             f"{sorted(proxied)} (its spare node has no fault proxy); it runs with the partition "
             "kinds (network namespaces) or with none"
         )

@@ -20,7 +20,7 @@ from typing import Any
 
 from chaos import checker
 from chaos.history import Produce, Recorder, dump_jsonl
-from chaos.procs import faults, membership, moves, netfaults
+from chaos.procs import drains, faults, membership, moves, netfaults
 from chaos.procs.workload import Consumer, Producer, join_timeout_s
 from kayos.control.config import Config as ManagerConfig
 from kayos.launcher import ClusterError, LocalCluster
@@ -69,6 +69,10 @@ class Report:
     second_process: dict[str, int] = field(default_factory=dict)
     # move_under_fault's moves by how each ended (chaos/procs/moves.py), and the spare node.
     moves: dict[str, int] = field(default_factory=dict)
+    # drain_under_fault's drains by how each ended, and the ends of the moves the drains and
+    # rebalances made (chaos/procs/drains.py).
+    drains: dict[str, int] = field(default_factory=dict)
+    drain_moves: dict[str, int] = field(default_factory=dict)
     spare: dict[str, Any] = field(default_factory=dict)
     hostile_requests: int = 0
     strangers_refused: int = 0
@@ -104,6 +108,7 @@ class Report:
             "faults": self.faults,
             "second_process": self.second_process,
             **({"moves": self.moves, "spare": self.spare} if self.spare else {}),
+            **({"drains": self.drains, "drain_moves": self.drain_moves} if self.drains else {}),
             "hostile_requests": self.hostile_requests,
             "strangers_refused": self.strangers_refused,
             "produce_calls": self.produce_calls,
@@ -206,7 +211,7 @@ def run(config: Config) -> Report:
     report.network = type(cluster).__name__
     try:
         cluster.start_all()
-        if config.managers and moves.KINDS & set(config.kinds):
+        if config.managers and faults.SPARE_KINDS & set(config.kinds):
             report.spare = moves.add_spare(cluster)
     except BaseException:
         cluster.stop()
@@ -302,6 +307,8 @@ def _fault_phase(cluster: LocalCluster, config: Config, recorder: Recorder, repo
     kinds: Counter[str] = Counter()
     outcomes: Counter[str] = Counter()
     moved: Counter[str] = Counter()
+    drained: Counter[str] = Counter()
+    drain_moves: Counter[str] = Counter()
     kinds_drawn = tuple(k for k in config.kinds if config.managers or k not in faults.MANAGER_KINDS)
     for fault in faults.schedule(config.seed, cluster.ids, kinds_drawn):
         if time.monotonic() >= deadline or (
@@ -322,6 +329,11 @@ def _fault_phase(cluster: LocalCluster, config: Config, recorder: Recorder, repo
             outcomes[str(result["outcome"])] += 1
         if fault.kind in moves.KINDS:
             moved[str(result.get("move", "failed"))] += 1
+        if fault.kind in drains.KINDS:
+            drained[str(result.get("drain", "failed"))] += 1
+            drain_moves.update(result.get("moves", {}))
+            rebalanced = result.get("rebalance", {}).items()
+            drain_moves.update({f"rebalance_{k}": n for k, n in rebalanced if isinstance(n, int)})
         report.hostile_requests += int(result.get("requests", 0))
         report.strangers_refused += int(bool(result.get("refused", False)))
         for what in result.get("unexpected", []):
@@ -341,6 +353,8 @@ def _fault_phase(cluster: LocalCluster, config: Config, recorder: Recorder, repo
     report.faults = dict(sorted(kinds.items()))
     report.second_process = dict(sorted(outcomes.items()))
     report.moves = dict(sorted(moved.items()))
+    report.drains = dict(sorted(drained.items()))
+    report.drain_moves = dict(sorted(drain_moves.items()))
 
 
 def _restart_missing(cluster: LocalCluster, recorder: Recorder) -> None:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from chaos.procs import membership, moves, netfaults
+from chaos.procs import drains, membership, moves, netfaults
 from kayos import limits
 from kayos.launcher import LocalCluster
 from kayos.replication import frames as fr
@@ -49,17 +49,20 @@ KIND_WEIGHTS: dict[str, int] = {
 }
 KINDS = tuple(KIND_WEIGHTS)
 # Network faults (chaos/procs/netfaults.py) need a proxied or namespaced cluster, and operator
-# moves (chaos/procs/moves.py) a spare node: a campaign draws them only when asked (--kinds),
-# never by default.
+# moves and drains (chaos/procs/moves.py, drains.py) a spare node: a campaign draws them only
+# when asked (--kinds), never by default.
 ALL_KIND_WEIGHTS: dict[str, int] = {
     **KIND_WEIGHTS,
     **netfaults.KIND_WEIGHTS,
     **moves.KIND_WEIGHTS,
+    **drains.KIND_WEIGHTS,
 }
 ALL_KINDS = tuple(ALL_KIND_WEIGHTS)
+# The kinds that need the spare node (moves.add_spare), and so no fault proxy.
+SPARE_KINDS = moves.KINDS | drains.KINDS
 # The kinds whose hold is a down time of 0 .. down_s_max.
 HELD_KINDS = frozenset(
-    {"kill9", "sigterm", "restart_all", "corrupt_down", *membership.HANDLERS, *moves.KINDS}
+    {"kill9", "sigterm", "restart_all", "corrupt_down", *membership.HANDLERS, *SPARE_KINDS}
 )
 # The kinds that need manager members running (a campaign with ``managers=0`` leaves them out).
 MANAGER_KINDS = frozenset(
@@ -69,7 +72,7 @@ MANAGER_KINDS = frozenset(
         "splice_then_pause",
         "rejoin_kill_self",
         "rejoin_kill_tail",
-        *moves.KINDS,
+        *SPARE_KINDS,
     }
 )
 
@@ -397,4 +400,11 @@ def _move_under_fault(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
 
 
 _HANDLERS["move_under_fault"] = _move_under_fault
+
+
+def _drain_under_fault(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
+    return drains.drain_under_fault(cluster, fault.node, fault.hold_s, fault.index)
+
+
+_HANDLERS["drain_under_fault"] = _drain_under_fault
 assert set(_HANDLERS) == set(ALL_KIND_WEIGHTS)

@@ -57,35 +57,39 @@ pause_s_base = 0.2
 poll_s = 0.05
 
 
-def add_spare(cluster: LocalCluster) -> dict[str, Any]:
-    """Starts the spare node and adds it to the manager as ``kayos ctl add-node`` does; returns
-    what happened (``error`` if the manager did not take it: the moves then find no target)."""
+def add_spare(cluster: LocalCluster, node: str = SPARE_NODE) -> dict[str, Any]:
+    """Starts node ``node`` (the spare, or a drain's replacement: chaos/procs/drains.py) and adds
+    it to the manager as ``kayos ctl add-node`` does; returns what happened (``error`` if the
+    manager did not take it: the moves then find no target)."""
     if isinstance(cluster, ProxiedCluster):
         raise ValueError(
-            "move_under_fault cannot run with the proxy kinds: the spare has no fault proxy"
+            "move_under_fault and drain_under_fault cannot run with the proxy kinds: the spare "
+            "has no fault proxy"
         )
-    address = cluster.add_outside_node(SPARE_NODE)
-    body: dict[str, Any] = {"op": "add-node", "node": SPARE_NODE, "host": address.host}
+    address = cluster.add_outside_node(node)
+    body: dict[str, Any] = {"op": "add-node", "node": node, "host": address.host}
     body |= {"http_port": address.http_port, "bin_port": address.bin_port}
-    reply = _operator(cluster, body)
+    reply = operator_request(cluster, body)
     if "error" in reply:
-        return {"node": SPARE_NODE, **reply}
-    view = _wait_view(cluster, lambda v: _state(v, SPARE_NODE) == "up", settle_timeout_s)
-    return {"node": SPARE_NODE, "epoch": None if view is None else view["epoch"]}
+        return {"node": node, **reply}
+    view = wait_view(cluster, lambda v: node_state(v, node) == "up", settle_timeout_s)
+    return {"node": node, "epoch": None if view is None else view["epoch"]}
 
 
 def movable(view: dict[str, Any], replicas: int) -> dict[int, list[str]]:
-    """Per shard that can move now, the up nodes outside its chain: every node in the view up,
-    the chain at full length with no move and no catch-up pending."""
+    """Per shard that can move now, the up nodes outside its chain that may take a replica (not
+    draining: chaos/procs/drains.py): every node in the view up, the chain at full length with no
+    move and no catch-up pending."""
     states = {str(n): str(state) for n, state, _heard in view["nodes"]}
     if any(state != "up" for state in states.values()):
         return {}
+    draining = set(view.get("draining", ()))
     found: dict[int, list[str]] = {}
     for shard in view["shards"]:
         chain = list(shard["chain"])
         if len(chain) != replicas or shard["moves"] or shard["catching_up"]:
             continue
-        outside = sorted(n for n in states if n not in chain)
+        outside = sorted(n for n in states if n not in chain and n not in draining)
         if outside:
             found[int(shard["id"])] = outside
     return found
@@ -152,25 +156,21 @@ def move_under_fault(cluster: LocalCluster, node: str, hold_s: float, index: int
     move, a move still pending at the bound or a failed restart is in the result (``move``,
     ``unexpected``). ``node`` seeds the draw with the schedule; the move picks its own nodes."""
     rng = random.Random(f"move-{index}-{node}-{hold_s}")
-    view = _wait_view(cluster, lambda v: movable(v, cluster.replicas), settle_timeout_s)
+    view = wait_view(cluster, lambda v: movable(v, cluster.replicas), settle_timeout_s)
     move = None if view is None else plan(rng, view, cluster.replicas, strikes_for(cluster))
     if view is None or move is None:
         last = manager_view(cluster)
         return {"move": "none_possible", "chains": None if last is None else chains(last)}
     body = {"op": "move-shard", "shard": move["shard"]}
-    reply = _operator(cluster, {**body, "source": move["source"], "target": move["target"]})
+    reply = operator_request(cluster, {**body, "source": move["source"], "target": move["target"]})
     if "error" in reply:
         return {"move": "refused", **move, **reply}
     began = time.monotonic()
     time.sleep(move["delay_s"])  # when the strike lands in the copy: the fault's own timing
-    during = _wait_view(cluster, lambda v: v, 0.0)
+    during = wait_view(cluster, lambda v: v, 0.0)
     move["struck_pending"] = during is not None and outcome(during, move) is None
-    struck = struck_node(move)
-    if move["strike"] in PARTITION_STRIKES:
-        problems = _cut(cluster, move, hold_s)
-    else:
-        problems = _strike(cluster, struck, move["strike"], hold_s)
-    end = _wait_view(cluster, lambda v: outcome(v, move), move_end_timeout_s)
+    struck, problems = strike(cluster, move, hold_s)
+    end = wait_view(cluster, lambda v: outcome(v, move), move_end_timeout_s)
     result: dict[str, Any] = {
         **move,
         "struck": struck,
@@ -187,7 +187,16 @@ def move_under_fault(cluster: LocalCluster, node: str, hold_s: float, index: int
     return result
 
 
-def _strike(cluster: LocalCluster, struck: str, strike: str, hold_s: float) -> list[str]:
+def strike(cluster: LocalCluster, move: dict[str, Any], hold_s: float) -> tuple[str, list[str]]:
+    """Lands ``move``'s strike (a process strike or a partition, healed at the end); returns the
+    node struck and what went wrong doing it."""
+    struck = struck_node(move)
+    if move["strike"] in PARTITION_STRIKES:
+        return struck, strike_cut(cluster, move, hold_s)
+    return struck, strike_process(cluster, struck, move["strike"], hold_s)
+
+
+def strike_process(cluster: LocalCluster, struck: str, strike: str, hold_s: float) -> list[str]:
     """kill -9 and restart after ``hold_s``, or SIGSTOP for ``pause_s_base + 2 * hold_s``; the
     struck node is running again at the end (or the failure to start it is returned)."""
     try:
@@ -211,7 +220,7 @@ def _strike(cluster: LocalCluster, struck: str, strike: str, hold_s: float) -> l
     return []
 
 
-def _cut(cluster: LocalCluster, move: dict[str, Any], hold_s: float) -> list[str]:
+def strike_cut(cluster: LocalCluster, move: dict[str, Any], hold_s: float) -> list[str]:
     """The move's partition for ``pause_s_base + 2 * hold_s``, healed after whatever happened."""
     sides = cut_sides(move, cluster.members())
     try:
@@ -221,7 +230,7 @@ def _cut(cluster: LocalCluster, move: dict[str, Any], hold_s: float) -> list[str
     return []
 
 
-def _operator(cluster: LocalCluster, body: dict[str, Any]) -> dict[str, Any]:
+def operator_request(cluster: LocalCluster, body: dict[str, Any]) -> dict[str, Any]:
     """The manager's reply to a signed operator request, or ``{"error": why}``."""
     try:
         return operator(cluster, body, operator_timeout_s)
@@ -229,11 +238,11 @@ def _operator(cluster: LocalCluster, body: dict[str, Any]) -> dict[str, Any]:
         return {"error": str(error)[:300]}
 
 
-def _state(view: dict[str, Any], node: str) -> str | None:
+def node_state(view: dict[str, Any], node: str) -> str | None:
     return next((str(s) for n, s, _heard in view["nodes"] if n == node), None)
 
 
-def _wait_view(cluster: LocalCluster, condition: Any, timeout_s: float) -> dict[str, Any] | None:
+def wait_view(cluster: LocalCluster, condition: Any, timeout_s: float) -> dict[str, Any] | None:
     """The manager leader's view once ``condition(view)`` is truthy, polled until ``timeout_s``;
     None if it never was (or no leader answered)."""
     deadline = time.monotonic() + timeout_s
