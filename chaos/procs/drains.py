@@ -20,21 +20,22 @@ adds a replacement node (``e``, ``f``, ... as an operator adds one, the spare's 
 from __future__ import annotations
 
 import random
+import signal
 import threading
 import time
 from collections import Counter
 from typing import Any
 
 from chaos.procs import moves
-from chaos.procs.membership import chains, manager_view
+from chaos.procs.membership import all_up, chains, manager_view
 from chaos.procs.netfaults import CUT_HOWS
-from kayos.launcher import LocalCluster
+from kayos.launcher import ClusterError, LocalCluster
 
 KIND_WEIGHTS: dict[str, int] = {"drain_under_fault": 3}
 KINDS = frozenset(KIND_WEIGHTS)
 # The nodes a campaign may add, in order, so that a drain has somewhere to go: each one is one
 # more `kayos node` process on the box for the rest of the campaign.
-REPLACEMENTS = ("e", "f", "g")
+REPLACEMENTS = tuple("efghijklmnopqrstuvwxyz")
 # After the strike: how long the manager gets to empty the drained node (a move per shard it
 # held, one after another when a struck target cancels one and the manager starts it again).
 drain_end_timeout_s = 120.0
@@ -53,9 +54,9 @@ def takers(view: dict[str, Any]) -> list[str]:
 
 
 def settled(view: dict[str, Any], replicas: int) -> bool:
-    """Every node up, every chain at ``replicas`` members with no move or catch-up pending, and no
-    draining node left in a chain."""
-    if any(state != "up" for _n, state, _heard in view["nodes"]):
+    """Every node up (but the ones drained for good), every chain at ``replicas`` members with no
+    move or catch-up pending, and no draining node left in a chain."""
+    if not all_up(view):
         return False
     draining = set(view.get("draining", ()))
     return all(
@@ -138,11 +139,14 @@ def observe(pending: dict[tuple[int, str], str], view: dict[str, Any]) -> Counte
     return ended
 
 
-def drained(view: dict[str, Any], node: str | None) -> bool:
-    """No move pending and (for a drain) ``node`` in no chain."""
-    return not any(s["moves"] for s in view["shards"]) and all(
-        node not in s["chain"] for s in view["shards"]
-    )
+def drained(view: dict[str, Any], node: str | None, replicas: int) -> bool:
+    """No move or catch-up pending, every chain at ``replicas`` members at least and (for a
+    drain) ``node`` in none: a drained node struck down is spliced out of a shard whose move a
+    struck target cancelled, and is in no chain until it rejoins, to be moved out again."""
+    return all(
+        not s["moves"] and not s["catching_up"] and len(s["chain"]) >= replicas
+        for s in view["shards"]
+    ) and all(node not in s["chain"] for s in view["shards"])
 
 
 def blocked(view: dict[str, Any], node: str) -> bool:
@@ -223,7 +227,8 @@ def room(cluster: LocalCluster) -> dict[str, Any] | None:
         return {"error": f"not settled within {moves.settle_timeout_s:.0f} s"}
     if len(takers(view)) > cluster.replicas:
         return None
-    fresh = [n for n in REPLACEMENTS if n not in cluster.ids]
+    known = {str(n) for n, _state, _heard in view["nodes"]}
+    fresh = [n for n in REPLACEMENTS if n not in cluster.ids and n not in known]
     if not fresh:
         return {"error": f"every replacement ({', '.join(REPLACEMENTS)}) already added"}
     return moves.add_spare(cluster, fresh[0])
@@ -254,9 +259,9 @@ def drain_under_fault(
         time.sleep(drain["delay_s"])  # when the strike lands in the moves: the fault's own timing
         during = watch.view() or before
         move = aimed(drain, before, during)
-        move["struck_pending"] = not drained(during, drain["node"])
+        move["struck_pending"] = not drained(during, drain["node"], replicas)
         struck, problems = moves.strike(cluster, move, hold_s)
-        end = watch.until(lambda v: drained(v, drain["node"]), drain_end_timeout_s)
+        end = watch.until(lambda v: drained(v, drain["node"], replicas), drain_end_timeout_s)
         last = watch.view()
         outcome = "completed" if end is not None else "pending_at_bound"
         if end is None and last is not None and blocked(last, drain["node"]):
@@ -274,10 +279,33 @@ def drain_under_fault(
             f"drain of {drain['node']} {outcome} {drain_end_timeout_s:.0f} s after the "
             f"{drain['strike']}"
         )
+    if outcome == "completed":
+        problems += retire(cluster, drain["node"])
+        added = room(cluster)
+        if added is not None:
+            result["replaced_by"] = added
     problems += rebalance(cluster, result)
     if problems:
         result["unexpected"] = problems
     return result
+
+
+def retire(cluster: LocalCluster, node: str) -> list[str]:
+    """Stops the drained ``node`` for good (SIGTERM) and drops it from the cluster's nodes, so the
+    campaign neither restarts it nor draws faults on it; what went wrong is returned. It stays
+    in the manager's view, draining and soon down: ``remove-node`` takes only the nodes of the
+    managers' topology file, not one added at runtime."""
+    try:
+        if cluster.running(node):
+            cluster.kill(node, signal.SIGTERM)
+            cluster.wait_exit(node)
+    except (ClusterError, OSError) as error:
+        return [f"stopping the drained {node}: {error}"[:500]]
+    finally:
+        cluster.processes.pop(node, None)
+        if node in cluster.ids:
+            cluster.ids.remove(node)
+    return []
 
 
 def rebalance(cluster: LocalCluster, result: dict[str, Any]) -> list[str]:
@@ -288,7 +316,7 @@ def rebalance(cluster: LocalCluster, result: dict[str, Any]) -> list[str]:
         if "error" in reply:
             result["rebalance"] = {"error": reply["error"]}
             return [f"rebalance refused: {reply['error']}"]
-        end = watch.until(lambda v: drained(v, None), rebalance_end_timeout_s)
+        end = watch.until(lambda v: drained(v, None, cluster.replicas), rebalance_end_timeout_s)
         result["rebalance"] = watch.counts()
     if end is None:
         return [f"rebalance moves still pending {rebalance_end_timeout_s:.0f} s after it"]

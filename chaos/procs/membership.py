@@ -54,6 +54,19 @@ def chains(view: dict[str, Any]) -> dict[int, list[str]]:
     return {int(s["id"]): list(s["chain"]) for s in view["shards"]}
 
 
+def emptied(view: dict[str, Any]) -> set[str]:
+    """The nodes drained for good (draining, in no chain: chaos/procs/drains.py stops them):
+    whether they are up is no concern of a wait for a whole cluster."""
+    held = {member for s in view["shards"] for member in s["chain"]}
+    return {str(n) for n in view.get("draining", ()) if n not in held}
+
+
+def all_up(view: dict[str, Any]) -> bool:
+    """Every node in the view up, but the ones drained for good."""
+    gone = emptied(view)
+    return all(state == "up" for n, state, _heard in view["nodes"] if n not in gone)
+
+
 def wait_for(condition: Callable[[], Any], what: str, timeout_s: float) -> Any:
     """Polls ``condition`` until truthy; ``ClusterError`` naming ``what`` past the bound."""
     deadline = time.monotonic() + timeout_s
@@ -99,7 +112,7 @@ def converged(cluster: LocalCluster) -> dict[int, int] | None:
     view = manager_view(cluster)
     if view is None:
         return None
-    if any(state != "up" for _node, state, _heard in view["nodes"]):
+    if not all_up(view):
         return None
     statuses = {node: cluster.status(node) for node in cluster.ids}
     agreed: dict[int, int] = {}

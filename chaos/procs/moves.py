@@ -21,7 +21,7 @@ import signal
 import time
 from typing import Any
 
-from chaos.procs.membership import chains, manager_view
+from chaos.procs.membership import all_up, chains, manager_view
 from chaos.procs.netfaults import CUT_HOWS, ProxiedCluster, held_cut
 from chaos.procs.netns import NetnsCluster, NetnsError
 from kayos.bench.grow import operator
@@ -78,11 +78,11 @@ def add_spare(cluster: LocalCluster, node: str = SPARE_NODE) -> dict[str, Any]:
 
 def movable(view: dict[str, Any], replicas: int) -> dict[int, list[str]]:
     """Per shard that can move now, the up nodes outside its chain that may take a replica (not
-    draining: chaos/procs/drains.py): every node in the view up, the chain at full length with no
-    move and no catch-up pending."""
-    states = {str(n): str(state) for n, state, _heard in view["nodes"]}
-    if any(state != "up" for state in states.values()):
+    draining: chaos/procs/drains.py): every node in the view up (but the ones drained for good),
+    the chain at full length with no move and no catch-up pending."""
+    if not all_up(view):
         return {}
+    states = {str(n): str(state) for n, state, _heard in view["nodes"]}
     draining = set(view.get("draining", ()))
     found: dict[int, list[str]] = {}
     for shard in view["shards"]:

@@ -8,6 +8,7 @@ docs/testing.md "Drains under faults")."""
 from __future__ import annotations
 
 import random
+import signal
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -15,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from chaos.cli import chaos
-from chaos.procs import drains, faults, moves
+from chaos.procs import drains, faults, membership, moves
 from chaos.procs.netfaults import ProxiedCluster
 from kayos.launcher import LocalCluster
 from tests.unit.test_chaos_moves import CHAINS, first, view
@@ -125,10 +126,16 @@ def test_the_moves_ends_and_the_drains_end_are_read_from_views() -> None:
     both = drain_view({**FULL, 1: ["b", "c", "a", "e"]})
     assert drains.observe(pending, both) == {"other": 1}
     assert pending == {}
-    assert not drains.drained(later, "a")
-    assert not drains.drained(drain_view(FULL), "a")
-    assert drains.drained(drain_view(FULL), "e")
-    assert drains.drained(drain_view(FULL), None)
+    assert not drains.drained(later, "a", 3)
+    assert not drains.drained(drain_view(FULL), "a", 3)
+    assert drains.drained(drain_view(FULL), "e", 3)
+    assert drains.drained(drain_view(FULL), None, 3)
+    # Spliced out while its move was cancelled: in no chain, but one is short until it rejoins.
+    spliced = {0: ["b", "c", "d"], 1: ["b", "c"], 2: ["c", "b", "d"]}
+    assert not drains.drained(drain_view(spliced), "a", 3)
+    rejoining = drain_view({**spliced, 1: ["b", "c", "e"]}, catching={1: ["a"]})
+    assert not drains.drained(rejoining, "a", 3)
+    assert drains.drained(drain_view({**spliced, 1: ["b", "c", "e"]}), "a", 3)
     stuck = drain_view(FULL, draining=("a",), alerts=(("drain_blocked", 0, "a"),))
     assert drains.blocked(stuck, "a")
     assert not drains.blocked(stuck, "b")
@@ -162,6 +169,7 @@ def test_a_replacement_is_added_only_when_no_drain_could_finish(monkeypatch: Any
 
     monkeypatch.setattr(moves, "wait_view", wait_view)
     monkeypatch.setattr(moves, "add_spare", add)
+    monkeypatch.setattr(drains, "REPLACEMENTS", ("e", "f", "g"))
     cluster = RoomCluster()
     assert drains.room(cast(LocalCluster, cluster)) is None
     assert added == []
@@ -170,7 +178,7 @@ def test_a_replacement_is_added_only_when_no_drain_could_finish(monkeypatch: Any
     assert drains.room(cast(LocalCluster, cluster)) == {"node": "e", "epoch": 9}
     assert drains.room(cast(LocalCluster, cluster)) == {"node": "f", "epoch": 9}
     assert drains.room(cast(LocalCluster, cluster)) == {"node": "g", "epoch": 9}
-    assert added == list(drains.REPLACEMENTS)
+    assert added == ["e", "f", "g"]
     assert "already added" in str(drains.room(cast(LocalCluster, cluster)))
     views["now"] = drain_view(emptied, draining=("a",), down=("b",))
     assert "not settled within" in str(drains.room(cast(LocalCluster, cluster)))
@@ -195,8 +203,61 @@ def test_the_watch_counts_moves_that_end_between_strikes_and_waits_past_the_requ
     polls = iter(script)
     monkeypatch.setattr(drains, "manager_view", lambda _cluster: next(polls, script[-1]))
     with drains.Watch(cast(LocalCluster, RoomCluster())) as watch:
-        end = watch.until(lambda v: drains.drained(v, None), 10.0)
+        end = watch.until(lambda v: drains.drained(v, None, 3), 10.0)
         # The first view has no move either, but only views polled after the call count.
         assert end == script[-1]
     assert watch.counts() == {"cancelled": 1, "completed": 2}
     assert watch.polls >= len(script)
+
+
+def test_a_node_drained_for_good_is_no_concern_of_the_waits(monkeypatch: Any) -> None:
+    # a drained and stopped (down, draining, in no chain): the cluster is whole without it.
+    emptied = {0: ["d", "b", "c"], 1: ["b", "c", "d"], 2: ["c", "d", "b"]}
+    gone = drain_view(emptied, draining=("a",), down=("a",))
+    assert membership.emptied(gone) == {"a"}
+    assert membership.all_up(gone)
+    assert drains.settled(gone, 3)
+    # Down and draining but still in a chain (struck mid-drain): not whole.
+    struck = drain_view(FULL, draining=("a",), down=("a",))
+    assert membership.emptied(struck) == set()
+    assert not membership.all_up(struck)
+    assert moves.movable(struck, 3) == {}
+    # A replacement is never given the id of a node the view still holds.
+    added: list[str] = []
+    monkeypatch.setattr(
+        moves, "wait_view", lambda _c, condition, _t: gone if condition(gone) else None
+    )
+    monkeypatch.setattr(moves, "add_spare", lambda _c, node: added.append(node) or {"node": node})
+    monkeypatch.setattr(drains, "REPLACEMENTS", ("a", "e"))
+    assert drains.room(cast(LocalCluster, RoomCluster(ids=["b", "c", "d"]))) == {"node": "e"}
+
+
+@dataclass
+class StopCluster:
+    """What ``drains.retire`` calls: a running node stopped by SIGTERM, then forgotten."""
+
+    ids: list[str] = field(default_factory=lambda: ["a", "b", "c", "d"])
+    processes: dict[str, object] = field(default_factory=lambda: dict.fromkeys("abcd", object()))
+    signals: list[tuple[str, int]] = field(default_factory=list)
+
+    def running(self, node: str) -> bool:
+        return node in self.processes
+
+    def kill(self, node: str, sig: int) -> int:
+        self.signals.append((node, sig))
+        return 0
+
+    def wait_exit(self, node: str) -> int:
+        del self.processes[node]
+        return 0
+
+
+def test_a_drained_node_is_stopped_and_forgotten() -> None:
+    cluster = StopCluster()
+    assert drains.retire(cast(LocalCluster, cluster), "b") == []
+    assert cluster.signals == [("b", signal.SIGTERM)]
+    assert cluster.ids == ["a", "c", "d"]
+    assert "b" not in cluster.processes
+    # Already gone: nothing to signal, nothing to forget, nothing wrong.
+    assert drains.retire(cast(LocalCluster, cluster), "b") == []
+    assert cluster.signals == [("b", signal.SIGTERM)]

@@ -12,7 +12,7 @@ from typing import Any, cast
 
 import pytest
 
-from chaos.procs import faults, membership, moves
+from chaos.procs import faults, membership
 from kayos.launcher import LocalCluster
 
 
@@ -111,4 +111,4 @@ def test_the_schedule_draws_every_new_kind_with_a_bounded_hold() -> None:
     for fault in drawn:
         if fault.kind in membership.HANDLERS or fault.kind == "corrupt_down":
             assert 0 <= fault.hold_s <= faults.down_s_max
-    assert set(membership.HANDLERS) >= faults.MANAGER_KINDS - moves.KINDS
+    assert set(membership.HANDLERS) >= faults.MANAGER_KINDS - faults.SPARE_KINDS
