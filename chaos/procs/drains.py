@@ -297,8 +297,7 @@ def retire(cluster: LocalCluster, node: str) -> list[str]:
     managers' topology file, not one added at runtime."""
     try:
         if cluster.running(node):
-            cluster.kill(node, signal.SIGTERM)
-            cluster.wait_exit(node)
+            cluster.kill(node, signal.SIGTERM)  # waits for the exit (SIGKILL past its bound)
     except (ClusterError, OSError) as error:
         return [f"stopping the drained {node}: {error}"[:500]]
     finally:

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import random
 import signal
+import subprocess
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -232,32 +235,22 @@ def test_a_node_drained_for_good_is_no_concern_of_the_waits(monkeypatch: Any) ->
     assert drains.room(cast(LocalCluster, RoomCluster(ids=["b", "c", "d"]))) == {"node": "e"}
 
 
-@dataclass
-class StopCluster:
-    """What ``drains.retire`` calls: a running node stopped by SIGTERM, then forgotten."""
-
-    ids: list[str] = field(default_factory=lambda: ["a", "b", "c", "d"])
-    processes: dict[str, object] = field(default_factory=lambda: dict.fromkeys("abcd", object()))
-    signals: list[tuple[str, int]] = field(default_factory=list)
-
-    def running(self, node: str) -> bool:
-        return node in self.processes
-
-    def kill(self, node: str, sig: int) -> int:
-        self.signals.append((node, sig))
-        return 0
-
-    def wait_exit(self, node: str) -> int:
-        del self.processes[node]
-        return 0
-
-
-def test_a_drained_node_is_stopped_and_forgotten() -> None:
-    cluster = StopCluster()
-    assert drains.retire(cast(LocalCluster, cluster), "b") == []
-    assert cluster.signals == [("b", signal.SIGTERM)]
-    assert cluster.ids == ["a", "c", "d"]
-    assert "b" not in cluster.processes
-    # Already gone: nothing to signal, nothing to forget, nothing wrong.
-    assert drains.retire(cast(LocalCluster, cluster), "b") == []
-    assert cluster.signals == [("b", signal.SIGTERM)]
+def test_a_drained_node_is_stopped_and_forgotten(tmp_path: Path) -> None:
+    # The launcher's own kill on a real process (a stand-in for `kayos node`), not a fake of it.
+    cluster = LocalCluster.__new__(LocalCluster)
+    stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    cluster.processes = {"b": stand_in}
+    cluster.ids = ["a", "b", "c", "d"]
+    cluster.stop_timeout_s = 10.0
+    cluster._logs = {"b": (tmp_path / "b.log").open("w")}
+    try:
+        assert drains.retire(cluster, "b") == []
+        assert stand_in.poll() == -signal.SIGTERM
+        assert cluster.ids == ["a", "c", "d"]
+        assert cluster.processes == {}
+        assert cluster._logs == {}
+        # Already gone: nothing to signal, nothing to forget, nothing wrong.
+        assert drains.retire(cluster, "b") == []
+    finally:
+        stand_in.kill()
+        stand_in.wait()
