@@ -309,6 +309,8 @@ async def _signed_body(request: web.Request, state: MemberState, purpose: str) -
 async def _checked_remove(request: web.Request, state: MemberState) -> str:
     body = await _signed_body(request, state, "remove-node")
     node = body.get("node")
-    if not isinstance(node, str) or node not in state.setup.topology.nodes:
+    # A node of the view: one of the file's or one an operator added at runtime (add-node). A
+    # removed one stays known (removing it again answers as before: nothing changes).
+    if not isinstance(node, str) or state.view()[0].node(node) is None:
         raise InvalidRequest(f"unknown node {node!r:.80}")
     return node
