@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # The Spark extra (pyspark, pyarrow: about 700 MB) is installed for the tests only.
 SPARK_STAMP := $(VENV)/.installed-spark
 
-.PHONY: dev run test lint typecheck bench bench-produce bench-spark clean
+.PHONY: dev run test test-fast lint typecheck bench bench-produce bench-spark clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,13 @@ test: $(STAMP) $(SPARK_STAMP)
 	$(BIN)/ruff check kayos kestrel_compat tests chaos
 	$(BIN)/mypy
 	$(BIN)/pytest
+
+## The fast tier, for the edit loop (CONTRIBUTING.md): lint, types and the unit tier (pure and
+## in-process tests; no node process, no Spark, no campaign). `make test` stays what CI runs.
+test-fast: $(STAMP)
+	$(BIN)/ruff check kayos kestrel_compat tests chaos
+	$(BIN)/mypy
+	$(BIN)/pytest tests/unit -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check kayos kestrel_compat tests chaos
