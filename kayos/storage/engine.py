@@ -6,7 +6,7 @@ their result. Readers (snapshots, ``get``) never take the commit lock: nodes are
 written and the current (file, header) pair is swapped atomically.
 
 The rest of the store lives beside it: value types (kayos.storage.records), data files and
-headers (kayos.storage.datafile), batch checks (kayos.storage.batch), the group commit's layout
+headers (kayos.storage.disk.datafile), batch checks (kayos.storage.batch), the group commit's layout
 (kayos.storage.group), snapshots (kayos.storage.reads) and open/recovery
 (kayos.storage.recovery). The names other modules import from here are re-exported.
 """
@@ -34,8 +34,6 @@ from kayos.errors import (
     StorageError,
     StoreClosedError,
 )
-from kayos.storage import btree
-from kayos.storage import format as fmt
 from kayos.storage.batch import (
     BatchColumns,
     ops_to_columns,
@@ -43,7 +41,9 @@ from kayos.storage.batch import (
     validate_meta,
     validate_ops,
 )
-from kayos.storage.datafile import (
+from kayos.storage.disk import btree
+from kayos.storage.disk import format as fmt
+from kayos.storage.disk.datafile import (
     DATA_PREFIX,
     DATA_SUFFIX,
     SNAPSHOT_SUFFIX,
@@ -57,7 +57,9 @@ from kayos.storage.datafile import (
     read_header_at,
     region_matches,
 )
-from kayos.storage.fileops import OS_FILEOPS, FileHandle, FileOps, free_bytes
+from kayos.storage.disk.fileops import OS_FILEOPS, FileHandle, FileOps, free_bytes
+from kayos.storage.disk.headerwalk import meta_as_of
+from kayos.storage.disk.index import DerivedIndex
 from kayos.storage.group import (
     _add_stored_values,
     _extend_column,
@@ -66,8 +68,6 @@ from kayos.storage.group import (
     _seq_problem,
     _supersede,
 )
-from kayos.storage.headerwalk import meta_as_of
-from kayos.storage.index import DerivedIndex
 from kayos.storage.reads import Snapshot, _entry_at
 from kayos.storage.records import (
     CommitResult,
@@ -513,7 +513,7 @@ class ShardStore(StoreRecovery):
 
     def _maybe_checkpoint(self) -> None:
         """Every ``index_checkpoint_commits`` commits, asks the background thread to flush the
-        derived index (kayos.storage.index: a bound on dirty pages, not a durability point)."""
+        derived index (kayos.storage.disk.index: a bound on dirty pages, not a durability point)."""
         self._commits_since_checkpoint += 1
         if self._commits_since_checkpoint >= self.options.index_checkpoint_commits:
             self._commits_since_checkpoint = 0
@@ -727,7 +727,7 @@ class ShardStore(StoreRecovery):
             raise
         self._index.checkpoint()
 
-    # --- compaction hooks (kayos.storage.compact drives these) ---------------------------------
+    # --- compaction hooks (kayos.storage.maintenance.compact drives these) ---------------------
 
     @property
     def write_lock(self) -> threading.RLock:

@@ -13,8 +13,8 @@ from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from kayos import limits
-from kayos.storage import btree
-from kayos.storage import format as fmt
+from kayos.storage.disk import btree
+from kayos.storage.disk import format as fmt
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -13,17 +13,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kayos import limits
 from kayos.errors import InvalidRequest, SnapshotInvalidatedError, StoreClosedError
-from kayos.storage import btree
-from kayos.storage import format as fmt
-from kayos.storage.headerwalk import MetaAsOf, meta_as_of
-from kayos.storage.index import SEGMENT_MASK, SEGMENT_SHIFT
+from kayos.storage.disk import btree
+from kayos.storage.disk import format as fmt
+from kayos.storage.disk.headerwalk import MetaAsOf, meta_as_of
+from kayos.storage.disk.index import SEGMENT_MASK, SEGMENT_SHIFT
 from kayos.storage.records import Entry
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from kayos.clock import Clock
-    from kayos.storage.datafile import DataFile
+    from kayos.storage.disk.datafile import DataFile
 
 
 class SnapshotStore(Protocol):
@@ -123,7 +123,8 @@ class Snapshot:
         return btree.iter_leaves(reader, self.header.root, after_seq, min(upto_seq, self.boundary))
 
     def reader(self) -> btree.NodeReader:
-        """The reader of the pinned file (kayos.storage.check walks a live store's tree with it)."""
+        """The reader of the pinned file (kayos.storage.maintenance.check walks a live store's
+        tree with it)."""
         return self._check().reader
 
     def entry_at(self, leaf: fmt.Leaf, index: int) -> Entry:
@@ -135,7 +136,7 @@ class Snapshot:
         self._check()
 
     def meta_as_of(self, seq: int) -> MetaAsOf | None:
-        """The metadata as of ``seq`` (at most the boundary; kayos.storage.headerwalk): this
+        """The metadata as of ``seq`` (at most the boundary; kayos.storage.disk.headerwalk): this
         snapshot's own map, read nowhere, when ``seq`` is its boundary; else the newest header at
         or below ``seq`` found walking back from its header (at most
         ``limits.rollback_meta_headers_max`` headers), None if none is reached."""

@@ -13,9 +13,9 @@ import uuid
 from typing import TYPE_CHECKING
 
 from kayos import limits
-from kayos.storage import btree
-from kayos.storage import format as fmt
-from kayos.storage.datafile import (
+from kayos.storage.disk import btree
+from kayos.storage.disk import format as fmt
+from kayos.storage.disk.datafile import (
     SNAPSHOT_SUFFIX,
     DataFile,
     _Current,
@@ -24,11 +24,11 @@ from kayos.storage.datafile import (
     header_end,
     parse_generation,
 )
-from kayos.storage.index import DerivedIndex
+from kayos.storage.disk.index import DerivedIndex
 
 if TYPE_CHECKING:
     from kayos.clock import Clock
-    from kayos.storage.fileops import FileHandle, FileOps
+    from kayos.storage.disk.fileops import FileHandle, FileOps
     from kayos.storage.records import RecoveryReport, StoreOptions
 
 log = logging.getLogger("kayos.storage")

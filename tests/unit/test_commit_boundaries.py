@@ -17,11 +17,11 @@ import pytest
 from kayos.clock import ManualClock
 from kayos.errors import CorruptionError
 from kayos.replication.downstream import read_range
-from kayos.storage import check as check_module
-from kayos.storage import format as fmt
-from kayos.storage.check import check_store
-from kayos.storage.compact import compact
+from kayos.storage.disk import format as fmt
 from kayos.storage.engine import Delete, Entry, Put, ShardStore, StoreOptions
+from kayos.storage.maintenance import check as check_module
+from kayos.storage.maintenance.check import check_store
+from kayos.storage.maintenance.compact import compact
 from kayos.storage.readback import read_back
 from tests.conftest import TEST_STORE_UUID
 

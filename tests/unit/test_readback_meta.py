@@ -29,8 +29,8 @@ from kayos.replication.links import Pulse
 from kayos.replication.replica import ShardReplica
 from kayos.storage import Put, ShardStore
 from kayos.storage.batch import ops_to_columns, prepare_columns
-from kayos.storage.compact import compact
 from kayos.storage.group import _Pending
+from kayos.storage.maintenance.compact import compact
 from tests.linkauth import until
 from tests.unit.test_confirm_chain import QUEUE, managed_chain
 from tests.unit.test_mark_past_point import GROUP, KEY, marked, wait_before_commits

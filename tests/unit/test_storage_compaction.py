@@ -26,8 +26,13 @@ from kayos.errors import (
     StorageError,
     StoreClosedError,
 )
-from kayos.storage import compact as compact_module
-from kayos.storage.compact import compact
+from kayos.storage.disk.fileops import (
+    OS_FILEOPS,
+    FaultyFileOps,
+    FileHandle,
+    FileOps,
+    SimulatedCrash,
+)
 from kayos.storage.engine import (
     CommitResult,
     DataFile,
@@ -37,7 +42,8 @@ from kayos.storage.engine import (
     ShardStore,
     StoreOptions,
 )
-from kayos.storage.fileops import OS_FILEOPS, FaultyFileOps, FileHandle, FileOps, SimulatedCrash
+from kayos.storage.maintenance import compact as compact_module
+from kayos.storage.maintenance.compact import compact
 from tests.conftest import TEST_STORE_UUID
 
 if TYPE_CHECKING:

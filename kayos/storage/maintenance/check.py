@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 import lmdb
 
 from kayos.errors import CorruptionError
-from kayos.storage import btree
-from kayos.storage import format as fmt
+from kayos.storage.disk import btree
+from kayos.storage.disk import format as fmt
+from kayos.storage.disk.fileops import OS_FILEOPS, FileHandle
+from kayos.storage.disk.index import LATEST_ROW
 from kayos.storage.engine import Snapshot, find_last_header, parse_generation, read_header_at
-from kayos.storage.fileops import OS_FILEOPS, FileHandle
-from kayos.storage.index import LATEST_ROW
 
 _SCAN_BYTES = 1 << 20
 _HEADER_CHAIN_MAX = 1_000_000

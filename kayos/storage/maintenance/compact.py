@@ -18,18 +18,18 @@ from typing import TYPE_CHECKING
 
 from kayos import limits
 from kayos.errors import DiskFullError, StorageError
-from kayos.storage import btree
-from kayos.storage import format as fmt
+from kayos.storage.disk import btree
+from kayos.storage.disk import format as fmt
+from kayos.storage.disk.index import SEGMENT_MASK, SEGMENT_SHIFT
 from kayos.storage.engine import (
     DataFile,
     ShardStore,
     data_file_name,
     header_with,
 )
-from kayos.storage.index import SEGMENT_MASK, SEGMENT_SHIFT
 
 if TYPE_CHECKING:
-    from kayos.storage.fileops import FileHandle
+    from kayos.storage.disk.fileops import FileHandle
 
 _FLUSH_BYTES = 4 * 1024 * 1024
 # One compaction per store at a time. Weakly keyed, so an entry goes with its store (a dict keyed
