@@ -38,9 +38,9 @@ class SnapshotStore(Protocol):
     @property
     def clock(self) -> Clock: ...
 
-    def _check_open(self) -> None: ...
+    def check_open(self) -> None: ...
 
-    def _snapshot_invalidated(self, epoch: int, boundary: int) -> bool: ...
+    def snapshot_invalidated(self, epoch: int, boundary: int) -> bool: ...
 
 
 _new_entry = tuple.__new__
@@ -64,7 +64,8 @@ def _successors(segments: list[memoryview], seqs: list[int], lo: int, hi: int) -
     ]
 
 
-def _entry_at(reader: btree.NodeReader, leaf: fmt.Leaf, index: int) -> Entry:
+def read_entry(reader: btree.NodeReader, leaf: fmt.Leaf, index: int) -> Entry:
+    """Entry ``index`` of ``leaf``, its out-of-line value read through ``reader``."""
     flags = leaf.flags[index]
     value = leaf.vals[index]
     if flags & fmt.FLAG_VALUE_OUT_OF_LINE:
@@ -108,8 +109,8 @@ class Snapshot:
         if self._file is None:
             raise StoreClosedError("snapshot released")
         # The successor map belongs to the store; without it every version looks current.
-        self._store._check_open()
-        if self._store._snapshot_invalidated(self._epoch, self.boundary):
+        self._store.check_open()
+        if self._store.snapshot_invalidated(self._epoch, self.boundary):
             raise SnapshotInvalidatedError(
                 f"a rollback went below this snapshot's boundary {self.boundary}"
             )
@@ -129,7 +130,7 @@ class Snapshot:
 
     def entry_at(self, leaf: fmt.Leaf, index: int) -> Entry:
         """Entry ``index`` of a leaf from ``leaves``, its out-of-line value read."""
-        return _entry_at(self._check().reader, leaf, index)
+        return read_entry(self._check().reader, leaf, index)
 
     def check(self) -> None:
         """Raises if the snapshot was released or a rollback went below its boundary."""

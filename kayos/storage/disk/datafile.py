@@ -46,7 +46,10 @@ class DataFile:
             self.handle.close()
 
 
-class _Current(NamedTuple):
+class Current(NamedTuple):
+    """A store's current state, swapped as one: its data file, the newest header and that
+    header's metadata map."""
+
     file: DataFile
     header: fmt.Header
     meta: dict[str, Any]

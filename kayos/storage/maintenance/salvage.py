@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from kayos import limits
 from kayos.errors import CorruptionError, KayosError
 from kayos.storage.disk import format as fmt
-from kayos.storage.engine import read_header_at, region_matches
+from kayos.storage.disk.datafile import read_header_at, region_matches
 from kayos.storage.maintenance.check import CheckReport, check_store, data_file_of
 
 log = logging.getLogger("kayos.storage")
