@@ -70,9 +70,10 @@ node_cache_entries_max = 4096
 index_map_bytes = 1 << 40
 # The derived index is flushed (lmdb sync + successor map flush) every this many commits, by a
 # background thread: this bounds its dirty pages, not the replay after a crash (an OS crash
-# rebuilds the index anyway; a process crash loses no page; kayos/storage/index.py). Commits that
-# overlap a flush fault on the pages it cleaned (single-entry commit CPU p99 132 -> 720 us at
-# every 256 commits), so it runs about as often as kernel writeback would, not more.
+# rebuilds the index anyway; a process crash loses no page; kayos/storage/disk/index.py).
+# Commits that overlap a flush fault on the pages it cleaned (single-entry commit CPU p99
+# 132 -> 720 us at every 256 commits), so it runs about as often as kernel writeback would, not
+# more.
 index_checkpoint_commits = 16384
 # Rebuilding the derived index from the file (an open after a snapshot copy, a wiped index) applies
 # the leaves it reads in lmdb write transactions of at least this many entries each, not one per

@@ -24,7 +24,7 @@ from chaos.procs import drains, faults, membership, moves, netfaults
 from chaos.procs.workload import Consumer, Producer, join_timeout_s
 from kayos.control.config import Config as ManagerConfig
 from kayos.launcher import ClusterError, LocalCluster
-from kayos.storage.check import check_store, data_file_of
+from kayos.storage.maintenance.check import check_store, data_file_of
 
 # Convergence after the heal: every replica of every shard at the same seq. A restarted node
 # catches up within seconds; this bound only trips if a chain never heals.

@@ -22,7 +22,7 @@ from typing import Any
 
 from kayos.launcher import ClusterError, LocalCluster
 from kayos.manager_process import member_status
-from kayos.storage.check import data_file_of
+from kayos.storage.maintenance.check import data_file_of
 
 # How long a membership fault waits for the manager to act (a splice, a catch-up starting): the
 # detection window plus a few poll rounds, with room for two busy shared cores.

@@ -30,7 +30,7 @@ def check(path: str, as_json: bool) -> None:
     """Verify a shard store offline (CRCs, tree order, counts, index agreement).
 
     Exits 0 when the store is sound; 1 with the offset of the first problem otherwise."""
-    from kayos.storage.check import check_store
+    from kayos.storage.maintenance.check import check_store
 
     report = check_store(path)
     if as_json:

@@ -25,11 +25,11 @@ from kayos.checks import check_u64
 from kayos.errors import InvalidRequest, KayosError, StaleEpochError
 from kayos.node.retention import retention_floors
 from kayos.signing import open_signed
-from kayos.storage import format as fmt
-from kayos.storage.check import check_snapshot
-from kayos.storage.compact import compact
+from kayos.storage.disk import format as fmt
 from kayos.storage.engine import Snapshot, data_file_name
-from kayos.storage.retention import floors_in
+from kayos.storage.maintenance.check import check_snapshot
+from kayos.storage.maintenance.compact import compact
+from kayos.storage.maintenance.retention import floors_in
 
 if TYPE_CHECKING:
     from kayos.node.runtime import Node

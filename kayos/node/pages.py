@@ -19,7 +19,7 @@ from typing import Any
 from kayos import limits
 from kayos.replication.replica import ShardReplica, queue_prefix
 from kayos.storage import Entry
-from kayos.storage.format import FLAG_DELETE
+from kayos.storage.disk.format import FLAG_DELETE
 
 # Column positions in the store's ``Entry`` tuples (read_page transposes pages of them).
 _SEQ, _KEY, _VALUE, _EXPIRY, _HEADERS, _FLAGS = (

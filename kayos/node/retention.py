@@ -1,5 +1,5 @@
 """The retention driver of a node (docs/retention.md): the thin asyncio side of
-``kayos.storage.retention``.
+``kayos.storage.maintenance.retention``.
 
 - At a shard's head, every ``limits.retention_check_interval_ms``, it gathers each policy's inputs
   (the head's time index, the queue's byte buckets, its groups' marks, now), asks the pure rule for
@@ -23,11 +23,11 @@ from prometheus_client.core import GaugeMetricFamily
 
 from kayos import limits
 from kayos.errors import KayosError, RetentionGapError, StorageError
-from kayos.storage import fileops
-from kayos.storage import format as fmt
-from kayos.storage.compact import compact
-from kayos.storage.index import SEGMENT_MASK, SEGMENT_SHIFT
-from kayos.storage.retention import (
+from kayos.storage.disk import fileops
+from kayos.storage.disk import format as fmt
+from kayos.storage.disk.index import SEGMENT_MASK, SEGMENT_SHIFT
+from kayos.storage.maintenance.compact import compact
+from kayos.storage.maintenance.retention import (
     FLOOR_META,
     POLICY_META,
     Bucket,

@@ -60,8 +60,8 @@ from kayos.replication.replica import (
     queue_prefix,
 )
 from kayos.replication.upstream import UpstreamLink
-from kayos.storage.compact import compact
 from kayos.storage.engine import prepare_columns
+from kayos.storage.maintenance.compact import compact
 from kayos.topology import Topology, check_queue_name
 
 log = logging.getLogger("kayos.node")

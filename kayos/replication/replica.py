@@ -45,7 +45,7 @@ from kayos.replication.links import FrameStream as FrameStream
 from kayos.replication.links import Pulse, SendingLink, pack_takeover, unpack_takeover
 from kayos.replication.links import error_frame as error_frame
 from kayos.storage import CommitResult, ShardStore
-from kayos.storage.salvage import SalvageReport, salvage
+from kayos.storage.maintenance.salvage import SalvageReport, salvage
 from kayos.topology import ShardChain, Topology
 
 log = logging.getLogger("kayos.replication")

@@ -30,8 +30,8 @@ from kayos.errors import (
 from kayos.replication import frames as fr
 from kayos.replication import pacing
 from kayos.storage import engine
-from kayos.storage import format as fmt
-from kayos.storage.fileops import FileOps, OsFileOps
+from kayos.storage.disk import format as fmt
+from kayos.storage.disk.fileops import FileOps, OsFileOps
 
 log = logging.getLogger("kayos.replication")
 

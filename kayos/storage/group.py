@@ -1,8 +1,8 @@
 """One group commit laid out before it touches the file: the queued batch, the group's build,
 and the helpers that turn batches into leaf columns and fill in what each entry supersedes.
 
-Separate from the engine so the store's commit path reads as queueing, building and writing; the
-names stay private to the store package (kayos.storage.engine is their one user).
+Pure data work, no store state: the group commit (kayos.storage.commit) queues ``Pending``
+batches, builds a ``GroupBuild`` with these helpers, and writes it.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from kayos import limits
-from kayos.storage import btree
-from kayos.storage import format as fmt
+from kayos.storage.disk import btree
+from kayos.storage.disk import format as fmt
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -24,7 +24,10 @@ if TYPE_CHECKING:
 
 
 @dataclass(slots=True)
-class _Pending:
+class Pending:
+    """One batch waiting in the commit queue; the leader of its group commit fills in ``result``
+    or ``error`` and sets ``done``."""
+
     columns: BatchColumns
     meta: dict[str, Any] | None
     seqs: Sequence[int] | None
@@ -36,7 +39,7 @@ class _Pending:
 
 
 @dataclass(slots=True)
-class _GroupBuild:
+class GroupBuild:
     """Everything one group commit computed before it touches the file."""
 
     out: btree.Appender
@@ -49,7 +52,7 @@ class _GroupBuild:
     last_seq: int = 0
 
 
-def _seq_problem(pending: _Pending, next_seq: int) -> str | None:
+def seq_problem(pending: Pending, next_seq: int) -> str | None:
     """Why a batch's explicit seqs or last_seq no longer fit above ``next_seq - 1``, if so."""
     if pending.seqs and pending.seqs[0] < next_seq:
         return f"explicit seq {pending.seqs[0]} is not above last seq {next_seq - 1}"
@@ -58,7 +61,7 @@ def _seq_problem(pending: _Pending, next_seq: int) -> str | None:
     return None
 
 
-def _add_stored_values(out: btree.Appender, values: Sequence[bytes | None], cols: fmt.Leaf) -> None:
+def add_stored_values(out: btree.Appender, values: Sequence[bytes | None], cols: fmt.Leaf) -> None:
     """Appends a batch's values and flags to the leaf columns as stored: a delete as None, a
     large value as the position of the value chunk written for it."""
     inline_max = limits.value_inline_bytes_max
@@ -74,7 +77,7 @@ def _add_stored_values(out: btree.Appender, values: Sequence[bytes | None], cols
             cols.flags.append(0)
 
 
-def _extend_column(
+def extend_column(
     column: list[Any] | None, part: Sequence[Any] | None, start: int, count: int, fill: Any
 ) -> list[Any] | None:
     """An optional leaf column (None: all ``start`` entries so far hold ``fill``) with a batch's
@@ -89,7 +92,9 @@ def _extend_column(
     return column
 
 
-def _supersede(build: _GroupBuild, existing: dict[bytes, tuple[int, int]], *, unique: bool) -> None:
+def fill_supersessions(
+    build: GroupBuild, existing: dict[bytes, tuple[int, int]], *, unique: bool
+) -> None:
     """Fills the leaf's prevs and the supersessions: each entry supersedes the newest earlier
     version of its key, in the group or (``existing``) in the store. When no key repeats within
     the group only the keys found in the store are visited."""

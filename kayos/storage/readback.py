@@ -26,7 +26,7 @@ from __future__ import annotations
 import bisect
 from typing import TYPE_CHECKING
 
-from kayos.storage import format as fmt
+from kayos.storage.disk import format as fmt
 
 if TYPE_CHECKING:
     from kayos.storage.engine import Entry, Snapshot

@@ -13,17 +13,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kayos import limits
 from kayos.errors import InvalidRequest, SnapshotInvalidatedError, StoreClosedError
-from kayos.storage import btree
-from kayos.storage import format as fmt
-from kayos.storage.headerwalk import MetaAsOf, meta_as_of
-from kayos.storage.index import SEGMENT_MASK, SEGMENT_SHIFT
+from kayos.storage.disk import btree
+from kayos.storage.disk import format as fmt
+from kayos.storage.disk.headerwalk import MetaAsOf, meta_as_of
+from kayos.storage.disk.index import SEGMENT_MASK, SEGMENT_SHIFT
 from kayos.storage.records import Entry
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from kayos.clock import Clock
-    from kayos.storage.datafile import DataFile
+    from kayos.storage.disk.datafile import DataFile
 
 
 class SnapshotStore(Protocol):
@@ -38,9 +38,9 @@ class SnapshotStore(Protocol):
     @property
     def clock(self) -> Clock: ...
 
-    def _check_open(self) -> None: ...
+    def check_open(self) -> None: ...
 
-    def _snapshot_invalidated(self, epoch: int, boundary: int) -> bool: ...
+    def snapshot_invalidated(self, epoch: int, boundary: int) -> bool: ...
 
 
 _new_entry = tuple.__new__
@@ -64,7 +64,8 @@ def _successors(segments: list[memoryview], seqs: list[int], lo: int, hi: int) -
     ]
 
 
-def _entry_at(reader: btree.NodeReader, leaf: fmt.Leaf, index: int) -> Entry:
+def read_entry(reader: btree.NodeReader, leaf: fmt.Leaf, index: int) -> Entry:
+    """Entry ``index`` of ``leaf``, its out-of-line value read through ``reader``."""
     flags = leaf.flags[index]
     value = leaf.vals[index]
     if flags & fmt.FLAG_VALUE_OUT_OF_LINE:
@@ -108,8 +109,8 @@ class Snapshot:
         if self._file is None:
             raise StoreClosedError("snapshot released")
         # The successor map belongs to the store; without it every version looks current.
-        self._store._check_open()
-        if self._store._snapshot_invalidated(self._epoch, self.boundary):
+        self._store.check_open()
+        if self._store.snapshot_invalidated(self._epoch, self.boundary):
             raise SnapshotInvalidatedError(
                 f"a rollback went below this snapshot's boundary {self.boundary}"
             )
@@ -123,19 +124,20 @@ class Snapshot:
         return btree.iter_leaves(reader, self.header.root, after_seq, min(upto_seq, self.boundary))
 
     def reader(self) -> btree.NodeReader:
-        """The reader of the pinned file (kayos.storage.check walks a live store's tree with it)."""
+        """The reader of the pinned file (kayos.storage.maintenance.check walks a live store's
+        tree with it)."""
         return self._check().reader
 
     def entry_at(self, leaf: fmt.Leaf, index: int) -> Entry:
         """Entry ``index`` of a leaf from ``leaves``, its out-of-line value read."""
-        return _entry_at(self._check().reader, leaf, index)
+        return read_entry(self._check().reader, leaf, index)
 
     def check(self) -> None:
         """Raises if the snapshot was released or a rollback went below its boundary."""
         self._check()
 
     def meta_as_of(self, seq: int) -> MetaAsOf | None:
-        """The metadata as of ``seq`` (at most the boundary; kayos.storage.headerwalk): this
+        """The metadata as of ``seq`` (at most the boundary; kayos.storage.disk.headerwalk): this
         snapshot's own map, read nowhere, when ``seq`` is its boundary; else the newest header at
         or below ``seq`` found walking back from its header (at most
         ``limits.rollback_meta_headers_max`` headers), None if none is reached."""

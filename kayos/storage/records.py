@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from kayos import limits
-from kayos.storage import format as fmt
+from kayos.storage.disk import format as fmt
 
 
 @dataclass(frozen=True, slots=True)

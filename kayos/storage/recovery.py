@@ -13,40 +13,28 @@ import uuid
 from typing import TYPE_CHECKING
 
 from kayos import limits
-from kayos.storage import btree
-from kayos.storage import format as fmt
-from kayos.storage.datafile import (
+from kayos.storage.core import StoreCore
+from kayos.storage.disk import btree
+from kayos.storage.disk import format as fmt
+from kayos.storage.disk.datafile import (
     SNAPSHOT_SUFFIX,
+    Current,
     DataFile,
-    _Current,
     data_file_name,
     find_last_header,
     header_end,
     parse_generation,
 )
-from kayos.storage.index import DerivedIndex
+from kayos.storage.disk.index import DerivedIndex
 
 if TYPE_CHECKING:
-    from kayos.clock import Clock
-    from kayos.storage.fileops import FileHandle, FileOps
-    from kayos.storage.records import RecoveryReport, StoreOptions
+    from kayos.storage.disk.fileops import FileHandle
 
 log = logging.getLogger("kayos.storage")
 
 
-class StoreRecovery:
-    """The open and recovery steps of ``ShardStore`` (kayos.storage.engine), which sets these
-    attributes."""
-
-    directory: str
-    options: StoreOptions
-    recovery: RecoveryReport
-    _ops: FileOps
-    _clock: Clock
-    _current: _Current
-    _edge: btree.Edge
-    _index: DerivedIndex
-    _last_header_block: int
+class StoreRecovery(StoreCore):
+    """The open and recovery steps of ``ShardStore`` (kayos.storage.engine)."""
 
     def _open(self) -> None:
         ops = self._ops
@@ -82,7 +70,7 @@ class StoreRecovery:
         data_file = DataFile(handle, generation)
         self._last_header_block = block_pos
         meta = data_file.reader.read_meta(header.meta) if header.meta >= 0 else {}
-        self._current = _Current(data_file, header, meta)
+        self._current = Current(data_file, header, meta)
         self._edge = btree.Edge.from_root(data_file.reader, header.root)
         self._index = DerivedIndex(os.path.join(self.directory, "derived"), header.store_uuid)
         try:

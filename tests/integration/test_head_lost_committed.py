@@ -25,7 +25,7 @@ from chaos.history import Event
 from kayos.launcher import LocalCluster, http_json
 from kayos.replication import durablemark
 from kayos.signing import sign
-from kayos.storage.check import data_file_of
+from kayos.storage.maintenance.check import data_file_of
 from tests.integration.conftest import produce, read_snapshot, wait_until
 from tests.integration.test_self_repair import (
     BATCH,

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from kayos.cli.main import cli
 from kayos.launcher import LocalCluster, http_json
 from kayos.storage import ShardStore
-from kayos.storage.check import check_store
+from kayos.storage.maintenance.check import check_store
 from tests.integration.conftest import (
     PRODUCE_TIMEOUT_S,
     commit_group,

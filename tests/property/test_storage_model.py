@@ -47,10 +47,10 @@ from hypothesis.stateful import (
 from kayos import limits
 from kayos.clock import ManualClock
 from kayos.errors import InvalidRequest, RollbackTooFarError, SnapshotInvalidatedError
-from kayos.storage import format as fmt
-from kayos.storage.compact import compact
+from kayos.storage.disk import format as fmt
+from kayos.storage.disk.fileops import FaultyFileOps, SimulatedCrash
 from kayos.storage.engine import Delete, Entry, Put, ShardStore, Snapshot, StoreOptions
-from kayos.storage.fileops import FaultyFileOps, SimulatedCrash
+from kayos.storage.maintenance.compact import compact
 
 ROLLBACK_WINDOW_SEQS = 6
 KEYS = [f"k{index}".encode() for index in range(6)]

@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from kayos.cli.main import cli
 from kayos.storage import Delete, Put, ShardStore
-from kayos.storage import format as fmt
-from kayos.storage.compact import compact
+from kayos.storage.disk import format as fmt
+from kayos.storage.maintenance.compact import compact
 
 
 def _make_store(path: Path) -> None:

@@ -17,11 +17,11 @@ import pytest
 from kayos.clock import ManualClock
 from kayos.errors import CorruptionError
 from kayos.replication.downstream import read_range
-from kayos.storage import check as check_module
-from kayos.storage import format as fmt
-from kayos.storage.check import check_store
-from kayos.storage.compact import compact
+from kayos.storage.disk import format as fmt
 from kayos.storage.engine import Delete, Entry, Put, ShardStore, StoreOptions
+from kayos.storage.maintenance import check as check_module
+from kayos.storage.maintenance.check import check_store
+from kayos.storage.maintenance.compact import compact
 from kayos.storage.readback import read_back
 from tests.conftest import TEST_STORE_UUID
 
@@ -188,7 +188,7 @@ def test_compaction_hands_the_boundary_on_and_keeps_markers(tmp_path: Path) -> N
 def test_check_refuses_a_marker_that_is_more_than_a_boundary() -> None:
     bad = fmt.Leaf([3], [b"k"], [b"v"], [0], [fmt.COMMIT_MARKER_FLAGS], [2], None, None)
     with pytest.raises(CorruptionError, match="holds more than a boundary"):
-        check_module._check_marker(bad, 0, 4096)
+        check_module.check_marker(bad, 0, 4096)
     header = fmt.Header(
         store_uuid=TEST_STORE_UUID, generation=2, commit_no=3, last_seq=9, root=None,
         prev_header=-1, region_start=0, region_crc=0, entry_count=0, payload_bytes=0,
@@ -196,10 +196,10 @@ def test_check_refuses_a_marker_that_is_more_than_a_boundary() -> None:
         file_overhead=1.0,
     )  # fmt: skip
     with pytest.raises(CorruptionError, match="newest version of its key"):
-        check_module._check_markers([(b"k", 3, 4096)], {b"k": (2, 1, 0)}, header)
+        check_module.check_markers([(b"k", 3, 4096)], {b"k": (2, 1, 0)}, header)
     with pytest.raises(CorruptionError, match="above min_rollback_seq"):
-        check_module._check_markers([(b"k", 7, 4096)], {b"k": (8, 1, 0)}, header)
-    check_module._check_markers([(b"k", 3, 4096)], {b"k": (8, 1, 0)}, header)
+        check_module.check_markers([(b"k", 7, 4096)], {b"k": (8, 1, 0)}, header)
+    check_module.check_markers([(b"k", 3, 4096)], {b"k": (8, 1, 0)}, header)
 
 
 def test_version_1_file_opens_reads_and_bounds_pieces(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from kayos import limits
 from kayos.node import retention
-from kayos.storage import fileops
+from kayos.storage.disk import fileops
 
 MARK = limits.disk_reserve_bytes + limits.disk_head_margin_bytes
 

@@ -64,7 +64,7 @@ FLOORS: list[tuple[int, tuple[str, ...]]] = [
 # benchmark and `kayos check` work on a store directly) and the node's entry point.
 FACE_ALLOWED_LOW = (
     "kayos.storage",
-    "kayos.storage.check",
+    "kayos.storage.maintenance.check",
     "kayos.node.server",
     "kayos.topology",
     "kayos.identity",

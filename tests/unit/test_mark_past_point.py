@@ -25,7 +25,7 @@ from kayos.node.runtime import HWM_META, Node
 from kayos.replication import chain
 from kayos.replication.replica import ShardReplica
 from kayos.storage import Put, ShardStore
-from kayos.storage.compact import compact
+from kayos.storage.maintenance.compact import compact
 from tests.linkauth import until
 from tests.unit.test_confirm_chain import QUEUE, grant, managed_chain, snapshot
 from tests.unit.test_replica_review import SEED

@@ -29,8 +29,8 @@ from kayos.replication.links import Pulse
 from kayos.replication.replica import ShardReplica
 from kayos.storage import Put, ShardStore
 from kayos.storage.batch import ops_to_columns, prepare_columns
-from kayos.storage.compact import compact
-from kayos.storage.group import _Pending
+from kayos.storage.group import Pending
+from kayos.storage.maintenance.compact import compact
 from tests.linkauth import until
 from tests.unit.test_confirm_chain import QUEUE, managed_chain
 from tests.unit.test_mark_past_point import GROUP, KEY, marked, wait_before_commits
@@ -43,7 +43,7 @@ def group_commit(store: ShardStore, *commits: tuple[list[Put], dict[str, Any] | 
     """``commits`` as one group commit: one header, a commit boundary after each (what
     concurrent commits make, built here without racing threads)."""
     pendings = [
-        _Pending(prepare_columns(*ops_to_columns(ops)), meta, None, claim_seq=not ops)
+        Pending(prepare_columns(*ops_to_columns(ops)), meta, None, claim_seq=not ops)
         for ops, meta in commits
     ]
     with store.write_lock:

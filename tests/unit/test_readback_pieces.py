@@ -13,14 +13,14 @@ import tracemalloc
 from pathlib import Path
 
 from kayos.clock import ManualClock
-from kayos.storage import format as fmt
-from kayos.storage.compact import compact
+from kayos.storage.disk import format as fmt
 from kayos.storage.engine import Delete, Entry, Put, ShardStore, Snapshot, StoreOptions
+from kayos.storage.maintenance.compact import compact
 from kayos.storage.readback import read_back
 from tests.conftest import TEST_STORE_UUID
 
 # Reading leaves costs a fixed buffer whatever the range (one pread covers up to 1 MiB of
-# sibling leaves, kayos.storage.btree) plus a few decoded leaves: the allowance on top of the
+# sibling leaves, kayos.storage.disk.btree) plus a few decoded leaves: the allowance on top of the
 # piece. The range in the test holds ~5 MB of payload; walking it the old way peaked near 20 MB.
 READ_BUFFERS_BYTES = 2 << 20
 PIECE_OBJECT_BYTES = 1024  # generous per returned entry: an Entry, its key and value objects

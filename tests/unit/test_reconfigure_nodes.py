@@ -20,7 +20,7 @@ from kayos.node.reconfigure import TOPOLOGY_FILE
 from kayos.node.runtime import Node
 from kayos.replication import replica as replica_module
 from kayos.signing import sign
-from kayos.storage.salvage import SalvageReport, salvage
+from kayos.storage.maintenance.salvage import SalvageReport, salvage
 from kayos.topology import ShardChain, Topology
 from tests.linkauth import one_shard_topology, until
 

@@ -26,7 +26,7 @@ from kayos.replication import durablemark
 from kayos.replication.links import pack_takeover
 from kayos.replication.replica import TAKEOVER_META_KEY
 from kayos.storage import ShardStore
-from kayos.storage.check import data_file_of
+from kayos.storage.maintenance.check import data_file_of
 from kayos.topology import ShardChain, Topology
 from tests.linkauth import one_shard_topology, until
 from tests.unit.test_replica_review import _stored_keys

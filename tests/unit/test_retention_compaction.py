@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 from kayos.errors import DiskFullError
-from kayos.storage.check import check_store
-from kayos.storage.compact import compact
 from kayos.storage.engine import Delete, Put, ShardStore, StoreOptions
+from kayos.storage.maintenance.check import check_store
+from kayos.storage.maintenance.compact import compact
 from tests.conftest import TEST_STORE_UUID
 
 if TYPE_CHECKING:

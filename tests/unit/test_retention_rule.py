@@ -1,4 +1,5 @@
-"""The pure retention rule (kayos/storage/retention.py, docs/retention.md "The floor")."""
+"""The pure retention rule (kayos/storage/maintenance/retention.py, docs/retention.md "The
+floor")."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 
 from kayos.client.policy import error_from_http
 from kayos.errors import InvalidRequest, RetentionGapError
-from kayos.storage.retention import (
+from kayos.storage.maintenance.retention import (
     Bucket,
     RetentionPolicy,
     age_floor,

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from kayos.storage import ShardStore
-from kayos.storage import format as fmt
-from kayos.storage.check import check_store, data_file_of
+from kayos.storage.disk import format as fmt
+from kayos.storage.disk.fileops import OS_FILEOPS
 from kayos.storage.engine import find_last_header
-from kayos.storage.fileops import OS_FILEOPS
-from kayos.storage.salvage import DAMAGED_SUFFIX, salvage
+from kayos.storage.maintenance.check import check_store, data_file_of
+from kayos.storage.maintenance.salvage import DAMAGED_SUFFIX, salvage
 
 COMMITS = 300
 

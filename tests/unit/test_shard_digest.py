@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 from kayos.clock import ManualClock
 from kayos.node.operator_api import digest_entries, digest_floor, parse_compact
-from kayos.storage.check import check_snapshot
-from kayos.storage.compact import compact
 from kayos.storage.engine import Delete, Put, ShardStore, StoreOptions
+from kayos.storage.maintenance.check import check_snapshot
+from kayos.storage.maintenance.compact import compact
 from tests.conftest import TEST_STORE_UUID
 
 if TYPE_CHECKING:

@@ -23,9 +23,9 @@ from kayos.replication.snapshot import (
     store_is_empty,
 )
 from kayos.replication.snapshot_link import SnapshotProgress, receive_snapshot
-from kayos.storage.check import check_store
-from kayos.storage.compact import compact
 from kayos.storage.engine import Delete, Put, ShardStore, data_file_name
+from kayos.storage.maintenance.check import check_store
+from kayos.storage.maintenance.compact import compact
 
 
 def test_snapshot_frames_golden_bytes() -> None:

@@ -36,7 +36,7 @@ from tests.unit.test_storage_engine import JOIN_TIMEOUT_S, HeldFileOps, WaitWatc
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from kayos.storage.fileops import FileOps
+    from kayos.storage.disk.fileops import FileOps
 
 Outcome = tuple[Any, ...]
 

@@ -26,8 +26,13 @@ from kayos.errors import (
     StorageError,
     StoreClosedError,
 )
-from kayos.storage import compact as compact_module
-from kayos.storage.compact import compact
+from kayos.storage.disk.fileops import (
+    OS_FILEOPS,
+    FaultyFileOps,
+    FileHandle,
+    FileOps,
+    SimulatedCrash,
+)
 from kayos.storage.engine import (
     CommitResult,
     DataFile,
@@ -37,7 +42,8 @@ from kayos.storage.engine import (
     ShardStore,
     StoreOptions,
 )
-from kayos.storage.fileops import OS_FILEOPS, FaultyFileOps, FileHandle, FileOps, SimulatedCrash
+from kayos.storage.maintenance import compact as compact_module
+from kayos.storage.maintenance.compact import compact
 from tests.conftest import TEST_STORE_UUID
 
 if TYPE_CHECKING:
@@ -413,17 +419,17 @@ def test_the_compaction_lock_table_lets_stores_go(tmp_path: Path) -> None:
     never shrank (and a new store could inherit a dead one's entry); an entry now goes with its
     store."""
     gc.collect()  # stores earlier tests dropped go now, not in the middle of this count
-    before = len(compact_module._compaction_locks)
+    before = len(compact_module.compaction_locks)
     store = open_store(str(tmp_path / "shard"))
     store.commit(overwrite_batch(0))
     compact(store)
-    assert len(compact_module._compaction_locks) == before + 1
+    assert len(compact_module.compaction_locks) == before + 1
     store.close()
     gone = weakref.ref(store)
     del store
     gc.collect()
     assert gone() is None, "the lock table keeps no store alive"
-    assert len(compact_module._compaction_locks) == before
+    assert len(compact_module.compaction_locks) == before
 
 
 def test_compacting_an_empty_store(tmp_store: ShardStore) -> None:

@@ -23,10 +23,10 @@ import pytest
 from kayos import limits
 from kayos.clock import ManualClock
 from kayos.errors import CorruptionError, DiskFullError, StorageError, StoreClosedError
-from kayos.storage import btree, index
-from kayos.storage import format as fmt
+from kayos.storage.disk import btree, index
+from kayos.storage.disk import format as fmt
+from kayos.storage.disk.fileops import OS_FILEOPS, FaultyFileOps, FileOps, SimulatedCrash
 from kayos.storage.engine import Delete, Entry, Put, ShardStore, StoreOptions
-from kayos.storage.fileops import OS_FILEOPS, FaultyFileOps, FileOps, SimulatedCrash
 from tests.conftest import TEST_STORE_UUID
 
 if TYPE_CHECKING:

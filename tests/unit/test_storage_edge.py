@@ -9,10 +9,10 @@ import threading
 import pytest
 
 from kayos import limits
-from kayos.storage import btree
-from kayos.storage import format as fmt
+from kayos.storage.disk import btree
+from kayos.storage.disk import format as fmt
+from kayos.storage.disk.index import DerivedIndex
 from kayos.storage.engine import ShardStore, StoreOptions
-from kayos.storage.index import DerivedIndex
 
 
 def _reference_write_root(edge: btree.Edge, out: btree.Appender) -> fmt.Root | None:

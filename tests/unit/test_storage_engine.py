@@ -19,8 +19,9 @@ from kayos.errors import (
     SnapshotInvalidatedError,
     StoreClosedError,
 )
-from kayos.storage import btree
-from kayos.storage import format as fmt
+from kayos.storage.disk import btree
+from kayos.storage.disk import format as fmt
+from kayos.storage.disk.fileops import OS_FILEOPS, FileHandle, FileOps
 from kayos.storage.engine import (
     CommitResult,
     Delete,
@@ -29,7 +30,6 @@ from kayos.storage.engine import (
     ShardStore,
     StoreOptions,
 )
-from kayos.storage.fileops import OS_FILEOPS, FileHandle, FileOps
 from tests.conftest import TEST_STORE_UUID
 
 if TYPE_CHECKING:

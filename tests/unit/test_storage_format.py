@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from kayos import limits
 from kayos.clock import ManualClock
 from kayos.errors import CorruptionError
-from kayos.storage import format as fmt
+from kayos.storage.disk import format as fmt
 from kayos.storage.engine import ShardStore, StoreOptions
 
 if TYPE_CHECKING:

@@ -18,23 +18,19 @@ from typing import TYPE_CHECKING
 
 from kayos import limits
 from kayos.errors import DiskFullError, StorageError
-from kayos.storage import btree
-from kayos.storage import format as fmt
-from kayos.storage.engine import (
-    DataFile,
-    ShardStore,
-    data_file_name,
-    header_with,
-)
-from kayos.storage.index import SEGMENT_MASK, SEGMENT_SHIFT
+from kayos.storage.disk import btree
+from kayos.storage.disk import format as fmt
+from kayos.storage.disk.datafile import DataFile, data_file_name, header_with
+from kayos.storage.disk.index import SEGMENT_MASK, SEGMENT_SHIFT
+from kayos.storage.engine import ShardStore
 
 if TYPE_CHECKING:
-    from kayos.storage.fileops import FileHandle
+    from kayos.storage.disk.fileops import FileHandle
 
 _FLUSH_BYTES = 4 * 1024 * 1024
 # One compaction per store at a time. Weakly keyed, so an entry goes with its store (a dict keyed
 # by id() grew with every store ever compacted, and a new store could inherit a dead one's lock).
-_compaction_locks: weakref.WeakKeyDictionary[ShardStore, threading.Lock] = (
+compaction_locks: weakref.WeakKeyDictionary[ShardStore, threading.Lock] = (
     weakref.WeakKeyDictionary()
 )
 _compaction_locks_guard = threading.Lock()
@@ -150,7 +146,7 @@ def _pick(leaf: fmt.Leaf, keep: list[int]) -> fmt.Leaf:
 
 def _lock_for(store: ShardStore) -> threading.Lock:
     with _compaction_locks_guard:
-        return _compaction_locks.setdefault(store, threading.Lock())
+        return compaction_locks.setdefault(store, threading.Lock())
 
 
 def compact(store: ShardStore, floors: Mapping[bytes, int] | None = None) -> CompactionResult:
@@ -297,13 +293,9 @@ def _bulk_copy(
                 # Counted when the header is written (_finish); boundaries as for any drop.
                 marker = False
                 if flag & fmt.FLAG_BATCH_END:
-                    if last_kept > last_boundary:
-                        if keep and leaf.seqs[keep[-1]] == last_kept:
-                            ends.append(keep[-1])
-                        else:
-                            markers.append(index)
-                            keep.append(index)
-                            marker = True
+                    marker = _hand_on_end(
+                        leaf, index, keep, ends, markers, last_kept, last_boundary
+                    )
                     last_boundary = seq
                 retained.seqs.append(seq)
                 retained.keys.append(leaf.keys[index])
@@ -313,15 +305,12 @@ def _bulk_copy(
             if drop:
                 dropped_bytes += leaf.sizes[index]
                 if flag & fmt.FLAG_BATCH_END:
-                    if last_kept > last_boundary:  # part of this commit is kept
-                        if keep and leaf.seqs[keep[-1]] == last_kept:
-                            ends.append(keep[-1])
-                        else:
-                            markers.append(index)
-                            keep.append(index)
-                            last_boundary = seq
-                            continue  # a marker stays an entry (of no bytes)
+                    marker = _hand_on_end(
+                        leaf, index, keep, ends, markers, last_kept, last_boundary
+                    )
                     last_boundary = seq
+                    if marker:
+                        continue  # a marker stays an entry (of no bytes)
                 dropped += 1
                 continue
             keep.append(index)
@@ -334,6 +323,29 @@ def _bulk_copy(
     # Every dropped entry was superseded, so superseded counters drop by the same amounts (a
     # marker, kept or dropped, is a superseded entry of no bytes).
     return dropped, dropped_bytes, dropped, dropped_bytes
+
+
+def _hand_on_end(
+    leaf: fmt.Leaf,
+    index: int,
+    keep: list[int],
+    ends: list[int],
+    markers: list[int],
+    last_kept: int,
+    last_boundary: int,
+) -> bool:
+    """Where the commit end of the dropped entry ``leaf[index]`` goes. A commit dropped whole
+    (nothing kept since ``last_boundary``) needs none. Otherwise the flag moves to the commit's
+    last kept entry ``last_kept`` when this leaf holds it (added to ``ends``); else the dropped
+    entry stays as a commit-end marker (added to ``markers`` and ``keep``), and True says so."""
+    if last_kept <= last_boundary:
+        return False
+    if keep and leaf.seqs[keep[-1]] == last_kept:
+        ends.append(keep[-1])
+        return False
+    markers.append(index)
+    keep.append(index)
+    return True
 
 
 def _with_boundaries(leaf: fmt.Leaf, ends: list[int], markers: list[int]) -> fmt.Leaf:

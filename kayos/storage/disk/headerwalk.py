@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from kayos import limits
-from kayos.storage import btree
-from kayos.storage import format as fmt
-from kayos.storage.datafile import read_header_at
-from kayos.storage.fileops import FileHandle
+from kayos.storage.disk import btree
+from kayos.storage.disk import format as fmt
+from kayos.storage.disk.datafile import read_header_at
+from kayos.storage.disk.fileops import FileHandle
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 from kayos import limits
 from kayos.errors import CorruptionError, KayosError
-from kayos.storage import format as fmt
-from kayos.storage.check import CheckReport, check_store, data_file_of
-from kayos.storage.engine import read_header_at, region_matches
+from kayos.storage.disk import format as fmt
+from kayos.storage.disk.datafile import read_header_at, region_matches
+from kayos.storage.maintenance.check import CheckReport, check_store, data_file_of
 
 log = logging.getLogger("kayos.storage")
 
@@ -217,7 +217,7 @@ def _sync_dir(directory: str) -> None:
 
 
 class _Handle:
-    """The read side of ``kayos.storage.fileops.FileHandle`` over an open file object."""
+    """The read side of ``kayos.storage.disk.fileops.FileHandle`` over an open file object."""
 
     def __init__(self, raw: io.BufferedRandom, path: str) -> None:
         self._raw = raw

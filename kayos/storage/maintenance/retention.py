@@ -3,7 +3,7 @@
 Nothing here does IO or reads a clock: the head's driver (``kayos/node/retention.py``) gathers
 the inputs (the time index's samples, the queue's byte buckets, its groups' marks, now) and commits
 the floor this decides as shard metadata; compaction on every replica drops the queue's entries at
-or below that floor (``kayos.storage.compact``).
+or below that floor (``kayos.storage.maintenance.compact``).
 """
 
 from __future__ import annotations

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING
 
 from kayos import limits
 from kayos.errors import CorruptionError
-from kayos.storage import format as fmt
+from kayos.storage.disk import format as fmt
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
-    from kayos.storage.fileops import FileHandle
-    from kayos.storage.format import Ptr
+    from kayos.storage.disk.fileops import FileHandle
+    from kayos.storage.disk.format import Ptr
 
 # Bytes msgpack spends per leaf entry beyond its payload (seq, prev, flags, size, bin headers).
 _ENTRY_OVERHEAD_BYTES = 24

@@ -12,9 +12,9 @@ from operator import attrgetter
 from typing import Any, NamedTuple
 
 from kayos.errors import CorruptionError, StoreClosedError
-from kayos.storage import btree
-from kayos.storage import format as fmt
-from kayos.storage.fileops import FileHandle
+from kayos.storage.disk import btree
+from kayos.storage.disk import format as fmt
+from kayos.storage.disk.fileops import FileHandle
 
 DATA_PREFIX = "data."
 DATA_SUFFIX = ".kys"
@@ -46,7 +46,10 @@ class DataFile:
             self.handle.close()
 
 
-class _Current(NamedTuple):
+class Current(NamedTuple):
+    """A store's current state, swapped as one: its data file, the newest header and that
+    header's metadata map."""
+
     file: DataFile
     header: fmt.Header
     meta: dict[str, Any]

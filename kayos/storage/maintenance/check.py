@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 import lmdb
 
 from kayos.errors import CorruptionError
-from kayos.storage import btree
-from kayos.storage import format as fmt
-from kayos.storage.engine import Snapshot, find_last_header, parse_generation, read_header_at
-from kayos.storage.fileops import OS_FILEOPS, FileHandle
-from kayos.storage.index import LATEST_ROW
+from kayos.storage.disk import btree
+from kayos.storage.disk import format as fmt
+from kayos.storage.disk.datafile import find_last_header, parse_generation, read_header_at
+from kayos.storage.disk.fileops import OS_FILEOPS, FileHandle
+from kayos.storage.disk.index import LATEST_ROW
+from kayos.storage.reads import Snapshot
 
 _SCAN_BYTES = 1 << 20
 _HEADER_CHAIN_MAX = 1_000_000
@@ -149,7 +150,7 @@ def _check_tree(
     count, payload = _walk(
         reader, root.pos, root.height, root.first_seq, latest, state, report, markers
     )
-    _check_markers(markers, latest, header)
+    check_markers(markers, latest, header)
     if count != header.entry_count or count != root.count:
         raise CorruptionError(
             f"tree holds {count} entries, header says {header.entry_count}", offset=root.pos
@@ -188,7 +189,7 @@ def _walk(
             state["previous_seq"] = seq
             flags = node.flags[index]
             if flags & fmt.FLAG_COMMIT_MARKER:
-                _check_marker(node, index, pos)
+                check_marker(node, index, pos)
                 markers.append((node.keys[index], seq, pos))
                 continue  # not a version of its key
             if flags & fmt.FLAG_VALUE_OUT_OF_LINE:
@@ -211,8 +212,9 @@ def _walk(
     return total_count, total_bytes
 
 
-def _check_marker(leaf: fmt.Leaf, index: int, pos: int) -> None:
-    """A commit-end marker holds nothing but its seq, key and prev (docs/storage-format.md,
+def check_marker(leaf: fmt.Leaf, index: int, pos: int) -> None:
+    """Raises ``CorruptionError`` unless the commit-end marker at ``leaf[index]`` (a leaf at
+    file offset ``pos``) holds nothing but its seq, key and prev (docs/storage-format.md,
     "Commit boundaries")."""
     if (
         leaf.flags[index] != fmt.COMMIT_MARKER_FLAGS
@@ -226,13 +228,14 @@ def _check_marker(leaf: fmt.Leaf, index: int, pos: int) -> None:
         )
 
 
-def _check_markers(
+def check_markers(
     markers: list[tuple[bytes, int, int]],
     latest: dict[bytes, tuple[int, int, int]],
     header: fmt.Header,
 ) -> None:
-    """Every marker lies at or below the compaction floor and a newer version of its key exists
-    (compaction leaves one only for a superseded entry)."""
+    """Raises ``CorruptionError`` unless every ``(key, seq, offset)`` marker lies at or below the
+    compaction floor and a newer version of its key exists in ``latest`` (compaction leaves one
+    only for a superseded entry)."""
     for key, seq, pos in markers:
         if seq > header.min_rollback_seq:
             raise CorruptionError(
