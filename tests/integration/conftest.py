@@ -151,12 +151,38 @@ def commit_group(url: str, queue: str, group: str, hwm: int) -> None:
 
 
 def shard_seqs(cluster: LocalCluster, node: str, shard: int) -> tuple[int, int] | None:
-    """``(last_seq, committed_seq)`` of one replica from ``GET /v1/status``."""
+    """``(last_seq, committed_seq)`` of one replica from ``GET /v1/status``; None when the node
+    gives no answer or holds no replica of ``shard``: for a condition polled by ``wait_until``
+    only (a read outside a wait uses ``answered_seqs``)."""
     status = cluster.status(node)
     if status is None:
         return None
     replica = status["shards"].get(str(shard))
     return None if replica is None else (int(replica["last_seq"]), int(replica["committed_seq"]))
+
+
+def answered_status(cluster: LocalCluster, node: str, timeout_s: float = WAIT_S) -> dict[str, Any]:
+    """The node's ``GET /v1/status`` reply, asked again until it gives one (within the bound).
+    ``LocalCluster.status`` returns None for a request that got no reply in its short timeout,
+    as on a loaded box: that is no answer, never one to assert on."""
+    status: dict[str, Any] = wait_until(
+        lambda: cluster.status(node), f"{node} to answer GET /v1/status", timeout_s
+    )
+    return status
+
+
+def answered_replica(cluster: LocalCluster, node: str, shard: int = 0) -> dict[str, Any] | None:
+    """The node's replica of ``shard`` in an answered status; None only when the node answered
+    and holds no replica of it (never for a node that gave no answer)."""
+    found = answered_status(cluster, node)["shards"].get(str(shard))
+    return found if isinstance(found, dict) else None
+
+
+def answered_seqs(cluster: LocalCluster, node: str, shard: int) -> tuple[int, int]:
+    """``(last_seq, committed_seq)`` of a replica the node holds, from an answered status."""
+    replica = answered_replica(cluster, node, shard)
+    assert replica is not None, f"{node} answered holding no replica of shard {shard}"
+    return int(replica["last_seq"]), int(replica["committed_seq"])
 
 
 @pytest.fixture
@@ -192,8 +218,7 @@ def fingerprint(cluster: LocalCluster, queue: str) -> tuple[Any, Any]:
     cluster.wait_replicated()
     seqs = {}
     for node in cluster.topology.nodes:
-        status = cluster.status(node)
-        assert status is not None, node
+        status = answered_status(cluster, node)
         seqs[node] = {
             shard: (replica["last_seq"], replica["committed_seq"])
             for shard, replica in status["shards"].items()

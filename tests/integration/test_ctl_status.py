@@ -45,6 +45,13 @@ def healthy(url: str) -> dict[str, Any] | None:
     return summary if code == 0 else None
 
 
+def answered_by(summary: dict[str, Any], nodes: list[str]) -> bool:
+    """Every one of ``nodes`` answered the run behind ``summary``: a node that missed its reply
+    bound on a loaded box shows unreachable, which is no picture of the cluster to assert on."""
+    reachable = {node["id"]: node["reachable"] for node in summary.get("nodes", [])}
+    return all(reachable.get(node) for node in nodes)
+
+
 def test_a_healthy_cluster_exits_0_with_every_link_up(
     start_cluster: Callable[..., LocalCluster],
 ) -> None:
@@ -70,7 +77,11 @@ def test_a_healthy_cluster_exits_0_with_every_link_up(
         assert all(x["lag_entries"] == 0 for x in shard["links"])
     assert summary["shards"][0]["last_seq"] >= last >= first
 
-    code, text = ctl_status(cluster.url("c"), "--timeout", "5")
+    # A node missing the reply bound on a loaded box makes one run degraded: ask again.
+    code, text = wait_until(
+        lambda: (found := ctl_status(cluster.url("c"), "--timeout", "5"))[0] == 0 and found,
+        "ctl status (text) to report healthy",
+    )
     assert code == 0, text
     assert text.startswith("cluster: HEALTHY (epoch 1, from ")
     assert "\x1b[" not in text, "no colour when stdout is not a terminal"
@@ -90,7 +101,7 @@ def test_a_paused_middle_shows_unreachable_and_its_links_down_then_recovers(
         def middle_link_down() -> dict[str, Any] | None:
             code, summary = ctl_status(cluster.url(head))
             down = link(summary, 0, head, middle)["state"] == "down"
-            return summary if code == 1 and down else None
+            return summary if code == 1 and down and answered_by(summary, [head, tail]) else None
 
         summary = wait_until(
             middle_link_down,
@@ -129,7 +140,12 @@ def test_a_killed_node_is_unreachable_and_exit_is_1(
     cluster = start_cluster(nodes=3, replicas=3)
     wait_until(lambda: healthy(cluster.url("a")), "ctl status to report healthy")
     cluster.kill("c", signal.SIGKILL)
-    code, summary = ctl_status(cluster.url("a"))
+
+    def a_and_b_answered() -> tuple[int, Any] | None:
+        found = ctl_status(cluster.url("a"))
+        return found if answered_by(found[1], ["a", "b"]) else None
+
+    code, summary = wait_until(a_and_b_answered, "ctl status with a and b answering")
     assert code == 1
     nodes = {node["id"]: node for node in summary["nodes"]}
     assert nodes["c"]["reachable"] is False

@@ -21,7 +21,13 @@ import pytest
 
 from kayos import limits
 from kayos.launcher import LocalCluster, http_json
-from tests.integration.conftest import produce, read_snapshot, wait_until, write_ballast
+from tests.integration.conftest import (
+    answered_status,
+    produce,
+    read_snapshot,
+    wait_until,
+    write_ballast,
+)
 from tests.integration.conftest import small_disk as mount_small_disk
 
 pytestmark = pytest.mark.integration
@@ -51,8 +57,7 @@ def metric(cluster: LocalCluster, node: str, name: str) -> float | None:
 
 
 def disk_full_shown(cluster: LocalCluster, node: str) -> bool:
-    status = cluster.status(node)
-    assert status is not None
+    status = answered_status(cluster, node)
     return bool(status["shards"]["0"]["disk_full"])
 
 

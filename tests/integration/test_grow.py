@@ -49,6 +49,8 @@ def ctl(cluster: LocalCluster, *args: str) -> tuple[int, dict[str, Any]]:
 
 
 def leader_view(cluster: LocalCluster) -> dict[str, Any] | None:
+    """The view of the member that answers as leader, None when no member does in time (an
+    election, or a loaded box): for a condition polled by ``wait_until``."""
     for member in cluster.manager_ids:
         try:
             code, body = http_json(
@@ -60,6 +62,12 @@ def leader_view(cluster: LocalCluster) -> dict[str, Any] | None:
             view: dict[str, Any] = body["view"]
             return view
     return None
+
+
+def answered_view(cluster: LocalCluster) -> dict[str, Any]:
+    """The leader's view, asked again until a member answers as leader (within the bound)."""
+    view: dict[str, Any] = wait_until(lambda: leader_view(cluster), "the manager leader's view")
+    return view
 
 
 def test_move_shard_and_drain_through_the_cli(cluster: LocalCluster) -> None:
@@ -74,8 +82,7 @@ def test_move_shard_and_drain_through_the_cli(cluster: LocalCluster) -> None:
     assert reply["ok"] is True, reply
     assert reply["done"] is True, reply
     print(f"move-shard {shard} {source}->{target}: {reply['seconds']}s")
-    after = leader_view(cluster)
-    assert after is not None
+    after = answered_view(cluster)
     moved = after["shards"][shard]["chain"]
     assert target in moved, moved
     assert source not in moved, moved
@@ -91,8 +98,7 @@ def test_move_shard_and_drain_through_the_cli(cluster: LocalCluster) -> None:
     assert code == 0, reply
     assert reply["done"] is True, reply
     print(f"drain {node}: {reply['seconds']}s, replicas {reply['replicas']}")
-    final = leader_view(cluster)
-    assert final is not None
+    final = answered_view(cluster)
     for entry in final["shards"]:
         assert node not in entry["chain"], final
         assert len(entry["chain"]) == 2, final
@@ -107,14 +113,27 @@ def replica_count(shard: dict[str, Any]) -> int:
 
 def changes(cluster: LocalCluster) -> dict[str, Any]:
     """The leader's log of chain changes (GET /v1/manager/changes): every epoch its applied
-    entries went through, each with the chains and pending moves after it."""
-    for member in cluster.manager_ids:
-        code, body = http_json(cluster.manager_url(member) + "/v1/manager/changes", timeout_s=5.0)
-        if code == 200 and isinstance(body, dict):
-            leader = leader_view(cluster)
-            if leader is not None and body["epoch"] == leader["epoch"]:
-                return body
-    raise AssertionError("no manager member answered with the leader's epoch")
+    entries went through, each with the chains and pending moves after it. Asked again until a
+    member answers with the leader's epoch (within the bound): a read with no reply is none."""
+
+    def at_the_leaders_epoch() -> dict[str, Any] | None:
+        for member in cluster.manager_ids:
+            try:
+                code, body = http_json(
+                    cluster.manager_url(member) + "/v1/manager/changes", timeout_s=5.0
+                )
+            except (OSError, ValueError):
+                continue
+            if code == 200 and isinstance(body, dict):
+                leader = leader_view(cluster)
+                if leader is not None and body["epoch"] == leader["epoch"]:
+                    return body
+        return None
+
+    log: dict[str, Any] = wait_until(
+        at_the_leaders_epoch, "a manager member's log of changes at the leader's epoch"
+    )
+    return log
 
 
 def counts_by_epoch(log: dict[str, Any], since: int) -> dict[int, list[int]]:
@@ -135,8 +154,7 @@ def test_drain_of_the_head_under_acks_all_load_loses_nothing(tmp_path: Path) -> 
         assert cluster.topology.shards[0].chain == ("a", "b")
         wait_until(lambda: leader_view(cluster), "a manager leader")
         producers = [Producer(i, [cluster.url("b"), cluster.url("c")]) for i in range(2)]
-        start = leader_view(cluster)
-        assert start is not None
+        start = answered_view(cluster)
         for producer in producers:
             producer.start()
         try:
@@ -167,8 +185,7 @@ def test_drain_of_the_head_under_acks_all_load_loses_nothing(tmp_path: Path) -> 
             f"drain of head a under load: {reply['seconds']}s; acks=all produce rate before "
             f"{before:.0f}/s, during {during:.0f}/s; replica counts by epoch {counts}"
         )
-        final = leader_view(cluster)
-        assert final is not None
+        final = answered_view(cluster)
         assert final["shards"][0]["chain"] == ["b", "c"], final
         # The drain took at least two epochs (the target joining, then a leaving), and at none of
         # them was the shard below its 2 replicas.
@@ -188,8 +205,7 @@ def test_a_fourth_node_added_and_rebalanced_onto_under_load(tmp_path: Path) -> N
         wait_until(lambda: leader_view(cluster), "a manager leader")
         d, node_d = start_outside_node(cluster, "d", tmp_path)
         producers = [Producer(i, list(cluster.urls.values())) for i in range(2)]
-        start = leader_view(cluster)
-        assert start is not None
+        start = answered_view(cluster)
         try:
             wait_until(lambda: answers(d.http_url), "node d answering")
             for producer in producers:
@@ -214,8 +230,7 @@ def test_a_fourth_node_added_and_rebalanced_onto_under_load(tmp_path: Path) -> N
             for producer in producers:
                 producer.finish()
             # Every acked message is consumed, read at the queue's tail (d, perhaps: still up).
-            final = leader_view(cluster)
-            assert final is not None
+            final = answered_view(cluster)
             tail = final["shards"][cluster.topology.shard_for(QUEUE)]["chain"][-1]
             verdict = checked(d.http_url if tail == "d" else cluster.url(tail), producers)
             # What the moves copied: d held nothing before, so its data on disk (allocated blocks:
@@ -302,8 +317,7 @@ def test_ctrl_c_leaves_the_drain_running_and_a_rerun_follows_it_to_the_end(tmp_p
             assert ctl_process.returncode == 130, (out, err)
             assert b"the manager's moves go on" in err, err
             assert b"kayos ctl drain a" in err, err
-            view = leader_view(cluster)
-            assert view is not None
+            view = answered_view(cluster)
             assert view["draining"] == ["a"], view
             assert view["shards"][0]["moves"] == [["c", "a"]], view
         finally:
@@ -311,8 +325,7 @@ def test_ctrl_c_leaves_the_drain_running_and_a_rerun_follows_it_to_the_end(tmp_p
         code, reply = ctl(cluster, "drain", "a")
         assert code == 0, reply
         assert reply["done"] is True, reply
-        final = leader_view(cluster)
-        assert final is not None
+        final = answered_view(cluster)
         assert final["shards"][0]["chain"] == ["b", "c"], final
         counts = counts_by_epoch(changes(cluster), start["epoch"])
         assert min(min(c) for c in counts.values()) >= 2, counts

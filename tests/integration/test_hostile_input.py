@@ -26,6 +26,7 @@ from kayos.replication.frames import PROTOCOL_VERSION, ErrorFrame, Hello, Produc
 from tests.integration.conftest import (
     PRODUCE_TIMEOUT_S,
     WAIT_S,
+    answered_status,
     fingerprint,
     http_raw,
     produce_ok,
@@ -57,8 +58,7 @@ def link_count(cluster: LocalCluster) -> int:
     """Replication link ends up, over every member of every shard (GET /v1/status)."""
     count = 0
     for node in cluster.topology.nodes:
-        status = cluster.status(node)
-        assert status is not None, node
+        status = answered_status(cluster, node)
         for replica in status["shards"].values():
             count += int(bool(replica["upstream_linked"])) + len(replica["downstreams_linked"])
     return count
@@ -79,8 +79,7 @@ def messages_url(cluster: LocalCluster) -> str:
 
 def head_last_seq(cluster: LocalCluster) -> int:
     head = cluster.head_of(QUEUE)
-    status = cluster.status(head)
-    assert status is not None
+    status = answered_status(cluster, head)
     return int(status["shards"][str(cluster.topology.shard_for(QUEUE))]["last_seq"])
 
 

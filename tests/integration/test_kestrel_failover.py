@@ -32,7 +32,7 @@ from kayos.kestrel_process import KestrelFront, LocalClusterWithKestrel
 from kayos.launcher import LocalCluster
 from kestrel_compat.backend import decode_removed
 from kestrel_compat.kayos_backend import queue_for
-from tests.integration.conftest import WAIT_S, wait_until
+from tests.integration.conftest import WAIT_S, answered_status, wait_until
 
 memcache: Any = pytest.importorskip("memcache", reason="python-memcached is in the dev extra")
 
@@ -371,8 +371,7 @@ def test_stored_set_is_on_every_replica(
             assert seq is not None, f"STORED but {value[:8]} is not on the tail of {queue}"
             chain = cluster.topology.chain_for(queue_for(queue))
             for node in chain.members:
-                status = cluster.status(node)
-                assert status is not None, node
+                status = answered_status(cluster, node)
                 assert int(status["shards"][str(chain.id)]["last_seq"]) >= seq, (node, seq)
     finally:
         writer.close()

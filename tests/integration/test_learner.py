@@ -14,7 +14,7 @@ import pytest
 from kayos.launcher import LocalCluster, http_json, write_private
 from kayos.signing import sign
 from kayos.topology import ShardChain, Topology
-from tests.integration.conftest import produce, produce_ok, wait_until
+from tests.integration.conftest import answered_replica, produce, produce_ok, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -26,6 +26,8 @@ def catch_up(cluster: LocalCluster, node: str, body: dict[str, Any], *, mac: str
 
 
 def shard_status(cluster: LocalCluster, node: str, shard: int = 0) -> dict[str, Any] | None:
+    """The node's replica of ``shard``, None when it holds none or gives no answer: for a
+    condition polled by ``wait_until`` (a read outside a wait uses ``answered_replica``)."""
     status = cluster.status(node)
     if status is None:
         return None
@@ -43,7 +45,7 @@ def followers(
 
 
 def counted(cluster: LocalCluster, node: str, shard: int = 0) -> list[str] | None:
-    found = shard_status(cluster, node, shard)
+    found = answered_replica(cluster, node, shard)
     return None if found is None else found.get("counted_followers")
 
 
@@ -80,7 +82,7 @@ def test_learner_copies_follows_and_is_counted_once_level(start_cluster: Any) ->
     cluster = start_cluster(nodes=4, replicas=3, shards=1)
     head = cluster.url("a")
     last = fill(cluster, head, "q", 20)
-    assert shard_status(cluster, "d") is None
+    assert answered_replica(cluster, "d") is None
 
     # Refusals first: nothing changes.
     body = {"epoch": cluster.topology.epoch, "shard": 0, "upstream": "c"}
@@ -92,12 +94,12 @@ def test_learner_copies_follows_and_is_counted_once_level(start_cluster: Any) ->
     assert (status, reply["error"]["code"]) == (400, "invalid_request"), reply
     status, reply = catch_up(cluster, "d", {**body, "upstream": "d"})
     assert status == 400, reply
-    assert shard_status(cluster, "d") is None
+    assert answered_replica(cluster, "d") is None
 
     status, reply = catch_up(cluster, "d", body)
     assert (status, reply) == (200, {"shard": 0, "state": "learning"})
     wait_until(lambda: learned_through(cluster, "d", last), "d copied the shard")
-    learner = shard_status(cluster, "d")
+    learner = answered_replica(cluster, "d")
     assert learner is not None
     assert learner["upstream"] == "c"
     # Holding nothing, it copied the upstream's store file (docs/replication-protocol.md, "Store
@@ -116,7 +118,7 @@ def test_learner_copies_follows_and_is_counted_once_level(start_cluster: Any) ->
         "d learned the commit point",
     )
     # The upstream lists it apart from the chain.
-    upstream = shard_status(cluster, "c")
+    upstream = answered_replica(cluster, "c")
     assert upstream is not None
     assert upstream["downstreams_linked"] == ["learner:d"], upstream
 
@@ -152,10 +154,10 @@ def test_learner_copies_follows_and_is_counted_once_level(start_cluster: Any) ->
 
     # Resumable: restarted and ordered again, it copies only what it lacks.
     cluster.start("d")
-    assert shard_status(cluster, "d") is None  # a learner lives until the node stops
+    assert answered_replica(cluster, "d") is None  # a learner lives until the node stops
     assert catch_up(cluster, "d", body)[0] == 200
     wait_until(lambda: learned_through(cluster, "d", after_kill), "d resumed")
-    learner = shard_status(cluster, "d")
+    learner = answered_replica(cluster, "d")
     assert learner is not None
     assert learner["refetched_entries"] <= 2, learner
 
@@ -185,14 +187,14 @@ def test_returning_node_rolls_back_only_its_divergent_suffix(start_cluster: Any)
     cluster.start("c")
     new = 25
     produce_ok(cluster.url("b"), "q", [(f"new-{i}", "v") for i in range(new)])
-    head = shard_status(cluster, "b")
+    head = answered_replica(cluster, "b")
     assert head is not None
     last = int(head["last_seq"])  # the new entries and b's takeover entry's commit
     cluster.start("a")
     body = {"epoch": cluster.topology.epoch, "shard": 0, "upstream": "b"}
     assert catch_up(cluster, "a", body)[0] == 200
     wait_until(lambda: learned_through(cluster, "a", last), "a caught up with b")
-    learner = shard_status(cluster, "a")
+    learner = answered_replica(cluster, "a")
     assert learner is not None
     print(f"shared {shared}, diverged {diverged}, new {new}: {learner}")
     assert learner["rolled_back_entries"] == diverged, learner
@@ -224,7 +226,7 @@ def test_a_topology_making_the_learner_a_member_keeps_what_it_copied(start_clust
     cluster.topology = new
     _, after = produce_ok(cluster.url("a"), "q", [("joined", "v")])
     assert cluster.wait_replicated(60)[0] == after
-    member = shard_status(cluster, "d")
+    member = answered_replica(cluster, "d")
     assert member is not None
     assert member["role"] == "tail", member
     # The copy was kept: at most what was written after the switch may come by catch-up (the

@@ -66,8 +66,8 @@ def test_a_paused_middle_is_marked_down_then_relinks_and_loses_nothing(
     queue = queue_of_shard(cluster, SHARD)
     acked = {f"before-{i}" for i in range(20)}
     produce_ok(cluster.url(head), queue, [(key, key) for key in sorted(acked)])
-    up = link_of(cluster, head, middle)
-    assert up is not None
+    # No link entry means no answer yet or no link yet: either way, wait for the link.
+    up = wait_until(lambda: link_of(cluster, head, middle), "the head's link to the middle")
     assert up["up"] is True
     assert up["direction"] == "downstream"
     assert metric(cluster, head, "kayos_link_up", shard="0", peer=middle) == 1.0

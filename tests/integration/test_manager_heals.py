@@ -23,7 +23,7 @@ from kayos.client.sync import Client
 from kayos.errors import KayosError
 from kayos.launcher import LocalCluster, http_json
 from kayos.manager import Config
-from tests.integration.conftest import WAIT_S, read_snapshot, wait_until
+from tests.integration.conftest import WAIT_S, answered_status, read_snapshot, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -85,21 +85,40 @@ class Producer:
         assert not self.thread.is_alive(), f"producer {self.index} did not stop"
 
 
+def manager_status(cluster: LocalCluster, member: str) -> dict[str, Any] | None:
+    """The member's ``GET /v1/manager/status``, None when it gives no answer in time (a loaded
+    box) or an error: for a condition polled by ``wait_until``."""
+    try:
+        code, body = http_json(cluster.manager_url(member) + "/v1/manager/status", timeout_s=2.0)
+    except (OSError, ValueError):
+        return None
+    return body if code == 200 and isinstance(body, dict) else None
+
+
 def manager_view(cluster: LocalCluster) -> dict[str, Any] | None:
+    """The manager leader's status, None when it gives none: for a condition polled by
+    ``wait_until`` (a read outside a wait uses ``answered_view``)."""
     leader = cluster.wait_manager_leader()
     assert leader is not None
-    code, body = http_json(cluster.manager_url(leader) + "/v1/manager/status", timeout_s=2.0)
-    return body if code == 200 else None
+    return manager_status(cluster, leader)
+
+
+def answered_view(cluster: LocalCluster) -> dict[str, Any]:
+    """The manager leader's status, asked again until it answers (within the bound)."""
+    view: dict[str, Any] = wait_until(lambda: manager_view(cluster), "the manager leader's status")
+    return view
 
 
 def chain_of(cluster: LocalCluster, shard: int) -> list[str] | None:
+    """The shard's chain in the leader's view, None when the leader gives no answer: for a
+    condition polled by ``wait_until``."""
     view = manager_view(cluster)
     return None if view is None else view["view"]["shards"][shard]["chain"]
 
 
 def node_states(cluster: LocalCluster) -> dict[str, str]:
-    view = manager_view(cluster)
-    return {} if view is None else {n: s for n, s, _ in view["view"]["nodes"]}
+    """Each node's state in the leader's view, once the leader answers."""
+    return {n: s for n, s, _ in answered_view(cluster)["view"]["nodes"]}
 
 
 @pytest.fixture
@@ -155,9 +174,9 @@ def test_kill_9_of_a_member_is_spliced_out_with_nothing_acked_lost(
             producer.finish()
     assert node_states(cluster)[victim] == "down"
     for node in remaining:
-        status = cluster.status(node)
-        assert status is not None
-        assert status["epoch"] >= 2  # the manager's topology reached the survivors
+        assert (
+            answered_status(cluster, node)["epoch"] >= 2
+        )  # the manager's topology reached the survivors
 
     # Every acknowledged message is consumed (chaos checker: lost, order, dedup, hwm).
     check_nothing_lost(cluster, remaining[-1], producers)
@@ -215,19 +234,20 @@ def test_after_kill_9_of_the_manager_leader_the_new_leader_heals(cluster: LocalC
 
 
 def _leader_among(cluster: LocalCluster, members: list[str]) -> str | None:
+    """The leader every one of ``members`` names, None until each answers naming the same."""
     leaders = set()
     for member in members:
-        code, body = http_json(cluster.manager_url(member) + "/v1/manager/status", timeout_s=1.0)
-        if code != 200:
+        status = manager_status(cluster, member)
+        if status is None:
             return None
-        leaders.add(body["leader"])
+        leaders.add(status["leader"])
     return leaders.pop() if len(leaders) == 1 else None
 
 
-def _chain_from(cluster: LocalCluster, member: str) -> list[str]:
-    code, body = http_json(cluster.manager_url(member) + "/v1/manager/status", timeout_s=1.0)
-    assert code == 200, body
-    return list(body["view"]["shards"][0]["chain"])
+def _chain_from(cluster: LocalCluster, member: str) -> list[str] | None:
+    """Shard 0's chain in ``member``'s view, None when it gives no answer (polled)."""
+    status = manager_status(cluster, member)
+    return None if status is None else list(status["view"]["shards"][0]["chain"])
 
 
 def test_a_paused_middle_is_removed_and_learns_the_new_topology_when_it_resumes(
@@ -256,8 +276,7 @@ def test_a_paused_middle_is_removed_and_learns_the_new_topology_when_it_resumes(
         for producer in producers:
             producer.finish()
     check_nothing_lost(cluster, "c", producers)
-    view = manager_view(cluster)
-    assert view is not None
+    view = answered_view(cluster)
 
     def b_runs_the_view_epoch() -> bool:
         status = cluster.status("b")

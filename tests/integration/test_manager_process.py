@@ -30,11 +30,21 @@ CONFIG = Config(detection_window_ms=2_000, suspect_after_ms=1_000)
 
 
 def manager_status(cluster: LocalCluster, member: str) -> dict[str, Any] | None:
+    """The member's ``GET /v1/manager/status``, None when it gives no answer in time (a loaded
+    box) or an error: for a condition polled by ``wait_until``."""
     try:
         code, body = http_json(cluster.manager_url(member) + "/v1/manager/status", timeout_s=1.0)
     except (OSError, ValueError):
         return None
     return body if code == 200 and isinstance(body, dict) else None
+
+
+def answered_statuses(cluster: LocalCluster, members: list[str]) -> list[dict[str, Any]]:
+    """Every member's status, each asked again until it answers (within the bound)."""
+    return [
+        wait_until(lambda m=m: manager_status(cluster, m), f"manager member {m} to answer")
+        for m in members
+    ]
 
 
 def agreed_entry(cluster: LocalCluster, members: list[str]) -> int | None:
@@ -52,6 +62,8 @@ def agreed_entry(cluster: LocalCluster, members: list[str]) -> int | None:
 
 
 def leader_of(cluster: LocalCluster, members: list[str], not_: str | None = None) -> str | None:
+    """The leader the members that answer name, once they name one (a member with no answer
+    in time is left out: it contradicts nobody)."""
     statuses = [manager_status(cluster, m) for m in members]
     leaders = {s["leader"] for s in statuses if s is not None}
     if len(leaders) != 1:
@@ -86,9 +98,9 @@ def test_kill_9_of_the_leader_elects_another_and_every_view_agrees(cluster: Loca
     first = wait_until(lambda: agreed_entry(cluster, members), "the restarted member agreeing")
     # and they keep agreeing as the leader logs more rounds
     wait_until(lambda: (agreed_entry(cluster, members) or 0) > first, "more agreed entries")
-    statuses = [manager_status(cluster, m) for m in members]
-    assert {s["leader"] for s in statuses if s} == {new}
-    assert {s["epoch"] for s in statuses if s} == {1}  # no node was lost: no chain changed
+    statuses = answered_statuses(cluster, members)
+    assert {s["leader"] for s in statuses} == {new}
+    assert {s["epoch"] for s in statuses} == {1}  # no node was lost: no chain changed
 
 
 def remove_with_cli(cluster: LocalCluster, node: str) -> tuple[int, dict[str, Any]]:
@@ -121,8 +133,7 @@ def test_remove_node_through_the_cli_and_a_whole_group_restart_keeps_the_view(
 
     wait_until(everyone_removed_c, "every member holding c removed")
     wait_until(lambda: agreed_entry(cluster, members), "members agreeing")
-    status = manager_status(cluster, leader)
-    assert status is not None
+    (status,) = answered_statuses(cluster, [leader])
     assert [s["chain"] for s in status["view"]["shards"]] == [["a", "b"], ["b", "a"], ["a", "b"]]
 
     # An unknown node, a bad MAC, a follower: each refused with its own error.
@@ -148,8 +159,8 @@ def test_remove_node_through_the_cli_and_a_whole_group_restart_keeps_the_view(
         cluster.start(member, wait=False)
     cluster.wait_manager_leader()
     wait_until(everyone_removed_c, "the view kept across a whole-group restart")
-    statuses = [manager_status(cluster, m) for m in members]
-    assert {s["epoch"] for s in statuses if s} == {2}
+    statuses = answered_statuses(cluster, members)
+    assert {s["epoch"] for s in statuses} == {2}
     wait_until(lambda: agreed_entry(cluster, members), "members agreeing after the restart")
 
 

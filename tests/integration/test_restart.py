@@ -31,7 +31,14 @@ import pytest
 
 from kayos.kestrel_process import LocalClusterWithKestrel
 from kayos.launcher import LocalCluster, free_ports, http_json
-from tests.integration.conftest import commit_group, produce_ok, read_snapshot, wait_until
+from tests.integration.conftest import (
+    answered_replica,
+    answered_status,
+    commit_group,
+    produce_ok,
+    read_snapshot,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -67,6 +74,8 @@ def fanout_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCl
 
 
 def replica_status(cluster: LocalCluster, node: str, shard: int = 0) -> dict[str, Any] | None:
+    """The node's replica of ``shard``, None when it holds none or gives no answer: for a
+    condition polled by ``wait_until`` (a read outside a wait uses ``answered_replica``)."""
     status = cluster.status(node)
     if status is None:
         return None
@@ -78,9 +87,7 @@ def rolled_back(cluster: LocalCluster) -> dict[str, tuple[int, int]]:
     """Each node's (rolled_back_entries, rolled_back_committed_entries), summed over shards."""
     found = {}
     for node in cluster.ids:
-        status = cluster.status(node)
-        assert status is not None, f"node {node} does not answer"
-        shards = status["shards"].values()
+        shards = answered_status(cluster, node)["shards"].values()
         found[node] = (
             sum(int(s["rolled_back_entries"]) for s in shards),
             sum(int(s["rolled_back_committed_entries"]) for s in shards),
@@ -95,7 +102,7 @@ def assert_nothing_rolled_back(cluster: LocalCluster) -> None:
 
 def assert_takeover_tables_agree(cluster: LocalCluster) -> None:
     for shard in cluster.topology.shards.values():
-        tables = {node: replica_status(cluster, node, shard.id) for node in shard.members}
+        tables = {node: answered_replica(cluster, node, shard.id) for node in shard.members}
         head = tables[shard.head]
         assert head is not None
         for node, replica in tables.items():
@@ -148,7 +155,7 @@ def restart_case(cluster: LocalCluster, node: str, sig: int, persisted: bool) ->
     if persisted:
         wait_until(lambda: persisted_through(cluster, {0: last}), "the commit points written down")
     else:
-        replica = replica_status(cluster, node)
+        replica = answered_replica(cluster, node)
         assert replica is not None
         print(f"{node} wrote down {replica['commit_point_persisted']} of {last} before the stop")
     code = cluster.kill(node, sig)

@@ -22,7 +22,12 @@ from chaos.history import Event, Produce, Snapshot
 from kayos.launcher import LocalCluster, http_json
 from kayos.storage.disk import format as fmt
 from kayos.storage.maintenance.check import check_store, data_file_of
-from tests.integration.conftest import produce_ok, read_snapshot, wait_until
+from tests.integration.conftest import (
+    answered_status,
+    produce_ok,
+    read_snapshot,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -79,8 +84,7 @@ def assert_nothing_lost(cluster: LocalCluster, events: list[Event], acked: int) 
     """No member rolled back a committed entry, and every tail serves every acknowledged message
     once, in order, at its seq (the chaos checker's verdict over ``events``)."""
     for node in cluster.ids:
-        node_status = cluster.status(node)
-        assert node_status is not None
+        node_status = answered_status(cluster, node)
         assert node_status["shards"]["0"]["rolled_back_committed_entries"] == 0, node_status
     consume_recorded(cluster, events, "g")
     verdict = check(events)
@@ -124,9 +128,7 @@ def test_damaged_replica_repairs_from_peers(start_cluster: Any, victim: str, how
     produce_recorded(cluster, events, "after", 2)
     cluster.wait_replicated(60)
 
-    status = cluster.status(victim)
-    assert status is not None
-    replica = status["shards"]["0"]
+    replica = answered_status(cluster, victim)["shards"]["0"]
     print(f"{victim} after {how}: {replica}")
     if how == "flip" or victim != "c":
         repair = replica["repair"]
@@ -176,7 +178,7 @@ def test_damage_met_on_a_read_is_never_served_and_repaired(start_cluster: Any) -
         )
 
     wait_until(repaired, "the tail re-made its damaged replica")
-    replica = cluster.status("c")["shards"]["0"]  # type: ignore[index]
+    replica = answered_status(cluster, "c")["shards"]["0"]
     print(replica)
     assert replica["repair"]["kept_seq"] < total, replica
     assert replica["refetched_entries"] > 0, replica

@@ -18,7 +18,14 @@ import pytest
 from kayos.clock import SystemClock
 from kayos.launcher import LocalCluster
 from kayos.storage.engine import ShardStore
-from tests.integration.conftest import WAIT_S, produce, produce_ok, wait_until
+from tests.integration.conftest import (
+    WAIT_S,
+    answered_replica,
+    answered_seqs,
+    produce,
+    produce_ok,
+    wait_until,
+)
 from tests.integration.test_learner import catch_up, learned_through, shard_status
 
 pytestmark = pytest.mark.integration
@@ -71,7 +78,7 @@ def test_empty_learner_copies_the_store_file_then_follows(start_cluster: Any) ->
     assert (status, reply) == (200, {"shard": 0, "state": "learning"})
     last = max(acked.values())
     wait_until(lambda: learned_through(cluster, "d", last), "d copied the shard")
-    learner = shard_status(cluster, "d")
+    learner = answered_replica(cluster, "d")
     assert learner is not None
     snapshot = learner["snapshot"]
     assert snapshot["done"], snapshot
@@ -104,7 +111,7 @@ def test_a_copy_broken_by_the_learners_death_starts_again(start_cluster: Any) ->
     body = {"epoch": cluster.topology.epoch, "shard": 0, "upstream": "c"}
     assert catch_up(cluster, "d", body)[0] == 200
     wait_until(lambda: learned_through(cluster, "d", last), "d copied the shard")
-    learner = shard_status(cluster, "d")
+    learner = answered_replica(cluster, "d")
     assert learner is not None
     assert learner["snapshot"]["done"], learner
     cluster.kill("d", signal.SIGTERM)
@@ -166,7 +173,7 @@ def test_a_copy_broken_by_kill_9_of_either_side_starts_again(start_cluster: Any)
             "d's copy completed after the break",
         )
         if victim == "c":
-            snap = shard_status(cluster, "d")
+            snap = answered_replica(cluster, "d")
             assert snap is not None
             assert snap["snapshot"]["attempts"] >= 2, snap
             # Start over for the second break: d holds nothing again.
@@ -176,9 +183,7 @@ def test_a_copy_broken_by_kill_9_of_either_side_starts_again(start_cluster: Any)
     print(f"copies broken by kill -9 of: {broken}")
     if not broken:
         pytest.skip("every copy finished between two status polls: no break happened")
-    status = cluster.status("a")
-    assert status is not None
-    last = int(status["shards"]["0"]["last_seq"])
+    last = answered_seqs(cluster, "a", 0)[0]
     wait_until(lambda: learned_through(cluster, "d", last), "d caught up after the breaks")
     assert not list(_shard_dir(cluster, "d").glob("*.snapshot"))
     acked.update(live_acked)

@@ -26,7 +26,12 @@ from kayos.errors import KayosError
 from kayos.launcher import LocalCluster, http_json
 from kayos.signing import sign
 from kayos.topology import ShardChain, Topology
-from tests.integration.conftest import WAIT_S, read_snapshot, wait_until
+from tests.integration.conftest import (
+    WAIT_S,
+    answered_status,
+    read_snapshot,
+    wait_until,
+)
 
 QUEUE = "spliced"
 PRODUCERS = 2
@@ -138,14 +143,8 @@ def check_consumed(cluster: LocalCluster, tail: str, producers: list[Producer]) 
     )
 
 
-def shard_status(cluster: LocalCluster, node: str) -> dict[str, Any]:
-    status = cluster.status(node)
-    assert status is not None, f"{node} does not answer"
-    return status
-
-
 def link_down(cluster: LocalCluster, node: str, peer: str) -> bool:
-    links = shard_status(cluster, node)["shards"]["0"]["links"]
+    links = answered_status(cluster, node)["shards"]["0"]["links"]
     return any(link["peer"] == peer and not link["up"] for link in links)
 
 
@@ -173,7 +172,7 @@ def splice_under_load(cluster: LocalCluster, victim: str) -> tuple[Topology, lis
     tail = new.shards[0].tails[0]
     check_consumed(cluster, tail, producers)
     for node in new.shards[0].members:
-        status = shard_status(cluster, node)
+        status = answered_status(cluster, node)
         assert status["epoch"] == new.epoch
         replica = status["shards"]["0"]
         assert replica["role"] == new.shards[0].role_of(node)
@@ -181,7 +180,7 @@ def splice_under_load(cluster: LocalCluster, victim: str) -> tuple[Topology, lis
         assert replica["rolled_back_committed_entries"] == 0
     # The head measures its new downstream: PING/PONG round trips and ACK delays.
     head, below = new.shards[0].chain[0], new.shards[0].downstreams_of(new.shards[0].chain[0])[0]
-    latency = shard_status(cluster, head)["latency"][below]
+    latency = answered_status(cluster, head)["latency"][below]
     assert latency["samples"] > 0, latency
     assert 0 <= latency["p99_ms"] < 10_000, latency
     return new, producers
@@ -203,7 +202,7 @@ def test_kill_the_middle_and_splice(chain3: LocalCluster) -> None:
     chain3.kill("c", signal.SIGKILL)
     chain3.kill("a", signal.SIGKILL)
     chain3.start("c")
-    status = shard_status(chain3, "c")
+    status = answered_status(chain3, "c")
     assert status["epoch"] == new.epoch
     assert status["shards"]["0"]["upstream"] == "a"
 
@@ -212,12 +211,12 @@ def test_kill_the_middle_and_splice(chain3: LocalCluster) -> None:
 def test_kill_the_head_and_splice(chain3: LocalCluster) -> None:
     new, _ = splice_under_load(chain3, "a")
     assert new.shards[0].head == "b"
-    takeover = shard_status(chain3, "b")["shards"]["0"]["takeover"]
+    takeover = answered_status(chain3, "b")["shards"]["0"]["takeover"]
     assert len(takeover) == 2, f"the new head records its takeover entry: {takeover}"
     # The old head, restarted with the old file and no DATA/topology.json (it was dead when the
     # splice was posted), learns the newer signed topology from its peers: it is no head.
     chain3.start("a")
-    status = shard_status(chain3, "a")
+    status = answered_status(chain3, "a")
     assert status["epoch"] == new.epoch
     assert "0" not in status["shards"]
     code, reply = http_json(
@@ -236,7 +235,7 @@ def test_kill_the_tail_and_splice(chain3: LocalCluster) -> None:
 
 
 def test_a_stale_or_unsigned_topology_changes_nothing(chain3: LocalCluster) -> None:
-    before = {node: shard_status(chain3, node)["shards"]["0"]["role"] for node in chain3.ids}
+    before = {node: answered_status(chain3, node)["shards"]["0"]["role"] for node in chain3.ids}
     topology = chain3.topology
     new = spliced(topology, "b")
     message = signed(new)
@@ -253,7 +252,7 @@ def test_a_stale_or_unsigned_topology_changes_nothing(chain3: LocalCluster) -> N
     status, reply = post_topology(chain3, "a", signed(same))
     assert (status, reply) == (200, {"epoch": topology.epoch, "applied": False})
     for node in chain3.ids:
-        found = shard_status(chain3, node)
+        found = answered_status(chain3, node)
         assert found["epoch"] == topology.epoch
         assert found["shards"]["0"]["role"] == before[node]
     assert not (chain3.data_dir("a") / "topology.json").exists()
@@ -321,7 +320,7 @@ def converged(cluster: LocalCluster, topology: Topology) -> dict[int, int] | Non
     for shard in topology.shards.values():
         seqs = set()
         for node in shard.members:
-            replica = shard_status(cluster, node)["shards"].get(str(shard.id))
+            replica = answered_status(cluster, node)["shards"].get(str(shard.id))
             if replica is None:
                 return None
             seqs.add((replica["durable_seq"], replica["committed_seq"]))
@@ -359,13 +358,13 @@ def test_a_paused_middle_is_spliced_out_and_told_on_return(chain3: LocalCluster)
             wait_until(lambda: acked_after(producers, posted, AFTER), "acks after the splice")
         finally:
             os.kill(pid, signal.SIGCONT)
-        status = shard_status(cluster, "b")
+        status = answered_status(cluster, "b")
         assert status["epoch"] == 1
         assert post_topology(cluster, "b", signed(new)) == (
             200,
             {"epoch": new.epoch, "applied": True},
         )
-        assert "0" not in shard_status(cluster, "b")["shards"]
+        assert "0" not in answered_status(cluster, "b")["shards"]
         assert (cluster.data_dir("b") / "shards" / "0").is_dir()
     finally:
         for producer in producers:

@@ -13,7 +13,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -133,9 +133,7 @@ def test_start_restart_stop(tmp_path: Path) -> None:
         assert Topology.load(str(cluster.topology_path)) == cluster.topology
         assert set(cluster.urls) == {"a", "b", "c"}
         for node in cluster.urls:
-            status = cluster.status(node)
-            assert status is not None
-            assert status["node"] == node
+            assert status_once_answered(cluster, node)["node"] == node
         assert cluster.kill("b") == -signal.SIGKILL
         assert not cluster.running("b")
         assert cluster.status("b") is None
@@ -264,6 +262,21 @@ def wait_until_true(condition: Callable[[], bool], what: str, timeout_s: float =
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.02)  # a bounded poll of a condition
+
+
+def status_once_answered(cluster: LocalCluster, node: str) -> dict[str, Any]:
+    """The node's status, asked again until it answers: None is a request with no reply in the
+    launcher's short timeout (a loaded box), not an answer."""
+    answers: list[dict[str, Any]] = []
+
+    def answered() -> bool:
+        status = cluster.status(node)
+        if status is not None:
+            answers.append(status)
+        return status is not None
+
+    wait_until_true(answered, f"{node} to answer GET /v1/status")
+    return answers[0]
 
 
 def test_the_produce_bench_help_states_the_parameters_defaults() -> None:
