@@ -293,8 +293,7 @@ def drain_under_fault(
 def retire(cluster: LocalCluster, node: str) -> list[str]:
     """Stops the drained ``node`` for good (SIGTERM) and drops it from the cluster's nodes, so the
     campaign neither restarts it nor draws faults on it; what went wrong is returned. It stays
-    in the manager's view, draining and soon down: ``remove-node`` takes only the nodes of the
-    managers' topology file, not one added at runtime."""
+    in the manager's view, draining and soon down (the campaign does not remove it)."""
     try:
         if cluster.running(node):
             cluster.kill(node, signal.SIGTERM)  # waits for the exit (SIGKILL past its bound)

@@ -1,5 +1,5 @@
-"""Faults that need the manager (docs/testing.md, "Membership faults"), the split-brain monitor,
-and the convergence wait of a campaign whose chains change.
+"""Faults that need the manager (docs/testing.md, "The real-process campaign"), the split-brain
+monitor, and the convergence wait of a campaign whose chains change.
 
 With the manager running, a node down past its detection window is spliced out of every chain
 and a returning node catches up and rejoins as tail. These faults strike at those moments (right

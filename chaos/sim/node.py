@@ -52,7 +52,7 @@ class Replica:
         self.windows: dict[int, LinkWindow] = {}
         self.next_send: dict[int, int] = {}
         self.followers: set[str] = set()
-        # Followers this upstream counts in its commit (docs/testing.md, "Findings"), and whether
+        # Followers this upstream counts in its commit (docs/campaigns.md, "Findings"), and whether
         # this follower's upstream counts it. The count survives a crash (the store records it):
         # a restarted sole member that forgot it acknowledged writes alone (seed 6486).
         self.counted: set[str] = set(self.store.counted)

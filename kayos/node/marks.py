@@ -3,7 +3,7 @@
 A tail reads a group's mark from its store's metadata, which holds everything the tail has made
 durable: past its commit point too (forward, then persist), where a group commit may sit that no
 member above holds yet and nobody was told of. Such a mark may be rolled back, and a snapshot
-started at it makes the group's next snapshot start lower (docs/testing.md, Findings, "a group's
+started at it makes the group's next snapshot start lower (docs/campaigns.md, Findings, "a group's
 mark moved back under partitions with the manager"). So the mark is read with the seq that wrote
 it (the store keeps each metadata key's in memory) and served only once the commit point covers
 that seq (``chain.mark_servable``). A replica that rolled back keeps the marks of the seqs it

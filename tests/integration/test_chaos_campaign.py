@@ -7,7 +7,7 @@ converge, drain and the checker, with the split-brain monitor throughout. Zero v
   second process on a live data dir, strangers, hostile requests).
 - `test_campaign_with_the_manager_has_no_violations` (CI): three manager members as well, so
   chains change all the time, and every membership fault kind. It was opt-in while it found the
-  open truncation bug (docs/testing.md, Findings, "A store cut short by truncation becomes head",
+  open truncation bug (docs/campaigns.md, Findings, "A store cut short by truncation became head",
   CI seed 1115409774); with the durable mark and the lost-committed check that seed and others
   pass, so it runs on every change again. Its phase bound is longer (membership faults wait for
   the manager: 50 did not always fit 180 s on a loaded box).
@@ -46,7 +46,7 @@ def campaign_kinds() -> tuple[str, ...]:
     """Every kind, but a second node process on a live data directory only once nodes take a
     data-dir lock (kayos/datadir.py, being merged in parallel): without one the second process
     opens the live stores and its links write into them, which corrupts the store file (seed 2,
-    docs/testing.md "Findings"), so the campaign would fail for a known reason."""
+    docs/campaigns.md "Findings"), so the campaign would fail for a known reason."""
     if importlib.util.find_spec("kayos.datadir") is not None:
         return faults.KINDS
     print("no data-dir lock yet: the second_process fault is left out of this campaign")

@@ -1,5 +1,5 @@
 """A head whose store was cut short only past its last durable-mark write must not lead with it
-(docs/testing.md, Findings, "a store cut short by truncation becomes head"; docs/replication-
+(docs/campaigns.md, Findings, "a store cut short by truncation became head"; docs/replication-
 protocol.md, "An upstream that lacks committed entries"): real ``kayos node`` processes a -> b -> c.
 
 Made deterministic: the head's data file is append-only, so its size once ``total1`` entries are

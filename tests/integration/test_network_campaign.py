@@ -9,7 +9,7 @@
   with iptables only; skipped elsewhere, saying why.
 - `test_campaign_with_partitions_and_the_manager_has_no_violations`: the same with three manager
   members in namespaces of their own: a node cut off alone is spliced out by the majority, and
-  must stop serving consumers (docs/testing.md, Findings: the stale tail, fixed by
+  must stop serving consumers (docs/campaigns.md, Findings: the stale tail, fixed by
   `confirm_linked`). Root and ip netns with iptables only; skipped elsewhere, saying why.
 
 Zero violations allowed. The seed is random unless KAYOS_CHAOS_SEED is set; it is printed, and

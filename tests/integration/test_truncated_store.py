@@ -1,5 +1,5 @@
 """A store cut short by truncation (the chaos fault ``corrupt_down``'s ``truncate``) must not come
-back as a full member (docs/testing.md, Findings): real ``kayos node`` processes a -> b -> c. The
+back as a full member (docs/campaigns.md, Findings): real ``kayos node`` processes a -> b -> c. The
 tail is killed with -9 after its durable mark was written, its data file is cut to a ninth with the
 chaos fault's own function, so its recovery finds an older valid header and only a few torn bytes.
 On restart it must see it lost entries (its durable mark), repair from its upstream, and report

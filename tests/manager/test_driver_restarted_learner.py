@@ -1,6 +1,6 @@
 """A node killed during its catch-up restarts with no learner of the shard (its status lists
 no entry for it): the driver must order it to catch up again, or it never rejoins. Found by the
-real-process campaign (seed 7, ``rejoin_kill_self``: docs/testing.md "Findings")."""
+real-process campaign (seed 7, ``rejoin_kill_self``: docs/campaigns.md "Findings")."""
 
 from __future__ import annotations
 

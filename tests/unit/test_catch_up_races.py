@@ -1,5 +1,5 @@
 """A catch-up order racing another one, or a topology change, never opens a second store on a
-shard directory the node already has open (campaign seed 12, docs/testing.md "Findings": the
+shard directory the node already has open (campaign seed 12, docs/campaigns.md "Findings": the
 second open's salvage check met the first one's derived index, "already open in this process",
 and deleted the directory under it; the next topology change then failed half-way and the node
 held no replica at all)."""

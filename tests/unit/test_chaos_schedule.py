@@ -84,7 +84,7 @@ class _SignalLog:
 def test_restart_all_sends_each_node_one_sigterm(monkeypatch: pytest.MonkeyPatch) -> None:
     """A second SIGTERM, sent while the first one's clean stop has already closed the node's
     event loop (its handler gone), killed the node by default: campaign seed 11, fault 52,
-    "node c exited -15 on SIGTERM" (docs/testing.md, Findings)."""
+    "node c exited -15 on SIGTERM" (docs/campaigns.md, Findings)."""
     cluster = _SignalLog()
     by_pid = {cluster.pid(n): n for n in NODES}
     monkeypatch.setattr(faults.os, "kill", lambda pid, sig: cluster.sent.append((by_pid[pid], sig)))

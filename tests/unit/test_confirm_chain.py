@@ -1,7 +1,7 @@
 """A snapshot below the head is confirmed up to a head that holds its lease (CONFIRM/CONFIRMED,
 ``ShardReplica.confirm_chain``; docs/replication-protocol.md, "Confirming a snapshot").
 
-One hop was not enough (docs/testing.md, "Findings"): a tail cut off from the manager together
+One hop was not enough (docs/campaigns.md, "Findings"): a tail cut off from the manager together
 with its upstream kept its link, and served a group a snapshot below a mark the new chain had
 committed. Here a tail whose upstream is still linked to it, but no longer to the head, serves
 nothing; nor does one whose head lost its lease. In-process managed nodes over real stores and

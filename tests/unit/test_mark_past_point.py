@@ -1,5 +1,5 @@
 """A new consumer snapshot starts at a committed group mark only (docs/node-api.md, "Consume";
-docs/testing.md, Findings, "a group's mark moved back under partitions with the manager").
+docs/campaigns.md, Findings, "a group's mark moved back").
 
 Forward, then persist: a tail may hold a group commit durably before the middle does. The tail
 read the group's mark from its store's metadata, so it served a snapshot starting at a mark

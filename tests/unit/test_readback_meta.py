@@ -2,7 +2,7 @@
 "Applying batches"; docs/storage-format.md, "Rollback", the metadata as of a seq).
 
 Left open by the fix of "a group's mark moved back under partitions with the manager"
-(docs/testing.md, Findings): a link that read a piece back from its store sent the metadata of
+(docs/campaigns.md, Findings): a link that read a piece back from its store sent the metadata of
 the store's current snapshot, which may be ahead of the piece. The downstream counts a key the
 batch changes as written at the batch's last seq, so a group's mark of a later, uncommitted seq
 looked committed as soon as the commit point covered the piece, and a tail served a snapshot

@@ -1,7 +1,7 @@
 """A store a link filled by read-back answers as its upstream does for every seq of the rollback
 window: a consumer snapshot below the piece's end, and a rollback into the piece.
 
-The finding (campaign seed 20261124, op 62614, docs/testing.md "Findings"): learner ``a`` copied
+The finding (campaign seed 20261124, op 62614, docs/campaigns.md "Findings"): learner ``a`` copied
 ``(10843, 11565]`` of shard 0 from ``c`` in one read-back piece, the state as of 11565. ``c``'s
 commit point was 11563; 11564 and 11565 (keys k14 and k13) were accepted but not yet committed,
 and they superseded k14@11559 and k13@11548, so the piece left those two versions out. ``a`` then

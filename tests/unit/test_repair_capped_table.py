@@ -1,5 +1,5 @@
 """A head repairing below its durable mark whose peers' takeover tables, full, no longer name any
-master its store knows (campaign seed 11112411, docs/testing.md): the peers answered its repair
+master its store knows (campaign seed 11112411, docs/campaigns.md): the peers answered its repair
 with the divergence verdict 0, which the repair link read as "holds no more than this replica", so
 the head asked for ever while the peers held every acknowledged entry (shard 1 unavailable 130 s
 and never converged). A verdict the table cap explains is a reset: the head drops its store,

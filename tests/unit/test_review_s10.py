@@ -1,4 +1,4 @@
-"""Review of session 10's safety changes: findings pinned by tests (docs/testing.md, Findings).
+"""Review of session 10's safety changes: findings pinned by tests (docs/campaigns.md, Findings).
 
 A group's mark is served only once the commit point covers the seq that last changed it
 (``ShardStore.meta_written_at``, ``chain.mark_servable``). After a rollback that restored the

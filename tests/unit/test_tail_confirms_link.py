@@ -2,7 +2,7 @@
 CONFIRM sent on the current link after the request came in, held up to the head
 (``ShardReplica.confirm_chain``; docs/replication-protocol.md, "Confirming a snapshot").
 
-The real-process campaign with the manager (seed 11, docs/testing.md "Findings") paused a tail
+The real-process campaign with the manager (seed 11, docs/campaigns.md "Findings") paused a tail
 past the detection window: the manager spliced it out, the new chain committed a group's mark
 without it, and once resumed the old tail (still at its old epoch, its consumer's topology too)
 served that group a snapshot starting below the acknowledged mark (`hwm`, `order`). Serving "the

@@ -3,7 +3,7 @@ subscribed (kayos/replication/replica.py ``upstream_synced``). Before that it ca
 far behind it is: a node that just joined a chain as tail (the manager rejoins it within
 ``manager_catchup_done_lag_seqs`` of the old tail) served a snapshot that started below a mark
 the group had had acknowledged (the real-process campaign, seed 2364273308: `hwm`, `order`;
-docs/testing.md "Findings"). In-process nodes over real stores, no processes."""
+docs/campaigns.md "Findings"). In-process nodes over real stores, no processes."""
 
 from __future__ import annotations
 

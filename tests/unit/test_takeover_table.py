@@ -1,6 +1,6 @@
 """A takeover table's seqs never decrease (docs/replication-protocol.md, "Catch-up handshake"):
 a member made head below entries it recorded from its upstream drops them. The case is the one
-the simulator found (docs/testing.md, "Findings so far")."""
+the simulator found (docs/campaigns.md, "Findings")."""
 
 from __future__ import annotations
 
