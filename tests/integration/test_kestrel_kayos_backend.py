@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from kayos.launcher import LocalCluster
-from kestrel_compat.backend import GroupState, NewEntry
-from kestrel_compat.kayos_backend import KayosBackend, log_for, queue_for
+from kestrel_compat.backends.kayos_backend import KayosBackend, log_for, queue_for
+from kestrel_compat.core.persistence import GroupState, NewEntry
 from tests.integration.conftest import wait_until
 
 pytestmark = pytest.mark.integration

@@ -18,8 +18,8 @@ import pytest
 
 from kayos.kestrel_process import KestrelFront
 from kayos.launcher import LocalCluster
-from kestrel_compat.backend import GroupState, NewEntry
-from kestrel_compat.kayos_backend import KayosBackend, queue_for
+from kestrel_compat.backends.kayos_backend import KayosBackend, queue_for
+from kestrel_compat.core.persistence import GroupState, NewEntry
 from tests.integration.conftest import wait_until
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,14 @@ import pytest
 
 from kayos.clock import ManualClock
 from kestrel_compat import limits
-from kestrel_compat.backend import (
+from kestrel_compat.core.collection import GroupLedger, LogEntry, QueueCollection, Waiter
+from kestrel_compat.core.config import (
+    ConfigError,
+    QueueConfig,
+    load_config,
+    load_queue_settings,
+)
+from kestrel_compat.core.persistence import (
     BackendError,
     GroupState,
     MemoryBackend,
@@ -18,15 +25,8 @@ from kestrel_compat.backend import (
     decode_removed,
     encode_removed,
 )
-from kestrel_compat.config import (
-    ConfigError,
-    QueueConfig,
-    load_config,
-    load_queue_settings,
-)
-from kestrel_compat.engine import GroupLedger, LogEntry, QueueCollection, Waiter
-from kestrel_compat.handler import expiry_from_exptime
-from kestrel_compat.protocol import END, SERVER_ERROR, STORED, ServerStatus
+from kestrel_compat.sessions.memcache_session import expiry_from_exptime
+from kestrel_compat.wire.memcache_codec import END, SERVER_ERROR, STORED, ServerStatus
 from tests.unit.test_kestrel_support import CLOSED, Harness, make_config, set_request, value
 
 # --- waiters (§3.5), without any event loop ------------------------------------------------------

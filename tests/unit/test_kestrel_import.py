@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from kestrel_compat import journal
-from kestrel_compat.backend import (
+from kestrel_compat.core.persistence import (
     BackendError,
     GroupState,
     NewEntry,
     decode_removed,
     encode_removed,
 )
-from kestrel_compat.importer import (
+from kestrel_compat.migration import journal
+from kestrel_compat.migration.importer import (
     ALREADY,
     CORRUPT,
     DRY_RUN,
@@ -30,7 +30,7 @@ from kestrel_compat.importer import (
     log_and_group,
     plan,
 )
-from kestrel_compat.journal import JournalItem
+from kestrel_compat.migration.journal import JournalItem
 
 
 def test_batches_respect_both_bounds_and_cover_every_item() -> None:

@@ -19,22 +19,8 @@ from hypothesis import strategies as st
 
 from kayos.errors import ProtocolError
 from kestrel_compat import limits
-from kestrel_compat.commands import (
-    CLIENT_ERROR_CLOSE,
-    CLIENT_ERROR_KEEP,
-    COMMANDS,
-    COMMANDS_BY_NAME,
-    ERROR_CLASSES,
-    ERROR_CLOSE,
-    ERROR_KEEP,
-    SERVER_ERROR_CLOSE,
-    SILENT_CLOSE,
-    CommandSpec,
-    ErrorClass,
-    parse_java_int,
-)
-from kestrel_compat.options import GetOptions
-from kestrel_compat.protocol import (
+from kestrel_compat.wire.get_options import GetOptions
+from kestrel_compat.wire.memcache_codec import (
     CLIENT_ERROR,
     DELETED,
     END,
@@ -75,6 +61,20 @@ from kestrel_compat.protocol import (
     encode_value,
     encode_version,
     queue_name_is_legal,
+)
+from kestrel_compat.wire.memcache_commands import (
+    CLIENT_ERROR_CLOSE,
+    CLIENT_ERROR_KEEP,
+    COMMANDS,
+    COMMANDS_BY_NAME,
+    ERROR_CLASSES,
+    ERROR_CLOSE,
+    ERROR_KEEP,
+    SERVER_ERROR_CLOSE,
+    SILENT_CLOSE,
+    CommandSpec,
+    ErrorClass,
+    parse_java_int,
 )
 
 LINE_BYTES_MAX = 64

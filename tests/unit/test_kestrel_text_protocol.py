@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from kayos.errors import ProtocolError
 from kestrel_compat import limits
-from kestrel_compat.protocol import ServerStatus
-from kestrel_compat.text_protocol import (
+from kestrel_compat.wire.memcache_codec import ServerStatus
+from kestrel_compat.wire.text_codec import (
     NO_ITEM,
     TEXT_COMMANDS,
     ZERO,

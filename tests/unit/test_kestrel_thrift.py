@@ -21,9 +21,9 @@ from thrift.Thrift import TApplicationException, TMessageType, TType
 from thrift.transport.TTransport import TMemoryBuffer
 
 from kestrel_compat import limits
-from kestrel_compat import thrift_protocol as th
-from kestrel_compat.protocol import ServerStatus
-from kestrel_compat.thrift_handler import ThriftReads, ThriftSession
+from kestrel_compat.sessions.thrift_session import ThriftReads, ThriftSession
+from kestrel_compat.wire import thrift_codec as th
+from kestrel_compat.wire.memcache_codec import ServerStatus
 from tests.unit.test_kestrel_support import Harness, make_config, set_request, stats_dict, value
 
 # --- building calls and reading replies with the thrift package ---------------------------------

@@ -6,7 +6,7 @@ reader for the current state until a reader needs more bytes. There are three li
 than ``value_bytes_max``. Each reader returns an event, returns nothing when it needs more bytes, or
 reports progress without an event (a storage line moves the connection to a payload state). Which
 words are commands, their arities, what a missing argument costs and whether a payload follows all
-come from ``kestrel_compat.commands.COMMANDS``; this module only holds the per-command builders.
+come from ``kestrel_compat.wire.memcache_commands.COMMANDS``; this module only holds the per-command builders.
 
 Events are the frozen command dataclasses below plus ``ErrorReply``, which carries the exact bytes
 Kestrel would send (spec §1.3) and whether the connection closes after them. After any closing event
@@ -30,7 +30,8 @@ from typing import ClassVar, TypeAlias
 
 from kayos.errors import ProtocolError
 from kestrel_compat import limits
-from kestrel_compat.commands import (
+from kestrel_compat.wire.get_options import GetOptions, GetOptionsError, parse_get_key
+from kestrel_compat.wire.memcache_commands import (
     CLIENT_ERROR_CLOSE,
     CLIENT_ERROR_KEEP,
     COMMANDS,
@@ -40,7 +41,6 @@ from kestrel_compat.commands import (
     ErrorClass,
     parse_java_int,
 )
-from kestrel_compat.options import GetOptions, GetOptionsError, parse_get_key
 
 # --- errors --------------------------------------------------------------------------------------
 

@@ -1,8 +1,8 @@
 """Kestrel's command handling over the queue collection: one ``Session`` per memcache connection.
 
-``KestrelService`` (``kestrel_compat.service``) is the server-wide state, shared with the text and
-thrift protocols; ``SessionBase`` (``kestrel_compat.session``) what every connection does.
-``Session.handle`` serves one decoded command (``kestrel_compat.protocol`` events) and writes the
+``KestrelService`` (``kestrel_compat.sessions.service``) is the server-wide state, shared with the text and
+thrift protocols; ``SessionBase`` (``kestrel_compat.sessions.session_base``) what every connection does.
+``Session.handle`` serves one decoded command (``kestrel_compat.wire.memcache_codec`` events) and writes the
 exact reply bytes through ``send``; it returns whether the connection must close afterwards.
 Requests of one session are served one at a time, as Kestrel does (spec §1.1).
 
@@ -20,8 +20,11 @@ from collections.abc import Awaitable, Callable
 
 from kayos.errors import KayosError
 from kestrel_compat import limits
-from kestrel_compat import protocol as p
-from kestrel_compat.commands import (
+from kestrel_compat.core.collection import IllegalQueueName, Item, KestrelQueue, now_ms
+from kestrel_compat.sessions.service import KestrelService
+from kestrel_compat.sessions.session_base import ClientGone, PendingReadsSession
+from kestrel_compat.wire import memcache_codec as p
+from kestrel_compat.wire.memcache_commands import (
     COMMANDS_BY_NAME,
     ERROR_CLOSE,
     ERROR_KEEP,
@@ -29,13 +32,10 @@ from kestrel_compat.commands import (
     SILENT_CLOSE,
     ErrorClass,
 )
-from kestrel_compat.engine import IllegalQueueName, Item, KestrelQueue, now_ms
-from kestrel_compat.service import KestrelService
-from kestrel_compat.session import ClientGone, PendingReadsSession
 
 __all__ = ["ClientGone", "KestrelService", "Session", "expiry_from_exptime"]
 
-log = logging.getLogger("kestrel_compat.handler")
+log = logging.getLogger("kestrel_compat.sessions.memcache_session")
 
 Send = Callable[[bytes], Awaitable[None]]
 

@@ -19,11 +19,11 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from kayos.errors import KayosError
-from kestrel_compat import text_protocol as t
-from kestrel_compat.engine import IllegalQueueName, Item, KestrelQueue, LogEntry, now_ms
-from kestrel_compat.session import PendingReadsSession
+from kestrel_compat.core.collection import IllegalQueueName, Item, KestrelQueue, LogEntry, now_ms
+from kestrel_compat.sessions.session_base import PendingReadsSession
+from kestrel_compat.wire import text_codec as t
 
-log = logging.getLogger("kestrel_compat.text_handler")
+log = logging.getLogger("kestrel_compat.sessions.text_session")
 
 Send = Callable[[bytes], Awaitable[None]]
 

@@ -2,7 +2,7 @@
 
 Everything the codec needs to know about a command word lives in ``COMMANDS``: whether Kestrel
 answers it at all, how many arguments it reads, what happens when one is missing, whether a storage
-payload follows the line, and whether it ends the connection. ``kestrel_compat/protocol.py`` derives
+payload follows the line, and whether it ends the connection. ``kestrel_compat/wire/memcache_codec.py`` derives
 its dispatch from this table, ``docs/kestrel-compat.md`` carries the same table, and a test keeps
 the two in step. The remaining columns (access, status refusal, queue creation) are the facts the
 queue handler needs; the codec does not read them.

@@ -1,6 +1,6 @@
 """Carries the collection's persistence operations out against a ``Backend``, one log at a time.
 
-The collection (``kestrel_compat.engine``) records what the backend must learn, in order: appends,
+The collection (``kestrel_compat.core.collection``) records what the backend must learn, in order: appends,
 group commits, group and log deletions. ``Persister.kick`` routes them to one worker per log, which
 runs them strictly in order, batching consecutive appends into one ``append`` call (a group
 commit). A worker starts on the next turn of the event loop, so the operations of every request
@@ -24,9 +24,7 @@ from typing import Protocol
 
 from kayos.errors import KayosError
 from kestrel_compat import limits
-from kestrel_compat.backend import Backend, BackendError, decode_removed
-from kestrel_compat.eager import start_eagerly
-from kestrel_compat.engine import (
+from kestrel_compat.core.collection import (
     AppendOp,
     CommitOp,
     DeleteGroupOp,
@@ -38,8 +36,10 @@ from kestrel_compat.engine import (
     QueueCollection,
     RefillOp,
 )
+from kestrel_compat.core.persistence import Backend, BackendError, decode_removed
+from kestrel_compat.eager import start_eagerly
 
-log = logging.getLogger("kestrel_compat.persist")
+log = logging.getLogger("kestrel_compat.backends.persister")
 
 
 class Timer(Protocol):

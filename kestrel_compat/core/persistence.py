@@ -18,7 +18,7 @@ The front reads a log at start-up (recovery) and to page in the items of a queue
 Implementations must keep appends to one log in call order. A backend whose calls never wait
 (they finish without suspending, as ``MemoryBackend``'s do) may say so with a class attribute
 ``completes_at_once = True``: the front then makes its calls in the caller, outside any task
-(``kestrel_compat.persist``), which saves a task and a turn of the event loop per ``set``.
+(``kestrel_compat.backends.persister``), which saves a task and a turn of the event loop per ``set``.
 """
 
 from __future__ import annotations

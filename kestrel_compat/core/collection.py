@@ -5,13 +5,13 @@
 expireToQueue, limits with discardOldWhenFull, fanouts and aliases, per-queue and global stats,
 and one FIFO of waiters per queue of which each add or abort wakes exactly the oldest.
 
-Waiting itself belongs to the driver (``kestrel_compat.handler``): a ``Waiter`` is an object the
+Waiting itself belongs to the driver (``kestrel_compat.sessions.memcache_session``): a ``Waiter`` is an object the
 driver registers on a queue; the collection calls its ``wake`` callback when it is the one woken,
 and the driver then re-runs its fetch and, if it lost the race, registers it again at the tail.
 
 Persistence is described, not done: every change the backend must learn about is put in
 ``outbox`` as an operation (append an entry, commit a group's state, delete a group or a log),
-in the order it happened, and the driver carries them out (``kestrel_compat.persist``). Items are
+in the order it happened, and the driver carries them out (``kestrel_compat.backends.persister``). Items are
 served from memory at once; their seq arrives when their append returns (``assign_seqs``).
 """
 
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from kayos.clock import Clock
 from kayos.errors import InvalidRequest
 from kestrel_compat import limits
-from kestrel_compat.backend import GroupState, NewEntry, encode_removed
-from kestrel_compat.config import QueueConfig, QueueSettings
-from kestrel_compat.protocol import ServerStatus, queue_name_is_legal
+from kestrel_compat.core.config import QueueConfig, QueueSettings
+from kestrel_compat.core.persistence import GroupState, NewEntry, encode_removed
+from kestrel_compat.wire.memcache_codec import ServerStatus, queue_name_is_legal
 
 
 class IllegalQueueName(InvalidRequest):

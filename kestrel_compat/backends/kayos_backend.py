@@ -34,14 +34,14 @@ from kayos import AsyncClient, Item
 from kayos.errors import InvalidRequest, KayosError, RetentionGapError
 from kayos.topology import check_queue_name
 from kestrel_compat import limits
-from kestrel_compat.backend import BackendError, Entry, GroupState, NewEntry
+from kestrel_compat.core.persistence import BackendError, Entry, GroupState, NewEntry
 
 _PREFIX = "k."
 _HEX_PREFIX = "kx."
 _GROUPS_SEPARATOR = b"\x00"
 _READ_PAGE_ENTRIES = 5_000
 
-logger = logging.getLogger("kestrel_compat.kayos_backend")
+logger = logging.getLogger("kestrel_compat.backends.kayos_backend")
 
 
 def queue_for(log: str) -> str:
@@ -90,7 +90,7 @@ def entry_from(seq: int, value: bytes, headers: dict[str, bytes] | None) -> Entr
 
 
 class KayosBackend:
-    """``kestrel_compat.backend.Backend`` over a Kayos cluster."""
+    """``kestrel_compat.core.persistence.Backend`` over a Kayos cluster."""
 
     def __init__(self, client: AsyncClient) -> None:
         self._client = client

@@ -1,8 +1,8 @@
 """The state every connection of one Kestrel server shares, whatever its protocol.
 
 ``KestrelService`` holds the queue collection, the persistence driver, the server status and the
-configuration. The memcache, text and thrift sessions (``kestrel_compat.handler``,
-``kestrel_compat.text_handler``, ``kestrel_compat.thrift_handler``) all serve one service, so the
+configuration. The memcache, text and thrift sessions (``kestrel_compat.sessions.memcache_session``,
+``kestrel_compat.sessions.text_session``, ``kestrel_compat.sessions.thrift_session``) all serve one service, so the
 three protocols see the same queues, as in Kestrel.
 """
 
@@ -13,13 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kayos.clock import Clock
-from kestrel_compat import protocol as p
-from kestrel_compat.backend import Backend
-from kestrel_compat.config import KestrelConfig, load_queue_settings
-from kestrel_compat.engine import QueueCollection, StatusKeeper
-from kestrel_compat.persist import Persister
+from kestrel_compat.backends.persister import Persister
+from kestrel_compat.core.collection import QueueCollection, StatusKeeper
+from kestrel_compat.core.config import KestrelConfig, load_queue_settings
+from kestrel_compat.core.persistence import Backend
+from kestrel_compat.wire import memcache_codec as p
 
-log = logging.getLogger("kestrel_compat.service")
+log = logging.getLogger("kestrel_compat.sessions.service")
 
 
 def _read_status_file(path: str | None) -> p.ServerStatus | None:

@@ -11,7 +11,7 @@ The line (without its ``:``) is split with Java's ``String.split(" ")``; token 0
 the command. ``TEXT_COMMANDS`` declares each command: how many arguments it needs, the error it
 answers when one is missing, and the operation name the server status refuses it under. The codec
 decides everything that depends only on the bytes (missing arguments, numbers, unknown commands);
-the text session (``kestrel_compat.text_handler``) decides the rest.
+the text session (``kestrel_compat.sessions.text_session``) decides the rest.
 
 Replies are one line each: ``+<n>`` (a count), ``-<message>`` (an error; the connection stays
 open), ``:<item>`` or ``:<string>``, and ``*`` (no item). Kestrel closes the connection without a
@@ -31,14 +31,14 @@ from typing import ClassVar, TypeAlias
 
 from kayos.errors import ProtocolError
 from kestrel_compat import limits
-from kestrel_compat.commands import parse_java_int
-from kestrel_compat.protocol import Confirm as Confirm
-from kestrel_compat.protocol import Delete as Delete
-from kestrel_compat.protocol import Flush as Flush
-from kestrel_compat.protocol import Quit as Quit
-from kestrel_compat.protocol import ServerStatus, split_line
-from kestrel_compat.protocol import Shutdown as Shutdown
-from kestrel_compat.protocol import Version as Version
+from kestrel_compat.wire.memcache_codec import Confirm as Confirm
+from kestrel_compat.wire.memcache_codec import Delete as Delete
+from kestrel_compat.wire.memcache_codec import Flush as Flush
+from kestrel_compat.wire.memcache_codec import Quit as Quit
+from kestrel_compat.wire.memcache_codec import ServerStatus, split_line
+from kestrel_compat.wire.memcache_codec import Shutdown as Shutdown
+from kestrel_compat.wire.memcache_codec import Version as Version
+from kestrel_compat.wire.memcache_commands import parse_java_int
 
 
 class TextProtocolError(ProtocolError):

@@ -1,7 +1,7 @@
 """``kayos import-kestrel``: a Kestrel queue directory into the queues the Kayos front serves.
 
 docs/migrating-from-kestrel.md section 4 is the contract. Per queue: replay its journal files
-(``kestrel_compat.journal``), drop what expired, produce the rest in order through
+(``kestrel_compat.migration.journal``), drop what expired, produce the rest in order through
 ``KayosBackend`` (``acks=all``, all-or-nothing batches), then commit the queue's group just below
 the first imported item. The group commit is the one step that makes the queue visible to a
 front, so a queue is imported whole or not at all, and a queue whose group exists is skipped
@@ -20,15 +20,15 @@ from pathlib import Path
 
 from kayos.errors import KayosError
 from kestrel_compat import limits
-from kestrel_compat.backend import GroupState, NewEntry, encode_removed
-from kestrel_compat.journal import (
+from kestrel_compat.backends.kayos_backend import KayosBackend
+from kestrel_compat.core.persistence import GroupState, NewEntry, encode_removed
+from kestrel_compat.migration.journal import (
     JournalCorrupt,
     JournalItem,
     JournalReplay,
     QueueFiles,
     plan_directory,
 )
-from kestrel_compat.kayos_backend import KayosBackend
 
 
 class OrderLost(KayosError):

@@ -27,13 +27,13 @@ from dataclasses import dataclass
 
 from kayos.errors import KayosError
 from kestrel_compat import limits
-from kestrel_compat import thrift_protocol as th
-from kestrel_compat.engine import IllegalQueueName, Item, KestrelQueue, LogEntry, now_ms
-from kestrel_compat.protocol import ServerStatus
-from kestrel_compat.service import KestrelService
-from kestrel_compat.session import SessionBase
+from kestrel_compat.core.collection import IllegalQueueName, Item, KestrelQueue, LogEntry, now_ms
+from kestrel_compat.sessions.service import KestrelService
+from kestrel_compat.sessions.session_base import SessionBase
+from kestrel_compat.wire import thrift_codec as th
+from kestrel_compat.wire.memcache_codec import ServerStatus
 
-log = logging.getLogger("kestrel_compat.thrift_handler")
+log = logging.getLogger("kestrel_compat.sessions.thrift_session")
 
 Send = Callable[[bytes], Awaitable[None]]
 
