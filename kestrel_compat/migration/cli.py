@@ -1,4 +1,4 @@
-"""``kayos import-kestrel DIR``: the command line of ``kestrel_compat.migration.importer``.
+"""``kayos import-kestrel DIR``: the command line of ``kestrel_compat.migration``.
 
 A progress bar per queue (items and bytes, with rich), then a table of every queue and the
 warnings; exit code 0 when no queue failed (docs/migrating-from-kestrel.md section 4).
@@ -31,8 +31,8 @@ from kestrel_compat.migration.importer import (
     QueueResult,
     existing_groups,
     import_queue,
-    plan,
 )
+from kestrel_compat.migration.plan import plan
 
 DEFAULT_SEED = "http://127.0.0.1:7101"
 

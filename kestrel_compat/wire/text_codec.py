@@ -26,19 +26,14 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar, TypeAlias
 
 from kayos.errors import ProtocolError
 from kestrel_compat import limits
-from kestrel_compat.wire.memcache_codec import Confirm as Confirm
-from kestrel_compat.wire.memcache_codec import Delete as Delete
-from kestrel_compat.wire.memcache_codec import Flush as Flush
-from kestrel_compat.wire.memcache_codec import Quit as Quit
-from kestrel_compat.wire.memcache_codec import ServerStatus, split_line
-from kestrel_compat.wire.memcache_codec import Shutdown as Shutdown
-from kestrel_compat.wire.memcache_codec import Version as Version
-from kestrel_compat.wire.memcache_commands import parse_java_int
+from kestrel_compat.core.status import ServerStatus
+from kestrel_compat.wire.commands import Close, Confirm, Delete, Flush, Quit, Shutdown, Version
+from kestrel_compat.wire.java import parse_java_int, split_line
 
 
 class TextProtocolError(ProtocolError):
@@ -50,8 +45,9 @@ class TextProtocolError(ProtocolError):
 # --- events --------------------------------------------------------------------------------------
 
 # ``Confirm(queue, count)``, ``Flush(queue)``, ``Delete(queue)``, ``Version()``, ``Shutdown()`` and
-# ``Quit()`` are the memcache codec's events: the requests are the same. Here ``shutdown`` is
-# answered ``+0`` and keeps the connection; ``quit`` closes it without a word, as in memcache.
+# ``Quit()`` are the commands the text protocol shares with memcache, and ``Close`` the silent close
+# it shares with thrift (``kestrel_compat.wire.commands``). Here ``shutdown`` is answered ``+0``
+# and keeps the connection; ``quit`` closes it without a word, as in memcache.
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,13 +112,6 @@ class ErrorReply:
     """``-<message>``; the connection stays open."""
 
     message: str
-
-
-@dataclass(frozen=True, slots=True)
-class Close:
-    """Kestrel closes the connection without a word. ``reason`` is for logs only."""
-
-    reason: str = field(default="", compare=False)
 
 
 TextCommand: TypeAlias = (

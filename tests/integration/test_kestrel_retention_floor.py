@@ -38,7 +38,7 @@ def run_backend(seed: str, call: Callable[[KayosBackend], Any]) -> Any:
 
 def floor_of(seed: str, log: str) -> int:
     async def ask(backend: KayosBackend) -> int:
-        reply = await backend._client.retention(queue_for(log))
+        reply = await backend.client.retention(queue_for(log))
         return int(reply.get("floor") or 0)
 
     return int(run_backend(seed, ask))

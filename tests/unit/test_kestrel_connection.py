@@ -14,7 +14,7 @@ import pytest
 from kestrel_compat.core.config import KestrelConfig, ServerConfig
 from kestrel_compat.eager import Finished, start_eagerly
 from kestrel_compat.server import KestrelServer
-from kestrel_compat.wire.memcache_codec import END, STORED
+from kestrel_compat.wire.memcache_replies import END, STORED
 from tests.unit.test_kestrel_support import set_request, value
 
 REPLY_S = 2.0

@@ -24,13 +24,10 @@ from kestrel_compat.migration.importer import (
     FAILED,
     IMPORTED,
     QueueResult,
-    batches,
     import_queue,
-    live_items,
-    log_and_group,
-    plan,
 )
 from kestrel_compat.migration.journal import JournalItem
+from kestrel_compat.migration.plan import batches, live_items, log_and_group, plan
 
 
 def test_batches_respect_both_bounds_and_cover_every_item() -> None:

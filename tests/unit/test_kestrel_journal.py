@@ -1,5 +1,6 @@
-"""Kestrel journals replayed by ``kestrel_compat.migration.journal``: journals built byte by byte from the
-format in docs/migrating-from-kestrel.md section 1, one case per replay rule of sections 2-3."""
+"""Kestrel journals replayed by ``kestrel_compat.migration.journal``: journals built byte by byte
+from the format in docs/migrating-from-kestrel.md section 1, one case per replay rule of sections
+2-3."""
 
 from __future__ import annotations
 

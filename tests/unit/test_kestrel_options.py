@@ -1,7 +1,8 @@
 """GET key options of the Kestrel memcache front (spec §3.1-§3.3).
 
 Every row of the spec's GET table is parsed here, together with the §3.2 refusals and the order in
-which Kestrel checks them. ``kestrel_compat.wire.get_options`` is pure, so these tests need no connection.
+which Kestrel checks them. ``kestrel_compat.wire.get_options`` is pure, so these tests need no
+connection.
 """
 
 from __future__ import annotations

@@ -19,24 +19,16 @@ from hypothesis import strategies as st
 
 from kayos.errors import ProtocolError
 from kestrel_compat import limits
+from kestrel_compat.core.collection import queue_name_is_legal
+from kestrel_compat.core.status import ServerStatus
+from kestrel_compat.wire.commands import Confirm, Delete, Flush, Quit, Shutdown, Version
 from kestrel_compat.wire.get_options import GetOptions
+from kestrel_compat.wire.java import parse_java_int
 from kestrel_compat.wire.memcache_codec import (
-    CLIENT_ERROR,
-    DELETED,
-    END,
-    ERROR,
-    FLUSHED_ALL,
-    NOT_STORED,
-    RELOADED,
-    SERVER_ERROR,
-    STORED,
     Command,
-    Confirm,
-    Delete,
     DumpStats,
     ErrorReply,
     Event,
-    Flush,
     FlushAll,
     FlushAllExpired,
     FlushExpired,
@@ -44,23 +36,12 @@ from kestrel_compat.wire.memcache_codec import (
     MemcacheConnection,
     MemcacheProtocolError,
     Monitor,
-    Quit,
     Reload,
-    ServerStatus,
     Set,
     SetTooLarge,
-    Shutdown,
     Stats,
     Status,
-    Version,
     closes_connection,
-    encode_count,
-    encode_dump_stats,
-    encode_stats,
-    encode_status,
-    encode_value,
-    encode_version,
-    queue_name_is_legal,
 )
 from kestrel_compat.wire.memcache_commands import (
     CLIENT_ERROR_CLOSE,
@@ -74,7 +55,23 @@ from kestrel_compat.wire.memcache_commands import (
     SILENT_CLOSE,
     CommandSpec,
     ErrorClass,
-    parse_java_int,
+)
+from kestrel_compat.wire.memcache_replies import (
+    CLIENT_ERROR,
+    DELETED,
+    END,
+    ERROR,
+    FLUSHED_ALL,
+    NOT_STORED,
+    RELOADED,
+    SERVER_ERROR,
+    STORED,
+    encode_count,
+    encode_dump_stats,
+    encode_stats,
+    encode_status,
+    encode_value,
+    encode_version,
 )
 
 LINE_BYTES_MAX = 64

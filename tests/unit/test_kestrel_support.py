@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any
 
 from kayos.clock import ManualClock
+from kestrel_compat.backends.memory import MemoryBackend
 from kestrel_compat.core.config import (
     KestrelConfig,
     QueueBuilder,
@@ -19,8 +20,9 @@ from kestrel_compat.core.config import (
     QueueSettings,
     ServerConfig,
 )
-from kestrel_compat.core.persistence import MemoryBackend
-from kestrel_compat.sessions.memcache_session import ClientGone, KestrelService, Session
+from kestrel_compat.sessions.memcache_session import Session
+from kestrel_compat.sessions.service import KestrelService
+from kestrel_compat.sessions.session_base import ClientGone
 from kestrel_compat.wire.memcache_codec import MemcacheConnection
 
 CLOSED = b"<closed>"

@@ -11,8 +11,8 @@ import asyncio
 
 import pytest
 
+from kestrel_compat.core.status import ServerStatus
 from kestrel_compat.sessions.text_session import TextSession
-from kestrel_compat.wire.memcache_codec import ServerStatus
 from kestrel_compat.wire.text_codec import TextConnection
 from tests.unit.test_kestrel_support import (
     CLOSED,
