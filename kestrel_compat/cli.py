@@ -11,8 +11,8 @@ import sys
 import click
 
 from kayos.errors import AddressInUseError
-from kestrel_compat.backend import Backend
-from kestrel_compat.config import ConfigError, KestrelConfig, load_config
+from kestrel_compat.core.config import ConfigError, KestrelConfig, load_config
+from kestrel_compat.core.persistence import Backend
 from kestrel_compat.server import KestrelServer, check_ports
 
 
@@ -20,7 +20,7 @@ async def _serve(config: KestrelConfig, config_path: str | None, cluster: str | 
     check_ports(config)  # a taken port ends the front before it contacts the cluster
     backend: Backend | None = None
     if cluster is not None:
-        from kestrel_compat.kayos_backend import KayosBackend
+        from kestrel_compat.backends.kayos_backend import KayosBackend
 
         backend = await KayosBackend.connect(cluster)
     server = KestrelServer(config, config_path=config_path, backend=backend)

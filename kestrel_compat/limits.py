@@ -4,7 +4,8 @@ Kestrel 2.x bounds neither the request line nor the item size at the protocol le
 framing buffers until it sees LF and reads whatever byte count a storage line announces. Kayos
 cannot afford unbounded buffers per connection, so the front sets the bounds below. Both are chosen
 so that no request a real Kestrel client sends comes near them; how each overflow is answered is
-part of the protocol and lives in ``kestrel_compat/protocol.py`` and ``docs/kestrel-compat.md``.
+part of the protocol and lives in the codecs (``kestrel_compat/wire/``) and
+``docs/kestrel-compat.md``.
 
 Kayos-wide bounds live in ``kayos/limits.py``; this module only narrows them. A connection may be
 built with lower bounds (tests do), never higher ones.
@@ -96,7 +97,7 @@ assert thrift_frame_bytes_max <= java_int_max, "a frame length is a signed 32-bi
 # --- the server ----------------------------------------------------------------------------------
 
 # Commands decoded but not yet served, per connection. Requests are served one at a time; past this
-# many the server stops reading the socket until the handler catches up, so a client that pipelines
+# many the server stops reading the socket until the session catches up, so a client that pipelines
 # without reading replies costs a bounded amount of memory (with line_bytes_max per request).
 pending_requests_max = 1024
 
@@ -121,7 +122,7 @@ shutdown_delay_ms = 100
 # them, and for the backend to take the last group commits.
 shutdown_grace_ms = 2_000
 
-# --- persistence (kestrel_compat/backend.py) -----------------------------------------------------
+# --- persistence (kestrel_compat/core/persistence.py, kestrel_compat/backends/) ---------------
 
 # A consumer group's opaque state blob; Kayos stores it beside the hwm and bounds it at 64 KiB
 # (docs/node-api.md, `gstate/<queue>/<group>`).
@@ -140,8 +141,8 @@ recovery_read_entries = 4096
 commit_retry_delay_ms_min = 100
 commit_retry_delay_ms_max = 10_000
 # Counter values tried for one item key that the key hash puts in the log's shard of a Kayos queue
-# over S shards (kestrel_compat/kayos_backend.py): a value lands there with chance 1/S (S at most
-# the topology's shards), so 64 x 64 tries miss only with chance about e^-64 at S = 64.
+# over S shards (kestrel_compat/backends/kayos_backend.py): a value lands there with chance 1/S
+# (S at most the topology's shards), so 64 x 64 tries miss only with chance about e^-64 at S = 64.
 key_tries_max = 64 * 64
 
 assert pending_requests_max >= 1
@@ -156,7 +157,7 @@ assert append_batch_entries_max <= kayos_limits.batch_entries_max, "one append i
 # the cluster is away, when the fetch answers as an empty one rather than hang.
 read_behind_wait_ms = 30_000
 
-# --- journal import (kestrel_compat/importer.py, docs/migrating-from-kestrel.md) ------------------
+# --- journal import (kestrel_compat/migration/, docs/migrating-from-kestrel.md) ------------------
 
 # Items and bytes of one all-or-nothing produce of `kayos import-kestrel`: large enough that the
 # per-request cost (a round trip through the chain and an fsync on each replica) is spread over

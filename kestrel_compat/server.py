@@ -36,15 +36,18 @@ from kayos.clock import SYSTEM_CLOCK, Clock
 from kayos.errors import AddressInUseError
 from kayos.ports import address_in_use, check_free
 from kestrel_compat import limits
-from kestrel_compat.backend import Backend, MemoryBackend
-from kestrel_compat.config import KestrelConfig
+from kestrel_compat.backends.memory import MemoryBackend
+from kestrel_compat.core.config import KestrelConfig
+from kestrel_compat.core.persistence import Backend
 from kestrel_compat.eager import start_eagerly
-from kestrel_compat.handler import ClientGone, KestrelService, Session
-from kestrel_compat.protocol import MemcacheConnection
-from kestrel_compat.text_handler import TextSession
-from kestrel_compat.text_protocol import TextConnection
-from kestrel_compat.thrift_handler import ThriftReads, ThriftSession
-from kestrel_compat.thrift_protocol import ThriftConnection
+from kestrel_compat.sessions.memcache_session import Session
+from kestrel_compat.sessions.service import KestrelService
+from kestrel_compat.sessions.session_base import ClientGone
+from kestrel_compat.sessions.text_session import TextSession
+from kestrel_compat.sessions.thrift_session import ThriftReads, ThriftSession
+from kestrel_compat.wire.memcache_codec import MemcacheConnection
+from kestrel_compat.wire.text_codec import TextConnection
+from kestrel_compat.wire.thrift_codec import ThriftConnection
 
 log = logging.getLogger("kestrel_compat.server")
 

@@ -2,9 +2,10 @@
 
 Writes a Kestrel journal of ``items`` ADDX records of ``item_bytes`` each, starts a LocalCluster
 (3 node processes, replication factor 3, fsync on), imports the queue in this process exactly as
-the command does (``kestrel_compat.importer.import_queue``) and reports items/s over the whole
-import (replay of the journal, batches produced with ``acks=all``, the group commit), with the CPU
-seconds of this process and of the three nodes (docs/performance.md, "Kestrel journal import").
+the command does (``kestrel_compat.migration.importer.import_queue``) and reports items/s over the
+whole import (replay of the journal, batches produced with ``acks=all``, the group commit), with
+the CPU seconds of this process and of the three nodes (docs/performance.md, "Kestrel journal
+import").
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from typing import Any
 import psutil
 
 from kayos.launcher import LocalCluster
-from kestrel_compat.importer import QueueResult, import_queue, plan
-from kestrel_compat.kayos_backend import KayosBackend
+from kestrel_compat.backends.kayos_backend import KayosBackend
+from kestrel_compat.migration.importer import QueueResult, import_queue
+from kestrel_compat.migration.plan import plan
 
 _ADDX = struct.Struct("<biqq")
 

@@ -24,8 +24,8 @@ import psutil
 
 from kayos.kestrel_process import KestrelFront
 from kayos.launcher import LocalCluster
-from kestrel_compat.backend import GroupState, NewEntry, encode_removed
-from kestrel_compat.kayos_backend import KayosBackend
+from kestrel_compat.backends.kayos_backend import KayosBackend
+from kestrel_compat.core.persistence import GroupState, NewEntry, encode_removed
 
 QUEUE = "big"
 _BATCH_BYTES = 8 * 1024 * 1024

@@ -14,7 +14,7 @@ from kayos import __version__
 from kayos.cli.ctl import ctl
 from kayos.cli.data import consume, produce
 from kestrel_compat.cli import kestrel
-from kestrel_compat.import_cli import import_kestrel
+from kestrel_compat.migration.cli import import_kestrel
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

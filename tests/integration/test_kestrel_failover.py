@@ -30,8 +30,8 @@ import pytest
 
 from kayos.kestrel_process import KestrelFront, LocalClusterWithKestrel
 from kayos.launcher import LocalCluster
-from kestrel_compat.backend import decode_removed
-from kestrel_compat.kayos_backend import queue_for
+from kestrel_compat.backends.kayos_backend import queue_for
+from kestrel_compat.core.persistence import decode_removed
 from tests.integration.conftest import WAIT_S, answered_status, wait_until
 
 memcache: Any = pytest.importorskip("memcache", reason="python-memcached is in the dev extra")

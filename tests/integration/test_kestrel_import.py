@@ -20,7 +20,7 @@ import pytest
 
 from kayos.kestrel_process import KestrelFront
 from kayos.launcher import LocalCluster
-from kestrel_compat.kayos_backend import KayosBackend
+from kestrel_compat.backends.kayos_backend import KayosBackend
 
 pytestmark = pytest.mark.integration
 

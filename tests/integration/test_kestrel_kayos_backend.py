@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from kayos.launcher import LocalCluster
-from kestrel_compat.backend import GroupState, NewEntry
-from kestrel_compat.kayos_backend import KayosBackend, log_for, queue_for
+from kestrel_compat.backends.kayos_backend import KayosBackend, log_for, queue_for
+from kestrel_compat.core.persistence import GroupState, NewEntry
 from tests.integration.conftest import wait_until
 
 pytestmark = pytest.mark.integration
@@ -94,7 +94,7 @@ def test_consumed_items_are_reclaimed_by_until_consumed_retention(
     async def scenario() -> tuple[dict[str, Any], dict[str, Any], int]:
         backend = await KayosBackend.connect(seed)
         try:
-            await backend._client.set_retention(queue_for("aged"), {"max_age_ms": 3_600_000})
+            await backend.client.set_retention(queue_for("aged"), {"max_age_ms": 3_600_000})
             await backend.append("aged", [NewEntry(b"x", 1000, None, ("aged",))])
             seqs = await backend.append(
                 "jobs",
@@ -102,8 +102,8 @@ def test_consumed_items_are_reclaimed_by_until_consumed_retention(
             )
             # Kestrel confirmed the first item only.
             await backend.commit_group("jobs", "jobs", GroupState(seqs[0], b""))
-            jobs = await backend._client.retention(queue_for("jobs"))
-            aged = await backend._client.retention(queue_for("aged"))
+            jobs = await backend.client.retention(queue_for("jobs"))
+            aged = await backend.client.retention(queue_for("aged"))
         finally:
             await backend.close()
         return jobs, aged, seqs[0]
@@ -116,7 +116,7 @@ def test_consumed_items_are_reclaimed_by_until_consumed_retention(
         async def ask() -> int:
             backend = await KayosBackend.connect(seed)
             try:
-                reply = await backend._client.retention(queue_for("jobs"))
+                reply = await backend.client.retention(queue_for("jobs"))
             finally:
                 await backend.close()
             return int(reply.get("floor") or 0)

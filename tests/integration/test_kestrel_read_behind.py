@@ -15,8 +15,9 @@ import pytest
 
 from kayos.kestrel_process import KestrelFront
 from kayos.launcher import LocalCluster
-from kestrel_compat.importer import IMPORTED, import_queue, plan
-from kestrel_compat.kayos_backend import KayosBackend
+from kestrel_compat.backends.kayos_backend import KayosBackend
+from kestrel_compat.migration.importer import IMPORTED, import_queue
+from kestrel_compat.migration.plan import plan
 
 pytestmark = pytest.mark.integration
 

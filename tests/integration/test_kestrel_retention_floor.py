@@ -18,8 +18,8 @@ import pytest
 
 from kayos.kestrel_process import KestrelFront
 from kayos.launcher import LocalCluster
-from kestrel_compat.backend import GroupState, NewEntry
-from kestrel_compat.kayos_backend import KayosBackend, queue_for
+from kestrel_compat.backends.kayos_backend import KayosBackend, queue_for
+from kestrel_compat.core.persistence import GroupState, NewEntry
 from tests.integration.conftest import wait_until
 
 pytestmark = pytest.mark.integration
@@ -38,7 +38,7 @@ def run_backend(seed: str, call: Callable[[KayosBackend], Any]) -> Any:
 
 def floor_of(seed: str, log: str) -> int:
     async def ask(backend: KayosBackend) -> int:
-        reply = await backend._client.retention(queue_for(log))
+        reply = await backend.client.retention(queue_for(log))
         return int(reply.get("floor") or 0)
 
     return int(run_backend(seed, ask))

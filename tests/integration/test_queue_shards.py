@@ -263,8 +263,8 @@ def test_cli_consume_commits_every_shard(cluster: LocalCluster, client: kayos.Cl
 def test_the_kestrel_backend_keeps_a_log_in_one_shard_of_a_sharded_queue(
     cluster: LocalCluster, client: kayos.Client
 ) -> None:
-    from kestrel_compat.backend import GroupState, NewEntry
-    from kestrel_compat.kayos_backend import KayosBackend, queue_for
+    from kestrel_compat.backends.kayos_backend import KayosBackend, queue_for
+    from kestrel_compat.core.persistence import GroupState, NewEntry
 
     log = "qs-kestrel"
     queue = queue_for(log)

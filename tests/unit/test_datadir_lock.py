@@ -25,7 +25,7 @@ from kayos.embedded import open_queue
 from kayos.errors import AddressInUseError, DirectoryInUseError, KayosError
 from kayos.launcher import ClusterError, LocalCluster, failure_reason, free_ports
 from kayos.ports import bind_listener, check_free
-from kestrel_compat.config import KestrelConfig
+from kestrel_compat.core.config import KestrelConfig
 from kestrel_compat.server import check_ports
 
 # A child that takes the lock of argv[1], says so on stdout and waits until its stdin closes.

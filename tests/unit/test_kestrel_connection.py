@@ -11,10 +11,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from kestrel_compat.config import KestrelConfig, ServerConfig
+from kestrel_compat.core.config import KestrelConfig, ServerConfig
 from kestrel_compat.eager import Finished, start_eagerly
-from kestrel_compat.protocol import END, STORED
 from kestrel_compat.server import KestrelServer
+from kestrel_compat.wire.memcache_replies import END, STORED
 from tests.unit.test_kestrel_support import set_request, value
 
 REPLY_S = 2.0

@@ -9,28 +9,25 @@ from typing import Any
 
 import pytest
 
-from kestrel_compat import journal
-from kestrel_compat.backend import (
+from kestrel_compat.core.persistence import (
     BackendError,
     GroupState,
     NewEntry,
     decode_removed,
     encode_removed,
 )
-from kestrel_compat.importer import (
+from kestrel_compat.migration import journal
+from kestrel_compat.migration.importer import (
     ALREADY,
     CORRUPT,
     DRY_RUN,
     FAILED,
     IMPORTED,
     QueueResult,
-    batches,
     import_queue,
-    live_items,
-    log_and_group,
-    plan,
 )
-from kestrel_compat.journal import JournalItem
+from kestrel_compat.migration.journal import JournalItem
+from kestrel_compat.migration.plan import batches, live_items, log_and_group, plan
 
 
 def test_batches_respect_both_bounds_and_cover_every_item() -> None:

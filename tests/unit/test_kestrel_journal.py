@@ -1,5 +1,6 @@
-"""Kestrel journals replayed by ``kestrel_compat.journal``: journals built byte by byte from the
-format in docs/migrating-from-kestrel.md section 1, one case per replay rule of sections 2-3."""
+"""Kestrel journals replayed by ``kestrel_compat.migration.journal``: journals built byte by byte
+from the format in docs/migrating-from-kestrel.md section 1, one case per replay rule of sections
+2-3."""
 
 from __future__ import annotations
 
@@ -7,8 +8,13 @@ import struct
 
 import pytest
 
-from kestrel_compat import journal
-from kestrel_compat.journal import JournalCorrupt, JournalItem, plan_directory, replay_files
+from kestrel_compat.migration import journal
+from kestrel_compat.migration.journal import (
+    JournalCorrupt,
+    JournalItem,
+    plan_directory,
+    replay_files,
+)
 
 
 def h(text: str) -> bytes:

@@ -14,8 +14,8 @@ import pytest
 from kayos import AsyncClient
 from kayos.client.types import Message, Page
 from kayos.errors import RetentionGapError
-from kestrel_compat.backend import BackendError, NewEntry
-from kestrel_compat.kayos_backend import KayosBackend, entry_headers, queue_for
+from kestrel_compat.backends.kayos_backend import KayosBackend, entry_headers, queue_for
+from kestrel_compat.core.persistence import BackendError, NewEntry
 
 
 class _Topology:

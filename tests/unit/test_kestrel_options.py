@@ -1,7 +1,8 @@
 """GET key options of the Kestrel memcache front (spec §3.1-§3.3).
 
 Every row of the spec's GET table is parsed here, together with the §3.2 refusals and the order in
-which Kestrel checks them. ``kestrel_compat.options`` is pure, so these tests need no connection.
+which Kestrel checks them. ``kestrel_compat.wire.get_options`` is pure, so these tests need no
+connection.
 """
 
 from __future__ import annotations
@@ -13,18 +14,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kayos.errors import InvalidRequest
-from kestrel_compat.commands import (
-    CLIENT_ERROR_CLOSE,
-    CLIENT_ERROR_KEEP,
-    SILENT_CLOSE,
-    ErrorClass,
-)
-from kestrel_compat.options import (
+from kestrel_compat.wire.get_options import (
     GetKey,
     GetOptions,
     GetOptionsError,
     format_get_key,
     parse_get_key,
+)
+from kestrel_compat.wire.memcache_commands import (
+    CLIENT_ERROR_CLOSE,
+    CLIENT_ERROR_KEEP,
+    SILENT_CLOSE,
+    ErrorClass,
 )
 
 

@@ -12,9 +12,10 @@ from collections.abc import Callable
 import pytest
 
 from kestrel_compat import limits
-from kestrel_compat.backend import GroupState, MemoryBackend
-from kestrel_compat.persist import Persister, commit_retry_delay_s
-from kestrel_compat.protocol import END, STORED
+from kestrel_compat.backends.memory import MemoryBackend
+from kestrel_compat.backends.persister import Persister, commit_retry_delay_s
+from kestrel_compat.core.persistence import GroupState
+from kestrel_compat.wire.memcache_replies import END, STORED
 from tests.unit.test_kestrel_support import Harness, set_request, value
 
 SEED = 5

@@ -19,7 +19,31 @@ from hypothesis import strategies as st
 
 from kayos.errors import ProtocolError
 from kestrel_compat import limits
-from kestrel_compat.commands import (
+from kestrel_compat.core.collection import queue_name_is_legal
+from kestrel_compat.core.status import ServerStatus
+from kestrel_compat.wire.commands import Confirm, Delete, Flush, Quit, Shutdown, Version
+from kestrel_compat.wire.get_options import GetOptions
+from kestrel_compat.wire.java import parse_java_int
+from kestrel_compat.wire.memcache_codec import (
+    Command,
+    DumpStats,
+    ErrorReply,
+    Event,
+    FlushAll,
+    FlushAllExpired,
+    FlushExpired,
+    Get,
+    MemcacheConnection,
+    MemcacheProtocolError,
+    Monitor,
+    Reload,
+    Set,
+    SetTooLarge,
+    Stats,
+    Status,
+    closes_connection,
+)
+from kestrel_compat.wire.memcache_commands import (
     CLIENT_ERROR_CLOSE,
     CLIENT_ERROR_KEEP,
     COMMANDS,
@@ -31,10 +55,8 @@ from kestrel_compat.commands import (
     SILENT_CLOSE,
     CommandSpec,
     ErrorClass,
-    parse_java_int,
 )
-from kestrel_compat.options import GetOptions
-from kestrel_compat.protocol import (
+from kestrel_compat.wire.memcache_replies import (
     CLIENT_ERROR,
     DELETED,
     END,
@@ -44,37 +66,12 @@ from kestrel_compat.protocol import (
     RELOADED,
     SERVER_ERROR,
     STORED,
-    Command,
-    Confirm,
-    Delete,
-    DumpStats,
-    ErrorReply,
-    Event,
-    Flush,
-    FlushAll,
-    FlushAllExpired,
-    FlushExpired,
-    Get,
-    MemcacheConnection,
-    MemcacheProtocolError,
-    Monitor,
-    Quit,
-    Reload,
-    ServerStatus,
-    Set,
-    SetTooLarge,
-    Shutdown,
-    Stats,
-    Status,
-    Version,
-    closes_connection,
     encode_count,
     encode_dump_stats,
     encode_stats,
     encode_status,
     encode_value,
     encode_version,
-    queue_name_is_legal,
 )
 
 LINE_BYTES_MAX = 64

@@ -10,7 +10,7 @@ import asyncio
 
 import pytest
 
-from kestrel_compat.protocol import (
+from kestrel_compat.wire.memcache_replies import (
     CLIENT_ERROR,
     DELETED,
     END,
@@ -824,9 +824,9 @@ async def test_reload_recomputes_live_queue_config(tmp_path: object) -> None:
     path = Path(str(tmp_path)) / "kestrel.toml"
     path.write_text("[queues.q]\nmax_items = 1\n")
     from kayos.clock import ManualClock
-    from kestrel_compat.backend import MemoryBackend
-    from kestrel_compat.config import load_config
-    from kestrel_compat.handler import KestrelService
+    from kestrel_compat.backends.memory import MemoryBackend
+    from kestrel_compat.core.config import load_config
+    from kestrel_compat.sessions.service import KestrelService
 
     harness = Harness(load_config(path))
     harness.service = KestrelService(

@@ -12,16 +12,18 @@ import dataclasses
 from typing import Any
 
 from kayos.clock import ManualClock
-from kestrel_compat.backend import MemoryBackend
-from kestrel_compat.config import (
+from kestrel_compat.backends.memory import MemoryBackend
+from kestrel_compat.core.config import (
     KestrelConfig,
     QueueBuilder,
     QueueConfig,
     QueueSettings,
     ServerConfig,
 )
-from kestrel_compat.handler import ClientGone, KestrelService, Session
-from kestrel_compat.protocol import MemcacheConnection
+from kestrel_compat.sessions.memcache_session import Session
+from kestrel_compat.sessions.service import KestrelService
+from kestrel_compat.sessions.session_base import ClientGone
+from kestrel_compat.wire.memcache_codec import MemcacheConnection
 
 CLOSED = b"<closed>"
 
@@ -33,7 +35,7 @@ def make_config(
     queues: dict[str, dict[str, Any]] | None = None,
     aliases: dict[str, tuple[str, ...]] | None = None,
 ) -> KestrelConfig:
-    from kestrel_compat.config import AliasConfig
+    from kestrel_compat.core.config import AliasConfig
 
     settings = QueueSettings(
         default=QueueBuilder(default or {}).resolve(QueueConfig()),

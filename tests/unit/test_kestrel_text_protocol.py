@@ -17,28 +17,22 @@ from hypothesis import strategies as st
 
 from kayos.errors import ProtocolError
 from kestrel_compat import limits
-from kestrel_compat.protocol import ServerStatus
-from kestrel_compat.text_protocol import (
+from kestrel_compat.core.status import ServerStatus
+from kestrel_compat.wire.commands import Close, Confirm, Delete, Flush, Quit, Shutdown, Version
+from kestrel_compat.wire.text_codec import (
     NO_ITEM,
     TEXT_COMMANDS,
     ZERO,
-    Close,
-    Confirm,
-    Delete,
     ErrorReply,
-    Flush,
     Get,
     Monitor,
     Peek,
     Put,
-    Quit,
-    Shutdown,
     StatusChange,
     StatusQuery,
     TextConnection,
     TextEvent,
     TextProtocolError,
-    Version,
     closes_connection,
     encode_count,
     encode_error,

@@ -11,9 +11,9 @@ import asyncio
 
 import pytest
 
-from kestrel_compat.protocol import ServerStatus
-from kestrel_compat.text_handler import TextSession
-from kestrel_compat.text_protocol import TextConnection
+from kestrel_compat.core.status import ServerStatus
+from kestrel_compat.sessions.text_session import TextSession
+from kestrel_compat.wire.text_codec import TextConnection
 from tests.unit.test_kestrel_support import (
     CLOSED,
     Client,

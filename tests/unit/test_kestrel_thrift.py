@@ -21,9 +21,10 @@ from thrift.Thrift import TApplicationException, TMessageType, TType
 from thrift.transport.TTransport import TMemoryBuffer
 
 from kestrel_compat import limits
-from kestrel_compat import thrift_protocol as th
-from kestrel_compat.protocol import ServerStatus
-from kestrel_compat.thrift_handler import ThriftReads, ThriftSession
+from kestrel_compat.core.status import ServerStatus
+from kestrel_compat.sessions.thrift_session import ThriftReads, ThriftSession
+from kestrel_compat.wire import thrift_codec as th
+from kestrel_compat.wire.commands import Close
 from tests.unit.test_kestrel_support import Harness, make_config, set_request, stats_dict, value
 
 # --- building calls and reading replies with the thrift package ---------------------------------
@@ -273,18 +274,18 @@ def test_decode_whole_and_split(frame: bytes, expected: th.ThriftEvent) -> None:
 def test_frame_bounds_close() -> None:
     """Kayos bound: a frame longer than thrift_frame_bytes_max (or negative) closes."""
     conn = th.ThriftConnection(frame_bytes_max=16)
-    assert conn.receive_data(struct.pack(">i", 17)) == [th.Close()]
+    assert conn.receive_data(struct.pack(">i", 17)) == [Close()]
     assert conn.closed
     with pytest.raises(th.ThriftProtocolError):
         conn.receive_data(b"x")
-    assert th.ThriftConnection().receive_data(struct.pack(">i", -1)) == [th.Close()]
+    assert th.ThriftConnection().receive_data(struct.pack(">i", -1)) == [Close()]
     with pytest.raises(ValueError, match="frame_bytes_max"):
         th.ThriftConnection(frame_bytes_max=limits.thrift_frame_bytes_max + 1)
 
 
 def test_bad_header_closes_and_truncated_arguments_are_a_protocol_error() -> None:
     conn = th.ThriftConnection()
-    assert conn.receive_data(struct.pack(">iI", 4, 0x80020001)) == [th.Close()]
+    assert conn.receive_data(struct.pack(">iI", 4, 0x80020001)) == [Close()]
     frame = call_frame("peek", [(1, TType.STRING, "queue")])
     truncated = struct.pack(">i", len(frame) - 7) + frame[4:-3]
     [event] = th.ThriftConnection().receive_data(truncated)

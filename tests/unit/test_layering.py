@@ -73,6 +73,19 @@ FACE_ALLOWED_LOW = (
 # The simulator (chaos/sim/) drives the pure chain and manager decisions themselves, which is its
 # point: it may import those pure floor-1 modules, and nothing else below the client.
 SIM_ALLOWED_LOW = ("kayos.replication.chain", "kayos.manager")
+# The Kestrel front's rooms inside its floor, lowest first: its bounds and the eager runner; the
+# pure queue core; the codecs and the backends side by side (neither imports the other); the
+# sessions and the journal import; the server and the command line on top. A module imports its
+# own room or lower ones only.
+KESTREL_ROOMS: list[tuple[int, tuple[str, ...]]] = [
+    (0, ("kestrel_compat.limits", "kestrel_compat.eager")),
+    (1, ("kestrel_compat.core",)),
+    (2, ("kestrel_compat.wire",)),
+    (2, ("kestrel_compat.backends",)),
+    (3, ("kestrel_compat.sessions",)),
+    (3, ("kestrel_compat.migration",)),
+    (4, ("kestrel_compat.server", "kestrel_compat.cli", "kestrel_compat.__main__")),
+]
 # Names `kayos/__init__.py` exports lazily from the client floor.
 LAZY_CLIENT_EXPORTS = {"Client", "AsyncClient", "open_queue", "Page", "Item", "Message"}
 
@@ -210,3 +223,56 @@ def test_the_manager_core_is_pure() -> None:
                 names = [node.module]
             for name in names:
                 assert name.split(".")[0] not in io_modules, (path, name)
+
+
+def kestrel_room_of(module: str) -> tuple[int, int]:
+    """(floor, room index) of a kestrel_compat module; the package itself is ground."""
+    if module == "kestrel_compat":
+        return 0, -1
+    for index, (floor, prefixes) in enumerate(KESTREL_ROOMS):
+        if any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes):
+            return floor, index
+    raise AssertionError(f"{module} has no room: add it to KESTREL_ROOMS")
+
+
+KESTREL_SOURCES = [path for path in SOURCES if module_name(path).split(".")[0] == "kestrel_compat"]
+
+
+@pytest.mark.parametrize("path", KESTREL_SOURCES, ids=lambda p: module_name(p))
+def test_kestrel_rooms_import_only_their_own_or_lower_ones(path: Path) -> None:
+    module = module_name(path)
+    floor, room = kestrel_room_of(module)
+    for target in sorted(imports_of(path)):
+        if target.split(".")[0] != "kestrel_compat":
+            continue
+        target_floor, target_room = kestrel_room_of(target)
+        assert target_room == room or target_floor < floor, (
+            f"{module} (room floor {floor}) imports {target} (room floor {target_floor})"
+        )
+
+
+def test_the_kestrel_core_and_codecs_do_no_io() -> None:
+    """kestrel_compat/core/ (the queue semantics) and kestrel_compat/wire/ (the sans-IO codecs)
+    import the kayos ground floor, kestrel_compat.limits and the core only: no codec in the core,
+    no sockets, event loop or threads in either."""
+    io_modules = ("asyncio", "socket", "selectors", "ssl", "threading", "subprocess")
+    for room in ("core", "wire"):
+        for path in (ROOT / "kestrel_compat" / room).rglob("*.py"):
+            for target in imports_of(path):
+                allowed = target.startswith(("kestrel_compat.core", "kestrel_compat.limits"))
+                allowed = allowed or (room == "wire" and target.startswith("kestrel_compat.wire"))
+                allowed = allowed or (target.split(".")[0] == "kayos" and floor_of(target) == 0)
+                assert allowed, (path, target)
+            for name in imported_names(path):
+                assert name.split(".")[0] not in io_modules, (path, name)
+
+
+def imported_names(path: Path) -> list[str]:
+    """Every module ``path`` imports, whatever its package (``from x import y`` counts as x)."""
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+    return names

@@ -46,7 +46,7 @@ from typing import Any
 
 from kayos.errors import InvalidRequest
 from kestrel_compat import limits
-from kestrel_compat.protocol import ServerStatus
+from kestrel_compat.core.status import ServerStatus
 
 
 class ConfigError(InvalidRequest):

@@ -34,14 +34,14 @@ from kayos import AsyncClient, Item
 from kayos.errors import InvalidRequest, KayosError, RetentionGapError
 from kayos.topology import check_queue_name
 from kestrel_compat import limits
-from kestrel_compat.backend import BackendError, Entry, GroupState, NewEntry
+from kestrel_compat.core.persistence import BackendError, Entry, GroupState, NewEntry
 
 _PREFIX = "k."
 _HEX_PREFIX = "kx."
 _GROUPS_SEPARATOR = b"\x00"
 _READ_PAGE_ENTRIES = 5_000
 
-logger = logging.getLogger("kestrel_compat.kayos_backend")
+logger = logging.getLogger("kestrel_compat.backends.kayos_backend")
 
 
 def queue_for(log: str) -> str:
@@ -90,10 +90,11 @@ def entry_from(seq: int, value: bytes, headers: dict[str, bytes] | None) -> Entr
 
 
 class KayosBackend:
-    """``kestrel_compat.backend.Backend`` over a Kayos cluster."""
+    """``kestrel_compat.core.persistence.Backend`` over a Kayos cluster."""
 
     def __init__(self, client: AsyncClient) -> None:
-        self._client = client
+        # The cluster's client; tests read the retention policies this backend set through it.
+        self.client = client
         self._boot = uuid.uuid4().hex[:16]
         self._counter = itertools.count(1)
         # Logs whose queue is known to have a retention policy (set here or by someone else).
@@ -111,7 +112,7 @@ class KayosBackend:
 
     def _shard(self, queue: str) -> int:
         """The one shard of ``queue`` a Kestrel log lives in (its first)."""
-        return self._client.topology.shards_for(queue)[0]
+        return self.client.topology.shards_for(queue)[0]
 
     def _key(self, queue: str) -> bytes:
         """A fresh unique key that the queue's key hash puts in the log's shard: with ``S``
@@ -119,7 +120,7 @@ class KayosBackend:
         shard = self._shard(queue)
         for _ in range(limits.key_tries_max):
             key = f"{self._boot}.{next(self._counter)}".encode()
-            if self._client.topology.shard_for_key(queue, key) == shard:
+            if self.client.topology.shard_for_key(queue, key) == shard:
                 return key
         raise BackendError(f"no key for shard {shard} of {queue!r} in {limits.key_tries_max}")
 
@@ -131,7 +132,7 @@ class KayosBackend:
         if log not in self._retained:
             await self._retain_until_consumed(log)
         try:
-            first, last = await self._client.produce_batch(queue, items, acks="all", txn=True)
+            first, last = await self.client.produce_batch(queue, items, acks="all", txn=True)
         except KayosError as exc:
             raise BackendError(f"append to {log!r} failed: {exc}") from exc
         if last - first + 1 != len(entries):
@@ -142,9 +143,9 @@ class KayosBackend:
         queue = queue_for(log)
         try:
             shard = self._shard(queue)
-            current = await self._client.retention(queue, shard=shard)
+            current = await self.client.retention(queue, shard=shard)
             if current.get("policy") is None:
-                await self._client.set_retention(queue, {"until_consumed": True}, shard=shard)
+                await self.client.set_retention(queue, {"until_consumed": True}, shard=shard)
         except KayosError as exc:
             raise BackendError(f"retention policy of {log!r} not set: {exc}") from exc
         self._retained.add(log)
@@ -160,7 +161,7 @@ class KayosBackend:
             while len(found) < limit:
                 queue = queue_for(log)
                 try:
-                    page = await self._client.read(
+                    page = await self.client.read(
                         queue,
                         after=after,
                         limit=min(limit, _READ_PAGE_ENTRIES),
@@ -187,7 +188,7 @@ class KayosBackend:
     async def commit_group(self, log: str, group: str, state: GroupState) -> None:
         try:
             queue = queue_for(log)
-            await self._client.commit(
+            await self.client.commit(
                 queue, group, state.hwm, state=state.blob, shard=self._shard(queue)
             )
         except KayosError as exc:
@@ -196,17 +197,17 @@ class KayosBackend:
     async def load_group(self, log: str, group: str) -> GroupState | None:
         queue = queue_for(log)
         try:
-            known = {(q, g) for q, g, _ in await self._client.list_groups()}
+            known = {(q, g) for q, g, _ in await self.client.list_groups()}
             if (queue, group) not in known:
                 return None
-            info = await self._client.group(queue, group, shard=self._shard(queue))
+            info = await self.client.group(queue, group, shard=self._shard(queue))
         except KayosError as exc:
             raise BackendError(f"load of {log!r}/{group!r} failed: {exc}") from exc
         return GroupState(info.hwm, info.state or b"")
 
     async def list_logs(self) -> list[str]:
         try:
-            groups = await self._client.list_groups()
+            groups = await self.client.list_groups()
         except KayosError as exc:
             raise BackendError(f"listing queues failed: {exc}") from exc
         return sorted({log for q, _, _ in groups if (log := log_for(q)) is not None})
@@ -214,7 +215,7 @@ class KayosBackend:
     async def all_groups(self) -> set[tuple[str, str]]:
         """Every (log, group) pair on the cluster, in one listing."""
         try:
-            groups = await self._client.list_groups()
+            groups = await self.client.list_groups()
         except KayosError as exc:
             raise BackendError(f"listing groups failed: {exc}") from exc
         return {(log, g) for q, g, _ in groups if (log := log_for(q)) is not None}
@@ -222,14 +223,14 @@ class KayosBackend:
     async def list_groups(self, log: str) -> list[str]:
         queue = queue_for(log)
         try:
-            groups = await self._client.list_groups()
+            groups = await self.client.list_groups()
         except KayosError as exc:
             raise BackendError(f"listing groups failed: {exc}") from exc
         return sorted(g for q, g, _ in groups if q == queue)
 
     async def delete_group(self, log: str, group: str) -> None:
         try:
-            await self._client.delete_group(queue_for(log), group)
+            await self.client.delete_group(queue_for(log), group)
         except KayosError as exc:
             raise BackendError(f"delete of {log!r}/{group!r} failed: {exc}") from exc
 
@@ -240,10 +241,10 @@ class KayosBackend:
     async def last_seq(self, log: str) -> int:
         queue = queue_for(log)
         try:
-            info = await self._client.group(queue, "_last", shard=self._shard(queue))
+            info = await self.client.group(queue, "_last", shard=self._shard(queue))
         except KayosError as exc:
             raise BackendError(f"last seq of {log!r} failed: {exc}") from exc
         return info.boundary
 
     async def close(self) -> None:
-        await self._client.close()
+        await self.client.close()

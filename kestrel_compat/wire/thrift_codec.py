@@ -25,11 +25,12 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar, TypeAlias
 
 from kayos.errors import ProtocolError
 from kestrel_compat import limits
+from kestrel_compat.wire.commands import Close
 
 
 class ThriftProtocolError(ProtocolError):
@@ -180,13 +181,6 @@ class BadCall:
     seqid: int
     error: ApplicationError
     message: str
-
-
-@dataclass(frozen=True, slots=True)
-class Close:
-    """Nothing can be answered; the connection closes. ``reason`` is for logs only."""
-
-    reason: str = field(default="", compare=False)
 
 
 ThriftCall: TypeAlias = (

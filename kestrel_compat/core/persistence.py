@@ -1,4 +1,4 @@
-"""Where the Kestrel front keeps items: a narrow, async backend interface shaped like Kayos.
+"""What the Kestrel front asks of persistence: a narrow, async backend interface shaped like Kayos.
 
 The mapping (docs/kestrel-compat.md, "Persistence"):
 
@@ -15,16 +15,19 @@ The mapping (docs/kestrel-compat.md, "Persistence"):
 
 The front reads a log at start-up (recovery) and to page in the items of a queue in read-behind
 (docs/kestrel-compat.md section 10); everything else is served from memory.
-Implementations must keep appends to one log in call order. A backend whose calls never wait
-(they finish without suspending, as ``MemoryBackend``'s do) may say so with a class attribute
-``completes_at_once = True``: the front then makes its calls in the caller, outside any task
-(``kestrel_compat.persist``), which saves a task and a turn of the event loop per ``set``.
+Implementations (``kestrel_compat.backends``) must keep appends to one log in call order. A
+backend whose calls never wait (they finish without suspending, as ``MemoryBackend``'s do) may say
+so with a class attribute ``completes_at_once = True``: the front then makes its calls in the
+caller, outside any task (``kestrel_compat.backends.persister``), which saves a task and a turn of
+the event loop per ``set``.
+
+The core declares this surface because its queues describe their changes in its records
+(``NewEntry``, ``GroupState`` and the group blob below); the backends implement it.
 """
 
 from __future__ import annotations
 
 import struct
-from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -168,99 +171,3 @@ def decode_removed(hwm: int, blob: bytes) -> set[int]:
         previous += delta
         seqs.add(previous)
     return seqs
-
-
-# --- in-process backend --------------------------------------------------------------------------
-
-
-class MemoryBackend:
-    """Everything in this process's memory: the default, and the deterministic tests' backend.
-
-    Seqs come from one counter shared by every log, as a Kayos shard shares one seq space among
-    its queues, so the front never relies on seqs being dense. ``fail_next`` makes the next
-    call raise ``BackendError`` (tests).
-    """
-
-    # Every call finishes without waiting: the front may call it outside a task.
-    completes_at_once = True
-
-    def __init__(self) -> None:
-        self._seq = 0
-        self._logs: dict[str, deque[Entry]] = {}
-        self._last_seq: dict[str, int] = {}
-        self._groups: dict[str, dict[str, GroupState]] = {}
-        self.fail_next = False
-        self.closed = False
-
-    def _check(self) -> None:
-        if self.closed:
-            raise BackendError("backend is closed")
-        if self.fail_next:
-            self.fail_next = False
-            raise BackendError("injected failure")
-
-    async def append(self, log: str, entries: list[NewEntry]) -> list[int]:
-        self._check()
-        stored = self._logs.get(log)
-        if stored is None:
-            stored = self._logs[log] = deque()
-        seqs = []
-        for new in entries:
-            self._seq += 1
-            stored.append(Entry(self._seq, new.value, new.add_ms, new.expiry_ms, new.groups))
-            seqs.append(self._seq)
-        if seqs:
-            self._last_seq[log] = seqs[-1]
-        return seqs
-
-    async def read(self, log: str, after_seq: int, limit: int) -> list[Entry]:
-        self._check()
-        assert limit > 0
-        return [entry for entry in self._logs.get(log, ()) if entry.seq > after_seq][:limit]
-
-    async def commit_group(self, log: str, group: str, state: GroupState) -> None:
-        self._check()
-        assert len(state.blob) <= limits.group_blob_bytes_max
-        groups = self._groups.setdefault(log, {})
-        groups[group] = state
-        stored = self._logs.get(log)
-        if stored is None:
-            stored = self._logs[log] = deque()
-        # Entries every group has passed are garbage, as Kayos compaction would find them. The
-        # log is in seq order: drop its head, one entry at a time, never copying the rest.
-        if stored:
-            floor = state.hwm if len(groups) == 1 else min(item.hwm for item in groups.values())
-            while stored and stored[0].seq <= floor:
-                stored.popleft()
-
-    async def load_group(self, log: str, group: str) -> GroupState | None:
-        self._check()
-        return self._groups.get(log, {}).get(group)
-
-    async def list_logs(self) -> list[str]:
-        self._check()
-        return sorted(self._logs)
-
-    async def list_groups(self, log: str) -> list[str]:
-        self._check()
-        return sorted(self._groups.get(log, {}))
-
-    async def delete_group(self, log: str, group: str) -> None:
-        self._check()
-        self._groups.get(log, {}).pop(group, None)
-
-    async def delete_log(self, log: str) -> None:
-        self._check()
-        self._logs.pop(log, None)
-        self._groups.pop(log, None)
-
-    async def last_seq(self, log: str) -> int:
-        self._check()
-        return self._last_seq.get(log, 0)
-
-    async def close(self) -> None:
-        self.closed = True
-
-    def reopen(self) -> None:
-        """Tests: simulate a restart that keeps what was stored (the process's memory)."""
-        self.closed = False

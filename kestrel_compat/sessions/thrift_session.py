@@ -27,13 +27,16 @@ from dataclasses import dataclass
 
 from kayos.errors import KayosError
 from kestrel_compat import limits
-from kestrel_compat import thrift_protocol as th
-from kestrel_compat.engine import IllegalQueueName, Item, KestrelQueue, LogEntry, now_ms
-from kestrel_compat.protocol import ServerStatus
-from kestrel_compat.service import KestrelService
-from kestrel_compat.session import SessionBase
+from kestrel_compat.core.collection import IllegalQueueName
+from kestrel_compat.core.now import now_ms
+from kestrel_compat.core.queue import Item, KestrelQueue, LogEntry
+from kestrel_compat.core.status import ServerStatus
+from kestrel_compat.sessions.service import KestrelService
+from kestrel_compat.sessions.session_base import SessionBase
+from kestrel_compat.wire import thrift_codec as th
+from kestrel_compat.wire.commands import Close
 
-log = logging.getLogger("kestrel_compat.thrift_handler")
+log = logging.getLogger("kestrel_compat.sessions.thrift_session")
 
 Send = Callable[[bytes], Awaitable[None]]
 
@@ -147,7 +150,7 @@ class ThriftSession(SessionBase):
 
     async def handle(self, event: th.ThriftEvent, send: Send) -> bool:
         """Serve one event; return whether the connection closes afterwards."""
-        if isinstance(event, th.Close):
+        if isinstance(event, Close):
             return True
         if isinstance(event, th.BadCall):
             await send(th.encode_exception(event.method, event.seqid, event.error, event.message))

@@ -11,7 +11,7 @@ The line (without its ``:``) is split with Java's ``String.split(" ")``; token 0
 the command. ``TEXT_COMMANDS`` declares each command: how many arguments it needs, the error it
 answers when one is missing, and the operation name the server status refuses it under. The codec
 decides everything that depends only on the bytes (missing arguments, numbers, unknown commands);
-the text session (``kestrel_compat.text_handler``) decides the rest.
+the text session (``kestrel_compat.sessions.text_session``) decides the rest.
 
 Replies are one line each: ``+<n>`` (a count), ``-<message>`` (an error; the connection stays
 open), ``:<item>`` or ``:<string>``, and ``*`` (no item). Kestrel closes the connection without a
@@ -26,19 +26,14 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar, TypeAlias
 
 from kayos.errors import ProtocolError
 from kestrel_compat import limits
-from kestrel_compat.commands import parse_java_int
-from kestrel_compat.protocol import Confirm as Confirm
-from kestrel_compat.protocol import Delete as Delete
-from kestrel_compat.protocol import Flush as Flush
-from kestrel_compat.protocol import Quit as Quit
-from kestrel_compat.protocol import ServerStatus, split_line
-from kestrel_compat.protocol import Shutdown as Shutdown
-from kestrel_compat.protocol import Version as Version
+from kestrel_compat.core.status import ServerStatus
+from kestrel_compat.wire.commands import Close, Confirm, Delete, Flush, Quit, Shutdown, Version
+from kestrel_compat.wire.java import parse_java_int, split_line
 
 
 class TextProtocolError(ProtocolError):
@@ -50,8 +45,9 @@ class TextProtocolError(ProtocolError):
 # --- events --------------------------------------------------------------------------------------
 
 # ``Confirm(queue, count)``, ``Flush(queue)``, ``Delete(queue)``, ``Version()``, ``Shutdown()`` and
-# ``Quit()`` are the memcache codec's events: the requests are the same. Here ``shutdown`` is
-# answered ``+0`` and keeps the connection; ``quit`` closes it without a word, as in memcache.
+# ``Quit()`` are the commands the text protocol shares with memcache, and ``Close`` the silent close
+# it shares with thrift (``kestrel_compat.wire.commands``). Here ``shutdown`` is answered ``+0``
+# and keeps the connection; ``quit`` closes it without a word, as in memcache.
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,13 +112,6 @@ class ErrorReply:
     """``-<message>``; the connection stays open."""
 
     message: str
-
-
-@dataclass(frozen=True, slots=True)
-class Close:
-    """Kestrel closes the connection without a word. ``reason`` is for logs only."""
-
-    reason: str = field(default="", compare=False)
 
 
 TextCommand: TypeAlias = (

@@ -19,11 +19,14 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from kayos.errors import KayosError
-from kestrel_compat import text_protocol as t
-from kestrel_compat.engine import IllegalQueueName, Item, KestrelQueue, LogEntry, now_ms
-from kestrel_compat.session import PendingReadsSession
+from kestrel_compat.core.collection import IllegalQueueName
+from kestrel_compat.core.now import now_ms
+from kestrel_compat.core.queue import Item, KestrelQueue, LogEntry
+from kestrel_compat.sessions.session_base import PendingReadsSession
+from kestrel_compat.wire import commands as c
+from kestrel_compat.wire import text_codec as t
 
-log = logging.getLogger("kestrel_compat.text_handler")
+log = logging.getLogger("kestrel_compat.sessions.text_session")
 
 Send = Callable[[bytes], Awaitable[None]]
 
@@ -72,7 +75,7 @@ class TextSession(PendingReadsSession):
         if isinstance(event, t.ErrorReply):
             await send(t.encode_error(event.message))
             return False
-        if isinstance(event, t.Close | t.Quit):
+        if isinstance(event, c.Close | c.Quit):
             return True
         try:
             reply = await self._serve(event, send)
@@ -95,23 +98,23 @@ class TextSession(PendingReadsSession):
         if isinstance(event, t.Monitor):
             await self._monitor(event, send)
             return b""
-        if isinstance(event, t.Confirm):
+        if isinstance(event, c.Confirm):
             if self.open_reads.confirm(event.queue, event.count) == 0:
                 return t.encode_error("Not that many transactions open.")
             return t.encode_count(event.count)
-        if isinstance(event, t.Flush):
+        if isinstance(event, c.Flush):
             self._check_writes("flush")
             self.collection.flush(event.queue)
             return t.ZERO
-        if isinstance(event, t.Delete):
+        if isinstance(event, c.Delete):
             self._check_writes("delete")
             self.collection.delete(event.queue)
             return t.ZERO
         if isinstance(event, t.StatusQuery | t.StatusChange):
             return self._status(event)
-        if isinstance(event, t.Version):
+        if isinstance(event, c.Version):
             return t.encode_string(self.service.server_config.version)
-        assert isinstance(event, t.Shutdown), f"unhandled command {event!r}"
+        assert isinstance(event, c.Shutdown), f"unhandled command {event!r}"
         if self.service.on_shutdown is not None:
             self.service.on_shutdown()
         return t.ZERO

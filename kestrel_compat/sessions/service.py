@@ -1,9 +1,9 @@
 """The state every connection of one Kestrel server shares, whatever its protocol.
 
 ``KestrelService`` holds the queue collection, the persistence driver, the server status and the
-configuration. The memcache, text and thrift sessions (``kestrel_compat.handler``,
-``kestrel_compat.text_handler``, ``kestrel_compat.thrift_handler``) all serve one service, so the
-three protocols see the same queues, as in Kestrel.
+configuration. The memcache, text and thrift sessions (``memcache_session``, ``text_session``,
+``thrift_session`` beside this module) all serve one service, so the three protocols see the same
+queues, as in Kestrel.
 """
 
 from __future__ import annotations
@@ -13,16 +13,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kayos.clock import Clock
-from kestrel_compat import protocol as p
-from kestrel_compat.backend import Backend
-from kestrel_compat.config import KestrelConfig, load_queue_settings
-from kestrel_compat.engine import QueueCollection, StatusKeeper
-from kestrel_compat.persist import Persister
+from kestrel_compat.backends.persister import Persister
+from kestrel_compat.core.collection import QueueCollection
+from kestrel_compat.core.config import KestrelConfig, load_queue_settings
+from kestrel_compat.core.persistence import Backend
+from kestrel_compat.core.status import ServerStatus, StatusKeeper
+from kestrel_compat.wire.memcache_replies import StatValue, encode_dump_stats
 
-log = logging.getLogger("kestrel_compat.service")
+log = logging.getLogger("kestrel_compat.sessions.service")
 
 
-def _read_status_file(path: str | None) -> p.ServerStatus | None:
+def _read_status_file(path: str | None) -> ServerStatus | None:
     if path is None:
         return None
     try:
@@ -30,7 +31,7 @@ def _read_status_file(path: str | None) -> p.ServerStatus | None:
     except (OSError, UnicodeDecodeError):
         return None
     try:
-        return p.ServerStatus[word]
+        return ServerStatus[word]
     except KeyError:
         log.error("status file %s holds %r; keeping the default status", path, word)
         return None
@@ -68,7 +69,7 @@ class KestrelService:
                 store=self._store_status if server.status_file is not None else None,
             )
 
-    def _store_status(self, status: p.ServerStatus) -> None:
+    def _store_status(self, status: ServerStatus) -> None:
         path = self.server_config.status_file
         assert path is not None
         try:
@@ -90,12 +91,12 @@ class KestrelService:
         self.collection.reload(load_queue_settings(self.config_path))
         self.after_change()
 
-    def stats(self) -> list[tuple[str, p.StatValue]]:
+    def stats(self) -> list[tuple[str, StatValue]]:
         collection = self.collection
         counters = collection.stats
         now_s = self.clock.now_s()
         budget = self.server_config.memory_budget_bytes
-        report: list[tuple[str, p.StatValue]] = [
+        report: list[tuple[str, StatValue]] = [
             ("uptime", int(now_s - collection.started_s)),
             ("time", int(now_s)),
             ("version", self.server_config.version),
@@ -123,7 +124,7 @@ class KestrelService:
 
     def dump_stats(self, names: tuple[str, ...]) -> bytes:
         chosen = list(names) if names else self.collection.queue_names()
-        return p.encode_dump_stats((name, self.collection.queue_stats(name)) for name in chosen)
+        return encode_dump_stats((name, self.collection.queue_stats(name)) for name in chosen)
 
     async def close(self) -> None:
         """Stop: every queue closes (waiters answer END), then the last commits are written."""

@@ -22,12 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kayos.errors import InvalidRequest
-from kestrel_compat.commands import (
+from kestrel_compat.wire.java import parse_java_int
+from kestrel_compat.wire.memcache_commands import (
     CLIENT_ERROR_CLOSE,
     CLIENT_ERROR_KEEP,
     SILENT_CLOSE,
     ErrorClass,
-    parse_java_int,
 )
 
 _TIMEOUT_PREFIX = "t="

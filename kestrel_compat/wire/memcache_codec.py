@@ -1,4 +1,4 @@
-"""Kestrel 2.x memcache protocol, sans-IO: bytes in, commands out; replies out as exact bytes.
+"""Kestrel 2.x memcache protocol, sans-IO: bytes in, commands out.
 
 Theory of operation. ``MemcacheConnection.receive_data`` appends bytes to a buffer and runs the
 reader for the current state until a reader needs more bytes. There are three live states (see
@@ -6,31 +6,36 @@ reader for the current state until a reader needs more bytes. There are three li
 than ``value_bytes_max``. Each reader returns an event, returns nothing when it needs more bytes, or
 reports progress without an event (a storage line moves the connection to a payload state). Which
 words are commands, their arities, what a missing argument costs and whether a payload follows all
-come from ``kestrel_compat.commands.COMMANDS``; this module only holds the per-command builders.
+come from ``memcache_commands.COMMANDS``; this module only holds the per-command builders.
 
-Events are the frozen command dataclasses below plus ``ErrorReply``, which carries the exact bytes
+Events are the frozen command dataclasses below, the commands memcache shares with the text
+protocol (``kestrel_compat.wire.commands``), and ``ErrorReply``, which carries the exact bytes
 Kestrel would send (spec §1.3) and whether the connection closes after them. After any closing event
 (an ``ErrorReply`` with ``close_after``, ``Quit`` or ``Shutdown``) the connection is dead: bytes
 that came after it are dropped and ``receive_data`` raises ``MemcacheProtocolError``. Errors Kestrel
 can only decide with queue state (``ERROR`` for a second open read, ``SERVER_ERROR`` for the server
-status, a silent close for an illegal queue name) belong to the handler, which sends the constants
-and encoders defined at the bottom of this module.
+status, a silent close for an illegal queue name) belong to the session, which sends the constants
+and encoders of ``kestrel_compat.wire.memcache_replies``.
 
 No asyncio, sockets or clock here: timeouts and expiry times stay the relative numbers the client
-sent, and the handler turns them into deadlines.
+sent, and the session turns them into deadlines.
 """
 
 from __future__ import annotations
 
 import enum
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar, TypeAlias
 
 from kayos.errors import ProtocolError
 from kestrel_compat import limits
-from kestrel_compat.commands import (
+from kestrel_compat.core.status import ServerStatus
+from kestrel_compat.wire.commands import Confirm, Delete, Flush, Quit, Shutdown, Version
+from kestrel_compat.wire.get_options import GetOptions, GetOptionsError, parse_get_key
+from kestrel_compat.wire.java import parse_java_int, split_line
+from kestrel_compat.wire.memcache_commands import (
     CLIENT_ERROR_CLOSE,
     CLIENT_ERROR_KEEP,
     COMMANDS,
@@ -38,9 +43,7 @@ from kestrel_compat.commands import (
     SILENT_CLOSE,
     CommandSpec,
     ErrorClass,
-    parse_java_int,
 )
-from kestrel_compat.options import GetOptions, GetOptionsError, parse_get_key
 
 # --- errors --------------------------------------------------------------------------------------
 
@@ -54,21 +57,14 @@ class MemcacheProtocolError(ProtocolError):
 # --- events --------------------------------------------------------------------------------------
 
 
-class ServerStatus(enum.Enum):
-    """The statuses a client may read or set (spec §7); the value is the word STATUS replies."""
-
-    UP = "UP"
-    READONLY = "READONLY"
-    QUIESCENT = "QUIESCENT"
-    WRITEAVOID = "WRITEAVOID"
-
-
 # `status <word>` is matched case-insensitively; `down` is not settable and answers like any
 # unknown word (spec §7).
 _STATUS_BY_WORD: dict[str, ServerStatus] = {status.value.lower(): status for status in ServerStatus}
 
 # Queue names are the latin-1 decoding of the wire bytes, so every byte is one character and
 # `name.encode("latin-1")` gives the bytes back. Each command names its row of the command table.
+# Confirm, Delete, Flush, Version, Shutdown and Quit are the shared commands of
+# `kestrel_compat.wire.commands`.
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +95,7 @@ class Set:
 class SetTooLarge:
     """A ``set`` whose payload exceeded ``value_bytes_max`` and was thrown away unread.
 
-    The handler answers it as Kestrel answers an item above maxItemSize: the queue is created and
+    The session answers it as Kestrel answers an item above maxItemSize: the queue is created and
     the reply is ``NOT_STORED`` (spec §2, §4), after the same status and name checks as ``Set``.
     """
 
@@ -108,18 +104,6 @@ class SetTooLarge:
     flags: int
     expiry: int
     length_bytes: int
-
-
-@dataclass(frozen=True, slots=True)
-class Delete:
-    command: ClassVar[str] = "delete"
-    queue: str
-
-
-@dataclass(frozen=True, slots=True)
-class Flush:
-    command: ClassVar[str] = "flush"
-    queue: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,11 +120,6 @@ class FlushExpired:
 @dataclass(frozen=True, slots=True)
 class FlushAllExpired:
     command: ClassVar[str] = "flush_all_expired"
-
-
-@dataclass(frozen=True, slots=True)
-class Version:
-    command: ClassVar[str] = "version"
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,15 +146,6 @@ class Monitor:
 
 
 @dataclass(frozen=True, slots=True)
-class Confirm:
-    """``confirm <q> <n>`` (spec §5)."""
-
-    command: ClassVar[str] = "confirm"
-    queue: str
-    count: int
-
-
-@dataclass(frozen=True, slots=True)
 class Status:
     """``status`` (``target`` None: report) or ``status <s>`` (spec §7)."""
 
@@ -186,20 +156,6 @@ class Status:
 @dataclass(frozen=True, slots=True)
 class Reload:
     command: ClassVar[str] = "reload"
-
-
-@dataclass(frozen=True, slots=True)
-class Shutdown:
-    """No reply; the connection closes (spec §2)."""
-
-    command: ClassVar[str] = "shutdown"
-
-
-@dataclass(frozen=True, slots=True)
-class Quit:
-    """No reply; the connection closes (spec §2)."""
-
-    command: ClassVar[str] = "quit"
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,28 +204,7 @@ def closes_connection(event: Event) -> bool:
     return COMMANDS_BY_NAME[event.command].closes_connection
 
 
-def queue_name_is_legal(name: str) -> bool:
-    """Whether a queue may be created under ``name`` (spec §8.1).
-
-    Kestrel refuses ``.``, ``/`` and ``~`` when it creates a queue, closing the connection with
-    nothing sent; only commands that create queues check. Kayos also refuses the empty name.
-    """
-    return name != "" and not any(character in name for character in "./~")
-
-
 # --- request line parsing ------------------------------------------------------------------------
-
-
-def split_line(line: str) -> list[str]:
-    # Java's String.split(" "): no space gives the line itself as the only token (even when empty);
-    # otherwise doubled spaces give empty tokens and trailing empty tokens are removed, so a line of
-    # spaces has no tokens at all.
-    if " " not in line:
-        return [line]
-    tokens = line.split(" ")
-    while tokens and tokens[-1] == "":
-        tokens.pop()
-    return tokens
 
 
 def _build_get(arguments: list[str]) -> Event:
@@ -559,76 +494,3 @@ _READERS: dict[_State, Callable[[MemcacheConnection], _Step]] = {
     _State.CLOSED: MemcacheConnection._read_closed,
 }
 assert set(_READERS) == set(_State)
-
-
-# --- replies (spec §1.2, §2, §5-§7) ---------------------------------------------------------------
-
-STORED = b"STORED\r\n"
-NOT_STORED = b"NOT_STORED\r\n"
-END = b"END\r\n"  # No item; also flush, /close, /abort, confirm, `status <s>`, the end of MONITOR.
-DELETED = b"DELETED\r\n"
-FLUSHED_ALL = b"Flushed all queues.\r\n"
-RELOADED = b"Reloaded config.\r\n"
-ERROR = b"ERROR\r\n"
-CLIENT_ERROR = b"CLIENT_ERROR\r\n"
-SERVER_ERROR = b"SERVER_ERROR\r\n"
-
-StatValue: TypeAlias = str | int
-
-
-def _text(value: str) -> bytes:
-    # Everything the server echoes came off the wire as latin-1 or is ASCII it made itself; a line
-    # break inside would split one reply line into two.
-    assert "\r" not in value, "a reply field never holds a line break"
-    assert "\n" not in value, "a reply field never holds a line break"
-    return value.encode("latin-1")
-
-
-def _stat_text(value: StatValue) -> bytes:
-    assert not isinstance(value, bool), "stats are numbers or text, never booleans"
-    return _text(str(value))
-
-
-def encode_value(queue: str, data: bytes) -> bytes:
-    """One item: ``VALUE <q> 0 <len>``, the data, ``END`` (spec §1.2). Flags are always 0.
-
-    MONITOR sends this per item and then its own ``END`` (spec §5).
-    """
-    return b"VALUE %s 0 %d\r\n%s\r\nEND\r\n" % (_text(queue), len(data), data)
-
-
-def encode_count(count: int) -> bytes:
-    """The reply of ``flush_expired``/``flush_all_expired``: the number discarded."""
-    assert count >= 0
-    return b"%d\r\n" % count
-
-
-def encode_version(version: str) -> bytes:
-    """``VERSION <version>``."""
-    return b"VERSION %s\r\n" % _text(version)
-
-
-def encode_status(status: ServerStatus) -> bytes:
-    """The reply of a bare ``status``."""
-    return b"%s\r\n" % _text(status.value)
-
-
-def encode_stats(stats: Iterable[tuple[str, StatValue]]) -> bytes:
-    """``STAT <name> <value>`` per pair, then ``END`` (spec §6). An empty value keeps its space."""
-    lines = [b"STAT %s %s\r\n" % (_text(name), _stat_text(value)) for name, value in stats]
-    return b"".join(lines) + END
-
-
-def encode_dump_stats(queues: Iterable[tuple[str, Iterable[tuple[str, StatValue]]]]) -> bytes:
-    """``dump_stats``: a block per queue, blocks joined by CRLF, then CRLF and ``END`` (spec §6).
-
-    A block is ``queue '<q>' {``, then each ``  name=value``, then ``}``, one per line; a queue with
-    no stats (an unknown name) gets one line of two spaces. No queues at all gives ``\\r\\nEND``.
-    """
-    blocks = []
-    for queue, stats in queues:
-        fields = b"\r\n  ".join(
-            b"%s=%s" % (_text(name), _stat_text(value)) for name, value in stats
-        )
-        blocks.append(b"queue '%s' {\r\n  %s\r\n}" % (_text(queue), fields))
-    return b"\r\n".join(blocks) + b"\r\n" + END

@@ -1,4 +1,4 @@
-"""``kayos import-kestrel DIR``: the command line of ``kestrel_compat.importer``.
+"""``kayos import-kestrel DIR``: the command line of ``kestrel_compat.migration``.
 
 A progress bar per queue (items and bytes, with rich), then a table of every queue and the
 warnings; exit code 0 when no queue failed (docs/migrating-from-kestrel.md section 4).
@@ -24,15 +24,15 @@ from rich.progress import (
 from rich.table import Table
 
 from kayos.errors import KayosError
-from kestrel_compat.importer import (
+from kestrel_compat.backends.kayos_backend import KayosBackend
+from kestrel_compat.migration.importer import (
     CORRUPT,
     FAILED,
     QueueResult,
     existing_groups,
     import_queue,
-    plan,
 )
-from kestrel_compat.kayos_backend import KayosBackend
+from kestrel_compat.migration.plan import plan
 
 DEFAULT_SEED = "http://127.0.0.1:7101"
 

@@ -1,7 +1,7 @@
 """``kayos import-kestrel``: a Kestrel queue directory into the queues the Kayos front serves.
 
 docs/migrating-from-kestrel.md section 4 is the contract. Per queue: replay its journal files
-(``kestrel_compat.journal``), drop what expired, produce the rest in order through
+(``kestrel_compat.migration.plan``), drop what expired, produce the rest in order through
 ``KayosBackend`` (``acks=all``, all-or-nothing batches), then commit the queue's group just below
 the first imported item. The group commit is the one step that makes the queue visible to a
 front, so a queue is imported whole or not at all, and a queue whose group exists is skipped
@@ -11,24 +11,18 @@ unless ``force``.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kayos.errors import KayosError
 from kestrel_compat import limits
-from kestrel_compat.backend import GroupState, NewEntry, encode_removed
-from kestrel_compat.journal import (
-    JournalCorrupt,
-    JournalItem,
-    JournalReplay,
-    QueueFiles,
-    plan_directory,
-)
-from kestrel_compat.kayos_backend import KayosBackend
+from kestrel_compat.backends.kayos_backend import KayosBackend
+from kestrel_compat.core.persistence import GroupState, NewEntry, encode_removed
+from kestrel_compat.migration.journal import JournalCorrupt, JournalItem, QueueFiles
+from kestrel_compat.migration.plan import batches, live_items, log_and_group, replay_queue
 
 
 class OrderLost(KayosError):
@@ -63,69 +57,6 @@ class QueueResult:
 Progress = Callable[[str, int, int], None]
 # Called with (queue, items to write, bytes to write) when a queue's writing starts.
 Start = Callable[[str, int, int], None]
-
-
-def log_and_group(queue: str) -> tuple[str, str]:
-    """The Kestrel log (master queue) and group a queue's items go to: ``m+c`` is group ``m+c``
-    on log ``m`` (docs/kestrel-compat.md section 10)."""
-    return queue.split("+", 1)[0], queue
-
-
-def live_items(items: Sequence[JournalItem], now_ms: int) -> tuple[list[JournalItem], int]:
-    """The items not yet expired at ``now_ms``, in order, and how many were expired (an item is
-    expired when its expiry is strictly before now, as in the front)."""
-    live = [item for item in items if item.expiry_ms is None or item.expiry_ms >= now_ms]
-    return live, len(items) - len(live)
-
-
-def batches(
-    items: Sequence[JournalItem],
-    entries_max: int = limits.import_batch_entries_max,
-    bytes_max: int = limits.import_batch_bytes_max,
-) -> list[tuple[int, int]]:
-    """``[start, end)`` index ranges of consecutive items, each within both bounds (an item
-    larger than ``bytes_max`` goes alone)."""
-    ranges: list[tuple[int, int]] = []
-    start = 0
-    size = 0
-    for index, item in enumerate(items):
-        length = len(item.data)
-        if index > start and (index - start >= entries_max or size + length > bytes_max):
-            ranges.append((start, index))
-            start, size = index, 0
-        size += length
-    if start < len(items):
-        ranges.append((start, len(items)))
-    return ranges
-
-
-def replay_queue(directory: Path, files: QueueFiles) -> JournalReplay:
-    """Reads a queue's files in replay order through the sans-IO reader, a chunk at a time."""
-    replay = JournalReplay(files.queue)
-    for name in files.files:
-        replay.begin_file(name)
-        with open(directory / name, "rb") as handle:
-            while chunk := handle.read(limits.journal_read_chunk_bytes):
-                replay.feed(chunk)
-        replay.end_file()
-    replay.finish()
-    return replay
-
-
-def plan(directory: Path, queues: Sequence[str] = ()) -> tuple[list[QueueFiles], list[str]]:
-    """The queues to import (all, or the ones named, in name order) and the directory warnings."""
-    names = [entry.name for entry in os.scandir(directory) if entry.is_file()]
-    found = plan_directory(names)
-    warnings = list(found.warnings)
-    wanted = sorted(set(queues)) if queues else sorted(found.queues)
-    chosen: list[QueueFiles] = []
-    for queue in wanted:
-        files = found.queues.get(queue)
-        if files is None:
-            warnings.append(f"{queue}: no journal file in {directory}, nothing to import")
-            continue
-        chosen.append(files)
-    return chosen, warnings
 
 
 async def import_queue(
@@ -167,6 +98,41 @@ async def import_queue(
         return result
     if on_start is not None:
         on_start(files.queue, len(items), total_bytes)
+    try:
+        first, last = await _write_queue(backend, items, clock, result, on_progress, window)
+    except OrderLost as exc:
+        if window <= 1:
+            raise AssertionError("one batch at a time cannot land out of order") from exc
+        retry = await import_queue(
+            backend, directory, files, existing=existing, force=True, now_ms=now_ms,
+            on_start=on_start, on_progress=on_progress, window=1,
+        )  # fmt: skip
+        retry.warnings.insert(0, f"{exc}: imported again one batch at a time")
+        return retry
+    except KayosError as exc:
+        result.result = FAILED
+        result.message = f"nothing imported (the queue stays invisible): {exc}"
+        result.items = result.bytes = 0
+        result.seconds = time.monotonic() - started
+        return result
+    result.result = IMPORTED
+    result.first_seq, result.last_seq = first, last
+    result.seconds = time.monotonic() - started
+    return result
+
+
+async def _write_queue(
+    backend: KayosBackend,
+    items: list[JournalItem],
+    clock: int,
+    result: QueueResult,
+    on_progress: Progress | None,
+    window: int,
+) -> tuple[int, int]:
+    """Produces a queue's live items in batches, up to ``window`` of them in flight, then commits
+    its group just below the first; returns the first and last seqs. On a ``KayosError`` (an
+    ``OrderLost`` too) the batches still in flight are cancelled and the group is not committed."""
+    log, group = log_and_group(result.queue)
     groups = (group,)
     in_flight: deque[tuple[asyncio.Task[list[int]], int, int]] = deque()
     first = last = 0
@@ -184,7 +150,7 @@ async def import_queue(
         result.items += count
         result.bytes += size
         if on_progress is not None:
-            on_progress(files.queue, result.items, result.bytes)
+            on_progress(result.queue, result.items, result.bytes)
 
     try:
         for start, end in batches(items):
@@ -206,29 +172,10 @@ async def import_queue(
         # Below the first imported item; for an empty queue, below everything still to come.
         hwm = first - 1 if first else await backend.last_seq(log)
         await backend.commit_group(log, group, GroupState(hwm, encode_removed(hwm, [])))
-    except OrderLost as exc:
+    except KayosError:
         await _cancel(in_flight)
-        if window <= 1:
-            raise AssertionError("one batch at a time cannot land out of order") from exc
-        retry = await import_queue(
-            backend, directory, files, existing=existing, force=True, now_ms=now_ms,
-            on_start=on_start, on_progress=on_progress, window=1,
-        )  # fmt: skip
-        retry.warnings.insert(0, f"{exc}: imported again one batch at a time")
-        return retry
-    except KayosError as exc:
-        for task, _, _ in in_flight:
-            task.cancel()
-        await asyncio.gather(*(task for task, _, _ in in_flight), return_exceptions=True)
-        result.result = FAILED
-        result.message = f"nothing imported (the queue stays invisible): {exc}"
-        result.items = result.bytes = 0
-        result.seconds = time.monotonic() - started
-        return result
-    result.result = IMPORTED
-    result.first_seq, result.last_seq = first, last
-    result.seconds = time.monotonic() - started
-    return result
+        raise
+    return first, last
 
 
 async def _cancel(in_flight: deque[tuple[asyncio.Task[list[int]], int, int]]) -> None:

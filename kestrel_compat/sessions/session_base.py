@@ -6,7 +6,7 @@ life (spec §7), and runs blocked fetches: ``fetch`` waits on the event loop for
 wake it and, if the client leaves meanwhile, deregisters without taking an item (spec §3.4-§3.5).
 ``PendingReads`` is Kestrel's ``SimplePendingReads``: the open reads of one connection per queue,
 oldest first, which the memcache and text protocols share and abort when the connection ends. The
-thrift protocol keeps its open reads server-wide instead (``kestrel_compat.thrift_handler``).
+thrift protocol keeps its open reads server-wide instead (``thrift_session``).
 
 The protocol sessions subclass ``SessionBase`` and turn its refusals into their own replies.
 """
@@ -18,8 +18,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 
 from kestrel_compat import limits
-from kestrel_compat.engine import Item, KestrelQueue, Waiter
-from kestrel_compat.service import KestrelService
+from kestrel_compat.core.queue import Item, KestrelQueue, Waiter
+from kestrel_compat.sessions.service import KestrelService
 
 
 class ClientGone(Exception):

@@ -1,16 +1,16 @@
 """Carries the collection's persistence operations out against a ``Backend``, one log at a time.
 
-The collection (``kestrel_compat.engine``) records what the backend must learn, in order: appends,
-group commits, group and log deletions. ``Persister.kick`` routes them to one worker per log, which
-runs them strictly in order, batching consecutive appends into one ``append`` call (a group
-commit). A worker starts on the next turn of the event loop, so the operations of every request
-served in one turn go out together. With a backend that ``completes_at_once`` (``MemoryBackend``)
-a worker runs in a plain callback (``kestrel_compat.eager``), and a ``set`` that waits for its own
-appends (``wait_stored``) before answering ``STORED`` runs its log's worker itself, at once: no
-task at all. Group commits are not waited for (a removal lost in a crash only brings an
-item back: at-least-once), but a failed one is retried with a bounded exponential backoff
-(``limits.commit_retry_*``), so a removal confirmed during a backend outage is stored once the
-backend is back even if the queue never changes again.
+The collection (``kestrel_compat.core.collection``) records what the backend must learn, in order:
+appends, group commits, group and log deletions, read-behind refills. ``Persister.kick`` routes
+them to one worker per log, which runs them strictly in order, batching consecutive appends into
+one ``append`` call (a group commit). A worker starts on the next turn of the event loop, so the
+operations of every request served in one turn go out together. With a backend that
+``completes_at_once`` (``MemoryBackend``) a worker runs in a plain callback
+(``kestrel_compat.eager``), and a ``set`` that waits for its own appends (``wait_stored``) before
+answering ``STORED`` runs its log's worker itself, at once: no task at all. Group commits are not
+waited for (a removal lost in a crash only brings an item back: at-least-once), but a failed one is
+retried with a bounded exponential backoff (``limits.commit_retry_*``), so a removal confirmed
+during a backend outage is stored once the backend is back even if the queue never changes again.
 """
 
 from __future__ import annotations
@@ -24,22 +24,20 @@ from typing import Protocol
 
 from kayos.errors import KayosError
 from kestrel_compat import limits
-from kestrel_compat.backend import Backend, BackendError, decode_removed
-from kestrel_compat.eager import start_eagerly
-from kestrel_compat.engine import (
+from kestrel_compat.core.collection import (
     AppendOp,
     CommitOp,
     DeleteGroupOp,
     DeleteLogOp,
-    Item,
-    KestrelQueue,
-    LogEntry,
     PersistOp,
     QueueCollection,
     RefillOp,
 )
+from kestrel_compat.core.persistence import Backend, BackendError, decode_removed
+from kestrel_compat.core.queue import Item, KestrelQueue, LogEntry
+from kestrel_compat.eager import start_eagerly
 
-log = logging.getLogger("kestrel_compat.persist")
+log = logging.getLogger("kestrel_compat.backends.persister")
 
 
 class Timer(Protocol):

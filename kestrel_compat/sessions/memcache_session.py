@@ -1,10 +1,12 @@
-"""Kestrel's command handling over the queue collection: one ``Session`` per memcache connection.
+"""Kestrel's memcache protocol over the queue collection: one ``Session`` per memcache connection.
 
-``KestrelService`` (``kestrel_compat.service``) is the server-wide state, shared with the text and
-thrift protocols; ``SessionBase`` (``kestrel_compat.session``) what every connection does.
-``Session.handle`` serves one decoded command (``kestrel_compat.protocol`` events) and writes the
-exact reply bytes through ``send``; it returns whether the connection must close afterwards.
-Requests of one session are served one at a time, as Kestrel does (spec §1.1).
+``KestrelService`` (``kestrel_compat.sessions.service``) is the server-wide state, shared with the
+text and thrift protocols; ``SessionBase`` (``kestrel_compat.sessions.session_base``) what every
+connection does. ``Session.handle`` serves one event of the memcache codec
+(``kestrel_compat.wire.memcache_codec``) and writes the exact reply bytes
+(``kestrel_compat.wire.memcache_replies``) through ``send``; it returns whether the connection
+must close afterwards. Requests of one session are served one at a time, as Kestrel does (spec
+§1.1).
 
 The only waiting here is a blocked fetch (GET ``t=``, peek ``t=``, MONITOR), done on the event
 loop's clock; cancelling the task that runs ``handle`` (the client left) deregisters the waiter
@@ -20,8 +22,14 @@ from collections.abc import Awaitable, Callable
 
 from kayos.errors import KayosError
 from kestrel_compat import limits
-from kestrel_compat import protocol as p
-from kestrel_compat.commands import (
+from kestrel_compat.core.collection import IllegalQueueName
+from kestrel_compat.core.now import now_ms
+from kestrel_compat.core.queue import Item, KestrelQueue
+from kestrel_compat.sessions.session_base import PendingReadsSession
+from kestrel_compat.wire import commands as c
+from kestrel_compat.wire import memcache_codec as p
+from kestrel_compat.wire import memcache_replies as r
+from kestrel_compat.wire.memcache_commands import (
     COMMANDS_BY_NAME,
     ERROR_CLOSE,
     ERROR_KEEP,
@@ -29,13 +37,8 @@ from kestrel_compat.commands import (
     SILENT_CLOSE,
     ErrorClass,
 )
-from kestrel_compat.engine import IllegalQueueName, Item, KestrelQueue, now_ms
-from kestrel_compat.service import KestrelService
-from kestrel_compat.session import ClientGone, PendingReadsSession
 
-__all__ = ["ClientGone", "KestrelService", "Session", "expiry_from_exptime"]
-
-log = logging.getLogger("kestrel_compat.handler")
+log = logging.getLogger("kestrel_compat.sessions.memcache_session")
 
 Send = Callable[[bytes], Awaitable[None]]
 
@@ -114,35 +117,35 @@ class Session(PendingReadsSession):
 
     def _serve_now(self, event: p.Command) -> bytes:
         collection = self.collection
-        if isinstance(event, p.Delete):
+        if isinstance(event, c.Delete):
             self._check_writes("delete")
             collection.delete(event.queue)
-            return p.DELETED
-        if isinstance(event, p.Flush):
+            return r.DELETED
+        if isinstance(event, c.Flush):
             self._check_writes("flush")
             collection.flush(event.queue)
-            return p.END
+            return r.END
         if isinstance(event, p.FlushAll):
             self._check_writes("flush_all")
             collection.flush_all()
-            return p.FLUSHED_ALL
+            return r.FLUSHED_ALL
         if isinstance(event, p.FlushExpired):
             self._check_writes("flush_expired")
-            return p.encode_count(collection.flush_expired(event.queue))
+            return r.encode_count(collection.flush_expired(event.queue))
         if isinstance(event, p.FlushAllExpired):
             self._check_writes("flush_all_expired")
-            return p.encode_count(collection.flush_all_expired())
-        if isinstance(event, p.Confirm):
+            return r.encode_count(collection.flush_all_expired())
+        if isinstance(event, c.Confirm):
             return self._confirm(event)
         if isinstance(event, p.Status):
             return self._status(event)
         return self._serve_admin(event)
 
     def _serve_admin(self, event: p.Command) -> bytes:
-        if isinstance(event, p.Version):
-            return p.encode_version(self.service.server_config.version)
+        if isinstance(event, c.Version):
+            return r.encode_version(self.service.server_config.version)
         if isinstance(event, p.Stats):
-            return p.encode_stats(self.service.stats())
+            return r.encode_stats(self.service.stats())
         if isinstance(event, p.DumpStats):
             return self.service.dump_stats(event.queues)
         if isinstance(event, p.Reload):
@@ -151,12 +154,12 @@ class Session(PendingReadsSession):
             except KayosError as error:
                 log.error("reload failed: %s", error)
                 raise _Refused(SILENT_CLOSE, "reload failed") from error
-            return p.RELOADED
-        if isinstance(event, p.Shutdown):
+            return r.RELOADED
+        if isinstance(event, c.Shutdown):
             if self.service.on_shutdown is not None:
                 self.service.on_shutdown()
             return b""
-        assert isinstance(event, p.Quit), f"unhandled command {event!r}"
+        assert isinstance(event, c.Quit), f"unhandled command {event!r}"
         return b""
 
     # --- SET (spec §2, §4) ---
@@ -170,7 +173,7 @@ class Session(PendingReadsSession):
             # queue as Kestrel's add would have.
             if event.queue not in collection.aliases:
                 self._queue(event.queue)
-            return p.NOT_STORED
+            return r.NOT_STORED
         expiry_ms = expiry_from_exptime(event.expiry, now_ms(self.service.clock))
         try:
             stored, entries = collection.add(event.queue, event.data, expiry_ms)
@@ -180,7 +183,7 @@ class Session(PendingReadsSession):
             await self.service.persister.wait_stored(entries)
         except KayosError as error:
             raise _Refused(SERVER_ERROR_CLOSE, f"set not stored: {error}") from error
-        return p.STORED if stored else p.NOT_STORED
+        return r.STORED if stored else r.NOT_STORED
 
     # --- GET (spec §3) ---
 
@@ -188,11 +191,11 @@ class Session(PendingReadsSession):
         name, options = event.queue, event.options
         if options.abort:
             self.open_reads.abort(name)
-            return p.END
+            return r.END
         if options.close:
             self.open_reads.confirm(name)
         if not options.fetches:
-            return p.END
+            return r.END
         if self.open_reads.count(name) > 0 and not options.peek and not options.open:
             raise _Refused(ERROR_CLOSE, "plain get with an open read on the queue")
         self._check_reads(SERVER_ERROR_CLOSE)
@@ -204,18 +207,18 @@ class Session(PendingReadsSession):
         else:
             stats.cmd_get += 1
         if name in self.collection.aliases:
-            return p.END  # An alias reads as an empty queue and counts no hit or miss.
+            return r.END  # An alias reads as an empty queue and counts no hit or miss.
         queue = self._queue(name)
         if queue is None:
-            return p.END  # Shutting down.
+            return r.END  # Shutting down.
         deadline = self.deadline(options.timeout_ms)
         item = await self.fetch(queue, deadline, transactional=options.open, peek=options.peek)
         self.collection.count_result(item)
         if item is None:
-            return p.END
+            return r.END
         if options.open:
             self.remember_open_read(name, queue, item)
-        return p.encode_value(name, item.data)
+        return r.encode_value(name, item.data)
 
     # --- MONITOR / CONFIRM (spec §5) ---
 
@@ -227,19 +230,19 @@ class Session(PendingReadsSession):
         deadline = asyncio.get_running_loop().time() + timeout_s
 
         async def send_item(item: Item, read_id: int) -> bool:
-            await send(p.encode_value(name, item.data))
+            await send(r.encode_value(name, item.data))
             return True
 
         try:
             await self.monitor_until(name, deadline, items_max, opening=True, on_item=send_item)
         except IllegalQueueName as error:
             raise _Refused(SILENT_CLOSE, str(error)) from error
-        await send(p.END)
+        await send(r.END)
 
-    def _confirm(self, event: p.Confirm) -> bytes:
+    def _confirm(self, event: c.Confirm) -> bytes:
         if self.open_reads.confirm(event.queue, event.count) == 0:
             return ERROR_KEEP.reply
-        return p.END
+        return r.END
 
     # --- STATUS (spec §7) ---
 
@@ -248,6 +251,6 @@ class Session(PendingReadsSession):
         if status is None:
             raise _Refused(ERROR_CLOSE, "server status not configured")
         if event.target is None:
-            return p.encode_status(status.current)
+            return r.encode_status(status.current)
         status.set(event.target)
-        return p.END
+        return r.END

@@ -2,22 +2,20 @@
 
 Everything the codec needs to know about a command word lives in ``COMMANDS``: whether Kestrel
 answers it at all, how many arguments it reads, what happens when one is missing, whether a storage
-payload follows the line, and whether it ends the connection. ``kestrel_compat/protocol.py`` derives
-its dispatch from this table, ``docs/kestrel-compat.md`` carries the same table, and a test keeps
+payload follows the line, and whether it ends the connection. ``memcache_codec`` derives its
+dispatch from this table, ``docs/kestrel-compat.md`` carries the same table, and a test keeps
 the two in step. The remaining columns (access, status refusal, queue creation) are the facts the
-queue handler needs; the codec does not read them.
+memcache session needs; the codec does not read them.
 
-The module also declares the error classes of spec §1.3 (reply bytes and whether the connection
-closes afterwards) and the one number rule every command shares, Java's ``Integer.parseInt``.
+The module also declares the error classes of spec §1.3: reply bytes and whether the connection
+closes afterwards. The number rule every command shares, Java's ``Integer.parseInt``, is
+``kestrel_compat.wire.java``.
 """
 
 from __future__ import annotations
 
 import enum
-import re
 from dataclasses import dataclass
-
-from kestrel_compat import limits
 
 # --- error classes (spec §1.3) -------------------------------------------------------------------
 
@@ -50,28 +48,6 @@ ERROR_CLASSES: tuple[ErrorClass, ...] = (
     SERVER_ERROR_CLOSE,
     SILENT_CLOSE,
 )
-
-# --- numbers (spec §1.3) -------------------------------------------------------------------------
-
-# Integer.parseInt: an optional sign, then one or more ASCII digits; nothing else (no spaces, no
-# underscores, no other scripts' digits, which Python's int() would all accept).
-_JAVA_INT_PATTERN = re.compile(r"[+-]?[0-9]+")
-# Unsigned digit strings this long or shorter are always Java ints (the largest has 10 digits).
-_SAFE_DIGITS = 9
-assert limits.java_int_max >= 10**_SAFE_DIGITS - 1
-
-
-def parse_java_int(token: str) -> int | None:
-    """``token`` read the way Kestrel reads every number; None where Java would throw."""
-    if 0 < len(token) <= _SAFE_DIGITS and token.isascii() and token.isdigit():
-        return int(token)  # The common case: a few ASCII digits, always in range.
-    if _JAVA_INT_PATTERN.fullmatch(token) is None:
-        return None
-    value = int(token)
-    if value < limits.java_int_min or value > limits.java_int_max:
-        return None
-    return value
-
 
 # --- the command table ---------------------------------------------------------------------------
 
