@@ -16,7 +16,7 @@ import pytest
 
 from kayos.clock import ManualClock
 from kayos.errors import CorruptionError
-from kayos.replication.downstream import read_range
+from kayos.replication.link.sender import read_range
 from kayos.storage import check as check_module
 from kayos.storage import format as fmt
 from kayos.storage.check import check_store

@@ -21,7 +21,7 @@ from typing import Final, Self, TypeAlias
 
 from kayos import limits
 from kayos.errors import InvalidRequest
-from kayos.replication.frame_fields import (
+from kayos.replication.wire.frame_fields import (
     ACKS,
     BOOL,
     BYTES_COLUMN,
