@@ -201,7 +201,7 @@ wait_committed_timeout_ms_max = 60_000
 # Learners and repair links (docs/replication-protocol.md, "Learners and repair links"): a member
 # serving one while its shard takes live writes (a batch accepted within catchup_live_window_ms)
 # starts by spending this share of its time on it (a duty cycle: a pause after each piece sent);
-# the copy pacer (kayos.replication.pacing) then moves the share by what live traffic does. An
+# the copy pacer (kayos.replication.logic.pacing) then moves the share by what live traffic does. An
 # idle shard is copied at full speed.
 catchup_produce_share_max = 0.2
 catchup_live_window_ms = 1_000
@@ -324,9 +324,9 @@ json_depth_max = 32
 # Entries a group's lag reply scans (this queue's entries in (hwm, boundary], counted in a worker
 # thread): ~0.5 s at the storage bench's scan rate. Past it the reply says the count is a floor.
 group_lag_scan_entries_max = 1_000_000
-# A replica's time index (lag in seconds, kayos/replication/timeindex.py) notes the first seq it
-# accepts in each interval of this many ms: a group's lag_seconds is at most this much too old,
-# and the produce path pays one compare per batch in between.
+# A replica's time index (lag in seconds, kayos/replication/logic/timeindex.py) notes the first
+# seq it accepts in each interval of this many ms: a group's lag_seconds is at most this much too
+# old, and the produce path pays one compare per batch in between.
 time_index_interval_ms = 1_000
 # Samples one replica keeps (16 bytes each, in memory and in its file: 1 MiB): at one a second,
 # 18 hours of non-stop writes (an idle shard takes none). Older messages have an unknown age.

@@ -1,9 +1,9 @@
-"""Feeding events to the pure chain logic (``kayos.replication.chain.step``) in tests."""
+"""Feeding events to the pure chain logic (``kayos.replication.logic.chain.step``) in tests."""
 
 from __future__ import annotations
 
-from kayos.replication import chain
-from kayos.replication.chain import Progress, step
+from kayos.replication.logic import chain
+from kayos.replication.logic.chain import Progress, step
 
 
 def run(progress: Progress, *events: chain.Event) -> tuple[Progress, list[chain.Action]]:

@@ -17,8 +17,8 @@ from typing import Any
 from kayos import limits
 from kayos.identity import ClusterIdentity
 from kayos.launcher import free_ports
-from kayos.replication import auth
-from kayos.replication import frames as fr
+from kayos.replication.wire import auth
+from kayos.replication.wire import frames as fr
 from kayos.topology import NodeAddr, ShardChain, Topology
 
 # A fixed identity for in-process tests (never a real cluster's).

@@ -25,7 +25,7 @@ from typing import Any
 from chaos.procs import drains, membership, moves, netfaults
 from kayos import limits
 from kayos.launcher import LocalCluster
-from kayos.replication import frames as fr
+from kayos.replication.wire import frames as fr
 
 # What a campaign picks from, with relative weights: process faults (what hardware and operators
 # do to a node) most often, the whole-cluster restart and the misuses less.

@@ -89,7 +89,7 @@ def hold_writes(replica: Replica, members: tuple[str, ...], epoch: int) -> None:
 def released(replica: Replica, epoch: int, hold_ms: float) -> None:
     """The manager's word: at shard epoch ``epoch`` this replica heads the shard and no earlier
     head's lease lasts past ``hold_ms`` from now. Shortens a hold started at or below
-    ``epoch`` (kayos/replication/lease.py, ``release``)."""
+    ``epoch`` (kayos/replication/logic/lease.py, ``release``)."""
     if replica.hold_epoch == 0 or replica.hold_epoch > epoch:
         return
     now = replica.node.world.now

@@ -1,6 +1,6 @@
 """A simulated node: a durable store per shard and a volatile part, driving the real chain logic.
 
-Every commit decision goes through ``kayos.replication.chain.step``; every divergence through
+Every commit decision goes through ``kayos.replication.logic.chain.step``; every divergence through
 ``rollback_point``; every takeover entry through ``with_takeover``; every link's window through
 ``LinkWindow``. What is simulated is only what the asyncio drivers and the store do around them:
 sending frames, writing and syncing batches, opening and closing links (docs/testing.md).
@@ -18,8 +18,8 @@ from typing import Any
 from chaos.sim import lease
 from chaos.sim.core import CLIENT, MANAGER, Endpoint, Link, World
 from chaos.sim.store import Batch, Entry, Store
-from kayos.replication import chain
-from kayos.replication.chain import LinkWindow, Progress, TakeoverTable, rollback_point
+from kayos.replication.logic import chain
+from kayos.replication.logic.chain import LinkWindow, Progress, TakeoverTable, rollback_point
 
 PLANTS = (
     "tail_acks_before_fsync",

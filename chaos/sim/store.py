@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kayos.replication.chain import TakeoverTable
+from kayos.replication.logic.chain import TakeoverTable
 
 
 @dataclass(frozen=True, slots=True)

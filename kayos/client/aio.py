@@ -50,7 +50,7 @@ from kayos.errors import (
     UnavailableError,
     WrongRoleError,
 )
-from kayos.replication.frames import CommittedReply, Produce, Produced, WaitCommitted
+from kayos.replication.wire.frames import CommittedReply, Produce, Produced, WaitCommitted
 from kayos.topology import Topology, check_queue_name
 
 T = TypeVar("T")

@@ -18,7 +18,7 @@ from typing import Generic, TypeVar
 from kayos import limits
 from kayos.client.policy import error_from_frame
 from kayos.errors import KayosError, OperationTimeoutError, ProtocolError, UnavailableError
-from kayos.replication.frames import (
+from kayos.replication.wire.frames import (
     PROTOCOL_VERSION,
     CommittedReply,
     ErrorFrame,

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from kayos import errors, limits
 from kayos.errors import KayosError, RetentionGapError, WrongRoleError, error_from_code
-from kayos.replication.frames import ErrorFrame
+from kayos.replication.wire.frames import ErrorFrame
 from kayos.topology import Topology
 
 

@@ -2,7 +2,7 @@
 leases", "The new head's write hold"). Pure: the driver keeps the memory and the clock.
 
 A head that takes over a shard from another node holds writes for up to ``head_lease_ms`` after
-adopting the change (kayos/replication/lease.py, ``write_holds``): a lease the old head still
+adopting the change (kayos/replication/logic/lease.py, ``write_holds``): a lease the old head still
 holds lets it confirm a snapshot the new chain's writes would make stale. The leader knows when
 that lease can end at the latest. The old head measured it from the moment it handed out a nonce,
 which was before its poll answer reached the leader; an answer at an epoch at or past the change

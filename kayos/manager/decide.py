@@ -62,7 +62,7 @@ from kayos.manager.events import (
 )
 from kayos.manager.placement import drain_target, plan_rebalance
 from kayos.manager.view import ManagerView, NodeAddress, NodeView, ShardView, derive_alerts
-from kayos.replication.chain import rollback_point, with_takeover
+from kayos.replication.logic.chain import rollback_point, with_takeover
 
 
 def decide(view: ManagerView, event: Event) -> tuple[ManagerView, list[Action]]:

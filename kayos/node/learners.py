@@ -21,10 +21,10 @@ from typing import Any, Protocol
 from kayos.checks import check_u64
 from kayos.clock import Clock
 from kayos.errors import InvalidRequest, KayosError, StaleEpochError
-from kayos.replication.replica import ShardReplica
-from kayos.replication.snapshot import store_is_empty
-from kayos.replication.snapshot_link import SnapshotProgress, fetch_snapshot
-from kayos.replication.upstream import UpstreamLink
+from kayos.replication.link.snapshot_link import SnapshotProgress, fetch_snapshot
+from kayos.replication.link.upstream import UpstreamLink
+from kayos.replication.shard.replica import ShardReplica
+from kayos.replication.shard.snapshot import store_is_empty
 from kayos.signing import open_signed
 from kayos.topology import Topology
 

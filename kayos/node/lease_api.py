@@ -1,6 +1,6 @@
 """``POST /v1/admin/lease``: the manager leader's committed answer to a status poll, and ``POST
 /v1/admin/write-hold``: its word on how long a new head's write hold must last, both signed
-(docs/node-api.md, "Head leases"; the decisions are in kayos/replication/lease.py)."""
+(docs/node-api.md, "Head leases"; the decisions are in kayos/replication/logic/lease.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from kayos.checks import check_u64
 from kayos.errors import InvalidRequest
-from kayos.replication.lease import NodeLease
+from kayos.replication.logic.lease import NodeLease
 from kayos.signing import open_signed
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ dropped (its metadata is one map): it serves none until a link has replaced them
 from __future__ import annotations
 
 from kayos.errors import UnavailableError
-from kayos.replication import chain
-from kayos.replication.replica import ShardReplica
+from kayos.replication.logic import chain
+from kayos.replication.shard.replica import ShardReplica
 
 
 def read_mark(replica: ShardReplica, key: str) -> tuple[int, int]:

@@ -33,7 +33,7 @@ from kayos.storage.maintenance.retention import floors_in
 
 if TYPE_CHECKING:
     from kayos.node.runtime import Node
-    from kayos.replication.replica import ShardReplica
+    from kayos.replication.shard.replica import ShardReplica
 
 log = logging.getLogger("kayos.node")
 

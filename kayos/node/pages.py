@@ -17,7 +17,7 @@ from operator import and_, itemgetter
 from typing import Any
 
 from kayos import limits
-from kayos.replication.replica import ShardReplica, queue_prefix
+from kayos.replication.shard.replica import ShardReplica, queue_prefix
 from kayos.storage import Entry
 from kayos.storage.disk.format import FLAG_DELETE
 

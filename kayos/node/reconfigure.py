@@ -34,9 +34,9 @@ from kayos.errors import InvalidRequest, KayosError, Unauthenticated, Unavailabl
 from kayos.identity import ClusterIdentity
 from kayos.node import learners
 from kayos.node import repair as peer_repair
-from kayos.replication.lease import NodeLease, WriteHold, adopt_holds, release
-from kayos.replication.replica import ShardReplica
-from kayos.replication.upstream import UpstreamLink
+from kayos.replication.link.upstream import UpstreamLink
+from kayos.replication.logic.lease import NodeLease, WriteHold, adopt_holds, release
+from kayos.replication.shard.replica import ShardReplica
 from kayos.signing import check_signed
 from kayos.topology import Role, ShardChain, Topology
 

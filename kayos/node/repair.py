@@ -16,9 +16,9 @@ import logging
 from kayos import limits
 from kayos.errors import KayosError
 from kayos.node import learners
-from kayos.replication import durablemark
-from kayos.replication.replica import ShardReplica
-from kayos.replication.upstream import UpstreamLink
+from kayos.replication.link.upstream import UpstreamLink
+from kayos.replication.logic import durablemark
+from kayos.replication.shard.replica import ShardReplica
 from kayos.topology import Topology
 
 log = logging.getLogger("kayos.node")

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from kayos.clock import Clock
-    from kayos.replication.replica import ShardReplica
+    from kayos.replication.shard.replica import ShardReplica
 
 log = logging.getLogger("kayos.retention")
 

@@ -46,20 +46,16 @@ from kayos.node.reconfigure import Reconfigurer
 from kayos.node.retention import RetentionDriver, check_floor, retention_floors
 from kayos.node.status import link_status as link_status
 from kayos.node.status import neighbour_latency, node_status
-from kayos.replication import frames as fr
-from kayos.replication.downstream import serve_downstream
-from kayos.replication.handshake import HostAddresses, accept_peer, shown
-from kayos.replication.lease import NodeLease, unconfirmed
-from kayos.replication.liveness import keep_alive
-from kayos.replication.replica import (
-    PROTOCOL_VERSION,
-    Columns,
-    FrameStream,
-    ShardReplica,
-    error_frame,
-    queue_prefix,
-)
-from kayos.replication.upstream import UpstreamLink
+from kayos.replication.link.downstream import serve_downstream
+from kayos.replication.link.handshake import HostAddresses, accept_peer, shown
+from kayos.replication.link.liveness import keep_alive
+from kayos.replication.link.stream import FrameStream, error_frame
+from kayos.replication.link.upstream import UpstreamLink
+from kayos.replication.logic.lease import NodeLease, unconfirmed
+from kayos.replication.shard.head_writes import Columns
+from kayos.replication.shard.replica import ShardReplica, queue_prefix
+from kayos.replication.wire import frames as fr
+from kayos.replication.wire.frames import PROTOCOL_VERSION
 from kayos.storage.engine import prepare_columns
 from kayos.storage.maintenance.compact import compact
 from kayos.topology import Topology, check_queue_name

@@ -12,17 +12,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kayos.node.learners import learner_status
 from kayos.node.retention import disk_status
-from kayos.replication.latency import LatencyWindow
-from kayos.replication.latency import summary as latency_summary
-from kayos.replication.liveness import Direction, LinkHealth
+from kayos.replication.link.liveness import Direction, LinkHealth
+from kayos.replication.logic.latency import LatencyWindow
+from kayos.replication.logic.latency import summary as latency_summary
 
 if TYPE_CHECKING:
     from kayos.clock import Clock
     from kayos.node.learners import Learner
     from kayos.node.reconfigure import Reconfigurer
     from kayos.node.retention import RetentionDriver
-    from kayos.replication.lease import NodeLease
-    from kayos.replication.replica import ShardReplica
+    from kayos.replication.logic.lease import NodeLease
+    from kayos.replication.shard.replica import ShardReplica
 
 
 class Node(Protocol):

@@ -2,7 +2,7 @@
 (``prepare_columns``), and the metadata check.
 
 Separate from the engine because the node and the replicas check and measure batches themselves
-before they reach a store (kayos.node.runtime, kayos.replication.replica).
+before they reach a store (kayos.node.runtime, kayos.replication.shard.replica).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from kayos.cli.main import cli
 from kayos.client.binary import BinaryConnection
 from kayos.errors import InvalidRequest, WrongRoleError
 from kayos.launcher import LocalCluster
-from kayos.replication.frames import Produce
+from kayos.replication.wire.frames import Produce
 from kayos.topology import ShardChain, Topology
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ import pytest
 
 from chaos.history import Event
 from kayos.launcher import LocalCluster, http_json
-from kayos.replication import durablemark
+from kayos.replication.logic import durablemark
 from kayos.signing import sign
 from kayos.storage.maintenance.check import data_file_of
 from tests.integration.conftest import produce, read_snapshot, wait_until

@@ -22,7 +22,14 @@ from kayos.client import Client
 from kayos.client.binary import BinaryConnection
 from kayos.errors import InvalidRequest
 from kayos.launcher import LocalCluster, http_json
-from kayos.replication.frames import PROTOCOL_VERSION, ErrorFrame, Hello, Produce, decode, encode
+from kayos.replication.wire.frames import (
+    PROTOCOL_VERSION,
+    ErrorFrame,
+    Hello,
+    Produce,
+    decode,
+    encode,
+)
 from tests.integration.conftest import (
     PRODUCE_TIMEOUT_S,
     WAIT_S,

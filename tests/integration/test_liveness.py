@@ -18,7 +18,7 @@ from typing import Any
 
 from kayos import limits
 from kayos.launcher import LocalCluster
-from kayos.replication import frames as fr
+from kayos.replication.wire import frames as fr
 from tests.integration.conftest import (
     PRODUCE_TIMEOUT_S,
     WAIT_S,

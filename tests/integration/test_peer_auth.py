@@ -23,8 +23,8 @@ import pytest
 from kayos.errors import ProtocolError, Unauthenticated, WrongClusterError, WrongPeerError
 from kayos.identity import ClusterIdentity
 from kayos.launcher import ClusterError, LocalCluster
-from kayos.replication import auth
-from kayos.replication import frames as fr
+from kayos.replication.wire import auth
+from kayos.replication.wire import frames as fr
 from tests.integration.conftest import (
     WAIT_S,
     answered_seqs,

@@ -368,7 +368,7 @@ def test_the_chaos_checker_passes_on_a_history_over_a_sharded_queue(
 
 def test_the_binary_port_refuses_a_batch_spanning_shards(cluster: LocalCluster) -> None:
     from kayos.client.binary import BinaryConnection
-    from kayos.replication.frames import Produce
+    from kayos.replication.wire.frames import Produce
 
     queue = "qs-refuse"
     topology = cluster.topology

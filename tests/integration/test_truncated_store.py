@@ -16,7 +16,7 @@ import pytest
 
 from chaos.history import Event
 from chaos.procs.membership import damage_stores
-from kayos.replication import durablemark
+from kayos.replication.logic import durablemark
 from tests.integration.conftest import wait_until
 from tests.integration.test_self_repair import (
     BATCH,

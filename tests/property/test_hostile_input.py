@@ -1,6 +1,6 @@
 """Property tests of the edges' contract (issue 10): whatever arrives, the answer is defined.
 
-- The binary port's codec (``kayos.replication.frames.FrameDecoder``) fed random bytes, valid
+- The binary port's codec (``kayos.replication.wire.frames.FrameDecoder``) fed random bytes, valid
   frames cut at random points, and valid frames with random bytes changed: it returns frames or
   raises ``ProtocolError``, never anything else; valid frames come back whole however they are cut.
 - The HTTP body parsers (``kayos.node.app``), called as pure functions, fed random JSON values
@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from kayos.errors import KayosError, ProtocolError
 from kayos.node.app import parse_body, parse_commit, parse_consume, parse_produce
-from kayos.replication import frames as fr
+from kayos.replication.wire import frames as fr
 
 SETTINGS = settings(
     derandomize=True,

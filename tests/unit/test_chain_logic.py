@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from kayos import limits
-from kayos.replication import chain
-from kayos.replication.chain import (
+from kayos.replication.logic import chain
+from kayos.replication.logic.chain import (
     Accepted,
     CommitPointAdvanced,
     Discarded,

@@ -1,7 +1,7 @@
 """The client's drivers against scripted fake nodes on loopback (port 0): request-id matching
 of pipelined replies (docs/node-api.md, "Binary port"), error mapping, wrong_role redirects,
 backoff on unavailable and on dropped connections, consume paging over HTTP, the blocking
-Client. The fake nodes speak the real frames (kayos/replication/frames.py) and HTTP API."""
+Client. The fake nodes speak the real frames (kayos/replication/wire/frames.py) and HTTP API."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from kayos.client.binary import RequestTable, reply_request_id
 from kayos.client.policy import RetryPolicy
 from kayos.client.types import Message
 from kayos.errors import InvalidRequest, ProtocolError, UnavailableError, WrongRoleError
-from kayos.replication.frames import (
+from kayos.replication.wire.frames import (
     PROTOCOL_VERSION,
     CommittedReply,
     ErrorFrame,

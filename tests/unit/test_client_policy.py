@@ -18,7 +18,7 @@ from kayos.client.policy import (
     error_from_http,
 )
 from kayos.errors import KayosError, WrongRoleError
-from kayos.replication.frames import ErrorFrame
+from kayos.replication.wire.frames import ErrorFrame
 
 SEED = 20_261_122
 

@@ -16,7 +16,7 @@ import pytest
 
 from kayos.clock import ManualClock
 from kayos.errors import CorruptionError
-from kayos.replication.downstream import read_range
+from kayos.replication.link.sender import read_range
 from kayos.storage.disk import format as fmt
 from kayos.storage.engine import Delete, Entry, Put, ShardStore, StoreOptions
 from kayos.storage.maintenance import check as check_module

@@ -17,7 +17,7 @@ import pytest
 
 from kayos.errors import UnavailableError
 from kayos.node.runtime import Node
-from kayos.replication.replica import ShardReplica
+from kayos.replication.shard.replica import ShardReplica
 from tests.linkauth import until
 from tests.unit.test_replica_review import SEED, _chain
 

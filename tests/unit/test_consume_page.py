@@ -16,7 +16,7 @@ from kayos.errors import ProtocolError
 from kayos.node import runtime
 from kayos.node.app import page_payload
 from kayos.node.runtime import Page, read_page
-from kayos.replication.replica import ShardReplica, queue_prefix
+from kayos.replication.shard.replica import ShardReplica, queue_prefix
 from kayos.storage import Delete, Put, ShardStore
 
 if TYPE_CHECKING:

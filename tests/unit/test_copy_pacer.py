@@ -1,6 +1,6 @@
-"""The copy pacer's decisions (kayos.replication.pacing; docs/performance.md, "Pacing a copy"):
-transcripts of (state, event) -> (state, actions) with the time given, and the live-rate counter
-it reads its baseline from."""
+"""The copy pacer's decisions (kayos.replication.logic.pacing and its driver
+kayos.replication.link.pacer; docs/performance.md, "Pacing a copy"): transcripts of (state, event)
+-> (state, actions) with the time given, and the live-rate counter it reads its baseline from."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import asyncio
 import pytest
 
 from kayos import limits
-from kayos.replication import pacing
-from kayos.replication.pacing import Pause, Piece, ShareChanged
+from kayos.replication.link.pacer import CopyPacer
+from kayos.replication.logic import pacing
+from kayos.replication.logic.pacing import Pause, Piece, ShareChanged
 
 WINDOW_S = limits.copy_pace_window_ms / 1000
 
@@ -156,7 +157,7 @@ class _Clock:
 def test_driver_pauses_only_while_live() -> None:
     clock = _Clock()
     rate = pacing.LiveRate()
-    pacer = pacing.CopyPacer("test", clock, rate, 0.25)
+    pacer = CopyPacer("test", clock, rate, 0.25)
     assert pacer.decide(0.1) == 0.0  # nothing live ever
     rate.note(clock.t, 5)
     assert pacer.decide(0.1) == pytest.approx(0.1 * 0.75 / 0.25)

@@ -8,8 +8,8 @@ import pytest
 
 from kayos.errors import InvalidRequest, Unauthenticated
 from kayos.node.learners import FollowersOrder, parse_followers
-from kayos.replication import chain, followers
-from kayos.replication.chain import (
+from kayos.replication.logic import chain, followers
+from kayos.replication.logic.chain import (
     CommitPointAdvanced,
     DownstreamCommitted,
     DownstreamsChanged,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kayos.replication import durablemark
+from kayos.replication.logic import durablemark
 
 GOLDEN_BODY = bytes.fromhex("4b59444d01000000c052010000000000")
 

@@ -14,9 +14,9 @@ import pytest
 
 from kayos import limits
 from kayos.errors import ProtocolError, StorageError
-from kayos.replication import chain
-from kayos.replication import frames as fr
-from kayos.replication.replica import ShardReplica
+from kayos.replication.logic import chain
+from kayos.replication.shard.replica import ShardReplica
+from kayos.replication.wire import frames as fr
 from kayos.storage import ShardStore
 from tests.linkauth import first_answer
 from tests.linkauth import until as _until

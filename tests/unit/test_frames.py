@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from kayos import limits
 from kayos.errors import InvalidRequest, LimitExceeded, ProtocolError
-from kayos.replication import frames as f
+from kayos.replication.wire import frames as f
 
 UUID_A = bytes(range(16))
 UUID_B = bytes(range(16, 32))

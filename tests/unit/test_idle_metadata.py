@@ -15,12 +15,16 @@ import pytest
 
 from kayos.errors import ProtocolError
 from kayos.node.marks import read_mark
-from kayos.replication import auth
-from kayos.replication import frames as fr
-from kayos.replication.catchup import ROLLED_BACK_META_KEY
-from kayos.replication.downstream import _LinkSender, build_batch
-from kayos.replication.replica import _LOCAL_META_PREFIXES, TAKEOVER_META_KEY, ShardReplica
-from kayos.replication.upstream import _check_idle_map, _replace_meta
+from kayos.replication.link.sender import LinkSender, build_batch
+from kayos.replication.link.upstream import check_idle_map, replace_meta
+from kayos.replication.shard.local_meta import (
+    LOCAL_META_PREFIXES,
+    ROLLED_BACK_META_KEY,
+    TAKEOVER_META_KEY,
+)
+from kayos.replication.shard.replica import ShardReplica
+from kayos.replication.wire import auth
+from kayos.replication.wire import frames as fr
 from kayos.storage import Put, ShardStore
 from kayos.topology import Topology
 from tests.linkauth import (
@@ -86,7 +90,7 @@ async def test_an_idle_upstream_sends_its_map_to_a_version_6_peer_only(
         assert isinstance(subscribed, fr.Subscribed)
         assert subscribed.rollback_to is None
         sent = [f for f in frames if isinstance(f, fr.Metadata)]
-        link = head._links.get("b")
+        link = head.sending_links.get("b")
         if version < fr.METADATA_PROTOCOL_VERSION_MIN:
             # A version 5 peer never gets the frame it would refuse: the old behaviour.
             assert not sent
@@ -99,13 +103,13 @@ async def test_an_idle_upstream_sends_its_map_to_a_version_6_peer_only(
 
 def test_a_map_not_as_of_the_last_seq_received_or_naming_a_local_key_is_refused() -> None:
     replica = cast(ShardReplica, SimpleNamespace(shard_id=0))
-    _check_idle_map(replica, fr.Metadata(0, 7, {KEY: 1}), 7)
+    check_idle_map(replica, fr.Metadata(0, 7, {KEY: 1}), 7)
     with pytest.raises(ProtocolError, match="as of 6, where shard 0 as of 7 was due"):
-        _check_idle_map(replica, fr.Metadata(0, 6, {KEY: 1}), 7)
+        check_idle_map(replica, fr.Metadata(0, 6, {KEY: 1}), 7)
     with pytest.raises(ProtocolError, match="METADATA of shard 1"):
-        _check_idle_map(replica, fr.Metadata(1, 7, {KEY: 1}), 7)
+        check_idle_map(replica, fr.Metadata(1, 7, {KEY: 1}), 7)
     with pytest.raises(ProtocolError, match="local to a replica: 'rolled_back'"):
-        _check_idle_map(replica, fr.Metadata(0, 7, {ROLLED_BACK_META_KEY: 3}), 7)
+        check_idle_map(replica, fr.Metadata(0, 7, {ROLLED_BACK_META_KEY: 3}), 7)
 
 
 @pytest.mark.asyncio
@@ -119,7 +123,7 @@ async def test_the_map_replaces_the_replicated_keys_and_settles_a_rollback(
         store.commit([], meta={KEY: 2, "hwm/q/gone": 5}, claim_seq=True)
         store.commit([], meta={ROLLED_BACK_META_KEY: store.last_seq})
         last, table = store.last_seq, store.meta.get(TAKEOVER_META_KEY)
-        await _replace_meta(replica, fr.Metadata(0, last, {KEY: 1}))
+        await replace_meta(replica, fr.Metadata(0, last, {KEY: 1}))
         assert replica.rolled_back_to() is None
         assert store.meta.get(KEY) == 1
         assert "hwm/q/gone" not in store.meta
@@ -141,7 +145,7 @@ class _RolledBack(_Replica):
         return self.unsettled
 
     def replicated_meta(self, name: str) -> bool:
-        return not name.startswith(_LOCAL_META_PREFIXES)
+        return not name.startswith(LOCAL_META_PREFIXES)
 
 
 @pytest.mark.asyncio
@@ -155,7 +159,7 @@ async def test_a_member_whose_rollback_kept_its_map_sends_none_until_it_is_repla
         nothing_remembered = build_batch(0, 99, 99, [], None)
         replica = _RolledBack(store, nothing_remembered)
         stream = _Stream()
-        sender = _LinkSender(replica, stream, 0, idle_map=True)  # type: ignore[arg-type]
+        sender = LinkSender(replica, stream, 0, idle_map=True)  # type: ignore[arg-type]
         task = asyncio.create_task(sender.run())
         try:
             await until(lambda: sender.sent == 2, "the link sent through 2")

@@ -1,9 +1,10 @@
 """The house, floor by floor: no import runs back up, and no import cycles.
 
-Floors (lowest first): shared ground (errors, limits, clock); storage, topology, the pure chain
-and frame logic and the manager's decision core; replication over storage; the node and the
-client; the faces (CLI, benchmarks, launcher, kestrel_compat, chaos), which reach the cluster
-through the client or the node's public API, never through storage internals.
+Floors (lowest first): shared ground (errors, limits, clock); storage, topology, the replication
+wire and pure decisions (kayos.replication.wire, kayos.replication.logic) and the manager's
+decision core; replication's shard replicas and links over storage; the node and the client; the
+faces (CLI, benchmarks, launcher, kestrel_compat, chaos), which reach the cluster through the
+client or the node's public API, never through storage internals.
 """
 
 from __future__ import annotations
@@ -35,10 +36,8 @@ FLOORS: list[tuple[int, tuple[str, ...]]] = [
             "kayos.topology",
             "kayos.identity",
             "kayos.signing",
-            "kayos.replication.frames",
-            "kayos.replication.frame_table",
-            "kayos.replication.frame_fields",
-            "kayos.replication.chain",
+            "kayos.replication.wire",
+            "kayos.replication.logic",
             "kayos.manager",
         ),
     ),
@@ -72,7 +71,7 @@ FACE_ALLOWED_LOW = (
 )
 # The simulator (chaos/sim/) drives the pure chain and manager decisions themselves, which is its
 # point: it may import those pure floor-1 modules, and nothing else below the client.
-SIM_ALLOWED_LOW = ("kayos.replication.chain", "kayos.manager")
+SIM_ALLOWED_LOW = ("kayos.replication.logic.chain", "kayos.manager")
 # The Kestrel front's rooms inside its floor, lowest first: its bounds and the eager runner; the
 # pure queue core; the codecs and the backends side by side (neither imports the other); the
 # sessions and the journal import; the server and the command line on top. A module imports its
@@ -149,7 +148,7 @@ def test_no_import_runs_back_up(path: Path) -> None:
         assert floor_of(target) <= own, f"{module} (floor {own}) imports {target} from above"
         if own == 4 and floor_of(target) < 3:
             allowed = target in FACE_ALLOWED_LOW or floor_of(target) == 0
-            allowed = allowed or target in ("kayos.replication.frames",)
+            allowed = allowed or target in ("kayos.replication.wire.frames",)
             if module.startswith("chaos.sim"):
                 allowed = allowed or target.startswith(SIM_ALLOWED_LOW)
             assert allowed, f"face {module} reaches below the client: {target}"
@@ -162,9 +161,8 @@ def test_the_client_knows_nothing_of_nodes_or_storage() -> None:
                 (
                     "kayos.node",
                     "kayos.storage",
-                    "kayos.replication.r",
-                    "kayos.replication.upstream",
-                    "kayos.replication.downstream",
+                    "kayos.replication.link",
+                    "kayos.replication.shard",
                 )
             )
 
@@ -209,7 +207,12 @@ def test_only_the_raft_adapter_imports_pysyncobj() -> None:
 def test_the_manager_core_is_pure() -> None:
     """kayos/manager/ decides from its view alone: ground modules, the topology's checks and the
     chain's takeover rule; no storage, no I/O, no clock, no randomness."""
-    allowed_kayos = ("kayos.errors", "kayos.limits", "kayos.topology", "kayos.replication.chain")
+    allowed_kayos = (
+        "kayos.errors",
+        "kayos.limits",
+        "kayos.topology",
+        "kayos.replication.logic.chain",
+    )
     io_modules = ("asyncio", "socket", "os", "time", "random", "secrets", "threading", "pysyncobj")
     for path in (ROOT / "kayos" / "manager").rglob("*.py"):
         for target in imports_of(path):

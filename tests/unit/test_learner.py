@@ -16,10 +16,10 @@ from kayos.clock import SystemClock
 from kayos.errors import InvalidRequest, Unauthenticated, WrongRoleError
 from kayos.node import learners
 from kayos.node.learners import CatchUpOrder, parse_catch_up
-from kayos.replication import chain
-from kayos.replication import frames as fr
-from kayos.replication.downstream import check_copy_peer
-from kayos.replication.replica import ShardReplica
+from kayos.replication.link.downstream import check_copy_peer
+from kayos.replication.logic import chain
+from kayos.replication.shard.replica import ShardReplica
+from kayos.replication.wire import frames as fr
 from kayos.signing import sign
 from kayos.topology import NodeAddr, ShardChain, Topology
 from tests.linkauth import TEST_IDENTITY

@@ -1,5 +1,5 @@
-"""The node's read lease from the manager (kayos/replication/lease.py): transcripts of the pure
-``decide(state, event)`` with plain times, the heads that hold writes after a splice
+"""The node's read lease from the manager (kayos/replication/logic/lease.py): transcripts of the
+pure ``decide(state, event)`` with plain times, the heads that hold writes after a splice
 (``write_holds``) and the leader's grants (``driver.lease_grants``). docs/manager.md, "Head
 leases". No clock, no processes."""
 
@@ -10,7 +10,7 @@ from typing import Any
 from kayos import limits
 from kayos.control.driver import Answer, lease_grants
 from kayos.manager import Config, ManagerView, TimerTick, decide
-from kayos.replication.lease import (
+from kayos.replication.logic.lease import (
     Asked,
     EpochAdopted,
     Granted,
@@ -19,7 +19,7 @@ from kayos.replication.lease import (
     holds,
     write_holds,
 )
-from kayos.replication.lease import decide as lease_decide
+from kayos.replication.logic.lease import decide as lease_decide
 from kayos.topology import NodeAddr, ShardChain, Topology
 
 LEASE_S = limits.head_lease_ms / 1000

@@ -20,10 +20,11 @@ import pytest
 from kayos import limits
 from kayos.errors import InvalidRequest, WrongPeerError
 from kayos.node.runtime import Node
-from kayos.replication import auth, handshake
-from kayos.replication import frames as fr
-from kayos.replication.handshake import HostAddresses, accept_peer
-from kayos.replication.replica import FrameStream
+from kayos.replication.link import handshake
+from kayos.replication.link.handshake import HostAddresses, accept_peer
+from kayos.replication.link.stream import FrameStream
+from kayos.replication.wire import auth
+from kayos.replication.wire import frames as fr
 from kayos.topology import NodeAddr, ShardChain, Topology
 from tests.linkauth import TEST_IDENTITY, RawLink, link_hello, one_shard_topology, until
 
@@ -246,13 +247,13 @@ async def test_hellos_resolve_topology_hosts_once_and_never_in_the_default_execu
         TEST_IDENTITY,
     )
     lookups: list[str] = []
-    real_resolve = handshake._resolve
+    real_resolve = handshake.resolve_host
 
     def counted(host: str) -> frozenset[str]:
         lookups.append(host)
         return real_resolve(host)
 
-    monkeypatch.setattr(handshake, "_resolve", counted)
+    monkeypatch.setattr(handshake, "resolve_host", counted)
     default = RecordingExecutor()
     asyncio.get_running_loop().set_default_executor(default)
     hosts = HostAddresses()

@@ -11,8 +11,8 @@ import pytest
 
 from kayos import limits
 from kayos.clock import ManualClock
-from kayos.replication import frames as fr
-from kayos.replication.liveness import LinkHealth, keep_alive
+from kayos.replication.link.liveness import LinkHealth, keep_alive
+from kayos.replication.wire import frames as fr
 
 SILENCE_S = limits.peer_silence_ms_max / 1000
 # Real time the pinger may take to act: a few ping intervals on a busy machine.

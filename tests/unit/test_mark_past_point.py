@@ -22,8 +22,8 @@ import pytest
 from kayos.errors import UnavailableError
 from kayos.node.marks import committed_mark, read_mark
 from kayos.node.runtime import HWM_META, Node
-from kayos.replication import chain
-from kayos.replication.replica import ShardReplica
+from kayos.replication.logic import chain
+from kayos.replication.shard.replica import ShardReplica
 from kayos.storage import Put, ShardStore
 from kayos.storage.maintenance.compact import compact
 from tests.linkauth import until

@@ -24,8 +24,8 @@ from kayos.errors import (
 )
 from kayos.identity import ClusterIdentity, check_data_dir, write_private
 from kayos.launcher import LocalCluster
-from kayos.replication import auth
-from kayos.replication import frames as fr
+from kayos.replication.wire import auth
+from kayos.replication.wire import frames as fr
 from kayos.topology import NodeAddr, Topology, rotated
 
 SECRET = bytes(range(32))

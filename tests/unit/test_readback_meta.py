@@ -22,11 +22,11 @@ from kayos import limits
 from kayos.clock import ManualClock
 from kayos.node.marks import read_mark
 from kayos.node.runtime import Node
-from kayos.replication import chain
-from kayos.replication import frames as fr
-from kayos.replication.downstream import _LinkSender, build_batch, read_range
-from kayos.replication.links import Pulse
-from kayos.replication.replica import ShardReplica
+from kayos.replication.link.sender import LinkSender, build_batch, read_range
+from kayos.replication.link.stream import Pulse
+from kayos.replication.logic import chain
+from kayos.replication.shard.replica import ShardReplica
+from kayos.replication.wire import frames as fr
 from kayos.storage import Put, ShardStore
 from kayos.storage.batch import ops_to_columns, prepare_columns
 from kayos.storage.group import Pending
@@ -327,7 +327,7 @@ async def test_a_link_reads_back_until_its_map_is_exact(
         monkeypatch.setattr(limits, "batch_bytes_max", 150)  # one entry per piece
         replica = _Replica(store, last)
         stream = _Stream()
-        sender = _LinkSender(replica, stream, 0)  # type: ignore[arg-type]
+        sender = LinkSender(replica, stream, 0)  # type: ignore[arg-type]
         task = asyncio.create_task(sender.run())
         try:
             await until(lambda: sender.sent == 4, "the link sent through 4")

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kayos.clock import ManualClock
-from kayos.replication.downstream import build_batch, read_range
+from kayos.replication.link.sender import build_batch, read_range
 from kayos.storage.engine import Put, ShardStore, StoreOptions
 from tests.conftest import TEST_STORE_UUID
 
@@ -36,7 +36,7 @@ def open_store(directory: Path, window: int = 100_000) -> ShardStore:
 
 def copy(upstream: ShardStore, downstream: ShardStore) -> None:
     """What a link behind its upstream's memory does: reads the range back piece by piece and
-    the downstream commits each ``BATCH`` as one store commit (kayos.replication.upstream)."""
+    the downstream commits each ``BATCH`` as one store commit (kayos.replication.link.upstream)."""
     while downstream.last_seq < upstream.last_seq:
         entries, covered, meta, _ = read_range(upstream, downstream.last_seq, upstream.last_seq)
         batch = build_batch(0, downstream.last_seq + 1, covered, entries, meta or None)

@@ -1,6 +1,7 @@
 """The pure parts of topology changes at a node (kayos/node/reconfigure.py): which shards change
 and how, signed messages, DATA/topology.json, the newest verified topology; the latency window
-(kayos/replication/latency.py) and the client's choice of topology (kayos/client/policy.py)."""
+(kayos/replication/logic/latency.py) and the client's choice of topology
+(kayos/client/policy.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from kayos.node.reconfigure import (
     plan_changes,
     save_message,
 )
-from kayos.replication.latency import LatencyWindow, p99, summary
+from kayos.replication.logic.latency import LatencyWindow, p99, summary
 from kayos.signing import sign
 from kayos.topology import NodeAddr, ShardChain, Topology
 

@@ -18,7 +18,7 @@ import pytest
 from kayos.errors import UnavailableError
 from kayos.node.reconfigure import TOPOLOGY_FILE
 from kayos.node.runtime import Node
-from kayos.replication import replica as replica_module
+from kayos.replication.shard import replica as replica_module
 from kayos.signing import sign
 from kayos.storage.maintenance.salvage import SalvageReport, salvage
 from kayos.topology import ShardChain, Topology

@@ -22,9 +22,8 @@ import pytest
 from kayos import limits
 from kayos.errors import UnavailableError
 from kayos.node.runtime import Node
-from kayos.replication import durablemark
-from kayos.replication.links import pack_takeover
-from kayos.replication.replica import TAKEOVER_META_KEY
+from kayos.replication.logic import durablemark
+from kayos.replication.shard.local_meta import TAKEOVER_META_KEY, pack_takeover
 from kayos.storage import ShardStore
 from kayos.storage.maintenance.check import data_file_of
 from kayos.topology import ShardChain, Topology

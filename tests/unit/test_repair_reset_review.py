@@ -24,10 +24,10 @@ from kayos.errors import UnavailableError
 from kayos.node import learners
 from kayos.node import repair as peer_repair
 from kayos.node.runtime import Node
-from kayos.replication import catchup, durablemark, followers
-from kayos.replication import frames as fr
-from kayos.replication.links import pack_takeover
-from kayos.replication.replica import TAKEOVER_META_KEY
+from kayos.replication.logic import durablemark, followers
+from kayos.replication.shard import catchup
+from kayos.replication.shard.local_meta import TAKEOVER_META_KEY, pack_takeover
+from kayos.replication.wire import frames as fr
 from kayos.storage import ShardStore
 from kayos.topology import ShardChain, Topology
 from tests.linkauth import TEST_IDENTITY, one_shard_topology, until

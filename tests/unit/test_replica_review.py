@@ -1,4 +1,4 @@
-"""Review findings in kayos/replication/replica.py, each pinned by a test: in-process nodes on
+"""Review findings in kayos/replication/shard/replica.py, each pinned by a test: in-process nodes on
 loopback (free ports), driven through ``Node`` and ``ShardReplica``. Every wait is a bounded poll
 of a condition; seeds are printed."""
 
@@ -18,10 +18,10 @@ import pytest
 from kayos import limits
 from kayos.errors import UnavailableError
 from kayos.node.runtime import HWM_META, Node
-from kayos.replication import auth
-from kayos.replication import frames as fr
-from kayos.replication.replica import ShardReplica
-from kayos.replication.upstream import UpstreamLink
+from kayos.replication.link.upstream import UpstreamLink
+from kayos.replication.shard.replica import ShardReplica
+from kayos.replication.wire import auth
+from kayos.replication.wire import frames as fr
 from kayos.storage import ShardStore
 from kayos.topology import Topology
 from tests.linkauth import (
@@ -105,7 +105,7 @@ async def test_timed_out_waiters_do_not_pile_up(tmp_path: Path) -> None:
     try:
         for _ in range(50):
             assert await replica.wait_committed(10**12, 0.001) == 0
-        assert len(replica._waiters) == 0
+        assert len(replica.commit_waiters) == 0
     finally:
         replica.close()
 
@@ -274,7 +274,7 @@ async def test_a_long_poll_parked_before_catch_up_serves_nothing_during_it(
         poll = asyncio.create_task(
             nodes["c"].consume(queue, "g", after=tail.durable, upto=None, limit=10, wait_ms=20_000)
         )
-        await until(lambda: tail.changed._waiters, "the consume parked")
+        await until(lambda: tail.changed.waiting(), "the consume parked")
         # More than one catch-up BATCH: a frame holds at most batch_entries_max entries.
         count = limits.batch_entries_max // 2
         last = 0
@@ -325,7 +325,7 @@ async def test_a_replica_in_catch_up_feeds_no_link_below(tmp_path: Path) -> None
 def test_reads_for_a_link_fit_one_frame_and_cut_only_between_commits(tmp_path: Path) -> None:
     """A link reading back from the store (catch-up, a cache miss) sends frames within the frame
     bounds, and ends a frame only where a commit ended, so an all-or-nothing write stays whole."""
-    from kayos.replication.downstream import read_range
+    from kayos.replication.link.sender import read_range
     from kayos.storage import Put
 
     value = b"v" * 1000

@@ -19,9 +19,10 @@ from kayos import limits
 from kayos.clock import SystemClock
 from kayos.errors import ProtocolError
 from kayos.node.marks import read_mark
-from kayos.replication import durablemark, lostcommit
-from kayos.replication import frames as fr
-from kayos.replication.replica import ShardReplica
+from kayos.replication.logic import durablemark
+from kayos.replication.shard import lostcommit
+from kayos.replication.shard.replica import ShardReplica
+from kayos.replication.wire import frames as fr
 from kayos.storage import Put, ShardStore
 from kayos.topology import Topology
 from tests.linkauth import first_answer, one_shard_topology, until
@@ -105,7 +106,7 @@ async def _remade_with_d_drops_nothing(path: Path, marked: int, *, agreed: int, 
         lostcommit.step_down_to_repair(remade, "d", agreed, point)
         assert not remade.repairing, f"h would drop seqs past {agreed} it acknowledged alone"
     finally:
-        await asyncio.gather(*remade._background, return_exceptions=True)
+        await asyncio.gather(*remade.background_tasks, return_exceptions=True)
         remade.close()
 
 
@@ -171,7 +172,7 @@ async def test_a_chain_of_one_counting_a_learner_commits_alone_no_more(tmp_path:
         await replica.keep_followers(replica.epoch, set())
         assert replica.store.meta.get(durablemark.ALONE_META_KEY) is not None
     finally:
-        await asyncio.gather(*replica._background, return_exceptions=True)
+        await asyncio.gather(*replica.background_tasks, return_exceptions=True)
         replica.close()
 
 

@@ -14,15 +14,15 @@ import pytest
 from kayos import limits
 from kayos.clock import ManualClock
 from kayos.errors import CorruptionError, InvalidRequest, ProtocolError, ReplicationError
-from kayos.replication import frames as fr
-from kayos.replication.replica import FrameStream
-from kayos.replication.snapshot import (
+from kayos.replication.link.snapshot_link import SnapshotProgress, receive_snapshot
+from kayos.replication.link.stream import FrameStream
+from kayos.replication.shard.snapshot import (
     SnapshotReceiver,
     SnapshotWriter,
     check_prefix,
     store_is_empty,
 )
-from kayos.replication.snapshot_link import SnapshotProgress, receive_snapshot
+from kayos.replication.wire import frames as fr
 from kayos.storage.engine import Delete, Put, ShardStore, data_file_name
 from kayos.storage.maintenance.check import check_store
 from kayos.storage.maintenance.compact import compact

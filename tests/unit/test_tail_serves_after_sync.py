@@ -1,5 +1,5 @@
 """A member below the head serves consumers only once its first link to its upstream is
-subscribed (kayos/replication/replica.py ``upstream_synced``). Before that it cannot know how
+subscribed (kayos/replication/shard/replica.py ``upstream_synced``). Before that it cannot know how
 far behind it is: a node that just joined a chain as tail (the manager rejoins it within
 ``manager_catchup_done_lag_seqs`` of the old tail) served a snapshot that started below a mark
 the group had had acknowledged (the real-process campaign, seed 2364273308: `hwm`, `order`;

@@ -12,8 +12,8 @@ import pytest
 
 from kayos.errors import UnavailableError
 from kayos.node.runtime import HWM_META, Node
-from kayos.replication import chain
-from kayos.replication.upstream import UpstreamLink
+from kayos.replication.link.upstream import UpstreamLink
+from kayos.replication.logic import chain
 from tests.linkauth import one_shard_topology, until
 
 SEED = 20261124

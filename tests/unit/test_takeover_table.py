@@ -5,8 +5,8 @@ the simulator found (docs/campaigns.md, "Findings")."""
 from __future__ import annotations
 
 from kayos import limits
-from kayos.replication import chain
-from kayos.replication.chain import rollback_point, with_takeover
+from kayos.replication.logic import chain
+from kayos.replication.logic.chain import rollback_point, with_takeover
 
 A, B, M, E, N = (bytes([i]) * 16 for i in range(1, 6))
 

@@ -1,4 +1,4 @@
-"""The replica's sampled time index (kayos/replication/timeindex.py) with a manual clock:
+"""The replica's sampled time index (kayos/replication/logic/timeindex.py) with a manual clock:
 sampling, the size bound, the floor lookup, the file round trip and what a bad file reads as."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from kayos.clock import ManualClock
-from kayos.replication import timeindex
-from kayos.replication.timeindex import TIME_INDEX_FILE, TimeIndex
+from kayos.replication.logic import timeindex
+from kayos.replication.logic.timeindex import TIME_INDEX_FILE, TimeIndex
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -6,7 +6,7 @@ seqs each side holds, the verdict the divergence rule gives, and whether the hea
 from __future__ import annotations
 
 from kayos import limits
-from kayos.replication import chain
+from kayos.replication.logic import chain
 
 OLD, NEW, OTHER = (bytes([i]) * 16 for i in range(1, 4))
 

@@ -1,7 +1,7 @@
 """Catch-up followers counted in a tail's commit (docs/replication-protocol.md, "Counting a
 catch-up follower"): what the store records, and what a replica keeps of it when it opens.
 
-Pure: the replica (``kayos.replication.replica.ShardReplica``) reads and writes the record.
+Pure: the replica (``kayos.replication.shard.replica.ShardReplica``) reads and writes the record.
 """
 
 from __future__ import annotations

@@ -2,10 +2,9 @@
 
 ``FrameStream`` (frames over an asyncio stream pair, with the PINGs and CONFIRMs it keeps count
 of), ``Pulse`` (wakes every waiter of a condition), the helpers that read past PINGs or surface
-the other direction's failure, error frames, and the takeover table's packing. Apart from
-``kayos.replication.replica`` because none of it is one replica's state: the replica, the link
-sides (``kayos.replication.upstream``, ``kayos.replication.downstream``), the snapshot link and
-the node use it alike. See docs/replication-protocol.md for the frames.
+the other direction's failure, and error frames. None of it is one replica's state: the replica
+(``kayos.replication.shard.replica``), the link sides (``upstream``, ``downstream``), the snapshot
+link and the node use it alike. See docs/replication-protocol.md for the frames.
 """
 
 from __future__ import annotations
@@ -14,15 +13,12 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
-
-import msgpack
+from typing import Protocol
 
 from kayos import limits
 from kayos.clock import Clock, SystemClock
 from kayos.errors import KayosError, ProtocolError, WrongRoleError, error_from_code
-from kayos.replication import chain
-from kayos.replication import frames as fr
+from kayos.replication.wire import frames as fr
 
 # A link's PINGs awaiting their PONG that are remembered (each PING is timed until answered).
 _PINGS_UNANSWERED_MAX = 64
@@ -45,6 +41,10 @@ class Pulse:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(future)
         return future
+
+    def waiting(self) -> int:
+        """How many waits are parked until the next ``notify`` (cancelled ones included)."""
+        return len(self._waiters)
 
 
 class FrameStream:
@@ -179,7 +179,7 @@ async def recv_or_companion_failure(
     return frame
 
 
-async def _recv_answering_pings(stream: FrameStream) -> fr.Frame | None:
+async def recv_answering_pings(stream: FrameStream) -> fr.Frame | None:
     """The next frame other than PING (answered) and PONG: both sides ping from HELLO_OK on,
     so pings may come before SUBSCRIBE and SUBSCRIBED."""
     while True:
@@ -190,7 +190,10 @@ async def _recv_answering_pings(stream: FrameStream) -> fr.Frame | None:
             return frame
 
 
-def _close_with(stream: FrameStream) -> Callable[[asyncio.Task[None]], None]:
+def close_with(stream: FrameStream) -> Callable[[asyncio.Task[None]], None]:
+    """A done-callback for the task working one direction of a link: closes ``stream`` when the
+    task ends, which ends the other direction's read (``recv_or_companion_failure``)."""
+
     def close(_: asyncio.Task[None]) -> None:
         stream.close()
 
@@ -206,19 +209,9 @@ def raise_error_frame(frame: fr.ErrorFrame) -> None:
     raise error_from_code(frame.code, frame.message, redirect=frame.redirect, epoch=frame.epoch)
 
 
-def pack_takeover(table: chain.TakeoverTable) -> bytes:
-    return msgpack.packb([[u, s] for u, s in table], use_bin_type=True)
-
-
-def unpack_takeover(raw: Any) -> chain.TakeoverTable:
-    if not isinstance(raw, bytes):
-        return []
-    return [(bytes(u), int(s)) for u, s in msgpack.unpackb(raw, raw=False)]
-
-
 class SendingLink(Protocol):
     """What a replica uses of the sending side of one of its links below
-    (``kayos.replication.downstream``, which imports this module)."""
+    (``kayos.replication.link.sender.LinkSender``, which imports this module)."""
 
     closed: bool
 

@@ -15,25 +15,20 @@ it, up to ``copy_pace_share_max``; when it does not, the share is multiplied by 
 down to ``copy_pace_share_min``. With no live batch within ``catchup_live_window_ms`` the copy is
 not paused at all.
 
-``step(state, event) -> (state, actions)`` is pure (the caller passes the time); ``CopyPacer`` is
-the thin asyncio driver the copy loops call after each piece.
+``step(state, event) -> (state, actions)`` is pure (the caller passes the time);
+``kayos.replication.link.pacer.CopyPacer`` is the thin asyncio driver the copy loops call after
+each piece.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from kayos import limits
-from kayos.clock import Clock
-from kayos.replication import chain
-
-log = logging.getLogger("kayos.replication")
-
+from kayos.replication.logic import chain
 
 # --- what the member counts ---------------------------------------------------------------------
 
@@ -154,49 +149,3 @@ def step(state: PacerState, event: Piece) -> tuple[PacerState, list[PacerAction]
     if pause_s > 0:
         actions.append(Pause(pause_s))
     return state, actions
-
-
-# --- the driver ---------------------------------------------------------------------------------
-
-
-class CopyPacer:
-    """Paces one copy: ``await after_piece(busy_s)`` after each piece of its work."""
-
-    def __init__(self, what: str, clock: Clock, rate: LiveRate, start_share: float) -> None:
-        self.what = what
-        self.clock = clock
-        self.rate = rate
-        now = clock.monotonic_s()
-        self.state = start(now, start_share, rate.baseline_per_s(now), rate.total)
-        self.paused_s = 0.0
-        log.info(
-            "%s: pacing from share %.3f, live baseline %.1f entries/s",
-            what,
-            self.state.share,
-            self.state.baseline_per_s,
-        )
-
-    def decide(self, busy_s: float) -> float:
-        """Steps the pacer; returns the pause due now in seconds."""
-        now = self.clock.monotonic_s()
-        event = Piece(now, busy_s, self.rate.total, now - self.rate.at_s)
-        self.state, actions = step(self.state, event)
-        pause_s = 0.0
-        for action in actions:
-            if isinstance(action, Pause):
-                pause_s = action.seconds
-            else:
-                log.debug(
-                    "%s: live %.1f/s against %.1f/s: share %.3f",
-                    self.what,
-                    action.rate_per_s,
-                    action.baseline_per_s,
-                    action.share,
-                )
-        return pause_s
-
-    async def after_piece(self, busy_s: float) -> None:
-        pause_s = self.decide(busy_s)
-        if pause_s > 0:
-            self.paused_s += pause_s
-            await asyncio.sleep(pause_s)

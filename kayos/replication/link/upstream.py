@@ -25,26 +25,28 @@ from kayos.errors import (
     ReplicationError,
     RollbackTooFarError,
 )
-from kayos.replication import auth as link_auth
-from kayos.replication import chain, handshake, liveness, pacing
-from kayos.replication import frames as fr
-from kayos.replication.catchup import ROLLED_BACK_META_KEY
-from kayos.replication.head_writes import _commit_args
-from kayos.replication.links import (
+from kayos.identity import ClusterIdentity
+from kayos.replication.link import handshake, liveness
+from kayos.replication.link.pacer import CopyPacer
+from kayos.replication.link.stream import (
     FrameStream,
-    _close_with,
-    _recv_answering_pings,
-    pack_takeover,
+    close_with,
     raise_error_frame,
+    recv_answering_pings,
     recv_or_companion_failure,
 )
-from kayos.replication.replica import (
-    _LOCAL_META_PREFIXES,
+from kayos.replication.logic import chain
+from kayos.replication.shard.head_writes import commit_args
+from kayos.replication.shard.local_meta import (
     CATCH_UP_META_KEY,
-    PROTOCOL_VERSION,
+    LOCAL_META_PREFIXES,
+    ROLLED_BACK_META_KEY,
     TAKEOVER_META_KEY,
-    ShardReplica,
+    pack_takeover,
 )
+from kayos.replication.shard.replica import ShardReplica
+from kayos.replication.wire import auth as link_auth
+from kayos.replication.wire import frames as fr
 
 log = logging.getLogger("kayos.replication")
 
@@ -137,10 +139,10 @@ class UpstreamLink:
         identity = replica.topology.identity
         if identity is None or identity.is_placeholder:
             raise handshake.no_identity_error(replica.node_id)
-        role = self.role
-        claim = link_auth.LinkClaim(replica.node_id, peer, replica.shard_id, replica.epoch, role)
-        handshake_s = limits.handshake_ms_max / 1000
-        async with asyncio.timeout(handshake_s):
+        claim = link_auth.LinkClaim(
+            replica.node_id, peer, replica.shard_id, replica.epoch, self.role
+        )
+        async with asyncio.timeout(limits.handshake_ms_max / 1000):
             reader, writer = await self._connect(address.host, address.bin_port)
         stream = FrameStream(
             reader, writer, replica.clock, frame_bytes_max=limits.handshake_frame_bytes_max
@@ -150,23 +152,7 @@ class UpstreamLink:
         )
         pinger: asyncio.Task[None] | None = None
         try:
-            async with asyncio.timeout(handshake_s):
-                hello = fr.Hello(
-                    PROTOCOL_VERSION, replica.node_id, replica.shard_id, replica.epoch, role
-                )
-                stream.send(hello)
-                await handshake.prove_to_upstream(stream, identity, claim)
-                reply = await stream.recv()
-            if isinstance(reply, fr.ErrorFrame):
-                raise_error_frame(reply)
-            if not isinstance(reply, fr.HelloOk):
-                raise ProtocolError(f"expected HELLO_OK, got {type(reply).__name__}")
-            if reply.protocol_version < fr.LINK_PROTOCOL_VERSION_MIN:
-                raise ProtocolError(
-                    f"upstream {peer} speaks protocol version "
-                    f"{reply.protocol_version}; links need {fr.LINK_PROTOCOL_VERSION_MIN}"
-                )
-            stream.lift_frame_bound()
+            await self._handshake(stream, identity, claim)
             # Pinged and watched from HELLO_OK on, as the acceptor does: an upstream that goes
             # silent before SUBSCRIBED is dropped within the silence bound, not TCP's minutes.
             pinger = asyncio.create_task(
@@ -175,56 +161,93 @@ class UpstreamLink:
                 )
             )
             subscribed, from_seq = await self._subscribe(stream)
-            if replica.store.last_seq != from_seq - 1:
-                # The store moved after the SUBSCRIBE (a commit landed late): the verdict was
-                # for another log. Subscribe again from where the store is now.
-                raise ReplicationError(
-                    f"store at {replica.store.last_seq} after subscribing from {from_seq}"
-                )
-            table = list(subscribed.takeover_table)
-            table_changed = table != replica.takeover_table()
-            behind = replica.store.last_seq < subscribed.last_seq
-            await asyncio.to_thread(
-                replica.store.commit,
-                [],
-                meta={
-                    TAKEOVER_META_KEY: pack_takeover(table),
-                    CATCH_UP_META_KEY: subscribed.last_seq if behind else None,
-                },
-            )
-            replica.catching_up = behind
-            if table_changed:
-                # The links below recorded the old table, which does not name the masters of
-                # what comes now: with it, their next SUBSCRIBE would look diverged and roll back
-                # committed entries. They subscribe again and record this one.
-                replica.close_downstream_links()
-            if behind:
-                # Catch-up may split an all-or-nothing batch; links below would pass the halves
-                # on to replicas that serve consumers. They resubscribe once this one is whole.
-                replica.close_downstream_links()
-            catch_up_target = subscribed.last_seq
-            health.heard(subscribed.last_seq)
-            health.attach(stream)
-            stream.on_round_trip = health.latency.add
-            # A commit the last link's applier was cancelled in landed without being counted:
-            # step the progress and wake the senders before reporting to the new upstream.
-            replica.local_commit_done()
-            replica.link_point_heard = False
-            replica.upstream_stream = stream
-            replica.upstream_synced = True
-            replica.downstream_event(chain.UpstreamLinked())
-            if self.role == "learner":
-                # What it holds, at once: its tail counts it from its first report, and a
-                # learner with nothing to copy or commit (an empty shard) sends no other
-                # (docs/replication-protocol.md, "Counting a catch-up follower").
-                stream.send(fr.Ack(replica.shard_id, replica.store.last_seq))
-            self.connected.set()
+            catch_up_target = await self._adopt(subscribed, from_seq)
+            self._go_live(stream, health, catch_up_target)
             await self._follow(stream, catch_up_target)
         finally:
             if pinger is not None:
                 pinger.cancel()
             health.detach(stream)
             stream.close()
+
+    async def _handshake(
+        self, stream: FrameStream, identity: ClusterIdentity, claim: link_auth.LinkClaim
+    ) -> None:
+        """``HELLO``, the proof of the cluster secret, and the upstream's ``HELLO_OK``."""
+        replica = self.replica
+        async with asyncio.timeout(limits.handshake_ms_max / 1000):
+            hello = fr.Hello(
+                fr.PROTOCOL_VERSION, replica.node_id, replica.shard_id, replica.epoch, self.role
+            )
+            stream.send(hello)
+            await handshake.prove_to_upstream(stream, identity, claim)
+            reply = await stream.recv()
+        if isinstance(reply, fr.ErrorFrame):
+            raise_error_frame(reply)
+        if not isinstance(reply, fr.HelloOk):
+            raise ProtocolError(f"expected HELLO_OK, got {type(reply).__name__}")
+        if reply.protocol_version < fr.LINK_PROTOCOL_VERSION_MIN:
+            raise ProtocolError(
+                f"upstream {self.peer} speaks protocol version "
+                f"{reply.protocol_version}; links need {fr.LINK_PROTOCOL_VERSION_MIN}"
+            )
+        stream.lift_frame_bound()
+
+    async def _adopt(self, subscribed: fr.Subscribed, from_seq: int) -> int:
+        """Records the upstream's takeover table and how far behind this store is, and restarts
+        the links below where that calls for it; returns the catch-up target (the upstream's
+        last seq when it subscribed this link)."""
+        replica = self.replica
+        if replica.store.last_seq != from_seq - 1:
+            # The store moved after the SUBSCRIBE (a commit landed late): the verdict was
+            # for another log. Subscribe again from where the store is now.
+            raise ReplicationError(
+                f"store at {replica.store.last_seq} after subscribing from {from_seq}"
+            )
+        table = list(subscribed.takeover_table)
+        table_changed = table != replica.takeover_table()
+        behind = replica.store.last_seq < subscribed.last_seq
+        await asyncio.to_thread(
+            replica.store.commit,
+            [],
+            meta={
+                TAKEOVER_META_KEY: pack_takeover(table),
+                CATCH_UP_META_KEY: subscribed.last_seq if behind else None,
+            },
+        )
+        replica.catching_up = behind
+        if table_changed:
+            # The links below recorded the old table, which does not name the masters of
+            # what comes now: with it, their next SUBSCRIBE would look diverged and roll back
+            # committed entries. They subscribe again and record this one.
+            replica.close_downstream_links()
+        if behind:
+            # Catch-up may split an all-or-nothing batch; links below would pass the halves
+            # on to replicas that serve consumers. They resubscribe once this one is whole.
+            replica.close_downstream_links()
+        return subscribed.last_seq
+
+    def _go_live(
+        self, stream: FrameStream, health: liveness.LinkHealth, catch_up_target: int
+    ) -> None:
+        """The subscribed link becomes the replica's upstream link."""
+        replica = self.replica
+        health.heard(catch_up_target)
+        health.attach(stream)
+        stream.on_round_trip = health.latency.add
+        # A commit the last link's applier was cancelled in landed without being counted:
+        # step the progress and wake the senders before reporting to the new upstream.
+        replica.local_commit_done()
+        replica.link_point_heard = False
+        replica.upstream_stream = stream
+        replica.upstream_synced = True
+        replica.downstream_event(chain.UpstreamLinked())
+        if self.role == "learner":
+            # What it holds, at once: its tail counts it from its first report, and a
+            # learner with nothing to copy or commit (an empty shard) sends no other
+            # (docs/replication-protocol.md, "Counting a catch-up follower").
+            stream.send(fr.Ack(replica.shard_id, replica.store.last_seq))
+        self.connected.set()
 
     async def _subscribe(self, stream: FrameStream) -> tuple[fr.Subscribed, int]:
         """The upstream's SUBSCRIBED without a rollback, and the from_seq it answers."""
@@ -237,7 +260,7 @@ class UpstreamLink:
             point = min(replica.commit_point, replica.store.last_seq)
             table = tuple(replica.takeover_table())
             stream.send(fr.Subscribe(replica.shard_id, from_seq, table, point))
-            reply = await _recv_answering_pings(stream)
+            reply = await recv_answering_pings(stream)
             if reply is None:
                 raise EOFError("upstream closed the link before SUBSCRIBED")
             if isinstance(reply, fr.ErrorFrame):
@@ -273,7 +296,7 @@ class UpstreamLink:
         replica = self.replica
         batches: asyncio.Queue[fr.Batch | fr.Metadata | None] = asyncio.Queue()
         applier = asyncio.create_task(self._apply(batches, catch_up_target))
-        applier.add_done_callback(_close_with(stream))
+        applier.add_done_callback(close_with(stream))
         expected = replica.store.last_seq + 1
         first_batch = True
         self._first_batch_last = None
@@ -307,7 +330,7 @@ class UpstreamLink:
                     )
                     batches.put_nowait(frame)
                 elif isinstance(frame, fr.Metadata):
-                    _check_idle_map(replica, frame, expected - 1)
+                    check_idle_map(replica, frame, expected - 1)
                     # The link's map from now on: a later batch's meta holds changes only.
                     first_batch = False
                     batches.put_nowait(frame)  # applied once the batches before it committed
@@ -355,7 +378,7 @@ class UpstreamLink:
         carried: fr.Batch | fr.Metadata | None = None
         decode_seen_s = 0.0
         pacer = (
-            pacing.CopyPacer(
+            CopyPacer(
                 f"shard {replica.shard_id}: catch-up commits",
                 replica.clock,
                 replica.live_rate,
@@ -370,27 +393,10 @@ class UpstreamLink:
             if first is None:
                 return
             if isinstance(first, fr.Metadata):
-                await _replace_meta(replica, first)
+                await replace_meta(replica, first)
                 continue
-            group = [first]
-            entries = len(first.seqs)
-            payload = _batch_bytes(first)
-            while not batches.empty() and entries < limits.batch_entries_max // 2:
-                nxt = batches.get_nowait()
-                if nxt is None:
-                    break
-                # One store commit: within the bounds of one batch; a map after the batches.
-                if (
-                    isinstance(nxt, fr.Metadata)
-                    or entries + len(nxt.seqs) > limits.batch_entries_max
-                    or payload + _batch_bytes(nxt) > limits.batch_bytes_max
-                ):
-                    carried = nxt
-                    break
-                group.append(nxt)
-                entries += len(nxt.seqs)
-                payload += _batch_bytes(nxt)
-            columns, options = _commit_args(group, validated=False)
+            group, carried = _group_behind(first, batches)
+            columns, options = commit_args(group, validated=False)
             started = time.perf_counter()
             await replica.timed_commit(columns, inline=batches.empty(), **options)
             stream = replica.upstream_stream
@@ -437,6 +443,32 @@ class UpstreamLink:
             )
 
 
+def _group_behind(
+    first: fr.Batch, batches: asyncio.Queue[fr.Batch | fr.Metadata | None]
+) -> tuple[list[fr.Batch], fr.Batch | fr.Metadata | None]:
+    """``first`` and the batches queued behind it that one store commit takes (within the bounds
+    of one batch; a map only after the batches), and the item taken that did not fit, if any:
+    the next group's first."""
+    group = [first]
+    entries = len(first.seqs)
+    payload = _batch_bytes(first)
+    while not batches.empty() and entries < limits.batch_entries_max // 2:
+        nxt = batches.get_nowait()
+        if nxt is None:
+            break
+        # One store commit: within the bounds of one batch; a map after the batches.
+        if (
+            isinstance(nxt, fr.Metadata)
+            or entries + len(nxt.seqs) > limits.batch_entries_max
+            or payload + _batch_bytes(nxt) > limits.batch_bytes_max
+        ):
+            return group, nxt
+        group.append(nxt)
+        entries += len(nxt.seqs)
+        payload += _batch_bytes(nxt)
+    return group, None
+
+
 def _with_meta_deletes(batch: fr.Batch, own_meta: dict[str, Any]) -> fr.Batch:
     """A link's first batch holds the upstream's whole replicated metadata: keys this replica
     holds that it lacks were deleted upstream while the link was down. The batch as committed
@@ -453,11 +485,11 @@ def _deletes(full: dict[str, Any], own_meta: dict[str, Any]) -> dict[str, None]:
     return {
         name: None
         for name in own_meta
-        if not name.startswith(_LOCAL_META_PREFIXES) and name not in full
+        if not name.startswith(LOCAL_META_PREFIXES) and name not in full
     }
 
 
-def _check_idle_map(replica: ShardReplica, frame: fr.Metadata, last_received: int) -> None:
+def check_idle_map(replica: ShardReplica, frame: fr.Metadata, last_received: int) -> None:
     """METADATA is as of the last seq the link carried, and names replicated keys only
     (docs/replication-protocol.md, "The metadata on an idle link")."""
     if frame.shard != replica.shard_id or frame.seq != last_received:
@@ -465,12 +497,12 @@ def _check_idle_map(replica: ShardReplica, frame: fr.Metadata, last_received: in
             f"METADATA of shard {frame.shard} as of {frame.seq}, where shard"
             f" {replica.shard_id} as of {last_received} was due"
         )
-    local = sorted(name for name in frame.meta if name.startswith(_LOCAL_META_PREFIXES))
+    local = sorted(name for name in frame.meta if name.startswith(LOCAL_META_PREFIXES))
     if local:
         raise ProtocolError(f"METADATA names a key local to a replica: {local[0]!r}")
 
 
-async def _replace_meta(replica: ShardReplica, frame: fr.Metadata) -> None:
+async def replace_meta(replica: ShardReplica, frame: fr.Metadata) -> None:
     """The upstream's whole replicated map as of the seq this store holds (the batches before
     it committed): it replaces this replica's, in one commit that claims no seq and settles a
     rollback that kept the metadata. The links below were sent the old map and would hear of

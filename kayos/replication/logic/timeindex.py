@@ -23,7 +23,7 @@ from bisect import bisect_right
 from itertools import pairwise
 
 from kayos import limits
-from kayos.replication import durablemark
+from kayos.replication.logic import durablemark
 
 TIME_INDEX_FILE = "time-index"
 _MAGIC = b"KYTI"

@@ -18,12 +18,11 @@ from typing import Any
 from kayos import limits
 from kayos.clock import Clock
 from kayos.errors import KayosError, ProtocolError
-from kayos.replication import auth as link_auth
-from kayos.replication import frames as fr
-from kayos.replication import handshake
-from kayos.replication.links import FrameStream, raise_error_frame
-from kayos.replication.replica import PROTOCOL_VERSION
-from kayos.replication.snapshot import SnapshotWriter
+from kayos.replication.link import handshake
+from kayos.replication.link.stream import FrameStream, raise_error_frame
+from kayos.replication.shard.snapshot import SnapshotWriter
+from kayos.replication.wire import auth as link_auth
+from kayos.replication.wire import frames as fr
 from kayos.topology import Topology
 
 log = logging.getLogger("kayos.replication")
@@ -110,7 +109,7 @@ async def _attempt(
     try:
         claim = link_auth.LinkClaim(node_id, peer, shard_id, epoch, "learner")
         async with asyncio.timeout(handshake_s):
-            stream.send(fr.Hello(PROTOCOL_VERSION, node_id, shard_id, epoch, "learner"))
+            stream.send(fr.Hello(fr.PROTOCOL_VERSION, node_id, shard_id, epoch, "learner"))
             await handshake.prove_to_upstream(stream, identity, claim)
             reply = await stream.recv()
         if isinstance(reply, fr.ErrorFrame):

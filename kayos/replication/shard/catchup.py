@@ -4,9 +4,10 @@
 commit point, rolling back or resetting the store (and restarting the progress after it), and
 counting a learner that catches up below a member with no downstream in that member's commit
 (docs/replication-protocol.md, "Counting a catch-up follower"). Apart from
-``kayos.replication.replica`` because it is one seam of the replica: the store below the links
-changes under it, and the links start again. ``kayos.replication.replica.ShardReplica`` inherits it
-and sets every attribute declared here.
+``kayos.replication.shard.replica`` because it is one seam of the replica: the store below the
+links changes under it, and the links start again.
+``kayos.replication.shard.replica.ShardReplica`` inherits it and sets every attribute declared
+here.
 """
 
 from __future__ import annotations
@@ -16,22 +17,17 @@ import contextlib
 import logging
 import os
 import shutil
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
 from kayos.clock import Clock
 from kayos.errors import KayosError, ReplicationError, RollbackTooFarError
-from kayos.replication import chain, durablemark, followers, timeindex
-from kayos.replication import frames as fr
+from kayos.replication.logic import chain, durablemark, followers, timeindex
+from kayos.replication.shard.local_meta import ROLLED_BACK_META_KEY
+from kayos.replication.wire import frames as fr
 from kayos.storage import ShardStore
 
 log = logging.getLogger("kayos.replication")
-
-# Local metadata (never sent down a link): the seq a rollback went back to, written before the
-# rollback and removed once the store restored the replicated metadata as of that seq, or, when
-# it could not, once the first BATCH of a later link committed (it replaces the map): a group's
-# mark written by a dropped seq must not start a snapshot, so meanwhile none is served
-# (docs/replication-protocol.md, "After SUBSCRIBED").
-ROLLED_BACK_META_KEY = "rolled_back"
 
 
 class CatchUp:
@@ -54,7 +50,6 @@ class CatchUp:
     _followers_lock: asyncio.Lock
     _point_persisted: int
     _mark_written: int
-    _background: set[asyncio.Task[None]]
 
     if TYPE_CHECKING:
         # The replica's methods this uses (``ShardReplica`` defines them).
@@ -75,6 +70,8 @@ class CatchUp:
         def lower_durable_mark(self, seq: int) -> None: ...
 
         async def persist_durable_mark(self) -> None: ...
+
+        def run_in_background(self, work: Coroutine[Any, Any, None]) -> None: ...
 
         def replicated_meta(self, name: str) -> bool: ...
 
@@ -258,9 +255,7 @@ class CatchUp:
         log.info(
             "shard %s: counting learner %s in the commit from seq %s", self.shard_id, node, seq
         )
-        task = asyncio.get_running_loop().create_task(self._record_followers())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self.run_in_background(self._record_followers())
 
     def learner_linked(self, node: str) -> None:
         """A counted learner (re)subscribed: its reports start afresh, and the commit waits."""

@@ -12,8 +12,8 @@ from typing import Any, Literal, Protocol
 
 from kayos import limits
 from kayos.clock import Clock
-from kayos.replication import frames as fr
-from kayos.replication.latency import LatencyWindow
+from kayos.replication.logic.latency import LatencyWindow
+from kayos.replication.wire import frames as fr
 
 log = logging.getLogger("kayos.replication")
 

@@ -1,5 +1,5 @@
 """The asyncio side of link authentication: both halves of the challenge-response, driving the
-pure checks of ``kayos.replication.auth`` over a frame stream (docs/replication-protocol.md,
+pure checks of ``kayos.replication.wire.auth`` over a frame stream (docs/replication-protocol.md,
 "Handshake" and "Peer authentication")."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Protocol
 from kayos import limits
 from kayos.errors import KayosError, Unauthenticated, error_from_code
 from kayos.identity import ClusterIdentity
-from kayos.replication import auth
-from kayos.replication import frames as fr
+from kayos.replication.wire import auth
+from kayos.replication.wire import frames as fr
 from kayos.topology import Topology, check_node_id
 
 log = logging.getLogger("kayos.replication")
@@ -38,7 +38,9 @@ def no_identity_error(node_id: str) -> Unauthenticated:
     )
 
 
-def _resolve(host: str) -> frozenset[str]:
+def resolve_host(host: str) -> frozenset[str]:
+    """The addresses ``host`` resolves to (none when it does not); blocks on DNS, so
+    ``HostAddresses`` runs it in its own thread."""
     try:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except OSError:
@@ -73,7 +75,7 @@ class HostAddresses:
                 return ips
         pending = self._pending.get(host)
         if pending is None:
-            pending = loop.run_in_executor(self._executor, _resolve, host)
+            pending = loop.run_in_executor(self._executor, resolve_host, host)
             self._pending[host] = pending
             pending.add_done_callback(functools.partial(self._resolved, host, loop.time()))
         return await asyncio.shield(pending)

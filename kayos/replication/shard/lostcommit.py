@@ -10,12 +10,11 @@ and re-fetches from its downstream before it leads (``kayos.node.learners.repair
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from kayos.errors import KayosError, UnavailableError
-from kayos.replication import chain, durablemark
-from kayos.replication.replica import ShardReplica
+from kayos.replication.logic import chain
+from kayos.replication.shard.replica import ShardReplica
 
 log = logging.getLogger("kayos.replication")
 
@@ -46,9 +45,7 @@ def step_down_to_repair(replica: ShardReplica, node: str, agreed: int, point: in
     replica.fail_pending(
         UnavailableError(f"shard {replica.shard_id}: head {replica.node_id} is repairing: {reason}")
     )
-    task = asyncio.get_running_loop().create_task(_prepare(replica, agreed, point, reason))
-    replica._background.add(task)
-    task.add_done_callback(replica._background.discard)
+    replica.run_in_background(_prepare(replica, agreed, point, reason))
     return reason
 
 
@@ -57,14 +54,11 @@ async def _prepare(replica: ShardReplica, agreed: int, point: int, reason: str) 
     it disagrees with committed seqs), records ``point`` in the durable mark and asks for the
     re-make (``damage_seen``: the node's loop re-makes such a replica)."""
     try:
-        writer = replica._writer
-        if writer is not None and not writer.done():
-            await asyncio.wait([writer])
+        await replica.wait_for_writer()
         await replica.settle()
         if replica.store.last_seq > agreed:
             await replica.rollback(agreed)
-        await asyncio.to_thread(durablemark.write, replica.store_path, point)
-        replica._mark_written = point
+        await replica.set_durable_mark(point)
     except (KayosError, OSError) as exc:
         # Re-made all the same: its salvage and the mark it has decide; the next SUBSCRIBE that
         # finds it short starts this again.

@@ -4,10 +4,10 @@
 (role, repair, write hold, a failed commit, disk space), the seqs it takes, the group commit of
 the batches that queue while the store is busy (``_write_loop``), and the new history a head
 starts after a commit failed; with them the timed store commits every member uses
-(``timed_commit``, ``settle``). Apart from ``kayos.replication.replica`` because it is one seam of
-the replica, a queue of writes and its worker, that the rest of the replica only feeds through
-``accept`` and ``local_commit_done``. ``kayos.replication.replica.ShardReplica`` inherits it and
-sets every attribute declared here.
+(``timed_commit``, ``settle``). Apart from ``kayos.replication.shard.replica`` because it is one
+seam of the replica, a queue of writes and its worker, that the rest of the replica only feeds
+through ``accept`` and ``local_commit_done``. ``kayos.replication.shard.replica.ShardReplica``
+inherits it and sets every attribute declared here.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -31,8 +31,8 @@ from kayos.errors import (
     UnavailableError,
     WrongRoleError,
 )
-from kayos.replication import chain, timeindex
-from kayos.replication import frames as fr
+from kayos.replication.logic import chain, timeindex
+from kayos.replication.wire import frames as fr
 from kayos.storage import CommitResult, ShardStore
 from kayos.storage.engine import prepare_columns
 from kayos.topology import ShardChain, Topology
@@ -70,7 +70,7 @@ def concat_columns(parts: list[Columns]) -> Columns:
     return keys, values, expiries, headers
 
 
-def _commit_args(
+def commit_args(
     batches: list[fr.Batch], *, validated: bool, extra_meta: dict[str, Any] | None = None
 ) -> tuple[Columns, dict[str, Any]]:
     """The one store commit of consecutive accepted batches: their columns, their explicit seqs,
@@ -123,7 +123,6 @@ class HeadWrites:
     _writer: asyncio.Task[None] | None
     _next_seq: int
     _write_failure: BaseException | None
-    _background: set[asyncio.Task[None]]
     _commit_in_flight: asyncio.Future[CommitResult] | None
 
     if TYPE_CHECKING:
@@ -143,6 +142,8 @@ class HeadWrites:
         def accept(self, batch: fr.Batch, size_bytes: int, *, live: bool = True) -> None: ...
 
         def forget_recent(self) -> None: ...
+
+        def run_in_background(self, work: Coroutine[Any, Any, None]) -> None: ...
 
         def close_downstream_links(self) -> None: ...
 
@@ -240,7 +241,7 @@ class HeadWrites:
         idle = (self._writer is None or self._writer.done()) and not self._writes
         if idle and len(batch.seqs) <= limits.inline_commit_entries_max:
             # Nothing to group with: commit right here (the batch is on its way down already).
-            columns, options = _commit_args([batch], validated=True)
+            columns, options = commit_args([batch], validated=True)
             try:
                 result = self._commit_now(columns, **options)
             except Exception as exc:
@@ -270,7 +271,7 @@ class HeadWrites:
                 group.append(write)
                 entries += len(write.batch.seqs)
                 payload += write.payload
-            columns, options = _commit_args([w.batch for w in group], validated=True)
+            columns, options = commit_args([w.batch for w in group], validated=True)
             try:
                 result = await self.timed_commit(columns, inline=not writes, **options)
             except Exception as exc:  # every batch of the group failed with it
@@ -296,17 +297,25 @@ class HeadWrites:
             return
         log.error("shard %s: head commit failed: %s", self.shard_id, exc)
         self._write_failure = exc
-        while self._writes:
-            write = self._writes.popleft()
-            if not write.future.done():
-                write.future.set_exception(exc)
+        self.fail_queued_writes(exc)
         self.time_index.truncate_after(self.store.last_seq)
         self._apply_events(chain.Discarded())
         self.forget_recent()
         self.close_downstream_links()
-        task = asyncio.get_running_loop().create_task(self._start_new_history())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self.run_in_background(self._start_new_history())
+
+    def fail_queued_writes(self, exc: BaseException) -> None:
+        """Fails every head write queued for the store with ``exc``."""
+        while self._writes:
+            write = self._writes.popleft()
+            if not write.future.done():
+                write.future.set_exception(exc)
+
+    async def wait_for_writer(self) -> None:
+        """Returns once the head's group-commit loop, if one runs, has ended."""
+        writer = self._writer
+        if writer is not None and not writer.done():
+            await asyncio.wait([writer])
 
     async def _start_new_history(self) -> None:
         writer = self._writer

@@ -3,8 +3,9 @@
 Nothing here does I/O or reads a clock: ``step(progress, event) -> (progress, actions)`` decides
 what a replica tells its upstream and when its committed seq advances; ``rollback_point`` decides
 where a rejoining replica's history diverged; ``LinkWindow`` is a link's flow-control ledger.
-The asyncio drivers in ``kayos.replication.replica`` and its links (``kayos.replication.upstream``,
-``kayos.replication.downstream``) feed events in and carry actions out.
+The asyncio drivers in ``kayos.replication.shard.replica`` and its links
+(``kayos.replication.link.upstream``, ``kayos.replication.link.downstream``) feed events in and
+carry actions out.
 """
 
 from __future__ import annotations

@@ -1,14 +1,15 @@
-"""The upstream side of a replication link: ``serve_downstream`` feeds a downstream.
+"""The sending side of one replication link: what goes down it, from memory or read back.
 
-``serve_downstream`` (the upstream side) answers ``SUBSCRIBE`` and streams ``BATCH`` frames, from
-memory as they are accepted or read back from its store, within the link's flow-control window.
-See docs/replication-protocol.md for the frames and rules this follows.
+``LinkSender`` keeps what was sent, the link's flow-control window and the metadata the downstream
+has been told, and sends batches as they are accepted (``offer``) or, when that could not, from
+``run``: the replica's recent batches merged (``merge_batches``), else pieces read back from the
+store (``read_range``, ``build_batch``). ``kayos.replication.link.downstream.serve_downstream``
+runs one per link. See docs/replication-protocol.md, "BATCH" and "Applying batches".
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import itertools
 import time
@@ -16,28 +17,15 @@ from collections import deque
 from typing import Any
 
 from kayos import limits
-from kayos.errors import (
-    CorruptionError,
-    ProtocolError,
-    UnavailableError,
-    WrongRoleError,
-)
-from kayos.replication import chain, liveness, lostcommit, pacing
-from kayos.replication import frames as fr
-from kayos.replication.head_writes import concat_columns
-from kayos.replication.links import (
-    FrameStream,
-    Pulse,
-    _close_with,
-    _recv_answering_pings,
-    recv_or_companion_failure,
-)
-from kayos.replication.replica import (
-    _LOCAL_META_PREFIXES,
-    PROTOCOL_VERSION,
-    ShardReplica,
-)
-from kayos.replication.snapshot import serve_snapshot
+from kayos.errors import CorruptionError
+from kayos.replication.link import liveness
+from kayos.replication.link.pacer import CopyPacer
+from kayos.replication.link.stream import FrameStream, Pulse
+from kayos.replication.logic import chain
+from kayos.replication.shard.head_writes import concat_columns
+from kayos.replication.shard.local_meta import LOCAL_META_PREFIXES
+from kayos.replication.shard.replica import ShardReplica
+from kayos.replication.wire import frames as fr
 from kayos.storage import Entry, ShardStore
 from kayos.storage.readback import read_back
 
@@ -72,13 +60,13 @@ def merge_batches(batches: list[fr.Batch]) -> fr.Batch:
 def _meta_changes(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     changes: dict[str, Any] = {}
     for name, value in new.items():
-        if name.startswith(_LOCAL_META_PREFIXES):
+        if name.startswith(LOCAL_META_PREFIXES):
             continue
         if old is None or old.get(name) != value:
             changes[name] = value
     if old is not None:
         for name in old:
-            if name not in new and not name.startswith(_LOCAL_META_PREFIXES):
+            if name not in new and not name.startswith(LOCAL_META_PREFIXES):
                 changes[name] = None
     return changes
 
@@ -144,193 +132,7 @@ def build_batch(
     )
 
 
-async def serve_downstream(replica: ShardReplica, stream: FrameStream, hello: fr.Hello) -> None:
-    """Runs the upstream side of one replication link until it breaks."""
-    node = hello.node_id
-    if hello.protocol_version < fr.LINK_PROTOCOL_VERSION_MIN:
-        raise ProtocolError(
-            f"replication links need protocol version {fr.LINK_PROTOCOL_VERSION_MIN}; "
-            f"{node} speaks {hello.protocol_version}"
-        )
-    copy = hello.role in fr.COPY_ROLES
-    if copy:
-        check_copy_peer(replica, node, hello.role)
-    else:
-        expected_role = replica.shard.role_of(node)
-        if replica.shard.upstream_of(node) != replica.node_id or hello.role != expected_role:
-            upstream = replica.shard.upstream_of(node)
-            raise WrongRoleError(
-                f"{node} as {hello.role} of shard {replica.shard_id} "
-                f"does not follow {replica.node_id}",
-                redirect=upstream,
-                epoch=replica.epoch,
-            )
-    stream.send(fr.HelloOk(PROTOCOL_VERSION, replica.node_id, replica.epoch))
-    while True:
-        frame = await _recv_answering_pings(stream)
-        if frame is None:
-            return
-        if isinstance(frame, fr.SnapshotRequest):
-            await serve_snapshot(replica, stream, hello.role, frame)  # then the learner hangs up
-            return
-        if not isinstance(frame, fr.Subscribe) or frame.shard != replica.shard_id:
-            raise ProtocolError(f"expected SUBSCRIBE, got {type(frame).__name__}")
-        if (replica.catching_up or replica.repairing) and hello.role != "repair":
-            # Its store may hold part of an all-or-nothing batch, or lack what it lost to damage
-            # (a downstream would be told to roll back acknowledged entries): nothing goes down.
-            # A head repairing from a member still catching up or repairing itself (from that
-            # head: each would wait for ever on the other) is served: whole entries it holds,
-            # and a repair link never rolls back.
-            doing = "repairing" if replica.repairing else "catching up"
-            raise UnavailableError(
-                f"{replica.node_id} is {doing} on shard {replica.shard_id}; retry later"
-            )
-        if replica.starting_new_history:
-            raise UnavailableError(
-                f"{replica.node_id} is starting a new history of shard {replica.shard_id}"
-            )
-        own_table = replica.takeover_table()
-        verdict = chain.rollback_point(
-            list(frame.takeover_table), own_table, frame.from_seq - 1, replica.durable
-        )
-        if (
-            hello.role != "repair"
-            and replica.role == "head"
-            and chain.upstream_lacks_committed(
-                list(frame.takeover_table),
-                own_table,
-                verdict=verdict,
-                up_last=replica.durable,
-                point=frame.commit_point,
-            )
-        ):
-            assert verdict is not None
-            raise UnavailableError(
-                lostcommit.step_down_to_repair(replica, node, verdict, frame.commit_point)
-            )
-        stream.send(fr.Subscribed(replica.shard_id, verdict, tuple(own_table), replica.durable))
-        if verdict is None:
-            break
-    # A learner or repair link is keyed apart from the chain's links: it counts in no commit.
-    key = f"{hello.role}:{node}" if copy else node
-    old = replica.downstream_streams.pop(key, None)
-    if old is not None:
-        old.close()
-    link = _LinkSender(
-        replica,
-        stream,
-        frame.from_seq - 1,
-        throttled=copy,
-        idle_map=hello.role != "repair"
-        and hello.protocol_version >= fr.METADATA_PROTOCOL_VERSION_MIN,
-    )
-    replica.downstream_streams[key] = stream
-    replica._links[key] = link
-    if copy:
-        replica.copy_links.add(key)
-        if replica.commit_point:
-            stream.send(fr.CommitPoint(replica.shard_id, replica.commit_point))
-        if hello.role == "learner":
-            replica.learner_linked(node)
-    else:
-        replica.downstream_event(chain.DownstreamLinked(node))
-    health = replica.link_health.setdefault(key, liveness.LinkHealth(node, "downstream"))
-    health.peer_seq = frame.from_seq - 1
-    health.attach(stream)
-    stream.on_round_trip = health.latency.add
-    sender = asyncio.create_task(link.run())
-    sender.add_done_callback(_close_with(stream))
-    confirming = _ConfirmAnswers(replica, stream)
-    try:
-        while True:
-            reply = await recv_or_companion_failure(stream, sender)
-            if reply is None:
-                return
-            if link.closed:
-                return  # reports still buffered from a link this replica gave up on
-            if isinstance(reply, fr.Ack | fr.Committed):
-                seq = reply.durable_seq if isinstance(reply, fr.Ack) else reply.committed_seq
-                if seq > link.sent:
-                    raise ProtocolError(f"{node} reports {seq}, past {link.sent} sent to it")
-                link.window.acknowledged(seq)
-                link.acked.notify()
-                health.heard(seq)
-                link.note_ack(seq, health)
-                if copy:
-                    if hello.role == "learner":
-                        replica.learner_report(node, seq)
-                    continue
-                event: chain.Event = (
-                    chain.DownstreamAck(node, seq)
-                    if isinstance(reply, fr.Ack)
-                    else chain.DownstreamCommitted(node, seq)
-                )
-                replica.downstream_event(event)
-            elif isinstance(reply, fr.Ping):
-                stream.send(fr.Pong(reply.nonce))
-            elif isinstance(reply, fr.Confirm):
-                confirming.answer(reply.nonce)
-            elif not isinstance(reply, fr.Pong):
-                raise ProtocolError(f"unexpected {type(reply).__name__} from a downstream")
-    finally:
-        confirming.close()
-        health.detach(stream)
-        link.closed = True
-        sender.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await sender
-        if replica.downstream_streams.get(key) is stream:
-            del replica.downstream_streams[key]
-            replica.copy_links.discard(key)
-        if replica._links.get(key) is link:
-            del replica._links[key]
-
-
-class _ConfirmAnswers:
-    """Answers a downstream's CONFIRMs (docs/replication-protocol.md, "Confirming a snapshot"):
-    each once the chain above is confirmed after it came in (``confirm_chain``), at most
-    ``limits.link_confirms_pending_max`` at a time (past it: not held, at once)."""
-
-    def __init__(self, replica: ShardReplica, stream: FrameStream) -> None:
-        self.replica = replica
-        self.stream = stream
-        self.pending: set[asyncio.Task[None]] = set()
-
-    def answer(self, nonce: int) -> None:
-        if len(self.pending) >= limits.link_confirms_pending_max:
-            self.stream.send(fr.Confirmed(nonce, False))
-            return
-        task = asyncio.create_task(self._answer(nonce))
-        self.pending.add(task)
-        task.add_done_callback(self.pending.discard)
-
-    async def _answer(self, nonce: int) -> None:
-        held = await self.replica.confirm_chain(limits.consume_commit_point_wait_ms / 1000)
-        with contextlib.suppress(Exception):  # the link is gone: nobody to answer
-            self.stream.send(fr.Confirmed(nonce, held))
-
-    def close(self) -> None:
-        for task in self.pending:
-            task.cancel()
-
-
-def check_copy_peer(replica: ShardReplica, node: str, role: str) -> None:
-    """A learner is a node of the topology outside the shard's chain; a repair link comes from
-    another member of it (docs/replication-protocol.md, "Learners and repair links")."""
-    members = replica.shard.members
-    if role == "learner":
-        allowed = node in replica.topology.nodes and node not in members
-    else:
-        allowed = node in members and node != replica.node_id
-    if not allowed:
-        raise WrongRoleError(
-            f"{node} may not copy shard {replica.shard_id} from {replica.node_id} as {role}",
-            redirect=None,
-            epoch=replica.epoch,
-        )
-
-
-class _LinkSender:
+class LinkSender:
     """The sending side of one replication link: what was sent, its flow-control window, and
     the metadata the downstream has been told.
 
@@ -359,7 +161,7 @@ class _LinkSender:
         # while the shard takes live writes (limits.catchup_produce_share_max to start).
         self.throttled = throttled
         self.pacer = (
-            pacing.CopyPacer(
+            CopyPacer(
                 f"shard {replica.shard_id}: copy link",
                 replica.clock,
                 replica.live_rate,

@@ -22,7 +22,7 @@ from kayos.errors import (
     WrongPeerError,
 )
 from kayos.identity import ClusterIdentity
-from kayos.replication import frames as fr
+from kayos.replication.wire import frames as fr
 from kayos.topology import Topology
 
 CONTEXT = b"kayos-link-auth-1"

@@ -9,7 +9,8 @@ Every frame validates its fields against the table when built, so an instance is
 whether it was decoded or built locally: a bad local frame raises ``InvalidRequest``, and the
 decoder turns the same failure into ``ProtocolError``. Apart from ``frames`` so that the
 protocol's vocabulary (what frames exist, what they hold, since when) reads in one place, and the
-codec in another.
+codec in another. One module of about 600 lines on purpose: every frame and the table row that
+declares it are read side by side, and the table checks itself against the frames on import.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Final, Self, TypeAlias
 
 from kayos import limits
 from kayos.errors import InvalidRequest
-from kayos.replication.frame_fields import (
+from kayos.replication.wire.frame_fields import (
     ACKS,
     BOOL,
     BYTES_COLUMN,

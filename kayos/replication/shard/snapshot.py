@@ -5,7 +5,7 @@ header").
 The upstream side (``serve_snapshot``) streams the bytes of its current data file up to the end of
 its latest header; the learner side writes them with a ``SnapshotWriter`` (its decisions are pure:
 ``SnapshotReceiver`` checks each frame against what came before) and installs the file once it
-verifies. The link that carries them is in ``kayos.replication.snapshot_link``.
+verifies. The link that carries them is in ``kayos.replication.link.snapshot_link``.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from kayos.errors import (
     ReplicationError,
     UnavailableError,
 )
-from kayos.replication import frames as fr
-from kayos.replication import pacing
+from kayos.replication.link.pacer import CopyPacer
+from kayos.replication.logic import pacing
+from kayos.replication.wire import frames as fr
 from kayos.storage import engine
 from kayos.storage.disk import format as fmt
 from kayos.storage.disk.fileops import FileOps, OsFileOps
@@ -79,7 +80,7 @@ async def serve_snapshot(
             f"{replica.node_id} is catching up on shard {replica.shard_id}; retry later"
         )
     data_file, header, end = replica.store.pin_prefix()
-    pacer = pacing.CopyPacer(
+    pacer = CopyPacer(
         f"shard {replica.shard_id}: snapshot",
         replica.clock,
         replica.live_rate,

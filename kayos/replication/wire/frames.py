@@ -9,9 +9,9 @@ frames. It imports no asyncio, socket or clock; which frame is legal when is the
 stream and chain logic.
 
 The frames themselves (frozen dataclasses that check their fields when built) and the declared
-table ``FRAME_TABLE`` are in ``kayos.replication.frame_table``, the field types and their checks
-in ``kayos.replication.frame_fields``. Every public name of both is importable from here, and the
-rest of Kayos imports frames from here.
+table ``FRAME_TABLE`` are in ``kayos.replication.wire.frame_table``, the field types and their
+checks in ``kayos.replication.wire.frame_fields``. Every public name of both is importable from
+here, and the rest of Kayos imports frames from here.
 
 Column fields (``BATCH`` and ``PRODUCE`` entries) pass through msgpack untouched as tuples, and
 their checks run in C: no Python bytecode runs per entry, except for the per-entry headers maps
@@ -27,7 +27,7 @@ import msgpack
 
 from kayos import limits
 from kayos.errors import InvalidRequest, LimitExceeded, ProtocolError
-from kayos.replication.frame_fields import (
+from kayos.replication.wire.frame_fields import (
     ACKS_ALL,
     ACKS_HEAD,
     ACKS_NONE,
@@ -38,7 +38,7 @@ from kayos.replication.frame_fields import (
     WireType,
     describe,
 )
-from kayos.replication.frame_table import (
+from kayos.replication.wire.frame_table import (
     BUDGET_BY_KIND,
     FIELD_NAMES_BY_TYPE,
     FRAME_TABLE,
