@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from kayos import limits
-from kayos.launcher import LocalCluster, http_json
+from kayos.local.cluster import LocalCluster
+from kayos.local.http import http_json
 from tests.integration.conftest import produce, read_snapshot, wait_until, write_ballast
 from tests.integration.conftest import small_disk as mount_small_disk
 

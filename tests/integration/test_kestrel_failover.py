@@ -28,8 +28,8 @@ from typing import Any
 import msgpack
 import pytest
 
-from kayos.kestrel_process import KestrelFront, LocalClusterWithKestrel
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
+from kayos.local.kestrel import KestrelFront, LocalClusterWithKestrel
 from kestrel_compat.backend import decode_removed
 from kestrel_compat.kayos_backend import queue_for
 from tests.integration.conftest import WAIT_S, wait_until

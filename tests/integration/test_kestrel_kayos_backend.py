@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
 from kestrel_compat.backend import GroupState, NewEntry
 from kestrel_compat.kayos_backend import KayosBackend, log_for, queue_for
 from tests.integration.conftest import wait_until

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from kayos.kestrel_process import KestrelFront
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
+from kayos.local.kestrel import KestrelFront
 from kestrel_compat.backend import GroupState, NewEntry
 from kestrel_compat.kayos_backend import KayosBackend, queue_for
 from tests.integration.conftest import wait_until

@@ -19,8 +19,8 @@ threads then produce one 100 B message at a time with acks=all until the run end
    its readiness until its durable seq reaches what the tail held when it started.
    ``produce_drop_during_catchup``: 1 - (acks/s during the copy) / (acks/s in the ``baseline_s``
    just before it, the median of its 1 s windows); with ``produce_rate`` (an open-loop producer,
-   ``kayos.bench.load``) 1 - (acks/s during the copy) / the offered rate. ``ack_p99_ms_before`` /
-   ``_during_catchup``: the acks' latency p99 in the same two spans.
+   ``kayos.bench.membership.load``) 1 - (acks/s during the copy) / the offered rate.
+   ``ack_p99_ms_before`` / ``_during_catchup``: the acks' latency p99 in the same two spans.
 
 ``disk_seq_write_mb_per_s`` is measured in the same run on the same filesystem (one file of
 ``disk_probe_mb``, by default the shard's size, in 1 MiB writes, one fsync). ``repeat`` runs the
@@ -43,12 +43,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kayos import limits
-from kayos.bench.catchup import disk_seq_write_mb_per_s
-from kayos.bench.load import phase_figures, produce_fill_batch, producers_for
+from kayos.bench.membership.catchup import disk_seq_write_mb_per_s
+from kayos.bench.membership.load import phase_figures, produce_fill_batch, producers_for
 from kayos.bench.produce import machine_facts
 from kayos.client.sync import Client
-from kayos.control.config import Config
-from kayos.launcher import LocalCluster, http_json
+from kayos.local.cluster import LocalCluster
+from kayos.local.http import http_json
+from kayos.manager.member.config import Config
 
 QUEUE = "failover"
 FILL_QUEUE = "failover-fill"
@@ -109,7 +110,7 @@ class FailoverBenchParameters:
         )
 
 
-def _wait(condition: Callable[[], Any], what: str, timeout_s: float) -> Any:
+def wait_for(condition: Callable[[], Any], what: str, timeout_s: float) -> Any:
     deadline = time.monotonic() + timeout_s
     while True:
         value = condition()
@@ -204,7 +205,9 @@ def _slow_phase(
 def _full_again(cluster: LocalCluster, timeout_s: float) -> None:
     """Waits until the manager put every node back in the chain: it does so once a returning node
     has caught up (writes go on, so the members' seqs never stand still to be compared)."""
-    _wait(lambda: sorted(_chain(cluster) or []) == ["a", "b", "c"], "full replication", timeout_s)
+    wait_for(
+        lambda: sorted(_chain(cluster) or []) == ["a", "b", "c"], "full replication", timeout_s
+    )
 
 
 def _one_run(
@@ -230,7 +233,7 @@ def _one_run(
         producers = producers_for(urls, parameters.producers, (QUEUE,), rate)
         producers.start()
         try:
-            _wait(lambda: producers.acked_between(0, time.monotonic()) > 0, "first acks", step)
+            wait_for(lambda: producers.acked_between(0, time.monotonic()) > 0, "first acks", step)
             victim = "b"
 
             # 1. Slow node.
@@ -241,20 +244,20 @@ def _one_run(
             _full_again(cluster, step)
 
             # 2. Dead node: the middle of the chain as it is now (b rejoined as the tail).
-            chain = _wait(lambda: _chain(cluster), "the manager's chain", step)
+            chain = wait_for(lambda: _chain(cluster), "the manager's chain", step)
             victim = chain[1]
             survivors = [n for n in chain if n != victim]
             figures["dead_node_role"] = "middle"
             killed = time.monotonic()
             cluster.kill(victim, signal.SIGKILL)
-            first = _wait(lambda: producers.first_begun_after(killed), "a repaired chain", step)
+            first = wait_for(lambda: producers.first_begun_after(killed), "a repaired chain", step)
             figures["dead_node_removed_s"] = round(first - killed, 3)
             figures["dead_node_beyond_window_s"] = round(first - killed - window_s, 3)
-            _wait(lambda: _chain(cluster) == survivors, f"{victim} spliced out", step)
+            wait_for(lambda: _chain(cluster) == survivors, f"{victim} spliced out", step)
 
             # 3. Catch-up of a returning node with no copy of the shard, once an open loop has
             # worked off what the dead node's stall held up (else its baseline is that backlog).
-            _wait(producers.caught_up, "the producers' backlog", step)
+            wait_for(producers.caught_up, "the producers' backlog", step)
             before = time.monotonic()
             time.sleep(parameters.baseline_s)  # the baseline phase's length, not a wait
             baseline_start, baseline_end = before, time.monotonic()
@@ -263,7 +266,7 @@ def _one_run(
             started = time.monotonic()
             cluster.start(victim)  # returns once the node answers
             ready = time.monotonic()
-            caught = _wait(
+            caught = wait_for(
                 lambda: (
                     int(_shard_status(cluster, victim).get("durable_seq", 0)) >= target
                     and time.monotonic()

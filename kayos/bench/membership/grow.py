@@ -16,15 +16,15 @@ operator would), then, in order:
 3. **after**: ``after_s`` more: ``produce_msgs_per_s_after``.
 
 ``produce_msgs_per_s_before`` is the median of the phase's 1 s windows. With ``produce_rate``
-the producers are open loop (``kayos.bench.load``: messages due at that offered rate, latency from
-when each was due). ``produce_during_share`` is during / before, or during / offered with an open
-loop (issue 13's target: at least ``PRODUCE_DURING_SHARE_TARGET``); ``ack_p99_ms_before`` /
-``_during``: the acks' latency p99 in each phase. ``both_loads`` runs the whole bench twice, closed
-loop then open loop; the open loop's figures go under ``open_loop``. ``bytes_copied`` is what d's
-data directory holds on disk after the moves (allocated blocks: store files are sparse); d held
-nothing before, so it is the copy. ``longest_ack_gap_s_before`` / ``_during``: the longest
-stretch with no ack at all (a chain change stalls a shard's producers while they find its new
-head). ``min_replicas_seen`` is the
+the producers are open loop (``kayos.bench.membership.load``: messages due at that offered rate,
+latency from when each was due). ``produce_during_share`` is during / before, or during / offered
+with an open loop (issue 13's target: at least ``PRODUCE_DURING_SHARE_TARGET``);
+``ack_p99_ms_before`` / ``_during``: the acks' latency p99 in each phase. ``both_loads`` runs the
+whole bench twice, closed loop then open loop; the open loop's figures go under ``open_loop``.
+``bytes_copied`` is what d's data directory holds on disk after the moves (allocated blocks: store
+files are sparse); d held nothing before, so it is the copy. ``longest_ack_gap_s_before`` /
+``_during``: the longest stretch with no ack at all (a chain change stalls a shard's producers while
+they find its new head). ``min_replicas_seen`` is the
 lowest replica count of any shard at any epoch in the manager's log of changes
 (GET /v1/manager/changes) from the rebalance on: 3 unless a move shortened a chain.
 """
@@ -43,15 +43,17 @@ from pathlib import Path
 from typing import Any
 
 from kayos import limits
-from kayos.bench.failover import _wait
-from kayos.bench.load import phase_figures, produce_fill_batch, producers_for
+from kayos.bench.membership.failover import wait_for
+from kayos.bench.membership.load import phase_figures, produce_fill_batch, producers_for
 from kayos.bench.produce import machine_facts
+from kayos.client.operator import post_operator_until
 from kayos.client.sync import Client
-from kayos.control.config import Config
 from kayos.identity import write_private
-from kayos.launcher import LocalCluster, free_ports, http_json
-from kayos.launcher import _die_with_parent as die_with_parent
-from kayos.signing import sign
+from kayos.local.cluster import LocalCluster
+from kayos.local.http import http_json
+from kayos.local.ports import free_ports
+from kayos.local.processes import die_with_parent
+from kayos.manager.member.config import Config
 from kayos.topology import NodeAddr, Topology
 
 PRODUCE_DURING_SHARE_TARGET = 0.8
@@ -139,30 +141,6 @@ def manager_status(cluster: LocalCluster) -> dict[str, Any] | None:
     return body if code == 200 and isinstance(body, dict) else None
 
 
-def operator(cluster: LocalCluster, body: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    """Posts a signed operator request to the leader at the view's current epoch; a stale epoch
-    or an election is retried until ``timeout_s``."""
-    assert cluster.identity is not None
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        status = manager_status(cluster)
-        if status is not None and status.get("leader_url"):
-            signed = {**body, "epoch": status["epoch"]}
-            message = {"body": signed, "mac": sign(cluster.identity, "operator", signed)}
-            code, last = http_json(
-                f"{status['leader_url']}/v1/manager/operator", method="POST", body=message,
-                timeout_s=limits.manager_apply_timeout_ms / 1000,
-            )  # fmt: skip
-            if code == 200 and isinstance(last, dict):
-                return last
-            message_text = str(last.get("error", {}).get("message", "")) if last else ""
-            if code == 400 and not message_text.startswith("stale_epoch"):
-                raise RuntimeError(f"operator request {body['op']} refused: {last}")
-        time.sleep(0.05)  # a bounded retry of an election or a stale epoch
-    raise TimeoutError(f"operator request {body['op']} not applied within {timeout_s}s: {last}")
-
-
 def min_replicas_since(cluster: LocalCluster, epoch: int) -> int:
     """The lowest replica count of any shard at any epoch after ``epoch`` in the leader's log of
     changes (a move's extra member, between its target joining and its source leaving, does
@@ -205,7 +183,7 @@ def _run(
 ) -> dict[str, Any]:
     urls = list(cluster.urls.values())
     step = parameters.step_timeout_s
-    _wait(lambda: manager_status(cluster), "a manager leader", step)
+    wait_for(lambda: manager_status(cluster), "a manager leader", step)
     _fill(urls, queue_per_shard(cluster.topology, "grow-fill"), parameters.shard_mb,
           parameters.fill_value_bytes)  # fmt: skip
     cluster.wait_replicated(step)
@@ -213,23 +191,23 @@ def _run(
     queues = tuple(queue_per_shard(cluster.topology, "grow"))
     producers = producers_for(urls, parameters.producers, queues, offered)
     try:
-        _wait(lambda: answers(address.http_url), f"node {NEW_NODE} answering", step)
+        wait_for(lambda: answers(address.http_url), f"node {NEW_NODE} answering", step)
         producers.start()
-        _wait(lambda: producers.acked_between(0, time.monotonic()) > 0, "a first ack", step)
+        wait_for(lambda: producers.acked_between(0, time.monotonic()) > 0, "a first ack", step)
         time.sleep(parameters.warmup_s)  # the fill's compaction settles; not measured
-        _wait(producers.caught_up, "the producers' backlog", step)
+        wait_for(producers.caught_up, "the producers' backlog", step)
         before_start = time.monotonic()
         time.sleep(parameters.baseline_s)  # the phase's length, not a synchronisation
         before_end = time.monotonic()
-        add = {"op": "add-node", "node": NEW_NODE, "host": address.host}
-        operator(
-            cluster, {**add, "http_port": address.http_port, "bin_port": address.bin_port}, step
-        )
+        add: dict[str, Any] = {"op": "add-node", "node": NEW_NODE, "host": address.host}
+        add |= {"http_port": address.http_port, "bin_port": address.bin_port}
+        post_operator_until(cluster.identity, cluster.manager_urls, add, step)
         start = manager_status(cluster)
         assert start is not None
-        reply = operator(cluster, {"op": "rebalance"}, step)
+        rebalance = {"op": "rebalance"}
+        reply = post_operator_until(cluster.identity, cluster.manager_urls, rebalance, step)
         planned = len(reply.get("moves", []))
-        _wait(
+        wait_for(
             lambda: (
                 (s := manager_status(cluster)) is not None
                 and not any(shard["moves"] for shard in s["view"]["shards"])

@@ -5,7 +5,7 @@ happened, and answers when to start the member again: after a delay that doubles
 in a row from ``limits.node_restart_delay_ms_min`` up to ``limits.node_restart_delay_ms_max``, or
 never, once ``limits.node_restarts_max`` deaths came in a row. A member that ran for
 ``limits.node_restart_healthy_ms`` before it died was healthy: its count starts over. The caller
-(``kayos.launcher.run_foreground``) owns the processes and the clock.
+(``kayos.local.up.run_foreground``) owns the processes and the clock.
 """
 
 from __future__ import annotations

@@ -18,7 +18,6 @@ import msgpack
 from aiohttp import web
 
 from kayos import limits
-from kayos.control.config import ManagerSetup
 from kayos.errors import InvalidRequest, KayosError, NotLeaderError
 from kayos.manager import (
     Action,
@@ -33,6 +32,7 @@ from kayos.manager import (
     SetQueueShards,
     check_event,
 )
+from kayos.manager.member.config import ManagerSetup
 from kayos.signing import check_signed
 from kayos.topology import Topology
 

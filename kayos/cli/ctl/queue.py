@@ -1,5 +1,5 @@
 """``kayos ctl queue ...`` (docs/operations.md): the fetching and the printing; what the answers
-mean is decided by the pure functions of kayos/cli/queue_view.py."""
+mean is decided by the pure functions of kayos/cli/ctl/queue_view.py."""
 
 from __future__ import annotations
 
@@ -10,19 +10,16 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from kayos import limits
-from kayos.cli.ctl_ops import (
+from kayos.cli.ctl.common import (
     CtlError,
-    _json_option,
-    _seed_urls,
-    _timeout_option,
-    _topology_option,
-    _url_option,
     ask,
     emit,
     live_topology,
+    seed_urls,
     with_transport,
 )
-from kayos.cli.queue_view import Answer, describe, render_describe, retention_policy
+from kayos.cli.ctl.options import json_option, timeout_option, topology_option, url_option
+from kayos.cli.ctl.queue_view import Answer, describe, render_describe, retention_policy
 
 if TYPE_CHECKING:
     from kayos.client.http import HttpTransport
@@ -46,10 +43,10 @@ def _checked_name(queue: str) -> str:
 
 @queue_group.command("describe")
 @click.argument("queue")
-@_topology_option
-@_url_option
-@_timeout_option
-@_json_option
+@topology_option
+@url_option
+@timeout_option
+@json_option
 def describe_command(
     queue: str, topology_path: str, urls: tuple[str, ...], timeout_s: float, as_json: bool
 ) -> None:
@@ -57,7 +54,7 @@ def describe_command(
     groups with their marks and lag, and retention policy and floor. Exits 0, or 1 naming each
     problem (an unknown queue, a member that did not answer)."""
     _checked_name(queue)
-    seeds = _seed_urls(topology_path, urls)
+    seeds = seed_urls(topology_path, urls)
 
     async def run(transport: HttpTransport) -> dict[str, Any]:
         topology = await live_topology(transport, seeds, timeout_s)
@@ -144,9 +141,9 @@ _wait_option = click.option(
 @click.option(
     "--until-consumed", is_flag=True, help="Retention: drop what every group has consumed."
 )
-@_topology_option
+@topology_option
 @_wait_option
-@_json_option
+@json_option
 def create_command(
     queue: str,
     shards: int,
@@ -168,9 +165,9 @@ def create_command(
 @queue_group.command("alter")
 @click.argument("queue")
 @_shards_option
-@_topology_option
+@topology_option
 @_wait_option
-@_json_option
+@json_option
 def alter_command(
     queue: str, shards: int, topology_path: str, wait_s: float, as_json: bool
 ) -> None:
@@ -207,9 +204,9 @@ def _change(
 ) -> dict[str, Any]:
     """Checks what the nodes can tell (the queue's existence, the shard count), asks the manager,
     waits for every node to run the new count, then sets retention on the shards that need it."""
-    from kayos.cli.operate import _post
-    from kayos.control.config import load
+    from kayos.client.operator import post_operator
     from kayos.errors import KayosError
+    from kayos.manager.member.config import load
 
     _checked_name(queue)
     op = "queue-create" if create else "queue-alter"
@@ -220,26 +217,9 @@ def _change(
     if not setup.members:
         raise CtlError(f"{topology_path}: no [managers]: a queue's shards change through them")
     seeds = [node.http_url for node in setup.topology.nodes.values()]
-    timeout_s = limits.ctl_status_timeout_ms_default / 1000
-
-    async def before(transport: HttpTransport) -> dict[str, Any]:
-        topology = await live_topology(transport, seeds, timeout_s)
-        statuses, reads = await read_queue(transport, topology, queue, timeout_s)
-        return describe(queue, topology, statuses, reads)
-
-    found = asyncio.run(with_transport(before))
-    unanswered = [p for p in found["problems"] if p.endswith("no member answered")]
-    if unanswered:
-        raise CtlError(f"cannot tell whether queue {queue!r} exists: {'; '.join(unanswered)}")
-    if create and found["known"]:
-        raise CtlError(
-            f"queue {queue!r} already exists ({found['shard_count']} shard(s), "
-            f"{_holding(found)}): use queue alter"
-        )
-    if not create and not found["known"]:
-        raise CtlError(found["problems"][0] + ": use queue create")
+    found = _as_it_is(queue, seeds, create=create)
     previous = found["shard_count"]
-    result = asyncio.run(_post(setup.identity, [m.http_url for m in setup.members], {
+    result = asyncio.run(post_operator(setup.identity, [m.http_url for m in setup.members], {
         "op": op, "queue": queue, "shards": shards,
     }))  # fmt: skip
     result.update(queue=queue, previous=None if create else previous)
@@ -275,6 +255,30 @@ def _change(
         "shard_ids": outcome.get("shard_ids", []),
         "exit_code": 0 if ok else 1,
     }
+
+
+def _as_it_is(queue: str, seeds: list[str], *, create: bool) -> dict[str, Any]:
+    """What the nodes tell of ``queue`` before a change (``describe``'s summary); ``CtlError`` if
+    they cannot tell whether it exists, or if it does (``create``) or does not (alter)."""
+    timeout_s = limits.ctl_status_timeout_ms_default / 1000
+
+    async def before(transport: HttpTransport) -> dict[str, Any]:
+        topology = await live_topology(transport, seeds, timeout_s)
+        statuses, reads = await read_queue(transport, topology, queue, timeout_s)
+        return describe(queue, topology, statuses, reads)
+
+    found: dict[str, Any] = asyncio.run(with_transport(before))
+    unanswered = [p for p in found["problems"] if p.endswith("no member answered")]
+    if unanswered:
+        raise CtlError(f"cannot tell whether queue {queue!r} exists: {'; '.join(unanswered)}")
+    if create and found["known"]:
+        raise CtlError(
+            f"queue {queue!r} already exists ({found['shard_count']} shard(s), "
+            f"{_holding(found)}): use queue alter"
+        )
+    if not create and not found["known"]:
+        raise CtlError(found["problems"][0] + ": use queue create")
+    return found
 
 
 def _holding(found: dict[str, Any]) -> str:

@@ -15,10 +15,6 @@ import aiohttp
 from aiohttp import web
 
 from kayos import limits
-from kayos.control.config import ManagerSetup
-from kayos.control.driver import Driver
-from kayos.control.http import MemberState, make_app
-from kayos.control.raft import Applied, ManagerLog
 from kayos.datadir import DirectoryLock
 from kayos.errors import (
     KayosError,
@@ -27,6 +23,10 @@ from kayos.errors import (
     error_from_code,
 )
 from kayos.manager import Action, Event, ManagerView
+from kayos.manager.member.config import ManagerSetup
+from kayos.manager.member.driver import Driver
+from kayos.manager.member.http import MemberState, make_app
+from kayos.manager.member.raft import Applied, ManagerLog
 
 log = logging.getLogger("kayos.manager")
 

@@ -1,5 +1,5 @@
 """``kayos ctl compact`` and ``kayos ctl check`` (docs/operations.md): the fetching and the
-printing; what the answers mean is decided by the pure functions of kayos/cli/check_view.py."""
+printing; what the answers mean is decided by the pure functions of kayos/cli/ctl/check_view.py."""
 
 from __future__ import annotations
 
@@ -7,133 +7,34 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from kayos import limits
-from kayos.cli.check_view import (
+from kayos.cli.ctl.check_view import (
     compact_summary,
     digest_range,
     judge,
     render_check,
     render_compact_line,
 )
-from kayos.cli.options import TOPOLOGY_DEFAULT
+from kayos.cli.ctl.common import (
+    CtlError,
+    ask,
+    emit,
+    identity_of,
+    live_topology,
+    seed_urls,
+    with_transport,
+)
+from kayos.cli.ctl.options import json_option, timeout_option, topology_option, url_option
 
 if TYPE_CHECKING:
     from kayos.client.http import HttpTransport
     from kayos.identity import ClusterIdentity
     from kayos.topology import Topology
-
-
-_topology_option = click.option(
-    "--topology",
-    "topology_path",
-    default=TOPOLOGY_DEFAULT,
-    show_default=True,
-    help="The topology file: its nodes are asked for the cluster's current topology (and its "
-    "secret signs the requests that change state).",
-)
-_url_option = click.option(
-    "--url",
-    "urls",
-    multiple=True,
-    help="A node's HTTP base URL to read the topology from (repeatable; default: the "
-    "--topology file's nodes, tried in turn).",
-)
-_timeout_option = click.option(
-    "--timeout",
-    "timeout_s",
-    type=click.FloatRange(min=0.001),
-    default=limits.ctl_status_timeout_ms_default / 1000,
-    show_default=True,
-    help="Seconds to wait for each node's reply to a small request.",
-)
-_json_option = click.option(
-    "--json", "as_json", is_flag=True, help="Print the documented JSON instead."
-)
-
-
-class CtlError(click.ClickException):
-    """A refusal or an unreachable cluster: one line, exit code 1 (docs/operations.md)."""
-
-
-def _file_topology(path: str) -> Topology | None:
-    import os
-
-    from kayos.errors import KayosError
-    from kayos.topology import Topology
-
-    if not os.path.exists(path):
-        return None
-    try:
-        return Topology.load(path)
-    except (KayosError, OSError) as exc:
-        raise CtlError(f"{path}: {exc}") from exc
-
-
-def _seed_urls(topology_path: str, urls: tuple[str, ...]) -> list[str]:
-    if urls:
-        return [url.rstrip("/") for url in urls]
-    found = _file_topology(topology_path)
-    if found is None:
-        raise CtlError(f"{topology_path} does not exist: pass --topology FILE or --url URL")
-    return [node.http_url for node in found.nodes.values()]
-
-
-def _identity(topology_path: str) -> ClusterIdentity:
-    found = _file_topology(topology_path)
-    if found is None or found.identity is None:
-        raise CtlError(
-            f"{topology_path}: no cluster secret to sign the request with (pass the cluster's "
-            "topology file with --topology)"
-        )
-    return found.identity
-
-
-async def live_topology(transport: HttpTransport, urls: list[str], timeout_s: float) -> Topology:
-    """The topology the first of ``urls`` that answers runs (``CtlError`` naming every failure)."""
-    from kayos.errors import KayosError
-    from kayos.topology import Topology
-
-    errors = []
-    for url in urls:
-        try:
-            reply = await transport.request("GET", f"{url}/v1/topology", timeout_s=timeout_s)
-            return Topology.from_json(reply)
-        except KayosError as exc:
-            errors.append(f"{url}: {type(exc).__name__}: {exc}")
-    raise CtlError("no node answered GET /v1/topology: " + "; ".join(errors))
-
-
-async def with_transport(work: Callable[[HttpTransport], Awaitable[Any]]) -> Any:
-    from kayos.client.http import HttpTransport
-
-    transport = HttpTransport()
-    await transport.open()
-    try:
-        return await work(transport)
-    finally:
-        await transport.close()
-
-
-async def ask(
-    transport: HttpTransport,
-    method: str,
-    url: str,
-    timeout_s: float,
-    body: Any = None,
-) -> dict[str, Any] | str:
-    """A node's JSON object reply, or why there is none (``"<ErrorClass>: message"``)."""
-    from kayos.errors import KayosError
-
-    try:
-        reply = await transport.request(method, url, timeout_s=timeout_s, body=body)
-    except KayosError as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return reply if isinstance(reply, dict) else f"not a JSON object: {reply!r:.80}"
 
 
 # --- kayos ctl compact ---------------------------------------------------------------------------
@@ -146,9 +47,9 @@ async def ask(
 @click.option(
     "--shard", "shards", type=int, multiple=True, help="Compact this shard only (repeatable)."
 )
-@_topology_option
-@_url_option
-@_timeout_option
+@topology_option
+@url_option
+@timeout_option
 @click.option(
     "--wait",
     "wait_s",
@@ -157,7 +58,7 @@ async def ask(
     show_default=True,
     help="Seconds to wait for every compaction to finish (0: start them and return).",
 )
-@_json_option
+@json_option
 def compact(
     nodes: tuple[str, ...],
     shards: tuple[int, ...],
@@ -170,8 +71,8 @@ def compact(
     """Compact shard stores now: every replica of every node, or those of --node and --shard.
     Shows each store's progress, then its bytes before and after. Exits 0 when every compaction
     finished, 1 if one failed, a node could not be reached or --wait ran out."""
-    identity = _identity(topology_path)
-    seeds = _seed_urls(topology_path, urls)
+    identity = identity_of(topology_path)
+    seeds = seed_urls(topology_path, urls)
     echo = None if as_json else click.echo
 
     async def run(transport: HttpTransport) -> dict[str, Any]:
@@ -275,9 +176,9 @@ async def run_compactions(
 
 
 @click.command()
-@_topology_option
-@_url_option
-@_timeout_option
+@topology_option
+@url_option
+@timeout_option
 @click.option(
     "--replicas",
     type=click.IntRange(min=1),
@@ -299,7 +200,7 @@ async def run_compactions(
     show_default=True,
     help="Seconds to wait for one digest or store check (they read a store).",
 )
-@_json_option
+@json_option
 def check(
     topology_path: str,
     urls: tuple[str, ...],
@@ -312,9 +213,9 @@ def check(
     """An online consistency check of the cluster: every node reachable, every chain complete,
     each shard's members agreeing on their committed entries, every store passing its own check.
     Exits 0 when nothing is wrong, 1 naming each problem, 2 when no node could be reached."""
-    from kayos.cli.cluster_read import fetch_summary
+    from kayos.cli.ctl.cluster_read import fetch_summary
 
-    seeds = _seed_urls(topology_path, urls)
+    seeds = seed_urls(topology_path, urls)
     summary = asyncio.run(fetch_summary(seeds, timeout_s))
     if summary["health"] == "unreachable":
         result = judge(summary, {}, {}, replicas)
@@ -326,12 +227,6 @@ def check(
         digests, stores = asyncio.run(with_transport(run))
         result = judge(summary, digests, stores, replicas)
     emit(result, as_json, render_check)
-
-
-def emit(result: dict[str, Any], as_json: bool, render: Callable[[dict[str, Any]], str]) -> None:
-    """Prints ``result`` (as JSON or as ``render`` has it) and exits with its ``exit_code``."""
-    click.echo(json.dumps(result, indent=2) if as_json else render(result))
-    sys.exit(result["exit_code"])
 
 
 async def fetch_consistency(

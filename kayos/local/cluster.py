@@ -5,8 +5,8 @@ It is a face: it writes the topology file, starts and signals processes, and rea
 HTTP only (``GET /v1/status``, docs/node-api.md). It imports no storage or node code, so what it
 sees is what any client sees.
 
-Ports are found by binding to port 0; another process may take one between our probe and the
-node's bind. A node that fails to start for that reason is detected from its log, and the whole
+Ports are probed free (``kayos.local.ports``); another process may take one between our probe and
+the node's bind. A node that fails to start for that reason is detected from its log, and the whole
 cluster is started again on fresh ports (every node reads every address from the one file).
 """
 
@@ -14,31 +14,31 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
-import random
-import select
-import shlex
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import IO, Any
 
-from kayos.control.config import Config, MemberAddr, managers_toml
 from kayos.datadir import DirectoryLock
 from kayos.errors import DirectoryInUseError, KayosError
 from kayos.identity import ClusterIdentity, write_private
-from kayos.manager_process import manager_command, manager_ids, members_on, wait_leader
+from kayos.local.http import http_json
+from kayos.local.managers import manager_command, manager_ids, members_on, wait_leader
+from kayos.local.ports import free_ports
+from kayos.local.processes import (
+    START_MARKER,
+    ClusterError,
+    die_with_parent,
+    failure_reason,
+    log_tail,
+    stop_process,
+)
+from kayos.manager.member.config import Config, MemberAddr, managers_toml
 from kayos.ports import check_free
-from kayos.supervisor import GiveUp, Supervisor
 from kayos.topology import NodeAddr, ShardChain, Topology, rotated
 
 # A node opens its stores and links before it says ready; a cold start of a few shards takes well
@@ -50,26 +50,12 @@ stop_timeout_s_default = 10.0
 poll_interval_s = 0.05
 # Starting the whole cluster again on fresh ports after a lost race for a probed port.
 port_race_attempts_max = 3
-# Lines of a node's log quoted in an error about it.
-log_tail_lines = 40
 # One status request; a node that does not answer within this is treated as not ready yet.
 status_request_timeout_s = 2.0
-# Probed ports come from [max(_FREE_PORT_LOW, ephemeral low - _FREE_PORT_SPAN), ephemeral low):
-# above the well-known and common service ports, below what the kernel gives outgoing
-# connections. Linux's default ephemeral range starts at 32768, leaving ~17k ports to draw from.
-_FREE_PORT_LOW = 15_000
-_FREE_PORT_SPAN = 17_000
-_EPHEMERAL_PORT_LOW_DEFAULT = 32_768
-# Draws per port wanted before giving up (a taken port is drawn again elsewhere).
-_FREE_PORT_TRIES_PER_PORT = 20
 
 NODE_IDS = "abcdefghijklmnopqrstuvwxyz"
-_START_MARKER = "--- kayos launcher: starting node"
+# What a node's log says when another process took a port probed free for it.
 _ADDRESS_IN_USE = ("address already in use", "errno 98", "eaddrinuse")
-
-
-class ClusterError(RuntimeError):
-    """A node did not start, did not become ready, or died; the message quotes its log."""
 
 
 def existing_identity(path: Path) -> ClusterIdentity | None:
@@ -85,50 +71,6 @@ def node_ids(count: int) -> list[str]:
     if not 1 <= count <= len(NODE_IDS):
         raise ValueError(f"node count must be 1 .. {len(NODE_IDS)}")
     return list(NODE_IDS[:count])
-
-
-def _ephemeral_port_low() -> int:
-    """The lowest port the kernel hands to outgoing connections (Linux's ip_local_port_range)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
-            return int(ports.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return _EPHEMERAL_PORT_LOW_DEFAULT
-
-
-def free_ports(
-    count: int, host: str = "127.0.0.1", *, rng: random.Random | None = None
-) -> list[int]:
-    """``count`` distinct ports free now, drawn below the kernel's ephemeral range: a port the
-    kernel picked (bind to 0) is one it may also give an outgoing connection before the node
-    listens on it, which happened often enough on a busy box to fail tests. All are probed at
-    once, so they are distinct; a port taken meanwhile is the launcher's lost port race."""
-    rng = rng or random.Random()  # noqa: S311 - spreading test ports, not security
-    high = _ephemeral_port_low()
-    low = max(_FREE_PORT_LOW, high - _FREE_PORT_SPAN)
-    sockets: list[socket.socket] = []
-    ports: list[int] = []
-    try:
-        for _ in range(count * _FREE_PORT_TRIES_PER_PORT):
-            if len(ports) == count:
-                return ports
-            port = rng.randrange(low, high)
-            if port in ports:
-                continue
-            probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            try:
-                probe.bind((host, port))
-            except OSError:
-                probe.close()
-                continue
-            sockets.append(probe)
-            ports.append(port)
-        if len(ports) == count:
-            return ports
-        raise ClusterError(f"found only {len(ports)} of {count} free ports in {low}-{high - 1}")
-    finally:
-        for probe in sockets:
-            probe.close()
 
 
 def build_topology(
@@ -152,81 +94,6 @@ def build_topology(
         members = [ids[(shard + k) % len(ids)] for k in range(replicas + fanout)]
         shards[shard] = ShardChain(shard, tuple(members[:replicas]), tuple(members[replicas:]))
     return Topology(epoch, {address.id: address for address in addresses}, shards)
-
-
-def http_json(
-    url: str, *, method: str = "GET", body: Any = None, timeout_s: float = 10.0
-) -> tuple[int, Any]:
-    """One JSON request; returns (status, decoded body) for success and error replies alike."""
-    data = None if body is None else json.dumps(body).encode()
-    headers = {"Content-Type": "application/json"} if data is not None else {}
-    request = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310 - http URLs we built
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
-            return int(response.status), json.loads(response.read() or b"null")
-    except urllib.error.HTTPError as error:
-        raw = error.read()
-        try:
-            return int(error.code), json.loads(raw or b"null")
-        except ValueError:
-            return int(error.code), raw.decode(errors="replace")
-
-
-def _log_tail(path: Path, lines: int = log_tail_lines) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
-
-
-def failure_reason(path: Path) -> str:
-    """The first line of the error a process ended with, from its log's last start on: a
-    click ``Error:`` line, else the last exception line of a traceback, else the last line."""
-    lines = [line.strip() for line in _log_tail(path).splitlines() if line.strip()]
-    for marker in (_START_MARKER, "--- kayos: starting the kestrel front"):
-        starts = [i for i, line in enumerate(lines) if line.startswith(marker)]
-        if starts:
-            lines = lines[starts[-1] + 1 :]
-            break
-    for line in reversed(lines):
-        if line.startswith("Error: "):
-            return line.removeprefix("Error: ")
-    for line in reversed(lines):
-        name, colon, _rest = line.partition(": ")
-        if colon and name.rsplit(".", 1)[-1].endswith(("Error", "Exception")) and " " not in name:
-            return line
-    return lines[-1] if lines else "(nothing in its log)"
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux: the node gets SIGKILL if the process that started it dies, so a crashed test run
-    leaves no nodes behind holding ports and CPU."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def stop_process(
-    process: subprocess.Popen[bytes],
-    sig: int | None,
-    timeout_s: float,
-    kill_timeout_s: float | None = None,
-) -> int:
-    """Sends ``sig`` (None: nothing, it was sent already) and waits up to ``timeout_s`` for the
-    exit; past that, SIGKILL and wait again. Returns the exit code."""
-    if sig is not None:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(sig)
-    try:
-        return process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        return process.wait(timeout=timeout_s if kill_timeout_s is None else kill_timeout_s)
 
 
 class LocalCluster:
@@ -466,6 +333,11 @@ class LocalCluster:
     def manager_url(self, member: str) -> str:
         return next(m.http_url for m in self.manager_members if m.id == member)
 
+    @property
+    def manager_urls(self) -> list[str]:
+        """Every manager member's HTTP base URL (what an operator request is sent to)."""
+        return [member.http_url for member in self.manager_members]
+
     def wait_manager_leader(self, timeout_s: float | None = None) -> str | None:
         """The manager group's leader once every running member agrees on one (None without
         managers); ``ClusterError`` with the members' logs if the bound passes."""
@@ -474,7 +346,7 @@ class LocalCluster:
         running = [m for m in self.manager_members if self.running(m.id)]
         leader = wait_leader(running, self.ready_timeout_s if timeout_s is None else timeout_s)
         if leader is None:
-            logs = "\n".join(f"{m}: {_log_tail(self.log_path(m), 10)}" for m in self.manager_ids)
+            logs = "\n".join(f"{m}: {log_tail(self.log_path(m), 10)}" for m in self.manager_ids)
             raise ClusterError(f"the manager members elected no leader in time:\n{logs}")
         return leader
 
@@ -528,7 +400,7 @@ class LocalCluster:
         self.data_dir(node).mkdir(parents=True, exist_ok=True)
         self.log_path(node).parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path(node), "ab")  # noqa: SIM115 - closed when the node stops
-        log.write(f"{_START_MARKER} {node} at {time.ctime()}\n".encode())
+        log.write(f"{START_MARKER} {node} at {time.ctime()}\n".encode())
         log.flush()
         self._logs[node] = log
         command = [
@@ -553,7 +425,7 @@ class LocalCluster:
             # Its own session: a Ctrl-C at the terminal reaches the launcher, which stops the
             # nodes in order, rather than every node at once.
             start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )
 
     def spawn_command(self, member: str, command: list[str]) -> list[str]:
@@ -567,7 +439,7 @@ class LocalCluster:
             log.close()
 
     def _lost_port_race(self, node: str) -> bool:
-        tail = _log_tail(self.log_path(node)).lower()
+        tail = log_tail(self.log_path(node)).lower()
         return any(marker in tail for marker in _ADDRESS_IN_USE)
 
     # --- conditions ----------------------------------------------------------------------------
@@ -596,7 +468,7 @@ class LocalCluster:
                     raise ClusterError(
                         f"node {node} failed to start: {reason}\n"
                         f"(it exited with code {code} before it was ready) log "
-                        f"{self.log_path(node)}:\n{_log_tail(self.log_path(node))}"
+                        f"{self.log_path(node)}:\n{log_tail(self.log_path(node))}"
                     )
                 status = self.status(node)
                 if status is not None and status.get("ready") is True:
@@ -607,7 +479,7 @@ class LocalCluster:
                 node = waiting[0]
                 raise ClusterError(
                     f"node {node} not ready within the bound; log "
-                    f"{self.log_path(node)}:\n{_log_tail(self.log_path(node))}"
+                    f"{self.log_path(node)}:\n{log_tail(self.log_path(node))}"
                 )
             time.sleep(poll_interval_s)  # a bounded poll of a condition
 
@@ -682,154 +554,3 @@ class LocalCluster:
             for m in self.manager_members
         ]
         return lines
-
-
-def kayos_command() -> str:
-    """This installation's ``kayos`` as a user pastes it into the shell ``kayos up`` runs in:
-    ``kayos`` when that is on PATH, else the script's path (relative below the current
-    directory, e.g. ``.venv/bin/kayos`` under ``make run``)."""
-    script = Path(sys.executable).parent / "kayos"
-    if not script.exists():
-        return f"{shlex.quote(sys.executable)} -m kayos"
-    found = shutil.which("kayos")
-    if found is not None and Path(found).absolute() == script.absolute():
-        return "kayos"
-    relative = os.path.relpath(script)
-    return shlex.quote(str(script) if relative.startswith("..") else relative)
-
-
-def example_commands(cluster: LocalCluster, queue: str = "demo") -> list[str]:
-    """Commands that work against ``cluster`` when pasted as they are: produce with acks=all,
-    then read a snapshot as a consumer group; with the ``kayos`` client and with curl (at the
-    queue's head and tail)."""
-    first = cluster.url(cluster.ids[0])
-    seed = "" if first == "http://127.0.0.1:7101" else f" --seed {first}"  # the CLI's default
-    head = cluster.url(cluster.head_of(queue))
-    tail = cluster.url(cluster.tails_of(queue)[0])
-    body = '{"messages": [{"key": "k1", "value": "hello"}, {"key": "k2", "value": "world"}]}'
-    kayos = kayos_command()
-    return [
-        f"{kayos} produce {queue} hello world{seed}",
-        f"{kayos} consume {queue} --group g{seed}",
-        "or with curl:",
-        f"curl -s -XPOST '{head}/v1/queues/{queue}/messages?acks=all' "
-        f"-H 'Content-Type: application/json' -d '{body}'",
-        f"curl -s '{tail}/v1/queues/{queue}/consume?group=g'",
-    ]
-
-
-class StopSignal:
-    """A stop request that a signal handler may set. A handler runs in the main thread between
-    two of its bytecodes, possibly while that thread holds a lock inside ``threading.Event.wait``;
-    an ``Event.set`` in the handler then waits on that lock forever (``kayos up`` hung on SIGTERM
-    that way). So: a plain flag, and a byte down a pipe to wake ``wait``."""
-
-    def __init__(self) -> None:
-        self._wake_read, self._wake_write = os.pipe()
-        os.set_blocking(self._wake_write, False)
-        self._set = False
-
-    def set(self) -> None:
-        self._set = True
-        with contextlib.suppress(BlockingIOError):  # a full pipe wakes the waiter as well
-            os.write(self._wake_write, b"\0")
-
-    def is_set(self) -> bool:
-        return self._set
-
-    def wait(self, timeout_s: float) -> bool:
-        """Waits up to ``timeout_s`` for ``set``; returns whether it was set."""
-        if not self._set:
-            select.select([self._wake_read], [], [], timeout_s)
-        return self._set
-
-    def close(self) -> None:
-        os.close(self._wake_read)
-        os.close(self._wake_write)
-
-
-def _supervise(
-    cluster: LocalCluster,
-    stop: StopSignal,
-    echo: Callable[[str], None],
-    clock: Callable[[], float] = time.monotonic,
-) -> int:
-    """Until ``stop``: starts again, after a backoff (``kayos.supervisor``), each member of
-    ``cluster`` that dies. Returns 0, or 1 once a member died too often in a row."""
-    supervisor = Supervisor()
-    for member in cluster.members():
-        supervisor.started(member, clock())
-    while not stop.wait(poll_interval_s * 10):
-        died = [(member, f"exited with code {code}") for member, code in cluster.exited().items()]
-        for member in supervisor.due(clock()):
-            if stop.is_set():
-                break
-            # The attempt is the start: a member that fails to start is a quick death, not one
-            # measured from its last good start (a front that could never start again was
-            # otherwise retried forever once that start was a minute old).
-            supervisor.started(member, clock())
-            try:
-                cluster.start(member, wait=False)
-            except (ClusterError, OSError) as exc:
-                died.append((member, f"did not start: {exc}"))
-                continue
-            echo(f"kayos up: {member} started again (pid {cluster.pid(member)})")
-        for member, why in died:
-            if cluster.pid(member) is None:
-                with contextlib.suppress(KeyError):  # a spawn that failed left none to reap
-                    cluster.kill(member)  # reaps it and closes its log
-            decision = supervisor.exited(member, clock())
-            if isinstance(decision, GiveUp):
-                echo(
-                    f"kayos up: {member} {why}; it died {decision.deaths} times in a row soon "
-                    f"after starting: giving up. Log tail:"
-                )
-                echo(_log_tail(cluster.log_path(member)))
-                return 1
-            echo(
-                f"kayos up: {member} {why}; starting it again in {decision.delay_s:.2f}s "
-                f"(restart {decision.attempt} in a row; log {cluster.log_path(member)})"
-            )
-    return 0
-
-
-def run_foreground(cluster: LocalCluster, echo: Callable[[str], None]) -> int:
-    """``kayos up``: starts ``cluster``, prints where it is, and runs until SIGINT or SIGTERM,
-    then stops every node. A node that dies meanwhile is started again after a bounded backoff
-    (``kayos.supervisor``), each restart printed. Returns the exit code: 0 after a signal, 1 if
-    the cluster did not start or a node kept dying."""
-    stop = StopSignal()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        try:
-            cluster.start_all()
-        except ClusterError as exc:
-            echo(f"kayos up: {exc}")
-            return 1
-        if stop.is_set():
-            return 0
-        shards = cluster.topology.shards.values()
-        replicas = len(next(iter(shards)).members)
-        echo(
-            f"kayos up: {len(cluster.ids)} nodes, {len(shards)} shards, replication factor "
-            f"{replicas}, topology {cluster.topology_path}"
-        )
-        for line in cluster.describe():
-            echo(f"  {line}")
-        echo("  try:")
-        for line in example_commands(cluster):
-            echo(f"    {line}")
-        echo("  Ctrl-C to stop.")
-        return _supervise(cluster, stop, echo)
-    finally:
-        codes = cluster.stop()
-        unclean = {node: code for node, code in codes.items() if code != 0}
-        if unclean:
-            echo(f"kayos up: nodes that did not exit cleanly: {unclean}")
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        stop.close()

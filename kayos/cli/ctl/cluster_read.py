@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from kayos.cli.status_view import NodeAnswer, summarise, unreachable
+from kayos.cli.ctl.status_view import NodeAnswer, summarise, unreachable
 
 
 async def fetch_summary(urls: list[str], timeout_s: float) -> dict[str, Any]:

@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kayos import limits
-from kayos.control.codec import action_to_data
-from kayos.control.holds import hold_ms, record_grants, shard_heads
 from kayos.errors import KayosError
 from kayos.identity import ClusterIdentity
 from kayos.manager import (
@@ -40,6 +38,8 @@ from kayos.manager import (
     StartCatchUp,
     TimerTick,
 )
+from kayos.manager.member.codec import action_to_data
+from kayos.manager.member.holds import hold_ms, record_grants, shard_heads
 from kayos.signing import sign
 from kayos.topology import NodeAddr, ShardChain, Topology
 
@@ -468,8 +468,8 @@ class Driver:
     # The member's chain change records (``ManagerLog.changes``); None: no write-hold releases
     # are sent, so a new head holds writes the whole ``head_lease_ms``.
     changes: Callable[[], tuple[list[dict[str, Any]], int]] | None = None
-    # Write holds (kayos/control/holds.py): when this member began to lead, the epoch and heads it
-    # began at, the heads last seen, grant times, and per shard the head still to be told.
+    # Write holds (kayos/manager/member/holds.py): when this member began to lead, the epoch and
+    # heads it began at, the heads last seen, grant times, and per shard the head still to be told.
     elected_ms: int = 0
     start: tuple[int, dict[int, str]] = (0, {})
     heads: dict[int, str] = field(default_factory=dict)

@@ -10,7 +10,7 @@ import time
 import urllib.request
 from typing import Any
 
-from kayos.control.config import MemberAddr
+from kayos.manager.member.config import MemberAddr
 
 # Members of a local cluster: three survive one failure (docs/manager.md).
 MANAGERS_DEFAULT = 3

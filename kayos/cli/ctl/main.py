@@ -1,5 +1,6 @@
-"""``kayos ctl``: operating a running cluster. The fetching is here; what it means is decided by the
-pure functions of kayos/cli/status_view.py."""
+"""``kayos ctl``: operating a running cluster. The group, and its ``status``, ``retention`` and
+``remove-node``; the fetching is here, what it means is decided by the pure functions of
+kayos/cli/ctl/status_view.py. The group's other commands live beside it and are added below."""
 
 from __future__ import annotations
 
@@ -12,14 +13,11 @@ from typing import Any
 import click
 
 from kayos import limits
-from kayos.cli.cluster_read import fetch_summary
+from kayos.cli.ctl.cluster_read import fetch_summary
+from kayos.cli.ctl.options import TOPOLOGY_DEFAULT, signing_topology_option
+from kayos.cli.ctl.queue_view import retention_policy
+from kayos.cli.ctl.status_view import render, with_manager
 from kayos.cli.data import SEED_DEFAULT
-from kayos.cli.manager_status import fetch_manager
-from kayos.cli.options import TOPOLOGY_DEFAULT, signing_topology_option
-from kayos.cli.queue_view import retention_policy
-from kayos.cli.status_view import render, with_manager
-
-# `kayos up`'s topology file (its default --data root).
 
 
 @click.group()
@@ -70,6 +68,8 @@ def status(
     fully replicated, the manager's view (leader, epoch, node states) and alerts. Exits 0 when
     healthy, 1 when degraded (any alert), 2 when no node could be reached. See
     docs/operations.md, "kayos ctl status"."""
+    from kayos.client.operator import fetch_manager
+
     managers = _manager_urls(topology_path, manager_urls)
     summary = asyncio.run(fetch_summary([url.rstrip("/") for url in urls], timeout_s))
     answer = asyncio.run(fetch_manager(managers, timeout_s)) if managers else None
@@ -157,8 +157,8 @@ def _manager_urls(topology_path: str, given: tuple[str, ...]) -> list[str]:
         return [url.rstrip("/") for url in given]
     if not os.path.exists(topology_path):
         return []
-    from kayos.control.config import members_from
     from kayos.errors import KayosError
+    from kayos.manager.member.config import members_from
 
     try:
         return [member.http_url for member in members_from(topology_path)]
@@ -182,8 +182,8 @@ def remove_node(node: str, topology_path: str, timeout_s: float, as_json: bool) 
     """Remove NODE from the cluster for good: the manager splices it out of every chain and it
     never rejoins on its own (docs/manager.md). Exits 0 once the manager committed it, 1 if it
     refused or no member could be reached."""
-    from kayos.control.config import load
     from kayos.errors import KayosError
+    from kayos.manager.member.config import load
 
     try:
         setup = load(topology_path)
@@ -240,13 +240,13 @@ async def _remove(urls: list[str], message: dict[str, Any], timeout_s: float) ->
 
 
 def _register_commands() -> None:
-    """add-node, drain, move-shard, rebalance live in kayos/cli/operate.py; compact and check in
-    kayos/cli/ctl_ops.py; the queue commands in kayos/cli/ctl_queue.py."""
-    from kayos.cli import ctl_ops, ctl_queue, operate
+    """add-node, drain, move-shard, rebalance live in kayos/cli/ctl/operate.py; compact and check in
+    kayos/cli/ctl/maintenance.py; the queue commands in kayos/cli/ctl/queue.py."""
+    from kayos.cli.ctl import maintenance, operate, queue
 
     operate.register(ctl)
-    ctl_ops.register(ctl)
-    ctl_queue.register(ctl)
+    maintenance.register(ctl)
+    queue.register(ctl)
 
 
 _register_commands()

@@ -40,8 +40,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kayos.bench.produce import machine_facts, percentile_ms
-from kayos.kestrel_process import KestrelFront
-from kayos.launcher import LocalCluster, free_ports
+from kayos.local.cluster import LocalCluster
+from kayos.local.kestrel import KestrelFront
+from kayos.local.ports import free_ports
 
 WORKLOADS = ("set", "get_open_close")
 BENCH_QUEUE = "bench"

@@ -1,6 +1,6 @@
-"""``python -m kayos.bench.catchup``: how fast a learner copies a large shard, against the disk's
-sequential write speed measured in the same run, and how much live produce throughput drops while
-it does (docs/replication-protocol.md, "Learners and repair links").
+"""``python -m kayos.bench.membership.catchup``: how fast a learner copies a large shard, against
+the disk's sequential write speed measured in the same run, and how much live produce throughput
+drops while it does (docs/replication-protocol.md, "Learners and repair links").
 
 Workload: a LocalCluster of 4 node processes, one shard a -> b -> c, d outside it. The shard is
 filled to ``shard_mb`` (values of ``fill_value_bytes``). Then, alternating: a produce phase alone
@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kayos.bench.produce import machine_facts
-from kayos.launcher import LocalCluster, http_json
+from kayos.local.cluster import LocalCluster
+from kayos.local.http import http_json
 from kayos.signing import sign
 
 QUEUE = "catchup"
@@ -230,7 +231,7 @@ def bench_catchup(parameters: CatchUpBenchParameters, base: str | None = None) -
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kayos.bench.catchup")
+    parser = argparse.ArgumentParser(prog="python -m kayos.bench.membership.catchup")
     defaults = CatchUpBenchParameters()
     parser.add_argument("--shard-mb", type=int, default=defaults.shard_mb)
     parser.add_argument("--rounds", type=int, default=defaults.rounds)

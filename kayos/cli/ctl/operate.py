@@ -26,7 +26,7 @@ from typing import Any
 import click
 
 from kayos import limits
-from kayos.cli.options import signing_topology_option
+from kayos.cli.ctl.options import signing_topology_option
 
 _topology = signing_topology_option
 _json = click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
@@ -134,8 +134,9 @@ def _run(
     as_json: bool,
     draining: str | None = None,
 ) -> dict[str, Any]:
-    from kayos.control.config import load
+    from kayos.client.operator import post_operator
     from kayos.errors import KayosError
+    from kayos.manager.member.config import load
 
     try:
         setup = load(topology_path)
@@ -143,12 +144,12 @@ def _run(
         raise click.ClickException(f"{topology_path}: {exc}") from exc
     urls = [member.http_url for member in setup.members]
     started = time.monotonic()
-    result = asyncio.run(_post(setup.identity, urls, body))
+    result = asyncio.run(post_operator(setup.identity, urls, body))
     if not result["ok"] or not wait:
         return result
     resume = "kayos " + " ".join(shlex.quote(arg) for arg in sys.argv[1:])
     try:
-        with _Display(as_json) as show:
+        with Display(as_json) as show:
             final = asyncio.run(_follow(urls, timeout_s, show, draining))
         if final.get("interrupted"):
             raise KeyboardInterrupt
@@ -163,7 +164,7 @@ def _run(
     return {**result, **final}
 
 
-class _Display:
+class Display:
     """Where progress goes while following: a rich progress bar on a terminal, a plain line per
     change otherwise (a pipe, a log), nothing with --json. ``show(progress)`` takes
     ``progress_of_status``'s dict; the bar counts moves done out of every move seen."""
@@ -206,48 +207,6 @@ class _Display:
             self.bar.stop()
 
 
-async def _post(identity: Any, urls: list[str], body: dict[str, Any]) -> dict[str, Any]:
-    """Reads the view's epoch, posts the signed request to the leader; a stale epoch is retried."""
-    from kayos.cli.manager_status import fetch_manager
-    from kayos.client.http import HttpTransport
-    from kayos.errors import KayosError, NotLeaderError
-    from kayos.signing import sign
-
-    op = str(body["op"])
-    errors: list[str] = []
-    transport = HttpTransport()
-    await transport.open()
-    try:
-        for _ in range(limits.ctl_operator_tries_max):
-            answer = await fetch_manager(urls, limits.ctl_status_timeout_ms_default / 1000)
-            if not isinstance(answer, dict):
-                errors.append(f"no manager answered: {answer}")
-                continue
-            signed_body = {**body, "epoch": answer["epoch"]}
-            message = {"body": signed_body, "mac": sign(identity, "operator", signed_body)}
-            url = answer.get("leader_url") or answer.get("members", {}).get(answer.get("member"))
-            try:
-                reply = await transport.request(
-                    "POST",
-                    f"{url}/v1/manager/operator",
-                    timeout_s=limits.manager_apply_timeout_ms / 1000,
-                    body=message,
-                )
-            except NotLeaderError as exc:
-                errors.append(f"{url}: {exc}")
-                continue  # an election: ask again
-            except KayosError as exc:
-                errors.append(f"{url}: {exc.code}: {exc}")
-                if str(exc).startswith("stale_epoch") or exc.code in ("unavailable", "timeout"):
-                    continue
-                break  # refused for a reason every member would give
-            if isinstance(reply, dict):
-                return {"ok": True, "error": None, **reply, "op": op}
-        return {"ok": False, "op": op, "error": "; ".join(errors[-3:]) or "no manager member"}
-    finally:
-        await transport.close()
-
-
 def progress_line(progress: dict[str, Any]) -> str:
     moves = progress.get("moves", [])
     joined = sum(1 for m in moves if m.get("joined"))
@@ -271,8 +230,8 @@ async def _follow(
     the deadline. SIGINT sets a flag the loop checks between polls rather than cancelling the
     task: a cancellation that lands as a request's own timeout fires can be lost (CPython 3.11's
     wait_for), and the command then went on following (seen once in CI, 60 s without exiting)."""
-    from kayos.cli.manager_status import fetch_manager
-    from kayos.control.http import progress_of_status
+    from kayos.client.operator import fetch_manager
+    from kayos.manager.member.http import progress_of_status
 
     interrupted = asyncio.Event()
     loop = asyncio.get_running_loop()

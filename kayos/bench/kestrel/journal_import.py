@@ -1,4 +1,5 @@
-"""``python -m kayos.bench.kestrel_import``: ``kayos import-kestrel`` of one queue of N items.
+"""``python -m kayos.bench.kestrel.journal_import``: ``kayos import-kestrel`` of one queue of N
+items.
 
 Writes a Kestrel journal of ``items`` ADDX records of ``item_bytes`` each, starts a LocalCluster
 (3 node processes, replication factor 3, fsync on), imports the queue in this process exactly as
@@ -20,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
 from kestrel_compat.importer import QueueResult, import_queue, plan
 from kestrel_compat.kayos_backend import KayosBackend
 

@@ -1,9 +1,9 @@
 """The Kestrel front (``kayos kestrel``) as a child process, and a ``LocalCluster`` that runs one
 beside its nodes: ``kayos up``, ``kayos bench kestrel`` and the failover tests start it here.
 
-Like ``kayos.launcher`` this is a face: it starts and signals a process and learns its port from
-the one line the front prints once bound (``kestrel listening on HOST:PORT``); it imports nothing
-of the front or the nodes.
+Like ``kayos.local.cluster`` this is a face: it starts and signals a process and learns its port
+from the one line the front prints once bound (``kestrel listening on HOST:PORT``); it imports
+nothing of the front or the nodes.
 """
 
 from __future__ import annotations
@@ -17,13 +17,12 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from kayos.launcher import (
+from kayos.local.cluster import LocalCluster, poll_interval_s
+from kayos.local.processes import (
     ClusterError,
-    LocalCluster,
-    _die_with_parent,
-    _log_tail,
+    die_with_parent,
     failure_reason,
-    poll_interval_s,
+    log_tail,
     stop_process,
 )
 
@@ -111,7 +110,7 @@ class KestrelFront:
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
             start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )
         self.ports = self._wait_listening(offset)
         self.port = self.ports["memcache"]  # a restart binds the same ports
@@ -157,7 +156,7 @@ class KestrelFront:
                 )
                 self.kill()
                 raise ClusterError(
-                    f"the kestrel front {what} log {self.log_path}:\n{_log_tail(self.log_path)}"
+                    f"the kestrel front {what} log {self.log_path}:\n{log_tail(self.log_path)}"
                 )
             time.sleep(poll_interval_s)  # a bounded poll of a condition
 

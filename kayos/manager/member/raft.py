@@ -26,10 +26,10 @@ from typing import Any
 from pysyncobj import SyncObj, SyncObjConf, replicated
 
 from kayos import limits
-from kayos.control.codec import decode_entry, encode_entry
-from kayos.control.config import ManagerSetup
 from kayos.errors import KayosError, OperationTimeoutError
 from kayos.manager import Action, Event, ManagerView, decide
+from kayos.manager.member.codec import decode_entry, encode_entry
+from kayos.manager.member.config import ManagerSetup
 from kayos.manager.view import canonical_bytes, view_hash
 
 log = logging.getLogger("kayos.manager.raft")

@@ -1,4 +1,4 @@
-"""``python -m kayos.bench.kestrel_read_behind``: the Kestrel front's memory serving a queue many
+"""``python -m kayos.bench.kestrel.read_behind``: the Kestrel front's memory serving a queue many
 times its max_memory_size_bytes (docs/kestrel-compat.md §10, docs/performance.md).
 
 Fills one Kestrel queue on a LocalCluster (3 node processes, replication factor 3) with
@@ -22,8 +22,8 @@ from typing import Any
 
 import psutil
 
-from kayos.kestrel_process import KestrelFront
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
+from kayos.local.kestrel import KestrelFront
 from kestrel_compat.backend import GroupState, NewEntry, encode_removed
 from kestrel_compat.kayos_backend import KayosBackend
 
