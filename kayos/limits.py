@@ -605,7 +605,7 @@ client_in_flight_requests_max = connection_in_flight_requests_max
 # HTTP connections the client's session keeps open to all nodes together.
 client_http_connections_max = 64
 
-# --- kayos ctl (kayos/cli/ctl.py) ---------------------------------------------------------------
+# --- kayos ctl (kayos/cli/ctl/) -------------------------------------------------------------------
 
 # `kayos ctl status` waits this long for each node's reply by default: a live node answers a status
 # in milliseconds, and a paused or partitioned one must not hold the report up for long.

@@ -1,4 +1,4 @@
-"""The leader driver's choices (kayos/manager/member/driver.py ``plan_round``, ``sends_for``):
+"""The leader driver's choices (kayos/manager/member/plan.py ``plan_round``, ``sends_for``):
 canned status replies in, events and messages out. No processes, no clock."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from kayos.manager import (
     TimerTick,
     decide,
 )
-from kayos.manager.member.driver import (
+from kayos.manager.member.plan import (
     Answer,
     CatchUpOrder,
     FollowersNote,

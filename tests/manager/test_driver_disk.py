@@ -18,7 +18,7 @@ from kayos.manager import (
     TimerTick,
     decide,
 )
-from kayos.manager.member.driver import plan_round, sends_for
+from kayos.manager.member.plan import plan_round, sends_for
 from kayos.manager.view import MEMBER_DISK_FULL, AlertKey
 from tests.manager.test_driver import answers, everyone, status, view3
 

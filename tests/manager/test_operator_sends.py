@@ -12,8 +12,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from kayos.manager import Action, AddNode, Config, Event, ManagerView, StartCatchUp, decide
 from kayos.manager.member.config import ManagerSetup, MemberAddr
-from kayos.manager.member.driver import signed
 from kayos.manager.member.http import MemberState, make_app
+from kayos.manager.member.plan import signed
 from kayos.topology import NodeAddr, rotated
 from tests.linkauth import TEST_IDENTITY
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from kayos import limits
 from kayos.manager import Config, ManagerView, TimerTick, decide
-from kayos.manager.member.driver import Answer, lease_grants
+from kayos.manager.member.plan import Answer, lease_grants
 from kayos.replication.lease import (
     Asked,
     EpochAdopted,

@@ -44,7 +44,12 @@ from typing import Any
 
 from kayos import limits
 from kayos.bench.membership.catchup import disk_seq_write_mb_per_s
-from kayos.bench.membership.load import phase_figures, produce_fill_batch, producers_for
+from kayos.bench.membership.load import (
+    Producers,
+    phase_figures,
+    produce_fill_batch,
+    producers_for,
+)
 from kayos.bench.produce import machine_facts
 from kayos.client.sync import Client
 from kayos.local.cluster import LocalCluster
@@ -111,6 +116,8 @@ class FailoverBenchParameters:
 
 
 def wait_for(condition: Callable[[], Any], what: str, timeout_s: float) -> Any:
+    """``condition()``'s first truthy value, polled every ``POLL_S``; ``TimeoutError`` naming
+    ``what`` once ``timeout_s`` passed."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = condition()
@@ -210,6 +217,72 @@ def _full_again(cluster: LocalCluster, timeout_s: float) -> None:
     )
 
 
+def _dead_phase(
+    cluster: LocalCluster,
+    producers: Producers,
+    window_s: float,
+    step: float,
+    figures: dict[str, Any],
+) -> tuple[str, list[str]]:
+    """Kills the middle of the chain as it is now; records how long until a produce began on the
+    repaired chain, and waits until the manager spliced it out. Returns it and the survivors."""
+    chain = wait_for(lambda: _chain(cluster), "the manager's chain", step)
+    victim = chain[1]
+    survivors = [n for n in chain if n != victim]
+    figures["dead_node_role"] = "middle"
+    killed = time.monotonic()
+    cluster.kill(victim, signal.SIGKILL)
+    first = wait_for(lambda: producers.first_begun_after(killed), "a repaired chain", step)
+    figures["dead_node_removed_s"] = round(first - killed, 3)
+    figures["dead_node_beyond_window_s"] = round(first - killed - window_s, 3)
+    wait_for(lambda: _chain(cluster) == survivors, f"{victim} spliced out", step)
+    return victim, survivors
+
+
+def _catchup_phase(
+    cluster: LocalCluster,
+    producers: Producers,
+    parameters: FailoverBenchParameters,
+    victim: str,
+    survivors: list[str],
+    figures: dict[str, Any],
+) -> None:
+    """Starts the dead ``victim`` again with no copy of the shard and records how fast it caught
+    up and what that cost the producers, once an open loop has worked off what the dead node's
+    stall held up (else its baseline is that backlog)."""
+    step = parameters.step_timeout_s
+    wait_for(producers.caught_up, "the producers' backlog", step)
+    before = time.monotonic()
+    time.sleep(parameters.baseline_s)  # the baseline phase's length, not a wait
+    baseline_start, baseline_end = before, time.monotonic()
+    shutil.rmtree(cluster.data_dir(victim) / "shards" / "0", ignore_errors=True)
+    target = int(_shard_status(cluster, survivors[-1])["last_seq"])
+    started = time.monotonic()
+    cluster.start(victim)  # returns once the node answers
+    ready = time.monotonic()
+    caught = wait_for(
+        lambda: (
+            int(_shard_status(cluster, victim).get("durable_seq", 0)) >= target and time.monotonic()
+        ),
+        f"{victim} catching up to seq {target}",
+        parameters.catchup_timeout_s,
+    )
+    copy_s = caught - ready
+    shard_mb = _file_mb(cluster, victim)
+    load = phase_figures(producers, (baseline_start, baseline_end), (ready, caught))
+    figures["catchup_mb_per_s"] = round(shard_mb / copy_s, 1)
+    figures["catchup_shard_mb"] = round(shard_mb, 1)
+    figures["catchup_s"] = round(copy_s, 2)
+    figures["catchup_node_start_s"] = round(ready - started, 2)
+    figures["load"] = load["load"]
+    figures["produce_offered_per_s"] = load["produce_offered_per_s"]
+    figures["produce_acks_per_s_before_catchup"] = load["produce_acks_per_s_before"]
+    figures["produce_acks_per_s_during_catchup"] = load["produce_acks_per_s_during"]
+    figures["produce_drop_during_catchup"] = load["produce_drop"]
+    figures["ack_p99_ms_before_catchup"] = load["ack_p99_ms_before"]
+    figures["ack_p99_ms_during_catchup"] = load["ack_p99_ms_during"]
+
+
 def _one_run(
     directory: str, parameters: FailoverBenchParameters, rate: float | None
 ) -> dict[str, Any]:
@@ -244,50 +317,9 @@ def _one_run(
             _full_again(cluster, step)
 
             # 2. Dead node: the middle of the chain as it is now (b rejoined as the tail).
-            chain = wait_for(lambda: _chain(cluster), "the manager's chain", step)
-            victim = chain[1]
-            survivors = [n for n in chain if n != victim]
-            figures["dead_node_role"] = "middle"
-            killed = time.monotonic()
-            cluster.kill(victim, signal.SIGKILL)
-            first = wait_for(lambda: producers.first_begun_after(killed), "a repaired chain", step)
-            figures["dead_node_removed_s"] = round(first - killed, 3)
-            figures["dead_node_beyond_window_s"] = round(first - killed - window_s, 3)
-            wait_for(lambda: _chain(cluster) == survivors, f"{victim} spliced out", step)
-
-            # 3. Catch-up of a returning node with no copy of the shard, once an open loop has
-            # worked off what the dead node's stall held up (else its baseline is that backlog).
-            wait_for(producers.caught_up, "the producers' backlog", step)
-            before = time.monotonic()
-            time.sleep(parameters.baseline_s)  # the baseline phase's length, not a wait
-            baseline_start, baseline_end = before, time.monotonic()
-            shutil.rmtree(cluster.data_dir(victim) / "shards" / "0", ignore_errors=True)
-            target = int(_shard_status(cluster, survivors[-1])["last_seq"])
-            started = time.monotonic()
-            cluster.start(victim)  # returns once the node answers
-            ready = time.monotonic()
-            caught = wait_for(
-                lambda: (
-                    int(_shard_status(cluster, victim).get("durable_seq", 0)) >= target
-                    and time.monotonic()
-                ),
-                f"{victim} catching up to seq {target}",
-                parameters.catchup_timeout_s,
-            )
-            copy_s = caught - ready
-            shard_mb = _file_mb(cluster, victim)
-            load = phase_figures(producers, (baseline_start, baseline_end), (ready, caught))
-            figures["catchup_mb_per_s"] = round(shard_mb / copy_s, 1)
-            figures["catchup_shard_mb"] = round(shard_mb, 1)
-            figures["catchup_s"] = round(copy_s, 2)
-            figures["catchup_node_start_s"] = round(ready - started, 2)
-            figures["load"] = load["load"]
-            figures["produce_offered_per_s"] = load["produce_offered_per_s"]
-            figures["produce_acks_per_s_before_catchup"] = load["produce_acks_per_s_before"]
-            figures["produce_acks_per_s_during_catchup"] = load["produce_acks_per_s_during"]
-            figures["produce_drop_during_catchup"] = load["produce_drop"]
-            figures["ack_p99_ms_before_catchup"] = load["ack_p99_ms_before"]
-            figures["ack_p99_ms_during_catchup"] = load["ack_p99_ms_during"]
+            victim, survivors = _dead_phase(cluster, producers, window_s, step, figures)
+            # 3. Catch-up of a returning node with no copy of the shard.
+            _catchup_phase(cluster, producers, parameters, victim, survivors, figures)
             _full_again(cluster, step)
         finally:
             producers.finish(step)

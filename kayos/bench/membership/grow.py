@@ -44,7 +44,12 @@ from typing import Any
 
 from kayos import limits
 from kayos.bench.membership.failover import wait_for
-from kayos.bench.membership.load import phase_figures, produce_fill_batch, producers_for
+from kayos.bench.membership.load import (
+    Producers,
+    phase_figures,
+    produce_fill_batch,
+    producers_for,
+)
 from kayos.bench.produce import machine_facts
 from kayos.client.operator import post_operator_until
 from kayos.client.sync import Client
@@ -178,6 +183,49 @@ def _fill(urls: list[str], queues: list[str], megabytes: int, value_bytes: int) 
         list(pool.map(worker, queues))
 
 
+def _add_and_rebalance(
+    cluster: LocalCluster, address: NodeAddr, parameters: GrowBenchParameters
+) -> tuple[int, int]:
+    """Adds the new node at ``address`` and asks for a rebalance (signed operator requests),
+    then waits until the manager holds no pending move. Returns the epoch the rebalance was
+    asked at and how many moves it planned."""
+    step = parameters.step_timeout_s
+    add: dict[str, Any] = {"op": "add-node", "node": NEW_NODE, "host": address.host}
+    add |= {"http_port": address.http_port, "bin_port": address.bin_port}
+    post_operator_until(cluster.identity, cluster.manager_urls, add, step)
+    start = manager_status(cluster)
+    assert start is not None
+    rebalance = {"op": "rebalance"}
+    reply = post_operator_until(cluster.identity, cluster.manager_urls, rebalance, step)
+    planned = len(reply.get("moves", []))
+    wait_for(
+        lambda: (
+            (s := manager_status(cluster)) is not None
+            and not any(shard["moves"] for shard in s["view"]["shards"])
+        ),
+        "the rebalance's moves",
+        parameters.move_timeout_s,
+    )
+    return int(start["epoch"]), planned
+
+
+def _longest_ack_gap(producers: Producers, begin: float, end: float) -> float:
+    """The longest time no producer got an ack in [begin, end): a chain change's stall."""
+    with producers.lock:
+        acks = sorted(t for _, t in producers.calls if begin <= t < end)
+    edges = [begin, *acks, end]
+    return round(max(b - a for a, b in itertools.pairwise(edges)), 3)
+
+
+def _replica_counts(status: dict[str, Any]) -> dict[str, int]:
+    """How many replicas each node holds in the manager's view (a status reply), by node."""
+    replicas: dict[str, int] = {}
+    for shard in status["view"]["shards"]:
+        for member in shard["chain"]:
+            replicas[member] = replicas.get(member, 0) + 1
+    return dict(sorted(replicas.items()))
+
+
 def _run(
     cluster: LocalCluster, directory: Path, parameters: GrowBenchParameters, offered: float | None
 ) -> dict[str, Any]:
@@ -199,22 +247,7 @@ def _run(
         before_start = time.monotonic()
         time.sleep(parameters.baseline_s)  # the phase's length, not a synchronisation
         before_end = time.monotonic()
-        add: dict[str, Any] = {"op": "add-node", "node": NEW_NODE, "host": address.host}
-        add |= {"http_port": address.http_port, "bin_port": address.bin_port}
-        post_operator_until(cluster.identity, cluster.manager_urls, add, step)
-        start = manager_status(cluster)
-        assert start is not None
-        rebalance = {"op": "rebalance"}
-        reply = post_operator_until(cluster.identity, cluster.manager_urls, rebalance, step)
-        planned = len(reply.get("moves", []))
-        wait_for(
-            lambda: (
-                (s := manager_status(cluster)) is not None
-                and not any(shard["moves"] for shard in s["view"]["shards"])
-            ),
-            "the rebalance's moves",
-            parameters.move_timeout_s,
-        )
+        start_epoch, planned = _add_and_rebalance(cluster, address, parameters)
         during_end = time.monotonic()
         time.sleep(parameters.after_s)  # the phase's length, not a synchronisation
         after_end = time.monotonic()
@@ -228,19 +261,12 @@ def _run(
         return round(producers.acked_between(begin, end) / max(end - begin, 1e-6), 1)
 
     def longest_gap(begin: float, end: float) -> float:
-        """The longest time no producer got an ack in [begin, end): a chain change's stall."""
-        with producers.lock:
-            acks = sorted(t for _, t in producers.calls if begin <= t < end)
-        edges = [begin, *acks, end]
-        return round(max(b - a for a, b in itertools.pairwise(edges)), 3)
+        return _longest_ack_gap(producers, begin, end)
 
     load = phase_figures(producers, (before_start, before_end), (before_end, during_end))
     drop = load["produce_drop"]
-    replicas: dict[str, int] = {}
     assert final is not None
-    for shard in final["view"]["shards"]:
-        for member in shard["chain"]:
-            replicas[member] = replicas.get(member, 0) + 1
+    replicas = _replica_counts(final)
     copied = sum(f.stat().st_blocks * 512 for f in (directory / NEW_NODE).rglob("*") if f.is_file())
     return {
         "load": load["load"],
@@ -258,8 +284,8 @@ def _run(
         "moves": planned,
         "bytes_copied": copied,
         "mb_copied_per_s": round(copied / (1 << 20) / max(during_end - before_end, 1e-6), 1),
-        "replicas": dict(sorted(replicas.items())),
-        "min_replicas_seen": min_replicas_since(cluster, start["epoch"]),
+        "replicas": replicas,
+        "min_replicas_seen": min_replicas_since(cluster, start_epoch),
         "produce_errors": producers.errors,
     }
 

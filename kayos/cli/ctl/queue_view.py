@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from kayos.topology import Topology
+    from kayos.topology import ShardChain, Topology
 
 DESCRIBE_SCHEMA = 1
 
@@ -50,6 +50,51 @@ def _groups(queue: str, listed: Answer, infos: Mapping[str, Answer]) -> list[dic
     return sorted(found, key=lambda row: row["group"])
 
 
+def _shard(
+    queue: str, chain: ShardChain, statuses: Mapping[str, Answer], read: Mapping[str, Any]
+) -> dict[str, Any]:
+    """One shard's row of ``describe``: its members as their statuses tell, its seqs (the head's,
+    else the highest a live member reports), and what ``read`` found of the queue there."""
+    shard_id = chain.id
+    members = [
+        _member(n, chain.role_of(n), statuses.get(n, "not asked"), shard_id) for n in chain.members
+    ]
+    head = next((m for m in members if m["node"] == chain.head), None)
+    live = [m for m in members if m.get("error") is None]
+    source = head if head is not None and head.get("error") is None else None
+    last = source["last_seq"] if source else max((m["last_seq"] for m in live), default=None)
+    committed = (
+        source["committed_seq"] if source else max((m["committed_seq"] for m in live), default=None)
+    )
+    retention = read.get("retention")
+    page = read.get("page")
+    shard_groups = _groups(queue, read.get("groups", "not read"), read.get("group_info", {}))
+    has_entries = bool(page.get("messages") or page.get("seqs")) if isinstance(page, dict) else None
+    policy = retention.get("policy") if isinstance(retention, dict) else None
+    floor = retention.get("floor") if isinstance(retention, dict) else None
+    return {
+        "id": shard_id,
+        "chain": list(chain.chain),
+        "fanout": list(chain.fanout),
+        "head": chain.head,
+        "read_from": read.get("member"),
+        "last_seq": last,
+        "committed_seq": committed,
+        "members": members,
+        "retention": {"policy": policy, "floor": floor} if isinstance(retention, dict) else None,
+        "has_entries": has_entries,
+        "groups": shard_groups,
+    }
+
+
+def _holds_queue(row: dict[str, Any]) -> bool:
+    """Whether a shard's row shows the queue exists there: an entry, a group, a retention policy
+    or floor."""
+    retention = row["retention"] or {}
+    held = bool(row["groups"]) or row["has_entries"] is True
+    return held or retention.get("policy") is not None or bool(retention.get("floor"))
+
+
 def describe(
     queue: str,
     topology: Topology,
@@ -64,55 +109,17 @@ def describe(
     groups: dict[str, dict[str, Any]] = {}
     seen = queue in topology.queues
     for shard_id in topology.shards_for(queue):
-        chain = topology.shards[shard_id]
-        members = [
-            _member(n, chain.role_of(n), statuses.get(n, "not asked"), shard_id)
-            for n in chain.members
-        ]
-        head = next((m for m in members if m["node"] == chain.head), None)
-        live = [m for m in members if m.get("error") is None]
-        source = head if head is not None and head.get("error") is None else None
-        last = source["last_seq"] if source else max((m["last_seq"] for m in live), default=None)
-        committed = (
-            source["committed_seq"]
-            if source
-            else max((m["committed_seq"] for m in live), default=None)
-        )
         read = reads.get(shard_id, {})
-        retention = read.get("retention")
-        page = read.get("page")
-        shard_groups = _groups(queue, read.get("groups", "not read"), read.get("group_info", {}))
-        has_entries = (
-            bool(page.get("messages") or page.get("seqs")) if isinstance(page, dict) else None
-        )
-        policy = retention.get("policy") if isinstance(retention, dict) else None
-        floor = retention.get("floor") if isinstance(retention, dict) else None
-        seen = seen or bool(shard_groups) or has_entries is True or policy is not None
-        seen = seen or bool(floor)
-        for member in members:
+        row = _shard(queue, topology.shards[shard_id], statuses, read)
+        seen = seen or _holds_queue(row)
+        for member in row["members"]:
             if member["error"] is not None:
                 problems.append(f"shard {shard_id}: {member['node']}: {member['error']}")
         if not read:
             problems.append(f"shard {shard_id}: no member answered")
-        for row in shard_groups:
-            groups.setdefault(row["group"], {})[str(shard_id)] = row["hwm"]
-        shards.append(
-            {
-                "id": shard_id,
-                "chain": list(chain.chain),
-                "fanout": list(chain.fanout),
-                "head": chain.head,
-                "read_from": read.get("member"),
-                "last_seq": last,
-                "committed_seq": committed,
-                "members": members,
-                "retention": {"policy": policy, "floor": floor}
-                if isinstance(retention, dict)
-                else None,
-                "has_entries": has_entries,
-                "groups": shard_groups,
-            }
-        )
+        for group in row["groups"]:
+            groups.setdefault(group["group"], {})[str(shard_id)] = group["hwm"]
+        shards.append(row)
     answered = any(reads.get(s) for s in topology.shards_for(queue))
     known = seen or not answered  # nothing answered: unknowable, not "unknown"
     if not known:

@@ -384,72 +384,85 @@ def with_manager(
             )
         )
     else:
-        raw_view = answer.get("view")
-        view: dict[str, Any] = raw_view if isinstance(raw_view, dict) else {}
-        nodes = [
-            {"id": n[0], "state": n[1]}
-            for n in view.get("nodes", [])
-            if isinstance(n, list) and len(n) >= 2
-        ]
-        shards = [
-            {
-                "id": s.get("id"),
-                "chain": s.get("chain", []),
-                "epoch": s.get("epoch"),
-                "departed": s.get("departed", []),
-                "catching_up": s.get("catching_up", []),
-            }
-            for s in view.get("shards", [])
-            if isinstance(s, dict)
-        ]
-        out["manager"] = {
-            "reachable": True,
-            "asked": asked,
-            "member": answer.get("member"),
-            "leader": answer.get("leader"),
-            "leader_url": answer.get("leader_url"),
-            "epoch": answer.get("epoch"),
-            "view_hash": answer.get("view_hash"),
-            "nodes": nodes,
-            "shards": shards,
-            "alerts": answer.get("alerts", []),
-        }
-        if answer.get("leader") is None:
-            alerts.append(_alert("critical", "manager_no_leader", "the manager has no leader"))
-        for entry in shards:
-            away = [str(n) for n in entry["departed"]]
-            if away:
-                # Not a copy short of the minimum (the manager alerts that), but short of the
-                # members it had: full replication is back only once they rejoin.
-                learning = {str(n) for n in entry["catching_up"]}
-                where = ", ".join(f"{n} (catching up)" if n in learning else n for n in away)
-                alerts.append(
-                    _alert(
-                        "warning",
-                        "shard_members_away",
-                        f"shard {entry['id']}: left the chain and not back yet: {where}",
-                        shard=entry["id"],
-                    )
-                )
-        for alert in answer.get("alerts", []):
-            if not isinstance(alert, dict):
-                continue
-            kind, shard, node = alert.get("kind"), alert.get("shard"), alert.get("node")
-            where = f"shard {shard}" + (f", node {node}" if node else "")
-            alerts.append(
-                _alert(
-                    _MANAGER_SEVERITY.get(str(kind), "warning"),
-                    str(kind),
-                    f"manager: {where}",
-                    shard=shard,
-                    node=node or None,
-                )
-            )
+        out["manager"] = _manager_view(answer, asked)
+        alerts += _manager_alerts(answer, out["manager"]["shards"])
     out["alerts"] = alerts
     if out["health"] != "unreachable":
         out["health"] = "degraded" if alerts else "healthy"
         out["exit_code"] = EXIT_DEGRADED if alerts else EXIT_HEALTHY
     return out
+
+
+def _manager_view(answer: dict[str, Any], asked: list[str]) -> dict[str, Any]:
+    """The ``manager`` part of the summary from a member's status reply."""
+    raw_view = answer.get("view")
+    view: dict[str, Any] = raw_view if isinstance(raw_view, dict) else {}
+    nodes = [
+        {"id": n[0], "state": n[1]}
+        for n in view.get("nodes", [])
+        if isinstance(n, list) and len(n) >= 2
+    ]
+    shards = [
+        {
+            "id": s.get("id"),
+            "chain": s.get("chain", []),
+            "epoch": s.get("epoch"),
+            "departed": s.get("departed", []),
+            "catching_up": s.get("catching_up", []),
+        }
+        for s in view.get("shards", [])
+        if isinstance(s, dict)
+    ]
+    return {
+        "reachable": True,
+        "asked": asked,
+        "member": answer.get("member"),
+        "leader": answer.get("leader"),
+        "leader_url": answer.get("leader_url"),
+        "epoch": answer.get("epoch"),
+        "view_hash": answer.get("view_hash"),
+        "nodes": nodes,
+        "shards": shards,
+        "alerts": answer.get("alerts", []),
+    }
+
+
+def _manager_alerts(answer: dict[str, Any], shards: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The alerts a member's reply raises: no leader, members away from a chain (``shards`` as
+    ``_manager_view`` has them), and the manager's own alerts."""
+    alerts: list[dict[str, Any]] = []
+    if answer.get("leader") is None:
+        alerts.append(_alert("critical", "manager_no_leader", "the manager has no leader"))
+    for entry in shards:
+        away = [str(n) for n in entry["departed"]]
+        if away:
+            # Not a copy short of the minimum (the manager alerts that), but short of the
+            # members it had: full replication is back only once they rejoin.
+            learning = {str(n) for n in entry["catching_up"]}
+            where = ", ".join(f"{n} (catching up)" if n in learning else n for n in away)
+            alerts.append(
+                _alert(
+                    "warning",
+                    "shard_members_away",
+                    f"shard {entry['id']}: left the chain and not back yet: {where}",
+                    shard=entry["id"],
+                )
+            )
+    for alert in answer.get("alerts", []):
+        if not isinstance(alert, dict):
+            continue
+        kind, shard, node = alert.get("kind"), alert.get("shard"), alert.get("node")
+        where = f"shard {shard}" + (f", node {node}" if node else "")
+        alerts.append(
+            _alert(
+                _MANAGER_SEVERITY.get(str(kind), "warning"),
+                str(kind),
+                f"manager: {where}",
+                shard=shard,
+                node=node or None,
+            )
+        )
+    return alerts
 
 
 def render_manager(summary: Mapping[str, Any], style: Style) -> list[str]:
