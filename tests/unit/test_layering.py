@@ -116,6 +116,16 @@ def imports_of(path: Path) -> set[str]:
     return {name for name in found if name.split(".")[0] in PACKAGES and name != "kayos"}
 
 
+def imported_names(node: ast.AST) -> list[str]:
+    """The modules an import statement names (``import a.b`` -> a.b; ``from a import b`` -> a);
+    none for any other node."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom) and node.module:
+        return [node.module]
+    return []
+
+
 SOURCES = sorted(
     path
     for package in PACKAGES
@@ -182,12 +192,7 @@ def test_only_the_raft_adapter_imports_pysyncobj() -> None:
         for path in (ROOT / package).rglob("*.py"):
             tree = ast.parse(path.read_text())
             for node in ast.walk(tree):
-                names = []
-                if isinstance(node, ast.Import):
-                    names = [alias.name for alias in node.names]
-                elif isinstance(node, ast.ImportFrom) and node.module:
-                    names = [node.module]
-                if any(name.split(".")[0] == "pysyncobj" for name in names):
+                if any(name.split(".")[0] == "pysyncobj" for name in imported_names(node)):
                     assert module_name(path) == "kayos.manager.member.raft", path
 
 
@@ -206,26 +211,16 @@ def test_the_manager_core_is_pure() -> None:
             assert not target.startswith("kayos.manager.member"), (path, target)
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            for name in names:
+            for name in imported_names(node):
                 assert name.split(".")[0] not in io_modules, (path, name)
 
 
 def _chaos_imports(tree: ast.AST) -> list[ast.AST]:
-    found: list[ast.AST] = []
-    for node in ast.walk(tree):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names = [node.module]
-        if any(name.split(".")[0] == "chaos" for name in names):
-            found.append(node)
-    return found
+    return [
+        node
+        for node in ast.walk(tree)
+        if any(name.split(".")[0] == "chaos" for name in imported_names(node))
+    ]
 
 
 def test_the_product_loads_the_chaos_harness_in_one_function_only() -> None:
