@@ -2,6 +2,6 @@
 of the properties Kayos promises over such a history (``chaos.checker``), and campaigns of faults
 against real ``kayos node`` processes (``chaos.procs``). See docs/testing.md.
 
-A face (the top floor, with the CLI): it reaches a cluster only through ``kayos.launcher`` and the
-public client, never through node or storage internals.
+A face (the top floor, with the CLI): it reaches a cluster only through ``kayos.local`` (the local
+cluster) and the public client, never through node or storage internals.
 """

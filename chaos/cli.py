@@ -1,6 +1,7 @@
 """``kayos chaos``: ``run`` a real-process fault campaign, ``sim`` the deterministic simulator,
 ``check`` a recorded history again.
-Added to the ``kayos`` command by kayos/cli/main.py; docs/testing.md explains the report."""
+The ``kayos`` command loads it when ``kayos chaos`` is asked for (kayos/cli/main.py, which
+imports it nowhere else); docs/testing.md explains the report."""
 
 from __future__ import annotations
 

@@ -403,7 +403,7 @@ assert consume_page_entries_max <= scan_page_entries_max
 assert 4 <= json_depth_max < 500, "every valid body fits; far below Python's recursion limit"
 assert link_retry_delay_ms_min <= link_retry_delay_ms_max
 
-# --- local supervision (`kayos up`, kayos/supervisor.py) -----------------------------------------
+# --- local supervision (`kayos up`, kayos/local/supervisor.py)  -----------------------------------
 
 # Before `kayos up` starts a node (or its Kestrel front) that died, doubling from the min to the
 # max with each death in a row: a node killed by accident is back within a second, and one that
@@ -454,7 +454,7 @@ assert 0 < manager_slow_p99_ms < manager_slow_window_ms
 assert manager_slow_buckets_min >= 2
 assert manager_min_replicas_default >= 1
 
-# --- the manager process (kayos/control/, docs/manager.md "Running it") --------------------------
+# --- the manager process (kayos/manager/member/, docs/manager.md "Running it")  -------------------
 
 # How often the leader polls every node's GET /v1/status: one Raft entry per round, so 5 entries
 # a second (pysyncobj commits far more asynchronously); a dead node is found within the detection
@@ -606,7 +606,7 @@ client_in_flight_requests_max = connection_in_flight_requests_max
 # HTTP connections the client's session keeps open to all nodes together.
 client_http_connections_max = 64
 
-# --- kayos ctl (kayos/cli/ctl.py) ---------------------------------------------------------------
+# --- kayos ctl (kayos/cli/ctl/) -------------------------------------------------------------------
 
 # `kayos ctl status` waits this long for each node's reply by default: a live node answers a status
 # in milliseconds, and a paused or partitioned one must not hold the report up for long.

@@ -16,7 +16,7 @@ from typing import Any
 
 from kayos import limits
 from kayos.identity import ClusterIdentity
-from kayos.launcher import free_ports
+from kayos.local.ports import free_ports
 from kayos.replication.wire import auth
 from kayos.replication.wire import frames as fr
 from kayos.topology import NodeAddr, ShardChain, Topology

@@ -22,8 +22,9 @@ from chaos import checker
 from chaos.history import Produce, Recorder, dump_jsonl
 from chaos.procs import drains, faults, membership, moves, netfaults
 from chaos.procs.workload import Consumer, Producer, join_timeout_s
-from kayos.control.config import Config as ManagerConfig
-from kayos.launcher import ClusterError, LocalCluster
+from kayos.local.cluster import LocalCluster
+from kayos.local.processes import ClusterError
+from kayos.manager.member.config import Config as ManagerConfig
 from kayos.storage.maintenance.check import check_store, data_file_of
 
 # Convergence after the heal: every replica of every shard at the same seq. A restarted node

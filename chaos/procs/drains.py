@@ -29,7 +29,8 @@ from typing import Any
 from chaos.procs import moves
 from chaos.procs.membership import all_up, chains, manager_view
 from chaos.procs.netfaults import CUT_HOWS
-from kayos.launcher import ClusterError, LocalCluster
+from kayos.local.cluster import LocalCluster
+from kayos.local.processes import ClusterError
 
 KIND_WEIGHTS: dict[str, int] = {"drain_under_fault": 3}
 KINDS = frozenset(KIND_WEIGHTS)

@@ -24,7 +24,7 @@ from typing import Any
 
 from chaos.procs import drains, membership, moves, netfaults
 from kayos import limits
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
 from kayos.replication.wire import frames as fr
 
 # What a campaign picks from, with relative weights: process faults (what hardware and operators

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kayos.launcher import ClusterError, LocalCluster
-from kayos.manager_process import member_status
+from kayos.local.cluster import LocalCluster
+from kayos.local.managers import member_status
+from kayos.local.processes import ClusterError
 from kayos.storage.maintenance.check import data_file_of
 
 # How long a membership fault waits for the manager to act (a splice, a catch-up starting): the

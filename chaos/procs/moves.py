@@ -24,8 +24,9 @@ from typing import Any
 from chaos.procs.membership import all_up, chains, manager_view
 from chaos.procs.netfaults import CUT_HOWS, ProxiedCluster, held_cut
 from chaos.procs.netns import NetnsCluster, NetnsError
-from kayos.bench.grow import operator
-from kayos.launcher import ClusterError, LocalCluster
+from kayos.client.operator import post_operator_until
+from kayos.local.cluster import LocalCluster
+from kayos.local.processes import ClusterError
 
 KIND_WEIGHTS: dict[str, int] = {"move_under_fault": 3}
 KINDS = frozenset(KIND_WEIGHTS)
@@ -233,7 +234,7 @@ def strike_cut(cluster: LocalCluster, move: dict[str, Any], hold_s: float) -> li
 def operator_request(cluster: LocalCluster, body: dict[str, Any]) -> dict[str, Any]:
     """The manager's reply to a signed operator request, or ``{"error": why}``."""
     try:
-        return operator(cluster, body, operator_timeout_s)
+        return post_operator_until(cluster.identity, cluster.manager_urls, body, operator_timeout_s)
     except (ClusterError, OSError, ValueError, RuntimeError) as error:  # TimeoutError is OSError
         return {"error": str(error)[:300]}
 

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from chaos.procs.netns import NetnsCluster
 from chaos.procs.proxy import ProxyServer, api_url
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
 from kayos.topology import NodeAddr, Topology
 
 # Relative weights when a campaign draws these kinds (with the others of chaos.procs.faults).

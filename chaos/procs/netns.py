@@ -21,9 +21,9 @@ import subprocess
 import sys
 from typing import Any
 
-from kayos.control.config import MemberAddr
-from kayos.launcher import LocalCluster, build_topology, node_ids
-from kayos.manager_process import manager_ids
+from kayos.local.cluster import LocalCluster, build_topology, node_ids
+from kayos.local.managers import manager_ids
+from kayos.manager.member.config import MemberAddr
 from kayos.topology import NodeAddr, Topology
 
 # Each member has an address of its own, so every one binds the same fixed ports.

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from chaos.sim.core import Link
-from kayos.control import holds
+from kayos.manager.member import holds
 
 # chaos/sim/node.py imports this module: its Node and Replica are not imported back (no cycle).
 Node = Any
@@ -97,9 +97,9 @@ def released(replica: Replica, epoch: int, hold_ms: float) -> None:
 
 
 class Holds:
-    """The manager leader's memory for write holds (kayos/control/holds.py): its election time,
-    per (node, shard) the arrival time of the latest granted heartbeat at each shard epoch, each
-    shard's heads since it began to lead, and the releases still to deliver."""
+    """The manager leader's memory for write holds (kayos/manager/member/holds.py): its election
+    time, per (node, shard) the arrival time of the latest granted heartbeat at each shard epoch,
+    each shard's heads since it began to lead, and the releases still to deliver."""
 
     def __init__(self, now: float, heads: list[tuple[int, str]], lease_ms: float) -> None:
         self.lease_ms = lease_ms

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kayos import limits
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
 
 BENCH_QUEUE = "bench"
 SHARDED_QUEUE = "bench-sharded"

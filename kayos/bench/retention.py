@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kayos.bench.produce import machine_facts
-from kayos.launcher import LocalCluster, http_json
+from kayos.local.cluster import LocalCluster
+from kayos.local.http import http_json
 
 SOAK_QUEUE = "soak"
 SOAK_GROUP = "soak-reader"

@@ -33,7 +33,7 @@ from typing import Any
 
 from kayos.bench.produce import machine_facts
 from kayos.client.sync import Client
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
 
 BENCH_QUEUE = "bench-spark"
 WARMUP_QUEUE = "bench-spark-warmup"

@@ -1,10 +1,13 @@
-"""The cluster manager's pure decision core (docs/manager.md).
+"""The cluster manager (docs/manager.md): its pure decision core here, its Raft member beside.
 
 ``decide(view, event) -> (view, actions)`` is the whole of the manager's logic: the view is the
 only state, so any member that applied the same events holds the same view (equal ``view_hash``)
-and makes the same decisions. Nothing here does I/O, reads a clock or draws randomness; the
-replicated log (pysyncobj, next) and the drivers that carry actions to nodes are separate.
-Not wired to any running process yet.
+and makes the same decisions. The modules here (``decide``, ``events``, ``placement``, ``view``)
+do no I/O, read no clock and draw no randomness (tests/unit/test_layering.py holds them to it).
+
+``member/`` runs the core: the replicated log (pysyncobj), the leader's driver that carries
+actions to nodes, and the members' HTTP face, wired into the ``kayos manager`` process. Importing
+this package imports the core, which it re-exports below; it imports nothing of ``member/``.
 """
 
 from __future__ import annotations

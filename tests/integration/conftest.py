@@ -1,5 +1,5 @@
-"""Real `kayos node` processes on loopback (kayos.launcher.LocalCluster) and the plain-HTTP calls of
-docs/node-api.md the chain tests make. Every wait is a bounded poll of a condition."""
+"""Real `kayos node` processes on loopback (kayos.local.cluster.LocalCluster) and the plain-HTTP
+calls of docs/node-api.md the chain tests make. Every wait is a bounded poll of a condition."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from kayos.launcher import LocalCluster, http_json
+from kayos.local.cluster import LocalCluster
+from kayos.local.http import http_json
 
 # Bounds of the waits below: generous for 2 shared cores, and only ever reached by a failure.
 WAIT_S = 30.0

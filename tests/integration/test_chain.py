@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from kayos.launcher import LocalCluster, http_json
+from kayos.local.cluster import LocalCluster
+from kayos.local.http import http_json
 from tests.integration.conftest import (
     Snapshot,
     answered_seqs,

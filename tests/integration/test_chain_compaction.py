@@ -10,7 +10,8 @@ from collections.abc import Callable
 import pytest
 
 from kayos import limits
-from kayos.launcher import LocalCluster, http_json
+from kayos.local.cluster import LocalCluster
+from kayos.local.http import http_json
 from tests.integration.conftest import produce, wait_until
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from kayos import limits
-from kayos.launcher import LocalCluster, http_json
+from kayos.local.cluster import LocalCluster
+from kayos.local.http import http_json
 from tests.integration.conftest import fingerprint, http_raw, produce_ok
 
 if TYPE_CHECKING:

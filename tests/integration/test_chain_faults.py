@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
 from kayos.storage import ShardStore
 from tests.integration.conftest import (
     PRODUCE_TIMEOUT_S,

@@ -1,4 +1,4 @@
-"""The client against real ``kayos node`` processes (kayos.launcher.LocalCluster: 3 nodes, 3
+"""The client against real ``kayos node`` processes (kayos.local.cluster.LocalCluster: 3 nodes, 3
 rotated shards, replication factor 3): the blocking and asyncio clients, embedded-free paths
 end to end, wrong_role redirects from a stale topology, a head restart under retries, and the
 ``kayos produce`` / ``kayos consume`` commands."""
@@ -19,7 +19,7 @@ import kayos
 from kayos.cli.main import cli
 from kayos.client.binary import BinaryConnection
 from kayos.errors import InvalidRequest, WrongRoleError
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
 from kayos.replication.wire.frames import Produce
 from kayos.topology import ShardChain, Topology
 

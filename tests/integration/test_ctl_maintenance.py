@@ -12,7 +12,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from kayos.launcher import LocalCluster, free_ports
+from kayos.local.cluster import LocalCluster
+from kayos.local.ports import free_ports
 from tests.integration.conftest import WAIT_S, produce_ok, wait_until
 
 

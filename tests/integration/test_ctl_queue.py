@@ -9,7 +9,7 @@ import random
 from collections.abc import Callable
 
 import kayos
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
 from tests.integration.test_ctl_maintenance import ctl
 
 SEED = 13_031

@@ -18,7 +18,8 @@ import pytest
 import kayos
 from kayos import limits
 from kayos.clock import ManualClock
-from kayos.launcher import LocalCluster, http_json
+from kayos.local.cluster import LocalCluster
+from kayos.local.http import http_json
 from kayos.manager import Config
 from tests.integration.conftest import wait_until
 from tests.integration.test_ctl_maintenance import ctl

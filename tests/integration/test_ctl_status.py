@@ -13,7 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from kayos import limits
-from kayos.launcher import LocalCluster, free_ports
+from kayos.local.cluster import LocalCluster
+from kayos.local.ports import free_ports
 from tests.integration.conftest import WAIT_S, produce_ok, wait_until
 
 SILENCE_S = limits.peer_silence_ms_max / 1000

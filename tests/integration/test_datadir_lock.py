@@ -22,8 +22,10 @@ import pytest
 from kayos.datadir import LOCK_FILE_NAME, read_holder_pid
 from kayos.embedded import open_queue
 from kayos.errors import DirectoryInUseError, KayosError
-from kayos.launcher import LocalCluster, free_ports, http_json
-from kayos.manager_process import MANAGERS_DEFAULT
+from kayos.local.cluster import LocalCluster
+from kayos.local.http import http_json
+from kayos.local.managers import MANAGERS_DEFAULT
+from kayos.local.ports import free_ports
 from kayos.ports import check_free
 from kayos.topology import Topology
 from tests.integration.conftest import WAIT_S, produce_ok, read_snapshot, wait_until

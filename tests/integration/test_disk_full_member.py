@@ -24,7 +24,7 @@ import pytest
 
 from chaos.history import Produce
 from kayos import limits
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
 from kayos.manager import Config
 from tests.integration import test_manager_heals as heals
 from tests.integration.conftest import (

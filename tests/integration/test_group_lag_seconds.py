@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from kayos import limits
 from kayos.client import Client
-from kayos.launcher import LocalCluster, http_json
+from kayos.local.cluster import LocalCluster
+from kayos.local.http import http_json
 from kayos.replication.logic.timeindex import TIME_INDEX_FILE
 from tests.integration.conftest import commit_group, produce_ok, wait_until
 

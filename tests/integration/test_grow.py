@@ -21,8 +21,9 @@ import pytest
 from chaos.checker import check
 from chaos.history import Event as HistoryEvent
 from chaos.history import Snapshot
-from kayos.bench.grow import answers, start_outside_node
-from kayos.launcher import LocalCluster, http_json
+from kayos.bench.membership.grow import answers, start_outside_node
+from kayos.local.cluster import LocalCluster
+from kayos.local.http import http_json
 from kayos.manager import Config
 from tests.integration.conftest import read_snapshot, wait_until
 from tests.integration.test_manager_heals import QUEUE, Producer, check_nothing_lost

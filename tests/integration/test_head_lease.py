@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from kayos.launcher import LocalCluster, http_json
+from kayos.local.cluster import LocalCluster
+from kayos.local.http import http_json
 from tests.integration.conftest import answered_status, produce_ok, read_snapshot, wait_until
 
 pytestmark = pytest.mark.timeout(300)

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from chaos.history import Event
-from kayos.launcher import LocalCluster, http_json
+from kayos.local.cluster import LocalCluster
+from kayos.local.http import http_json
 from kayos.replication.logic import durablemark
 from kayos.signing import sign
 from kayos.storage.maintenance.check import data_file_of

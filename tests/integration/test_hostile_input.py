@@ -21,7 +21,8 @@ from kayos import limits
 from kayos.client import Client
 from kayos.client.binary import BinaryConnection
 from kayos.errors import InvalidRequest
-from kayos.launcher import LocalCluster, http_json
+from kayos.local.cluster import LocalCluster
+from kayos.local.http import http_json
 from kayos.replication.wire.frames import (
     PROTOCOL_VERSION,
     ErrorFrame,

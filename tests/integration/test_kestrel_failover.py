@@ -28,8 +28,8 @@ from typing import Any
 import msgpack
 import pytest
 
-from kayos.kestrel_process import KestrelFront, LocalClusterWithKestrel
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
+from kayos.local.kestrel import KestrelFront, LocalClusterWithKestrel
 from kestrel_compat.backends.kayos_backend import queue_for
 from kestrel_compat.core.persistence import decode_removed
 from tests.integration.conftest import WAIT_S, answered_status, wait_until

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from kayos.kestrel_process import KestrelFront
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
+from kayos.local.kestrel import KestrelFront
 from kestrel_compat.backends.kayos_backend import KayosBackend
 
 pytestmark = pytest.mark.integration

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
 from kestrel_compat.backends.kayos_backend import KayosBackend, log_for, queue_for
 from kestrel_compat.core.persistence import GroupState, NewEntry
 from tests.integration.conftest import wait_until

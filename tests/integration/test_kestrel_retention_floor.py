@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from kayos.kestrel_process import KestrelFront
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
+from kayos.local.kestrel import KestrelFront
 from kestrel_compat.backends.kayos_backend import KayosBackend, queue_for
 from kestrel_compat.core.persistence import GroupState, NewEntry
 from tests.integration.conftest import wait_until

@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 
-from kayos.launcher import LocalCluster, http_json, write_private
+from kayos.identity import write_private
+from kayos.local.cluster import LocalCluster
+from kayos.local.http import http_json
 from kayos.signing import sign
 from kayos.topology import ShardChain, Topology
 from tests.integration.conftest import answered_replica, produce, produce_ok, wait_until

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kayos import limits
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
 from kayos.replication.wire import frames as fr
 from tests.integration.conftest import (
     PRODUCE_TIMEOUT_S,

@@ -21,7 +21,8 @@ from chaos.history import Event as HistoryEvent
 from chaos.history import Produce, Snapshot
 from kayos.client.sync import Client
 from kayos.errors import KayosError
-from kayos.launcher import LocalCluster, http_json
+from kayos.local.cluster import LocalCluster
+from kayos.local.http import http_json
 from kayos.manager import Config
 from tests.integration.conftest import WAIT_S, answered_status, read_snapshot, wait_until
 

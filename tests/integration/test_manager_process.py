@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from kayos import limits
-from kayos.launcher import LocalCluster, http_json
+from kayos.local.cluster import LocalCluster
+from kayos.local.http import http_json
 from kayos.manager import Config
 from kayos.signing import sign
 from tests.integration.conftest import wait_until

@@ -22,7 +22,8 @@ import pytest
 
 from kayos.errors import ProtocolError, Unauthenticated, WrongClusterError, WrongPeerError
 from kayos.identity import ClusterIdentity
-from kayos.launcher import ClusterError, LocalCluster
+from kayos.local.cluster import LocalCluster
+from kayos.local.processes import ClusterError
 from kayos.replication.wire import auth
 from kayos.replication.wire import frames as fr
 from tests.integration.conftest import (

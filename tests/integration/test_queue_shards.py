@@ -1,4 +1,4 @@
-"""A queue over three shards on a real 3-node cluster (kayos.launcher.LocalCluster: 3 rotated
+"""A queue over three shards on a real 3-node cluster (kayos.local.cluster.LocalCluster: 3 rotated
 shards, replication factor 3, fsync on): keys keep their order and their de-dup, a consumer group
 reads every shard and commits one mark per shard and a new client resumes after them, the nodes
 refuse what would break a shard's invariants (docs/node-api.md, "Queues over several shards")."""
@@ -15,7 +15,8 @@ import pytest
 import kayos
 from chaos.history import Recorder
 from kayos.errors import InvalidRequest
-from kayos.launcher import LocalCluster, http_json
+from kayos.local.cluster import LocalCluster
+from kayos.local.http import http_json
 from tests.integration.conftest import wait_until
 
 if TYPE_CHECKING:

@@ -29,8 +29,10 @@ from typing import Any
 
 import pytest
 
-from kayos.kestrel_process import LocalClusterWithKestrel
-from kayos.launcher import LocalCluster, free_ports, http_json
+from kayos.local.cluster import LocalCluster
+from kayos.local.http import http_json
+from kayos.local.kestrel import LocalClusterWithKestrel
+from kayos.local.ports import free_ports
 from tests.integration.conftest import (
     answered_replica,
     answered_status,

@@ -15,7 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from kayos.cli.main import cli
-from kayos.launcher import LocalCluster, http_json
+from kayos.local.cluster import LocalCluster
+from kayos.local.http import http_json
 from kayos.storage import ShardStore
 from kayos.storage.maintenance.check import check_store
 from tests.integration.conftest import (

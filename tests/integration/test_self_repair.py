@@ -19,7 +19,8 @@ import pytest
 
 from chaos.checker import check
 from chaos.history import Event, Produce, Snapshot
-from kayos.launcher import LocalCluster, http_json
+from kayos.local.cluster import LocalCluster
+from kayos.local.http import http_json
 from kayos.storage.disk import format as fmt
 from kayos.storage.maintenance.check import check_store, data_file_of
 from tests.integration.conftest import (

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
 from kayos.manager import Config
 from tests.integration.conftest import wait_until
 from tests.integration.test_manager_heals import (

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from kayos.clock import SystemClock
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
 from kayos.storage.engine import ShardStore
 from tests.integration.conftest import (
     WAIT_S,

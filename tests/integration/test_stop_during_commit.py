@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from kayos import limits
-from kayos.launcher import LocalCluster, http_json
+from kayos.local.cluster import LocalCluster
+from kayos.local.http import http_json
 
 from .conftest import produce_ok, wait_until
 

@@ -23,7 +23,8 @@ from chaos.procs.workload import Consumer
 from chaos.procs.workload import Producer as ChaosProducer
 from kayos.client.sync import Client
 from kayos.errors import KayosError
-from kayos.launcher import LocalCluster, http_json
+from kayos.local.cluster import LocalCluster
+from kayos.local.http import http_json
 from kayos.signing import sign
 from kayos.topology import ShardChain, Topology
 from tests.integration.conftest import (

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import pytest
 
 from kayos import limits
-from kayos.launcher import LocalCluster, http_json
+from kayos.local.cluster import LocalCluster
+from kayos.local.http import http_json
 from kayos.storage import ShardStore
 from kayos.storage.disk import format as fmt
 from tests.integration.conftest import PRODUCE_TIMEOUT_S, produce, shard_seqs, wait_until

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from kayos import limits
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
 from tests.integration.conftest import produce_ok, wait_until
 
 pytestmark = pytest.mark.timeout(300)

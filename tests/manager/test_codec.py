@@ -1,5 +1,5 @@
-"""Log entries of the manager's Raft adapter (kayos/control/codec.py): every event survives its
-encoding; anything malformed is refused with InvalidRequest before it reaches decide."""
+"""Log entries of the manager's Raft adapter (kayos/manager/member/codec.py): every event survives
+its encoding; anything malformed is refused with InvalidRequest before it reaches decide."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from kayos.control.codec import ENTRY_VERSION, decode_entry, encode_entry
 from kayos.errors import InvalidRequest
 from kayos.manager import (
     AddNode,
@@ -26,6 +25,7 @@ from kayos.manager import (
     ShardReport,
     TimerTick,
 )
+from kayos.manager.member.codec import ENTRY_VERSION, decode_entry, encode_entry
 
 EVENTS: list[Event] = [
     Heartbeat("a", 5),

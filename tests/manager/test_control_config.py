@@ -1,5 +1,5 @@
-"""cluster.toml's manager tables (kayos/control/config.py): what a member starts from, and the
-mistakes refused before anything starts."""
+"""cluster.toml's manager tables (kayos/manager/member/config.py): what a member starts from, and
+the mistakes refused before anything starts."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ from typing import Any
 
 import pytest
 
-from kayos.control.config import (
+from kayos.errors import InvalidRequest
+from kayos.identity import ClusterIdentity
+from kayos.manager import Config, view_hash
+from kayos.manager.member.config import (
     MemberAddr,
     load,
     managers_toml,
@@ -16,9 +19,6 @@ from kayos.control.config import (
     parse_members,
     parse_setup,
 )
-from kayos.errors import InvalidRequest
-from kayos.identity import ClusterIdentity
-from kayos.manager import Config, view_hash
 from kayos.topology import NodeAddr, rotated
 
 MEMBERS = [MemberAddr(f"m{i}", "127.0.0.1", 7300 + i, 7400 + i) for i in (1, 2, 3)]

@@ -1,5 +1,5 @@
-"""The leader driver's choices (kayos/control/driver.py ``plan_round``, ``sends_for``): canned
-status replies in, events and messages out. No processes, no clock."""
+"""The leader driver's choices (kayos/manager/member/plan.py ``plan_round``, ``sends_for``):
+canned status replies in, events and messages out. No processes, no clock."""
 
 from __future__ import annotations
 
@@ -8,15 +8,6 @@ from typing import Any
 import pytest
 
 from kayos import limits
-from kayos.control.driver import (
-    Answer,
-    CatchUpOrder,
-    FollowersNote,
-    Memory,
-    plan_round,
-    sends_for,
-    topology_of,
-)
 from kayos.manager import (
     CatchUpDone,
     Config,
@@ -30,6 +21,15 @@ from kayos.manager import (
     StartCatchUp,
     TimerTick,
     decide,
+)
+from kayos.manager.member.plan import (
+    Answer,
+    CatchUpOrder,
+    FollowersNote,
+    Memory,
+    plan_round,
+    sends_for,
+    topology_of,
 )
 from kayos.topology import NodeAddr, ShardChain, Topology
 

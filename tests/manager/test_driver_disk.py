@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 from kayos import limits
-from kayos.control.driver import plan_round, sends_for
 from kayos.manager import (
     DiskFull,
     Event,
@@ -19,6 +18,7 @@ from kayos.manager import (
     TimerTick,
     decide,
 )
+from kayos.manager.member.plan import plan_round, sends_for
 from kayos.manager.view import MEMBER_DISK_FULL, AlertKey
 from tests.manager.test_driver import answers, everyone, status, view3
 

@@ -5,7 +5,7 @@ real-process campaign (seed 7, ``rejoin_kill_self``: docs/campaigns.md "Findings
 from __future__ import annotations
 
 from kayos import limits
-from kayos.control.driver import CatchUpOrder, plan_round
+from kayos.manager.member.plan import CatchUpOrder, plan_round
 from tests.manager.test_driver import answers, catching_up_b, everyone, status
 
 

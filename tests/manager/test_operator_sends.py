@@ -1,4 +1,4 @@
-"""The operator face sends what its entry's actions ask for at once (kayos/control/http.py,
+"""The operator face sends what its entry's actions ask for at once (kayos/manager/member/http.py,
 docs/manager.md "The driver loop"): a move's catch-up order goes to the leading driver as the
 request is answered, not on a later round; a refused request sends nothing. A real aiohttp server
 on 127.0.0.1 with the member's state faked (its log is ``decide`` in memory)."""
@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from kayos.control.config import ManagerSetup, MemberAddr
-from kayos.control.driver import signed
-from kayos.control.http import MemberState, make_app
 from kayos.manager import Action, AddNode, Config, Event, ManagerView, StartCatchUp, decide
+from kayos.manager.member.config import ManagerSetup, MemberAddr
+from kayos.manager.member.http import MemberState, make_app
+from kayos.manager.member.plan import signed
 from kayos.topology import NodeAddr, rotated
 from tests.linkauth import TEST_IDENTITY
 

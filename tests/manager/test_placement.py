@@ -7,7 +7,6 @@ import random
 
 import pytest
 
-from kayos.control.http import operator_event
 from kayos.errors import InvalidRequest
 from kayos.manager import (
     AddNode,
@@ -19,6 +18,7 @@ from kayos.manager import (
     Rebalance,
     decide,
 )
+from kayos.manager.member.http import operator_event
 from kayos.manager.placement import drain_target, plan_rebalance, replica_counts
 
 

@@ -1,15 +1,15 @@
 """Operator requests for a queue's shard count (``kayos ctl queue create/alter``): checked against
-the view and the topology file with a reason (kayos/control/http.py), carried into the published
-topology where the view's count wins over the file's (kayos/control/driver.py)."""
+the view and the topology file with a reason (kayos/manager/member/http.py), carried into the
+published topology where the view's count wins over the file's (kayos/manager/member/plan.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from kayos.control.driver import topology_of
-from kayos.control.http import operator_event, queue_shard_count
 from kayos.errors import InvalidRequest
 from kayos.manager import Config, ManagerView, SetQueueShards, decide
+from kayos.manager.member.http import operator_event, queue_shard_count
+from kayos.manager.member.plan import topology_of
 from kayos.topology import NodeAddr, Topology, rotated
 
 

@@ -1,4 +1,4 @@
-"""The pysyncobj adapter (kayos/control/raft.py) in one process: a one-member group leads at
+"""The pysyncobj adapter (kayos/manager/member/raft.py) in one process: a one-member group leads at
 once. Entries apply through decide; a malformed entry changes nothing; the log survives a
 restart of the member from its data directory."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from kayos.control.config import parse_setup
-from kayos.control.raft import ManagerLog, change_record, wait_applied
-from kayos.launcher import free_ports
+from kayos.local.ports import free_ports
 from kayos.manager import AddNode, RemoveNode, TimerTick, view_hash
+from kayos.manager.member.config import parse_setup
+from kayos.manager.member.raft import ManagerLog, change_record, wait_applied
 from tests.manager.test_control_config import MEMBERS, cluster_text
 
 WAIT_S = 20.0

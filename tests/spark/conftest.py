@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from kayos.client import Client
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
 
 # Bounds of the waits below: generous for 2 shared cores; only a failure reaches them.
 WAIT_S = 120.0

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from kayos.client import Client
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
 from tests.spark.conftest import endpoints, produce_rows, read_all
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "spark.md"

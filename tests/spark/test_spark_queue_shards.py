@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from kayos.client import Client
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
 from tests.spark.conftest import endpoints
 
 if TYPE_CHECKING:

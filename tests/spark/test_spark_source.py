@@ -11,7 +11,7 @@ import pytest
 
 from kayos.client import Client
 from kayos.errors import KayosError
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
 from tests.spark.conftest import (
     endpoints,
     produce_rows,

@@ -1,6 +1,6 @@
-"""The bench load figures (kayos.bench.load): the baseline as the median of 1 s windows, the drop
-against the offered rate for an open loop, and the ack latency p99; recorded calls are given, no
-cluster runs."""
+"""The bench load figures (kayos.bench.membership.load): the baseline as the median of 1 s windows,
+the drop against the offered rate for an open loop, and the ack latency p99; recorded calls are
+given, no cluster runs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from kayos.bench.load import (
+from kayos.bench.membership.load import (
     OpenLoopProducers,
     Producers,
     ack_p99_ms,

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from chaos.cli import chaos
 from chaos.procs import drains, faults, membership, moves
 from chaos.procs.netfaults import ProxiedCluster
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
 from tests.unit.test_chaos_moves import CHAINS, first, view
 
 NETNS_STRIKES = moves.STRIKES + moves.PARTITION_STRIKES

@@ -13,7 +13,7 @@ from typing import Any, cast
 import pytest
 
 from chaos.procs import faults, membership
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
 
 
 @dataclass

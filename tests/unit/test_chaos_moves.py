@@ -18,7 +18,7 @@ from chaos.cli import chaos
 from chaos.procs import faults, membership, moves
 from chaos.procs.netfaults import ProxiedCluster
 from chaos.procs.netns import NetnsCluster
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
 
 NODES = ["a", "b", "c", "d"]
 

@@ -1,4 +1,4 @@
-"""The verdicts of ``kayos ctl check`` and ``kayos ctl compact`` (kayos/cli/check_view.py) from
+"""The verdicts of ``kayos ctl check`` and ``kayos ctl compact`` (kayos/cli/ctl/check_view.py) from
 made-up node answers: members that disagree, a store that fails its check, a short chain, a
 member that gave no digest, the digest range, and the compact summary's totals and problems."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kayos.cli.check_view import compact_summary, digest_range, judge, render_check
+from kayos.cli.ctl.check_view import compact_summary, digest_range, judge, render_check
 
 
 def member(node: str, committed: int = 100) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""How `kayos ctl drain/move-shard/rebalance` show progress (kayos/cli/operate.py): a rich
+"""How `kayos ctl drain/move-shard/rebalance` show progress (kayos/cli/ctl/operate.py): a rich
 progress bar on a terminal, a plain line per change otherwise, nothing with --json."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kayos.cli.operate import _Display
+from kayos.cli.ctl.operate import Display
 
 
 class _Terminal(io.StringIO):
@@ -28,7 +28,7 @@ STEPS = [_progress((0, "a", "d"), (1, "b", "d")), _progress((1, "b", "d")), _pro
 
 
 def test_plain_lines_on_a_pipe_one_per_change(capsys: pytest.CaptureFixture[str]) -> None:
-    with _Display(as_json=False) as show:
+    with Display(as_json=False) as show:
         for step in [STEPS[0], STEPS[0], *STEPS[1:]]:
             show(step)
     lines = capsys.readouterr().err.splitlines()
@@ -38,7 +38,7 @@ def test_plain_lines_on_a_pipe_one_per_change(capsys: pytest.CaptureFixture[str]
 
 
 def test_json_shows_nothing_while_following(capsys: pytest.CaptureFixture[str]) -> None:
-    with _Display(as_json=True) as show:
+    with Display(as_json=True) as show:
         for step in STEPS:
             show(step)
     captured = capsys.readouterr()
@@ -49,7 +49,7 @@ def test_json_shows_nothing_while_following(capsys: pytest.CaptureFixture[str]) 
 def test_a_progress_bar_on_a_terminal_counts_moves_done(monkeypatch: pytest.MonkeyPatch) -> None:
     terminal = _Terminal()
     monkeypatch.setattr("sys.stderr", terminal)
-    display = _Display(as_json=False)
+    display = Display(as_json=False)
     with display as show:
         for step in STEPS:
             show(step)

@@ -1,4 +1,4 @@
-"""``kayos ctl status``'s pure summary (kayos/cli/status_view.py) fed canned ``/v1/status``
+"""``kayos ctl status``'s pure summary (kayos/cli/ctl/status_view.py) fed canned ``/v1/status``
 replies: health, alerts, link states, replication, the JSON schema and the text with and without
 colour."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from kayos import limits
-from kayos.cli.status_view import (
+from kayos.cli.ctl.status_view import (
     EXIT_DEGRADED,
     EXIT_HEALTHY,
     EXIT_UNREACHABLE,

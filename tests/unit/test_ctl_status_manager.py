@@ -1,11 +1,11 @@
-"""`kayos ctl status` with the manager's view (kayos/cli/status_view.py ``with_manager``): canned
-manager replies in, summary and text out."""
+"""`kayos ctl status` with the manager's view (kayos/cli/ctl/status_view.py ``with_manager``):
+canned manager replies in, summary and text out."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from kayos.cli.status_view import (
+from kayos.cli.ctl.status_view import (
     EXIT_DEGRADED,
     EXIT_HEALTHY,
     render,

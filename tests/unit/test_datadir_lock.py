@@ -23,7 +23,9 @@ from kayos.cli.main import cli
 from kayos.datadir import LOCK_FILE_NAME, DirectoryLock, read_holder_pid
 from kayos.embedded import open_queue
 from kayos.errors import AddressInUseError, DirectoryInUseError, KayosError
-from kayos.launcher import ClusterError, LocalCluster, failure_reason, free_ports
+from kayos.local.cluster import LocalCluster
+from kayos.local.ports import free_ports
+from kayos.local.processes import ClusterError, failure_reason
 from kayos.ports import bind_listener, check_free
 from kestrel_compat.core.config import KestrelConfig
 from kestrel_compat.server import check_ports

@@ -18,14 +18,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from kayos import limits
-from kayos.launcher import (
-    ClusterError,
-    LocalCluster,
-    _supervise,
-    build_topology,
-    free_ports,
-    node_ids,
-)
+from kayos.local.cluster import LocalCluster, build_topology, node_ids
+from kayos.local.ports import free_ports
+from kayos.local.processes import ClusterError
+from kayos.local.up import supervise
 from kayos.topology import NodeAddr, Topology
 
 if TYPE_CHECKING:
@@ -186,7 +182,8 @@ def test_a_lost_port_race_starts_again_on_fresh_ports(tmp_path: Path) -> None:
 UP_SCRIPT = textwrap.dedent(
     """
     import sys
-    from kayos.launcher import LocalCluster, run_foreground
+    from kayos.local.cluster import LocalCluster
+    from kayos.local.up import run_foreground
 
     cluster = LocalCluster(sys.argv[1], nodes=3, replicas=3,
                            node_command=[sys.executable, sys.argv[2]])
@@ -302,7 +299,7 @@ def test_the_produce_bench_help_states_the_parameters_defaults() -> None:
 STOP_SIGNAL_STRESS = textwrap.dedent(
     """
     import signal
-    from kayos.launcher import StopSignal
+    from kayos.local.up import StopSignal
 
     stop = StopSignal()
     signal.signal(signal.SIGALRM, lambda *_: stop.set())
@@ -376,7 +373,7 @@ def test_a_member_that_never_starts_again_is_given_up_on() -> None:
     cluster = _NeverStarts()
     stop = _FakeTimeStop(waits_max=1000)
     lines: list[str] = []
-    code = _supervise(cluster, stop, lines.append, clock=lambda: stop.now_s)  # type: ignore[arg-type]
+    code = supervise(cluster, stop, lines.append, clock=lambda: stop.now_s)  # type: ignore[arg-type]
     assert code == 1, lines[-3:]
     assert cluster.attempts == limits.node_restarts_max
     assert "giving up" in lines[-2]

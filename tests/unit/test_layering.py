@@ -1,10 +1,10 @@
 """The house, floor by floor: no import runs back up, and no import cycles.
 
-Floors (lowest first): shared ground (errors, limits, clock); storage, topology, the replication
-wire and pure decisions (kayos.replication.wire, kayos.replication.logic) and the manager's
-decision core; replication's shard replicas and links over storage; the node and the client; the
-faces (CLI, benchmarks, launcher, kestrel_compat, chaos), which reach the cluster through the
-client or the node's public API, never through storage internals.
+Floors (lowest first): shared ground (errors, limits, clock); storage, topology, the pure chain
+and frame logic and the manager's decision core; replication over storage; the node and the
+client and the manager's Raft member; the faces (CLI, benchmarks, the local cluster,
+kestrel_compat, chaos), which reach the cluster through the client or the node's public API,
+never through storage internals. The product does not import the chaos harness.
 """
 
 from __future__ import annotations
@@ -42,16 +42,13 @@ FLOORS: list[tuple[int, tuple[str, ...]]] = [
         ),
     ),
     (2, ("kayos.replication",)),
-    (3, ("kayos.node", "kayos.client", "kayos.embedded", "kayos.control")),
+    (3, ("kayos.node", "kayos.client", "kayos.embedded", "kayos.manager.member")),
     (
         4,
         (
             "kayos.cli",
             "kayos.bench",
-            "kayos.launcher",
-            "kayos.supervisor",
-            "kayos.manager_process",
-            "kayos.kestrel_process",
+            "kayos.local",
             "kayos.__main__",
         ),
     ),
@@ -130,6 +127,16 @@ def imports_of(path: Path) -> set[str]:
     return {name for name in found if name.split(".")[0] in PACKAGES and name != "kayos"}
 
 
+def imported_names(node: ast.AST) -> list[str]:
+    """The modules an import statement names (``import a.b`` -> a.b; ``from a import b`` -> a);
+    none for any other node."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom) and node.module:
+        return [node.module]
+    return []
+
+
 SOURCES = sorted(
     path
     for package in PACKAGES
@@ -195,18 +202,14 @@ def test_only_the_raft_adapter_imports_pysyncobj() -> None:
         for path in (ROOT / package).rglob("*.py"):
             tree = ast.parse(path.read_text())
             for node in ast.walk(tree):
-                names = []
-                if isinstance(node, ast.Import):
-                    names = [alias.name for alias in node.names]
-                elif isinstance(node, ast.ImportFrom) and node.module:
-                    names = [node.module]
-                if any(name.split(".")[0] == "pysyncobj" for name in names):
-                    assert module_name(path) == "kayos.control.raft", path
+                if any(name.split(".")[0] == "pysyncobj" for name in imported_names(node)):
+                    assert module_name(path) == "kayos.manager.member.raft", path
 
 
 def test_the_manager_core_is_pure() -> None:
-    """kayos/manager/ decides from its view alone: ground modules, the topology's checks and the
-    chain's takeover rule; no storage, no I/O, no clock, no randomness."""
+    """kayos/manager/ (all but its Raft member, kayos/manager/member/) decides from its view
+    alone: ground modules, the topology's checks and the chain's takeover rule; no storage, no
+    I/O, no clock, no randomness."""
     allowed_kayos = (
         "kayos.errors",
         "kayos.limits",
@@ -214,17 +217,16 @@ def test_the_manager_core_is_pure() -> None:
         "kayos.replication.logic.chain",
     )
     io_modules = ("asyncio", "socket", "os", "time", "random", "secrets", "threading", "pysyncobj")
-    for path in (ROOT / "kayos" / "manager").rglob("*.py"):
+    manager = ROOT / "kayos" / "manager"
+    core = sorted(p for p in manager.rglob("*.py") if p.relative_to(manager).parts[0] != "member")
+    assert core, "the manager's core moved: point this test at it"
+    for path in core:
         for target in imports_of(path):
             assert target.startswith("kayos.manager") or target in allowed_kayos, (path, target)
+            assert not target.startswith("kayos.manager.member"), (path, target)
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            for name in names:
+            for name in imported_names(node):
                 assert name.split(".")[0] not in io_modules, (path, name)
 
 
@@ -266,11 +268,11 @@ def test_the_kestrel_core_and_codecs_do_no_io() -> None:
                 allowed = allowed or (room == "wire" and target.startswith("kestrel_compat.wire"))
                 allowed = allowed or (target.split(".")[0] == "kayos" and floor_of(target) == 0)
                 assert allowed, (path, target)
-            for name in imported_names(path):
+            for name in modules_imported_by(path):
                 assert name.split(".")[0] not in io_modules, (path, name)
 
 
-def imported_names(path: Path) -> list[str]:
+def modules_imported_by(path: Path) -> list[str]:
     """Every module ``path`` imports, whatever its package (``from x import y`` counts as x)."""
     names: list[str] = []
     for node in ast.walk(ast.parse(path.read_text())):
@@ -279,3 +281,31 @@ def imported_names(path: Path) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.append(node.module)
     return names
+
+
+def _chaos_imports(tree: ast.AST) -> list[ast.AST]:
+    return [
+        node
+        for node in ast.walk(tree)
+        if any(name.split(".")[0] == "chaos" for name in imported_names(node))
+    ]
+
+
+def test_the_product_loads_the_chaos_harness_in_one_function_only() -> None:
+    """``kayos chaos`` is the test harness's command: the product imports chaos/ nowhere but in
+    ``kayos.cli.main.load_chaos``, which runs when that command is asked for."""
+    for path in sorted((ROOT / "kayos").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        found = _chaos_imports(tree)
+        if module_name(path) != "kayos.cli.main":
+            assert not found, (path, [ast.unparse(node) for node in found])
+            continue
+        loader = next(
+            node
+            for node in tree.body
+            if isinstance(node, ast.FunctionDef) and node.name == "load_chaos"
+        )
+        assert found, "kayos.cli.main.load_chaos no longer imports chaos.cli"
+        assert all(node in _chaos_imports(loader) for node in found), [
+            ast.unparse(node) for node in found
+        ]

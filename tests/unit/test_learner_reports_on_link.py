@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kayos.launcher import free_ports
+from kayos.local.ports import free_ports
 from kayos.node import learners
 from kayos.node.learners import CatchUpOrder
 from kayos.node.runtime import Node

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from kayos import limits
-from kayos.control.driver import Answer, lease_grants
 from kayos.manager import Config, ManagerView, TimerTick, decide
+from kayos.manager.member.plan import Answer, lease_grants
 from kayos.replication.logic.lease import (
     Asked,
     EpochAdopted,

@@ -23,7 +23,7 @@ from kayos.errors import (
     error_from_code,
 )
 from kayos.identity import ClusterIdentity, check_data_dir, write_private
-from kayos.launcher import LocalCluster
+from kayos.local.cluster import LocalCluster
 from kayos.replication.wire import auth
 from kayos.replication.wire import frames as fr
 from kayos.topology import NodeAddr, Topology, rotated

@@ -1,10 +1,10 @@
-"""``kayos ctl queue describe``'s verdicts (kayos/cli/queue_view.py) from made-up answers."""
+"""``kayos ctl queue describe``'s verdicts (kayos/cli/ctl/queue_view.py) from made-up answers."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from kayos.cli.queue_view import describe, render_describe
+from kayos.cli.ctl.queue_view import describe, render_describe
 from kayos.topology import NodeAddr, rotated
 
 TOPOLOGY = rotated([NodeAddr(n, "127.0.0.1", 1, 2) for n in "abc"], replicas=3)

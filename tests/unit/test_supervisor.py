@@ -1,11 +1,11 @@
-"""The restart decisions of ``kayos up`` (kayos/supervisor.py), on a fake clock."""
+"""The restart decisions of ``kayos up`` (kayos/local/supervisor.py), on a fake clock."""
 
 from __future__ import annotations
 
 import itertools
 
 from kayos import limits
-from kayos.supervisor import GiveUp, Restart, Supervisor
+from kayos.local.supervisor import GiveUp, Restart, Supervisor
 
 MIN_S = limits.node_restart_delay_ms_min / 1000
 MAX_S = limits.node_restart_delay_ms_max / 1000

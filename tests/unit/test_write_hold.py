@@ -1,16 +1,16 @@
 """A new head's write hold, narrowed to where it is needed (docs/manager.md, "Head leases"):
 the node's pure hold bookkeeping (``adopt_holds``, ``release``) and the leader's pure estimate of
-what is left of the old head's lease (kayos/control/holds.py), as transcripts with plain times,
-and the checks of ``POST /v1/admin/write-hold``. No clock, no processes."""
+what is left of the old head's lease (kayos/manager/member/holds.py), as transcripts with plain
+times, and the checks of ``POST /v1/admin/write-hold``. No clock, no processes."""
 
 from __future__ import annotations
 
 import pytest
 
 from kayos import limits
-from kayos.control.holds import hold_ms, record_grants, shard_heads
 from kayos.errors import InvalidRequest, Unauthenticated
 from kayos.identity import ClusterIdentity
+from kayos.manager.member.holds import hold_ms, record_grants, shard_heads
 from kayos.node.lease_api import apply_write_hold
 from kayos.replication.logic.lease import WriteHold, adopt_holds, release
 from kayos.signing import sign

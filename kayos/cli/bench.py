@@ -1,0 +1,307 @@
+"""``kayos bench``: the benchmarks' commands (kayos/bench/ does the work; each is imported when
+its command runs). Each prints comparable figures, as aligned lines or as JSON, and can write the
+JSON to a file."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+
+@click.group()
+def bench() -> None:
+    """Benchmarks that print comparable figures and write JSON."""
+
+
+@bench.command("storage")
+@click.option("--messages", default=1_000_000, show_default=True, help="Messages to commit.")
+@click.option("--per-commit", default=1000, show_default=True, help="Messages per commit.")
+@click.option("--seed", default=1, show_default=True, help="Workload seed.")
+@click.option("--no-lmdb", is_flag=True, help="Skip the lmdb baseline.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+@click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
+@click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the files.")
+def bench_storage_command(
+    messages: int,
+    per_commit: int,
+    seed: int,
+    no_lmdb: bool,
+    as_json: bool,
+    out: str | None,
+    base: str | None,
+) -> None:
+    """The shard store vs lmdb (sync on, key + seq index) on one workload."""
+    from kayos.bench.storage import bench_storage
+
+    result = bench_storage(messages, per_commit, seed, base, with_lmdb=not no_lmdb)
+    _bench_report(result, as_json, out, skip=("workload",))
+
+
+def _bench_report(
+    result: dict[str, object], as_json: bool, out: str | None, skip: tuple[str, ...] = ()
+) -> None:
+    """Writes a bench's JSON to ``out`` if given; prints it as JSON or as aligned lines."""
+    text = json.dumps(result, indent=2)
+    if out:
+        with open(out, "w") as handle:
+            handle.write(text + "\n")
+    if as_json:
+        click.echo(text)
+        return
+    for name, value in result.items():
+        if name not in skip:
+            click.echo(f"{name:>26}: {value}")
+
+
+@bench.command("retention")
+@click.option("--budget-bytes", type=int, help="Disk budget per node.  [default: 64 MiB]")
+@click.option("--volume-factor", type=int, help="Payload produced, in budgets.  [default: 10]")
+@click.option("--value-bytes", type=int, help="Bytes per value.  [default: 1000]")
+@click.option("--deadline-s", type=float, help="Stop after this long.  [default: 900]")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+@click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
+@click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
+def bench_retention_command(
+    budget_bytes: int | None,
+    volume_factor: int | None,
+    value_bytes: int | None,
+    deadline_s: float | None,
+    as_json: bool,
+    out: str | None,
+    base: str | None,
+) -> None:
+    """The retention soak: a queue with until_consumed and a consumer keeping up; produces
+    volume-factor x budget and reports each node's disk use against the budget."""
+    from kayos.bench.retention import RetentionSoakParameters, bench_retention
+
+    given: dict[str, Any] = {
+        "budget_bytes": budget_bytes,
+        "volume_factor": volume_factor,
+        "value_bytes": value_bytes,
+        "deadline_s": deadline_s,
+    }
+    try:
+        parameters = RetentionSoakParameters(**{k: v for k, v in given.items() if v is not None})
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    result = bench_retention(parameters, base)
+    _bench_report(result, as_json, out, skip=("machine", "parameters"))
+    if not result["within_budget"] or result["consumed"] != result["messages"]:
+        sys.exit(1)
+
+
+@bench.command("produce")
+@click.option("--messages", type=int, help="Messages to produce.  [default: 300000]")
+@click.option("--batch", type=int, help="Messages per produce call.  [default: 100]")
+@click.option("--in-flight", type=int, help="Batches outstanding at once.  [default: 128]")
+@click.option("--replicas", type=int, help="Nodes in the shard's chain.  [default: 3]")
+@click.option("--singles", type=int, help="One-message acks=all samples.  [default: 2000]")
+@click.option(
+    "--queue-shards",
+    type=int,
+    help="Also produce to a queue over this many shards and report the ratio.  [default: 1]",
+)
+@click.option(
+    "--nodes", type=int, help="Node processes (more than --replicas spread the shards' chains)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+@click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
+@click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
+def bench_produce_command(
+    messages: int | None,
+    batch: int | None,
+    in_flight: int | None,
+    replicas: int | None,
+    singles: int | None,
+    queue_shards: int | None,
+    nodes: int | None,
+    as_json: bool,
+    out: str | None,
+    base: str | None,
+) -> None:
+    """A local chain of node processes: produce with acks=all through the client, then consume."""
+    from kayos.bench.produce import ProduceBenchParameters, bench_produce
+
+    # Options left out keep the defaults of ProduceBenchParameters (the one place they live).
+    given = {
+        "messages": messages,
+        "batch": batch,
+        "in_flight": in_flight,
+        "replicas": replicas,
+        "singles": singles,
+        "queue_shards": queue_shards,
+        "nodes": nodes,
+    }
+    try:
+        parameters = ProduceBenchParameters(**{k: v for k, v in given.items() if v is not None})
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    _bench_report(bench_produce(parameters, base), as_json, out)
+
+
+def _load_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The live-load options of the benches that measure what a copy costs."""
+    command = click.option(
+        "--both-loads", is_flag=True, help="Run closed loop, then open loop at --produce-rate."
+    )(command)
+    return click.option(
+        "--produce-rate",
+        type=float,
+        help="Open-loop producers offering this many msgs/s (drop = achieved / offered).",
+    )(command)
+
+
+@bench.command("failover")
+@click.option(
+    "--shard-mb", type=int, help="Size of the shard a returning node copies.  [default: 1024]"
+)
+@click.option(
+    "--detection-window-ms", type=int, help="The manager's detection window.  [default: limits]"
+)
+@click.option("--slow-window-ms", type=int, help="The manager's slow window.  [default: limits]")
+@click.option(
+    "--repeat", type=int, help="Runs, each on a fresh cluster: median and range.  [default: 1]"
+)
+@_load_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+@click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
+@click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
+def bench_failover_command(
+    shard_mb: int | None,
+    detection_window_ms: int | None,
+    slow_window_ms: int | None,
+    repeat: int | None,
+    produce_rate: float | None,
+    both_loads: bool,
+    as_json: bool,
+    out: str | None,
+    base: str | None,
+) -> None:
+    """3 nodes + 3 managers, acks=all producers throughout: dead and slow node removal, catch-up."""
+    from kayos.bench.membership.failover import FailoverBenchParameters, bench_failover
+    from kayos.errors import KayosError
+
+    given: dict[str, Any] = {
+        "shard_mb": shard_mb,
+        "detection_window_ms": detection_window_ms,
+        "slow_window_ms": slow_window_ms,
+        "repeat": repeat,
+        "produce_rate": produce_rate,
+        "both_loads": both_loads or None,
+    }
+    try:
+        parameters = FailoverBenchParameters(**{k: v for k, v in given.items() if v is not None})
+    except (ValueError, KayosError) as exc:
+        raise click.BadParameter(str(exc)) from exc
+    _bench_report(bench_failover(parameters, base), as_json, out, skip=("runs", "machine"))
+
+
+@bench.command("grow")
+@click.option("--shard-mb", type=int, help="Each of the 3 shards filled to this.  [default: 64]")
+@click.option("--producers", type=int, help="acks=all producer threads.  [default: 4]")
+@click.option("--baseline-s", type=float, help="Produce alone before the move.  [default: 10]")
+@_load_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+@click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
+@click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
+def bench_grow_command(
+    shard_mb: int | None,
+    producers: int | None,
+    baseline_s: float | None,
+    produce_rate: float | None,
+    both_loads: bool,
+    as_json: bool,
+    out: str | None,
+    base: str | None,
+) -> None:
+    """3 loaded nodes + 3 managers: add a 4th and rebalance; produce rate before/during, bytes."""
+    from kayos.bench.membership.grow import GrowBenchParameters, bench_grow
+    from kayos.errors import KayosError
+
+    given: dict[str, Any] = {"shard_mb": shard_mb, "producers": producers}
+    given["baseline_s"] = baseline_s
+    given["produce_rate"] = produce_rate
+    given["both_loads"] = both_loads or None
+    try:
+        parameters = GrowBenchParameters(**{k: v for k, v in given.items() if v is not None})
+    except (ValueError, KayosError) as exc:
+        raise click.BadParameter(str(exc)) from exc
+    _bench_report(bench_grow(parameters, base), as_json, out, skip=("machine",))
+
+
+@bench.command("spark")
+@click.option("--rows", type=int, help="Messages to write and read.  [default: 1000000]")
+@click.option("--value-bytes", type=int, help="Bytes per value.  [default: 100]")
+@click.option("--min-partitions", type=int, help="Spark partitions per read.  [default: 2]")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+@click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
+@click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
+def bench_spark_command(
+    rows: int | None,
+    value_bytes: int | None,
+    min_partitions: int | None,
+    as_json: bool,
+    out: str | None,
+    base: str | None,
+) -> None:
+    """The Spark source (local[2]) against the plain client on a local chain (needs kayos[spark]
+    and java): batch write, batch read, availableNow stream read, client read."""
+    from kayos.bench.spark import SparkBenchParameters, bench_spark
+
+    given = {"rows": rows, "value_bytes": value_bytes, "min_partitions": min_partitions}
+    try:
+        parameters = SparkBenchParameters(**{k: v for k, v in given.items() if v is not None})
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    _bench_report(bench_spark(parameters, base), as_json, out)
+
+
+@bench.command("kestrel")
+@click.option("--clients", default="1,16", show_default=True, help="Client counts, one run each.")
+@click.option("--ops", default=20_000, show_default=True, help="Operations per scenario.")
+@click.option(
+    "--cluster-ops", default=5_000, show_default=True, help="Operations per cluster scenario."
+)
+@click.option(
+    "--cluster/--memory",
+    default=False,
+    help="Also run the front on a local 3-node chain (default: the memory backend only).",
+)
+@click.option("--memcached", default=None, metavar="HOST:PORT", help="memcached to compare with.")
+@click.option(
+    "--workers",
+    type=click.Choice(["threads", "processes"]),
+    default="threads",
+    show_default=True,
+    help="What runs each client.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+@click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
+@click.option("--dir", "base", type=click.Path(), default=None, help="Where to put logs, nodes.")
+def bench_kestrel_command(
+    clients: str,
+    ops: int,
+    cluster_ops: int,
+    cluster: bool,
+    memcached: str | None,
+    workers: str,
+    as_json: bool,
+    out: str | None,
+    base: str | None,
+) -> None:
+    """The Kestrel memcache front under python-memcached clients: set and get/open/close rates,
+    against memcached's when one is on PATH or given."""
+    from kayos.bench.kestrel.front import KestrelBenchParameters, bench_kestrel
+
+    try:
+        counts = tuple(int(count) for count in clients.split(","))
+        parameters = KestrelBenchParameters(
+            counts, ops, cluster_ops, cluster=cluster, memcached=memcached, workers=workers
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    _bench_report(bench_kestrel(parameters, base), as_json, out)

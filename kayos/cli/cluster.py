@@ -1,0 +1,305 @@
+"""The commands that run a cluster's processes or make its files: ``kayos node`` and ``kayos
+manager`` (one process each, in the foreground), ``kayos up`` (a whole local cluster),
+``kayos init`` (a topology file for a hand-made cluster) and ``kayos check`` (a shard store,
+offline)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+
+@click.command()
+@click.argument("path", type=click.Path(exists=True))
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def check(path: str, as_json: bool) -> None:
+    """Verify a shard store offline (CRCs, tree order, counts, index agreement).
+
+    Exits 0 when the store is sound; 1 with the offset of the first problem otherwise."""
+    from kayos.storage.maintenance.check import check_store
+
+    report = check_store(path)
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "path": report.path,
+                    "ok": report.ok,
+                    "offset": report.offset,
+                    "problem": report.problem,
+                    "headers": report.headers,
+                    "nodes": report.nodes,
+                    "entries": report.entries,
+                    "last_seq": report.last_seq,
+                    "notes": report.notes,
+                }
+            )
+        )
+    elif report.ok:
+        click.echo(
+            f"OK {report.path}: last seq {report.last_seq}, {report.entries} entries, "
+            f"{report.nodes} nodes, {report.headers} headers"
+        )
+        for note in report.notes:
+            click.echo(f"  note: {note}")
+    else:
+        click.echo(f"FAIL {report.path} at offset {report.offset}: {report.problem}", err=True)
+    sys.exit(0 if report.ok else 1)
+
+
+def _host_port(text: str | None, flag: str) -> tuple[str, int] | None:
+    """``HOST:PORT`` (port 1-65535) of a ``--listen-*`` flag, or None when not given."""
+    if text is None:
+        return None
+    host, colon, port = text.rpartition(":")
+    if not colon or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise click.BadParameter(f"{text!r} is not HOST:PORT (port 1-65535)", param_hint=flag)
+    return host, int(port)
+
+
+@click.command()
+@click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Topology file (TOML, or JSON by extension); see docs/node-api.md.",
+)
+@click.option("--id", "node_id", required=True, help="This node's id in the topology.")
+@click.option("--data", "data_dir", required=True, help="This node's data directory.")
+@click.option("--log-level", default="INFO", show_default=True)
+@click.option(
+    "--listen-http",
+    default=None,
+    metavar="HOST:PORT",
+    help="Bind the HTTP face here instead of the topology's address (a proxy in front).",
+)
+@click.option(
+    "--listen-bin",
+    default=None,
+    metavar="HOST:PORT",
+    help="Bind the binary port here instead of the topology's address (a proxy in front).",
+)
+def node(
+    config_path: str,
+    node_id: str,
+    data_dir: str,
+    log_level: str,
+    listen_http: str | None,
+    listen_bin: str | None,
+) -> None:
+    """Run one node of a cluster in the foreground until SIGINT/SIGTERM."""
+    import asyncio
+    import logging
+
+    from kayos.errors import KayosError
+    from kayos.manager.member.config import members_from
+    from kayos.node.server import Listen, serve
+    from kayos.topology import Topology
+
+    listen = Listen(
+        _host_port(listen_http, "--listen-http"), _host_port(listen_bin, "--listen-bin")
+    )
+    logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        topology = Topology.load(config_path)
+        # Manager members in the file: the chains can be spliced, so heads need a lease.
+        managed = bool(members_from(config_path))
+        asyncio.run(serve(topology, node_id, data_dir, listen=listen, managed=managed))
+    except KayosError as exc:  # refused at start: a bad file, another cluster's data directory
+        raise click.ClickException(f"{exc.code}: {exc}") from exc
+
+
+@click.command()
+@click.option(
+    "--topology",
+    "config_path",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help='The cluster\'s topology file with its [managers."<id>"] tables (docs/manager.md).',
+)
+@click.option("--id", "member_id", required=True, help="This member's id in [managers].")
+@click.option("--data", "data_dir", required=True, help="This member's data directory.")
+@click.option("--log-level", default="INFO", show_default=True)
+def manager(config_path: str, member_id: str, data_dir: str, log_level: str) -> None:
+    """Run one member of the cluster manager in the foreground until SIGINT/SIGTERM."""
+    import asyncio
+    import logging
+
+    from kayos.errors import KayosError
+    from kayos.manager.member import config
+    from kayos.manager.member.process import serve
+
+    logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        setup = config.load(config_path)
+        setup.member(member_id)
+        asyncio.run(serve(setup, member_id, data_dir))
+    except KayosError as exc:
+        raise click.ClickException(f"{exc.code}: {exc}") from exc
+
+
+@click.command()
+@click.option(
+    "--out",
+    "out_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The topology file to write (mode 0600).",
+)
+@click.option(
+    "--node",
+    "node_specs",
+    multiple=True,
+    metavar="ID=HOST:HTTP_PORT:BIN_PORT",
+    help="A node; repeat for each (shards get rotated roles: shard i starts at node i).",
+)
+@click.option("--replicas", default=None, type=int, help="Chain length (default: min(3, nodes)).")
+@click.option("--shards", default=None, type=int, help="Shard count (default: one per node).")
+@click.option(
+    "--from",
+    "from_path",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Keep the nodes and shards of this topology file (one without a cluster id and "
+    "secret, say) instead of --node.",
+)
+@click.option("--force", is_flag=True, help="Replace --out if it exists.")
+def init(
+    out_path: str,
+    node_specs: tuple[str, ...],
+    replicas: int | None,
+    shards: int | None,
+    from_path: str | None,
+    force: bool,
+) -> None:
+    """Write a topology file for a hand-made cluster, with a new cluster id and a random shared
+    secret (the nodes prove it to each other on every replication link). Copy the file to every
+    node, readable by the node's user only."""
+    import os
+
+    from kayos.errors import KayosError
+    from kayos.identity import ClusterIdentity, write_private
+    from kayos.topology import NodeAddr, Topology, rotated
+
+    if os.path.exists(out_path) and not force:
+        raise click.ClickException(f"{out_path} exists; pass --force to replace it")
+    if bool(node_specs) == bool(from_path):
+        raise click.UsageError("give either --node (one per node) or --from, not both")
+    try:
+        if from_path is not None:
+            topology = Topology.load(from_path)
+        else:
+            addresses = [_node_address(spec, NodeAddr) for spec in node_specs]
+            count = len(addresses)
+            topology = rotated(
+                addresses,
+                replicas=min(3, count) if replicas is None else replicas,
+                shard_count=shards,
+            )
+        identity = topology.identity
+        if identity is None or identity.is_placeholder:
+            identity = ClusterIdentity.generate()
+        text = topology.with_identity(identity).dumps_toml()
+    except KayosError as exc:
+        raise click.ClickException(str(exc)) from exc
+    write_private(out_path, text)
+    click.echo(f"wrote {out_path}: cluster {identity.cluster_id}, {len(topology.nodes)} nodes")
+
+
+def _node_address(spec: str, make: Any) -> Any:
+    node_id, _, address = spec.partition("=")
+    host, _, ports = address.rpartition(":") if address.count(":") == 2 else ("", "", "")
+    host, _, http_port = host.rpartition(":") if host else ("", "", "")
+    if not (node_id and host and http_port.isdigit() and ports.isdigit()):
+        raise click.BadParameter(
+            f"{spec!r}: expected ID=HOST:HTTP_PORT:BIN_PORT", param_hint="--node"
+        )
+    return make(node_id, host, int(http_port), int(ports))
+
+
+@click.command()
+@click.option("--data", "data_dir", default="./kayos-data", show_default=True, help="Data root.")
+@click.option("--nodes", default=3, show_default=True, help="Node processes to start.")
+@click.option("--replicas", default=3, show_default=True, help="Chain length of every shard.")
+@click.option("--shards", default=None, type=int, help="Shard count (default: one per node).")
+@click.option(
+    "--base-port",
+    default=7101,
+    show_default=True,
+    help="Node i listens on HTTP base+i and binary base+100+i.",
+)
+@click.option(
+    "--kestrel-port",
+    default=22133,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="The Kestrel memcache front, items on this cluster; 0: no front.",
+)
+@click.option(
+    "--kestrel-text-port",
+    default=2222,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="Its text port; 0: none.",
+)
+@click.option(
+    "--kestrel-thrift-port",
+    default=2229,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="Its thrift port; 0: none.",
+)
+@click.option(
+    "--managers",
+    default=3,
+    show_default=True,
+    type=click.IntRange(0, 7),
+    help="Manager members (Raft raft base+200+i, HTTP base+300+i); 0: no manager.",
+)
+def up(
+    data_dir: str,
+    nodes: int,
+    replicas: int,
+    shards: int | None,
+    base_port: int,
+    kestrel_port: int,
+    kestrel_text_port: int,
+    kestrel_thrift_port: int,
+    managers: int,
+) -> None:
+    """Start a local cluster on 127.0.0.1: by default 3 nodes, 3 shards with rotated roles
+    (S0 a->b->c, S1 b->c->a, S2 c->a->b), replication factor 3, three cluster manager members
+    (docs/manager.md) that splice dead and slow nodes out of chains, and the Kestrel front (memcache
+    22133, text 2222, thrift 2229) keeping its items on the cluster. Ctrl-C stops it cleanly."""
+    from kayos.local.cluster import LocalCluster
+    from kayos.local.kestrel import LocalClusterWithKestrel
+    from kayos.local.up import run_foreground
+
+    if not 1 <= replicas <= nodes:
+        raise click.BadParameter(f"must be 1 .. {nodes}", param_hint="--replicas")
+    options: dict[str, Any] = {
+        "nodes": nodes, "replicas": replicas, "shards": shards, "base_port": base_port,
+        "managers": managers,
+    }  # fmt: skip
+    cluster = (
+        LocalClusterWithKestrel(
+            data_dir,
+            kestrel_port=kestrel_port,
+            text_port=kestrel_text_port or None,
+            thrift_port=kestrel_thrift_port or None,
+            **options,
+        )
+        if kestrel_port
+        else LocalCluster(data_dir, **options)
+    )
+    code = run_foreground(cluster, click.echo)
+    if code == 0:
+        click.echo("kayos up: stopped cleanly")
+    sys.exit(code)
+
+
+COMMANDS = (check, node, manager, init, up)

@@ -1,0 +1,252 @@
+"""``kayos ctl``: operating a running cluster. The group, and its ``status``, ``retention`` and
+``remove-node``; the fetching is here, what it means is decided by the pure functions of
+kayos/cli/ctl/status_view.py. The group's other commands live beside it and are added below."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+from kayos import limits
+from kayos.cli.ctl.cluster_read import fetch_summary
+from kayos.cli.ctl.options import TOPOLOGY_DEFAULT, signing_topology_option
+from kayos.cli.ctl.queue_view import retention_policy
+from kayos.cli.ctl.status_view import render, with_manager
+from kayos.cli.data import SEED_DEFAULT
+
+
+@click.group()
+def ctl() -> None:
+    """Look at and operate a running cluster (through the nodes' HTTP API)."""
+
+
+@ctl.command()
+@click.option(
+    "--url",
+    "urls",
+    multiple=True,
+    default=[SEED_DEFAULT],
+    show_default=True,
+    help="A node's HTTP base URL to read the topology from (repeatable: tried in turn).",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0.001),
+    default=limits.ctl_status_timeout_ms_default / 1000,
+    show_default=True,
+    help="Seconds to wait for each node's reply.",
+)
+@click.option(
+    "--topology",
+    "topology_path",
+    default=TOPOLOGY_DEFAULT,
+    show_default=True,
+    help="The topology file: its [managers] members are asked for the manager's view "
+    "(skipped when the file does not exist).",
+)
+@click.option(
+    "--manager",
+    "manager_urls",
+    multiple=True,
+    help="A manager member's HTTP base URL (repeatable); overrides --topology's members.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the documented JSON schema instead.")
+def status(
+    urls: tuple[str, ...],
+    timeout_s: float,
+    topology_path: str,
+    manager_urls: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Topology, every node's reachability, every chain link's state and lag, whether each shard is
+    fully replicated, the manager's view (leader, epoch, node states) and alerts. Exits 0 when
+    healthy, 1 when degraded (any alert), 2 when no node could be reached. See
+    docs/operations.md, "kayos ctl status"."""
+    from kayos.client.operator import fetch_manager
+
+    managers = _manager_urls(topology_path, manager_urls)
+    summary = asyncio.run(fetch_summary([url.rstrip("/") for url in urls], timeout_s))
+    answer = asyncio.run(fetch_manager(managers, timeout_s)) if managers else None
+    summary = with_manager(summary, answer, managers)
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        colour = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+        click.echo(render(summary, click.style if colour else _plain), color=colour)
+    sys.exit(summary["exit_code"])
+
+
+def _plain(text: str, **_: Any) -> str:
+    return text
+
+
+@ctl.command()
+@click.argument("queue")
+@click.option("--url", default=SEED_DEFAULT, show_default=True, help="A node's HTTP base URL.")
+@click.option("--max-age-ms", type=click.IntRange(min=1), help="Drop entries older than this.")
+@click.option("--max-bytes", type=click.IntRange(min=1), help="Keep at most this many bytes.")
+@click.option(
+    "--until-consumed", is_flag=True, help="Drop what every registered group has consumed."
+)
+@click.option("--keep-all", is_flag=True, help="Clear the policy: keep everything.")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0.001),
+    default=limits.produce_commit_timeout_ms / 1000 + 5,
+    show_default=True,
+    help="Seconds to wait for the reply.",
+)
+def retention(
+    queue: str,
+    url: str,
+    max_age_ms: int | None,
+    max_bytes: int | None,
+    until_consumed: bool,
+    keep_all: bool,
+    timeout_s: float,
+) -> None:
+    """Show QUEUE's retention policy and floor, or set it (any option; --keep-all clears it).
+    Prints the node's JSON reply. See docs/retention.md."""
+    policy = retention_policy(max_age_ms, max_bytes, until_consumed)
+    if keep_all and policy:
+        raise click.UsageError("--keep-all clears the policy; give it alone")
+    body = policy if (policy or keep_all) else None
+    reply = asyncio.run(_retention_call(url.rstrip("/"), queue, body, timeout_s))
+    click.echo(json.dumps(reply, indent=2))
+
+
+async def _retention_call(
+    url: str, queue: str, body: dict[str, Any] | None, timeout_s: float
+) -> Any:
+    """GET from the node at ``url``, or PUT at the head of the queue's shard (from the topology)."""
+    from kayos.client.http import HttpTransport
+    from kayos.errors import KayosError
+    from kayos.topology import Topology
+
+    transport = HttpTransport()
+    await transport.open()
+    try:
+        if body is None:
+            target = url
+            method = "GET"
+        else:
+            topology = Topology.from_json(
+                await transport.request("GET", f"{url}/v1/topology", timeout_s=timeout_s)
+            )
+            target = topology.nodes[topology.chain_for(queue).head].http_url
+            method = "PUT"
+        try:
+            return await transport.request(
+                method, f"{target}/v1/queues/{queue}/retention", timeout_s=timeout_s, body=body
+            )
+        except KayosError as exc:
+            raise click.ClickException(f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        await transport.close()
+
+
+def _manager_urls(topology_path: str, given: tuple[str, ...]) -> list[str]:
+    if given:
+        return [url.rstrip("/") for url in given]
+    if not os.path.exists(topology_path):
+        return []
+    from kayos.errors import KayosError
+    from kayos.manager.member.config import members_from
+
+    try:
+        return [member.http_url for member in members_from(topology_path)]
+    except KayosError as exc:
+        raise click.ClickException(f"{topology_path}: {exc}") from exc
+
+
+@ctl.command("remove-node")
+@click.argument("node")
+@signing_topology_option
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0.001),
+    default=limits.manager_apply_timeout_ms / 1000,
+    show_default=True,
+    help="Seconds to wait for the manager to commit the removal.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the reply as JSON.")
+def remove_node(node: str, topology_path: str, timeout_s: float, as_json: bool) -> None:
+    """Remove NODE from the cluster for good: the manager splices it out of every chain and it
+    never rejoins on its own (docs/manager.md). Exits 0 once the manager committed it, 1 if it
+    refused or no member could be reached."""
+    from kayos.errors import KayosError
+    from kayos.manager.member.config import load
+
+    try:
+        setup = load(topology_path)
+    except KayosError as exc:
+        raise click.ClickException(f"{topology_path}: {exc}") from exc
+    body = {"node": node}
+    from kayos.signing import sign
+
+    message = {"body": body, "mac": sign(setup.identity, "remove-node", body)}
+    urls = [member.http_url for member in setup.members]
+    result = asyncio.run(_remove(urls, message, timeout_s))
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    elif result["ok"]:
+        click.echo(f"removed {node}: state {result['state']}, epoch {result['epoch']}")
+    else:
+        click.echo(f"remove-node {node} failed: {result['error']}", err=True)
+    sys.exit(0 if result["ok"] else 1)
+
+
+async def _remove(urls: list[str], message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Tries each member; a follower's ``not_leader`` names the leader, asked next."""
+    from kayos.client.http import HttpTransport
+    from kayos.errors import KayosError, NotLeaderError
+
+    transport = HttpTransport()
+    await transport.open()
+    errors: list[str] = []
+    queue = list(urls)
+    try:
+        for _ in range(2 * len(urls) + 1):  # each member, plus a redirect each: bounded
+            if not queue:
+                break
+            url = queue.pop(0)
+            try:
+                reply = await transport.request(
+                    "POST", f"{url}/v1/manager/remove-node", timeout_s=timeout_s, body=message
+                )
+            except NotLeaderError as exc:
+                errors.append(f"{url}: {exc}")
+                if exc.redirect:
+                    queue.insert(0, exc.redirect)
+                continue
+            except KayosError as exc:
+                errors.append(f"{url}: {exc.code}: {exc}")
+                if exc.code in ("invalid_request", "unauthenticated"):
+                    break  # every member would say the same
+                continue
+            if isinstance(reply, dict):
+                return {"ok": True, "manager": url, **reply, "error": None}
+        return {"ok": False, "error": "; ".join(errors) or "no manager member"}
+    finally:
+        await transport.close()
+
+
+def _register_commands() -> None:
+    """add-node, drain, move-shard, rebalance live in kayos/cli/ctl/operate.py; compact and check in
+    kayos/cli/ctl/maintenance.py; the queue commands in kayos/cli/ctl/queue.py."""
+    from kayos.cli.ctl import maintenance, operate, queue
+
+    operate.register(ctl)
+    maintenance.register(ctl)
+    queue.register(ctl)
+
+
+_register_commands()

@@ -1,0 +1,494 @@
+"""``kayos ctl status``, the pure part: what the nodes answered -> a summary, its alerts, its text.
+
+``summarise`` takes the topology one node served (``GET /v1/topology``) and, per node, either its
+``GET /v1/status`` reply or the error met asking for it; it does no I/O and reads no clock, so the
+unit tests feed it canned replies. The JSON it builds is the documented, stable schema of
+``kayos ctl status --json`` (docs/operations.md, "kayos ctl status"): fields are only ever added.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kayos import limits
+from kayos.topology import Topology
+
+# The version of the --json schema: raised only if a field changes meaning or goes away.
+SCHEMA_VERSION = 1
+
+EXIT_HEALTHY = 0
+EXIT_DEGRADED = 1
+EXIT_UNREACHABLE = 2
+
+# A node's answer: its status reply (a dict) or the reason it gave none (a str).
+NodeAnswer = dict[str, Any] | str
+
+
+def _alert(severity: str, code: str, message: str, **where: Any) -> dict[str, Any]:
+    return {"severity": severity, "code": code, "message": message, **where}
+
+
+def unreachable(urls: list[str], error: str) -> dict[str, Any]:
+    """The summary when no node served the topology: exit code 2."""
+    return {
+        "schema": SCHEMA_VERSION,
+        "health": "unreachable",
+        "exit_code": EXIT_UNREACHABLE,
+        "source": None,
+        "epoch": None,
+        "nodes": [],
+        "shards": [],
+        "alerts": [
+            _alert(
+                "critical",
+                "cluster_unreachable",
+                f"no node answered GET /v1/topology at {', '.join(urls)}: {error}",
+            )
+        ],
+    }
+
+
+def summarise(source: str, topology: Topology, answers: Mapping[str, NodeAnswer]) -> dict[str, Any]:
+    """The cluster as the nodes describe it. ``source`` is the URL that served ``topology``;
+    ``answers`` has one entry per node of the topology (a missing one counts as unreachable)."""
+    alerts: list[dict[str, Any]] = []
+    statuses: dict[str, dict[str, Any]] = {}
+    nodes: list[dict[str, Any]] = []
+    for node_id, addr in topology.nodes.items():
+        answer = answers.get(node_id, "not asked")
+        entry: dict[str, Any] = {"id": node_id, "url": addr.http_url, "reachable": False}
+        if isinstance(answer, str):
+            entry.update(error=answer, epoch=None, ready=None)
+            alerts.append(
+                _alert("critical", "node_unreachable", f"node {node_id}: {answer}", node=node_id)
+            )
+        else:
+            statuses[node_id] = answer
+            entry.update(reachable=True, error=None)
+            entry.update(epoch=answer.get("epoch"), ready=answer.get("ready"))
+            if answer.get("epoch") != topology.epoch:
+                alerts.append(
+                    _alert(
+                        "warning",
+                        "epoch_mismatch",
+                        f"node {node_id} runs epoch {answer.get('epoch')}, "
+                        f"the topology is at {topology.epoch}",
+                        node=node_id,
+                    )
+                )
+            if not answer.get("ready"):
+                message = f"node {node_id} is not ready"
+                alerts.append(_alert("warning", "node_not_ready", message, node=node_id))
+        nodes.append(entry)
+    shards = [_shard(topology, shard_id, statuses, alerts) for shard_id in sorted(topology.shards)]
+    return {
+        "schema": SCHEMA_VERSION,
+        "health": "degraded" if alerts else "healthy",
+        "exit_code": EXIT_DEGRADED if alerts else EXIT_HEALTHY,
+        "source": source,
+        "epoch": topology.epoch,
+        "nodes": nodes,
+        "shards": shards,
+        "alerts": alerts,
+    }
+
+
+def _shard(
+    topology: Topology,
+    shard_id: int,
+    statuses: Mapping[str, dict[str, Any]],
+    alerts: list[dict[str, Any]],
+) -> dict[str, Any]:
+    shard = topology.shards[shard_id]
+    key = str(shard_id)
+    members: list[dict[str, Any]] = []
+    for node_id in shard.members:
+        expected = shard.role_of(node_id)
+        replica = statuses.get(node_id, {}).get("shards", {}).get(key)
+        member: dict[str, Any] = {"node": node_id, "role": expected, "reachable": False}
+        member.update(last_seq=None, committed_seq=None, catching_up=None)
+        member.update(rolled_back_entries=None, rolled_back_committed_entries=None)
+        if node_id in statuses and replica is None:
+            alerts.append(
+                _alert(
+                    "critical",
+                    "replica_missing",
+                    f"shard {shard_id}: node {node_id} serves no replica of it",
+                    shard=shard_id,
+                    node=node_id,
+                )
+            )
+        if replica is not None:
+            member["reachable"] = True
+            for name in ("last_seq", "committed_seq", "catching_up", "rolled_back_entries"):
+                member[name] = replica.get(name)
+            member["rolled_back_committed_entries"] = replica.get("rolled_back_committed_entries")
+            _member_alerts(shard_id, node_id, expected, replica, alerts)
+        members.append(member)
+    links = [
+        _link(shard_id, upstream, downstream, statuses, alerts)
+        for upstream, downstream in _edges(shard.chain, shard.fanout)
+    ]
+    # In sync: reachable, not catching up, and linked to the head by up links all the way.
+    by_node = {member["node"]: member for member in members}
+    down_into = {link["to"] for link in links if link["state"] != "up"}
+    in_sync: list[str] = []
+    for node_id in shard.members:
+        upstream = shard.upstream_of(node_id)
+        member = by_node[node_id]
+        if (
+            member["reachable"]
+            and not member["catching_up"]
+            and (upstream is None or (upstream in in_sync and node_id not in down_into))
+        ):
+            in_sync.append(node_id)
+    fully = len(in_sync) == len(shard.members)
+    if not fully:
+        alerts.append(
+            _alert(
+                "critical",
+                "shard_under_replicated",
+                f"shard {shard_id}: {len(in_sync)} of {len(shard.members)} members in sync "
+                f"({', '.join(in_sync) or 'none'})",
+                shard=shard_id,
+            )
+        )
+    head = by_node[shard.head]
+    return {
+        "id": shard_id,
+        "chain": list(shard.chain),
+        "fanout": list(shard.fanout),
+        "head": shard.head,
+        "tails": list(shard.tails),
+        "last_seq": head["last_seq"],
+        "committed_seq": head["committed_seq"],
+        "fully_replicated": fully,
+        "in_sync": in_sync,
+        "members": members,
+        "links": links,
+    }
+
+
+def _member_alerts(
+    shard_id: int, node_id: str, expected: str | None, replica: dict[str, Any], alerts: list[Any]
+) -> None:
+    where = {"shard": shard_id, "node": node_id}
+    if replica.get("role") != expected:
+        alerts.append(
+            _alert(
+                "warning",
+                "role_mismatch",
+                f"shard {shard_id}: node {node_id} acts as {replica.get('role')}, "
+                f"the topology says {expected}",
+                **where,
+            )
+        )
+    if replica.get("catching_up"):
+        alerts.append(
+            _alert(
+                "warning",
+                "replica_catching_up",
+                f"shard {shard_id}: node {node_id} is catching up from its upstream",
+                **where,
+            )
+        )
+    if replica.get("rolled_back_committed_entries"):
+        alerts.append(
+            _alert(
+                "critical",
+                "committed_entries_rolled_back",
+                f"shard {shard_id}: node {node_id} rolled back "
+                f"{replica['rolled_back_committed_entries']} committed entries (a bug)",
+                **where,
+            )
+        )
+    if replica.get("disk_full"):
+        alerts.append(
+            _alert(
+                "critical",
+                "disk_full",
+                f"shard {shard_id}: node {node_id} cannot commit: its disk is full (writes are "
+                "refused with disk_full until space is freed; docs/retention.md)",
+                **where,
+            )
+        )
+
+
+def _edges(chain: tuple[str, ...], fanout: tuple[str, ...]) -> list[tuple[str, str]]:
+    pairs = list(itertools.pairwise(chain))
+    return pairs + [(chain[-1], tail) for tail in fanout]
+
+
+def _link(
+    shard_id: int,
+    upstream: str,
+    downstream: str,
+    statuses: Mapping[str, dict[str, Any]],
+    alerts: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """One chain link as both its ends see it: up only if every end that answered says so."""
+    reports: list[tuple[str, dict[str, Any]]] = []
+    for reporter, peer in ((upstream, downstream), (downstream, upstream)):
+        replica = statuses.get(reporter, {}).get("shards", {}).get(str(shard_id), {})
+        found = next((x for x in replica.get("links", ()) if x.get("peer") == peer), None)
+        if found is not None:
+            reports.append((reporter, found))
+    heard = [r["last_heard_s"] for _, r in reports if r.get("last_heard_s") is not None]
+    lags = [int(r.get("lag_entries") or 0) for _, r in reports]
+    state = "down" if any(not r.get("up") for _, r in reports) else "up"
+    if not reports:
+        state = "unknown"
+    down_at = [reporter for reporter, r in reports if not r.get("up")]
+    link: dict[str, Any] = {
+        "from": upstream,
+        "to": downstream,
+        "state": state,
+        # The staler of the two ends' "last heard": a link is as fresh as its quieter direction.
+        "last_heard_s": max(heard) if heard else None,
+        "lag_entries": max(lags) if lags else None,
+        "reported_by": [reporter for reporter, _ in reports],
+        "down_at": down_at,
+    }
+    where = {"shard": shard_id, "link": [upstream, downstream]}
+    if state == "down":
+        alerts.append(
+            _alert(
+                "critical",
+                "link_down",
+                f"shard {shard_id}: link {upstream} -> {downstream} is down "
+                f"(as seen by {', '.join(down_at)}; last heard {_seconds(link)})",
+                **where,
+            )
+        )
+    elif state == "up" and lags and max(lags) > limits.ctl_link_lag_alert_entries:
+        alerts.append(
+            _alert(
+                "warning",
+                "link_lagging",
+                f"shard {shard_id}: {downstream} is {max(lags)} entries behind {upstream} "
+                f"(alert above {limits.ctl_link_lag_alert_entries})",
+                **where,
+            )
+        )
+    return link
+
+
+def _seconds(link: Mapping[str, Any]) -> str:
+    heard = link["last_heard_s"]
+    return "never" if heard is None else f"{heard:.1f}s ago"
+
+
+Style = Callable[..., str]
+
+
+def render(summary: Mapping[str, Any], style: Style) -> str:
+    """The summary as text for a person. ``style(text, fg=..., bold=...)`` colours a piece
+    (``click.style`` on a terminal, a function returning the text unchanged otherwise)."""
+    health = summary["health"]
+    colour = {"healthy": "green", "degraded": "yellow", "unreachable": "red"}[health]
+    alerts = summary["alerts"]
+    lines = [
+        f"cluster: {style(health.upper(), fg=colour, bold=True)}"
+        + (f" (epoch {summary['epoch']}, from {summary['source']})" if summary["source"] else "")
+        + (f", {len(alerts)} alert{'s' if len(alerts) != 1 else ''}" if alerts else "")
+    ]
+    if summary["nodes"]:
+        lines.append("nodes:")
+        width = max(len(node["id"]) for node in summary["nodes"])
+        for node in summary["nodes"]:
+            if node["reachable"]:
+                state = style("up", fg="green")
+                extra = f"epoch {node['epoch']}" + ("" if node["ready"] else ", not ready")
+            else:
+                state = style("UNREACHABLE", fg="red", bold=True)
+                extra = node["error"]
+            lines.append(f"  {node['id']:<{width}}  {node['url']}  {state}  {extra}")
+    for shard in summary["shards"]:
+        path = " -> ".join(shard["chain"])
+        if shard["fanout"]:
+            path += " -> {" + ", ".join(shard["fanout"]) + "}"
+        replicated = (
+            style("fully replicated", fg="green")
+            if shard["fully_replicated"]
+            else style(
+                f"UNDER-REPLICATED ({len(shard['in_sync'])}/{len(shard['members'])} in sync)",
+                fg="red",
+                bold=True,
+            )
+        )
+        lines.append(
+            f"shard {shard['id']}: {path}  last seq {_or_dash(shard['last_seq'])}, "
+            f"committed {_or_dash(shard['committed_seq'])}  {replicated}"
+        )
+        for link in shard["links"]:
+            state = link["state"]
+            shown = style(
+                state.upper() if state != "up" else state,
+                fg={"up": "green", "down": "red", "unknown": "yellow"}[state],
+                bold=state != "up",
+            )
+            lines.append(
+                f"  {link['from']} -> {link['to']}  {shown}  heard {_seconds(link)}  "
+                f"lag {_or_dash(link['lag_entries'])} entries"
+            )
+        for member in shard["members"]:
+            if member["catching_up"]:
+                lines.append(f"  {member['node']}: {style('catching up', fg='yellow')}")
+    lines += render_manager(summary, style)
+    if alerts:
+        lines.append("alerts:")
+        for alert in alerts:
+            fg = "red" if alert["severity"] == "critical" else "yellow"
+            tag = style(alert["severity"].upper(), fg=fg, bold=True)
+            lines.append(f"  {tag} {alert['code']}: {alert['message']}")
+    return "\n".join(lines)
+
+
+def _or_dash(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+# --- the manager's view (docs/manager.md) ---------------------------------------------------------
+
+# Manager alert kinds as `kayos ctl status` alerts: the shard cannot serve, or holds fewer copies
+# than asked, or a member's disk is full (critical); a slow node kept in a chain (warning).
+_MANAGER_SEVERITY = {
+    "shard_no_live_member": "critical",
+    "shard_below_min_replicas": "critical",
+    "member_disk_full": "critical",
+    "slow_node_kept": "warning",
+}
+
+
+def with_manager(
+    summary: dict[str, Any], answer: NodeAnswer | None, asked: list[str]
+) -> dict[str, Any]:
+    """``summary`` with the manager's view beside the nodes': ``answer`` is one member's
+    ``GET /v1/manager/status`` (the leader's when it answered), the reason none answered, or
+    None when the cluster has no manager members (``asked`` empty). Its alerts join the
+    summary's, and a manager no member of which answered is an alert of its own."""
+    out = dict(summary)
+    alerts = list(summary["alerts"])
+    if answer is None:
+        out["manager"] = None
+        return out
+    if isinstance(answer, str):
+        out["manager"] = {"reachable": False, "asked": asked, "error": answer}
+        alerts.append(
+            _alert(
+                "critical",
+                "manager_unreachable",
+                f"no manager member answered at {', '.join(asked)}: {answer}",
+            )
+        )
+    else:
+        out["manager"] = _manager_view(answer, asked)
+        alerts += _manager_alerts(answer, out["manager"]["shards"])
+    out["alerts"] = alerts
+    if out["health"] != "unreachable":
+        out["health"] = "degraded" if alerts else "healthy"
+        out["exit_code"] = EXIT_DEGRADED if alerts else EXIT_HEALTHY
+    return out
+
+
+def _manager_view(answer: dict[str, Any], asked: list[str]) -> dict[str, Any]:
+    """The ``manager`` part of the summary from a member's status reply."""
+    raw_view = answer.get("view")
+    view: dict[str, Any] = raw_view if isinstance(raw_view, dict) else {}
+    nodes = [
+        {"id": n[0], "state": n[1]}
+        for n in view.get("nodes", [])
+        if isinstance(n, list) and len(n) >= 2
+    ]
+    shards = [
+        {
+            "id": s.get("id"),
+            "chain": s.get("chain", []),
+            "epoch": s.get("epoch"),
+            "departed": s.get("departed", []),
+            "catching_up": s.get("catching_up", []),
+        }
+        for s in view.get("shards", [])
+        if isinstance(s, dict)
+    ]
+    return {
+        "reachable": True,
+        "asked": asked,
+        "member": answer.get("member"),
+        "leader": answer.get("leader"),
+        "leader_url": answer.get("leader_url"),
+        "epoch": answer.get("epoch"),
+        "view_hash": answer.get("view_hash"),
+        "nodes": nodes,
+        "shards": shards,
+        "alerts": answer.get("alerts", []),
+    }
+
+
+def _manager_alerts(answer: dict[str, Any], shards: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The alerts a member's reply raises: no leader, members away from a chain (``shards`` as
+    ``_manager_view`` has them), and the manager's own alerts."""
+    alerts: list[dict[str, Any]] = []
+    if answer.get("leader") is None:
+        alerts.append(_alert("critical", "manager_no_leader", "the manager has no leader"))
+    for entry in shards:
+        away = [str(n) for n in entry["departed"]]
+        if away:
+            # Not a copy short of the minimum (the manager alerts that), but short of the
+            # members it had: full replication is back only once they rejoin.
+            learning = {str(n) for n in entry["catching_up"]}
+            where = ", ".join(f"{n} (catching up)" if n in learning else n for n in away)
+            alerts.append(
+                _alert(
+                    "warning",
+                    "shard_members_away",
+                    f"shard {entry['id']}: left the chain and not back yet: {where}",
+                    shard=entry["id"],
+                )
+            )
+    for alert in answer.get("alerts", []):
+        if not isinstance(alert, dict):
+            continue
+        kind, shard, node = alert.get("kind"), alert.get("shard"), alert.get("node")
+        where = f"shard {shard}" + (f", node {node}" if node else "")
+        alerts.append(
+            _alert(
+                _MANAGER_SEVERITY.get(str(kind), "warning"),
+                str(kind),
+                f"manager: {where}",
+                shard=shard,
+                node=node or None,
+            )
+        )
+    return alerts
+
+
+def render_manager(summary: Mapping[str, Any], style: Style) -> list[str]:
+    """The manager's part of ``render``: leader, epoch, node states, chains as it sees them."""
+    manager = summary.get("manager")
+    if manager is None:
+        return []
+    if not manager["reachable"]:
+        return [f"manager: {style('UNREACHABLE', fg='red', bold=True)}  {manager['error']}"]
+    leader = manager["leader"] or style("NO LEADER", fg="red", bold=True)
+    lines = [
+        f"manager: leader {leader} ({manager['leader_url'] or '-'}), epoch {manager['epoch']}, "
+        f"asked {manager['member']}"
+    ]
+    colours = {"up": "green", "suspect": "yellow", "slow": "yellow", "full": "red", "down": "red"}
+    states = "  ".join(
+        f"{n['id']} {style(n['state'], fg=colours.get(n['state'], 'red'))}"
+        for n in manager["nodes"]
+    )
+    lines.append(f"  node states: {states}")
+    for shard in manager["shards"]:
+        extra = ""
+        if shard["departed"]:
+            extra += f"  departed {', '.join(shard['departed'])}"
+        if shard["catching_up"]:
+            extra += f"  catching up {', '.join(shard['catching_up'])}"
+        chain = " -> ".join(shard["chain"])
+        lines.append(f"  shard {shard['id']}: {chain}  (epoch {shard['epoch']}){extra}")
+    return lines

@@ -1,0 +1,27 @@
+"""Plain JSON over HTTP (urllib) to a local cluster's members: what the launcher, the benchmarks
+and the tests ask a node or a manager member, without the client's retries."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+
+def http_json(
+    url: str, *, method: str = "GET", body: Any = None, timeout_s: float = 10.0
+) -> tuple[int, Any]:
+    """One JSON request; returns (status, decoded body) for success and error replies alike."""
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"} if data is not None else {}
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310 - http URLs we built
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
+            return int(response.status), json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        raw = error.read()
+        try:
+            return int(error.code), json.loads(raw or b"null")
+        except ValueError:
+            return int(error.code), raw.decode(errors="replace")

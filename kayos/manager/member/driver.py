@@ -1,0 +1,231 @@
+"""The leader's driver (docs/manager.md, "The driver loop"): while this member leads, poll every
+node, log what was seen, carry out what ``decide`` asked. The choosing is pure and lives in
+``kayos.manager.member.plan``; this is the thin asyncio part: it asks, logs, sends, and sleeps
+until the next round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kayos import limits
+from kayos.errors import KayosError
+from kayos.identity import ClusterIdentity
+from kayos.manager import (
+    Action,
+    Alert,
+    ClearAlert,
+    Event,
+    ManagerLeaderChanged,
+    ManagerView,
+    PublishTopology,
+)
+from kayos.manager.member.codec import action_to_data
+from kayos.manager.member.holds import hold_ms, record_grants, shard_heads
+from kayos.manager.member.plan import (
+    Answer,
+    CatchUpOrder,
+    FollowersNote,
+    Memory,
+    lease_grants,
+    node_addresses,
+    plan_round,
+    sends_for,
+    signed,
+    topology_of,
+)
+from kayos.topology import NodeAddr, Topology
+
+log = logging.getLogger("kayos.manager.driver")
+
+
+Poster = Callable[[str, Any], Awaitable[Any]]
+Getter = Callable[[str], Awaitable[Any]]
+Submit = Callable[[list[Event]], Awaitable[tuple[ManagerView, tuple[Action, ...]]]]
+
+
+@dataclass(slots=True)
+class Driver:
+    """Runs while this member leads. ``get(url)`` / ``post(url, body)`` do the HTTP (raising a
+    Kayos error on failure); ``submit(events)`` logs an entry and returns the view after it and
+    the actions; ``view()`` is the member's current view; ``clock_ms`` the leader's monotonic
+    clock."""
+
+    identity: ClusterIdentity
+    nodes: Mapping[str, NodeAddr]
+    get: Getter
+    post: Poster
+    submit: Submit
+    view: Callable[[], ManagerView]
+    clock_ms: Callable[[], int]
+    memory: Memory = field(default_factory=Memory)
+    rounds: int = 0
+    # The topology file: what the view does not hold (each queue's shard count) comes from it.
+    base: Topology | None = None
+    # The member's chain change records (``ManagerLog.changes``); None: no write-hold releases
+    # are sent, so a new head holds writes the whole ``head_lease_ms``.
+    changes: Callable[[], tuple[list[dict[str, Any]], int]] | None = None
+    # Write holds (kayos/manager/member/holds.py): when this member began to lead, the epoch and
+    # heads it began at, the heads last seen, grant times, and per shard the head still to be told.
+    elected_ms: int = 0
+    start: tuple[int, dict[int, str]] = (0, {})
+    heads: dict[int, str] = field(default_factory=dict)
+    grant_times: dict[str, dict[int, float]] = field(default_factory=dict)
+    releases: dict[int, tuple[str, int]] = field(default_factory=dict)
+    # Lease grants on their way, one per node at most (``_grant``).
+    granting: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+
+    async def lead(self, is_leader: Callable[[], bool]) -> None:
+        """Logs ManagerLeaderChanged, re-sends everything, then polls until leadership is lost."""
+        self.elected_ms = self.clock_ms()
+        view, actions = await self.submit([ManagerLeaderChanged(self.clock_ms())])
+        self.heads = {s.id: s.chain[0] for s in view.shards}
+        self.start = (view.epoch, dict(self.heads))
+        log.info("became leader at epoch %d: logged ManagerLeaderChanged", view.epoch)
+        self.memory = Memory()
+        await self.carry_out(view, actions)
+        try:
+            while is_leader():
+                started = self.clock_ms()
+                await self.round()
+                spent = self.clock_ms() - started
+                await asyncio.sleep(max(0, limits.manager_poll_interval_ms - spent) / 1000)
+        finally:
+            for task in list(self.granting.values()):
+                task.cancel()
+
+    async def round(self) -> None:
+        view = self.view()
+        addresses = node_addresses(view, self.nodes)
+        ids = [n.id for n in view.nodes if n.id in addresses]
+        answers = await asyncio.gather(*(self._ask(node) for node in ids))
+        plan = plan_round(view, dict(zip(ids, answers, strict=True)), self.clock_ms(), self.memory)
+        self.memory = plan.memory
+        self.rounds += 1
+        after, actions = await self.submit(plan.events)
+        sends = sends_for(after, actions)
+        topology_to = sorted(set(plan.send_topology) | set(sends.topology_to))
+        by_node = dict(zip(ids, answers, strict=True))
+        grants = lease_grants(after, by_node)
+        granted = [(n, b["epoch"], by_node[n].at_ms) for n, b in grants if b["member"]]
+        self.grant_times = record_grants(self.grant_times, granted, self.clock_ms())
+        for shard in after.shards:
+            if self.heads.get(shard.id, shard.chain[0]) != shard.chain[0]:
+                self.releases[shard.id] = (shard.chain[0], after.epoch)
+        self.heads = {s.id: s.chain[0] for s in after.shards}
+        self._grant(grants)
+        await self.carry_out(after, actions, topology_to, [*plan.send_catch_up, *sends.catch_ups])
+        await asyncio.gather(
+            *(self._send_followers(note) for note in plan.send_followers),
+            *(self._release(after, shard, by_node) for shard in sorted(self.releases)),
+        )
+
+    def _grant(self, grants: list[tuple[str, Any]]) -> None:
+        """Sends the lease grants without the round waiting on them: a paused node answers only
+        when it runs again, and waiting made every round as slow as it (the slow-node bench's
+        removal took 0.5 s longer). At most one grant per node is in flight; one skipped while
+        the last is still on its way only lets that node's lease end sooner."""
+        for node, body in grants:
+            if node in self.granting:
+                continue
+            message = signed(self.identity, "lease", body)
+            task = asyncio.create_task(self._send(node, "/v1/admin/lease", message))
+            self.granting[node] = task
+            task.add_done_callback(functools.partial(self._granted, node))
+
+    def _granted(self, node: str, task: asyncio.Task[None]) -> None:
+        if self.granting.get(node) is task:
+            del self.granting[node]
+
+    async def _release(self, view: ManagerView, shard: int, answers: Mapping[str, Answer]) -> None:
+        """Tells the shard's new head how long it must still hold writes (``holds.hold_ms``),
+        once it holds the change; until then, each round again (it holds the whole
+        ``head_lease_ms`` meanwhile, so a lost message costs time, never safety)."""
+        node, epoch = self.releases[shard]
+        shard_view = view.shard(shard)
+        if self.changes is None or shard_view is None or shard_view.chain[0] != node:
+            self.releases.pop(shard, None)  # headed by another node now: a newer release
+            return
+        records, _ = self.changes()
+        heads = shard_heads(shard, self.start, records, epoch)
+        body = {
+            "epoch": epoch,
+            "shard": shard,
+            "hold_ms": math.ceil(
+                hold_ms(node, heads, self.grant_times, self.elected_ms, self.clock_ms())
+            ),
+        }
+        status = answers[node].status if node in answers else None
+        address = node_addresses(view, self.nodes).get(node)
+        if status is None or address is None:
+            return  # silent this round (a request would wait its whole bound): the next one
+        seen = status.get("epoch")
+        adopted = type(seen) is int and seen >= epoch
+        try:
+            reply = await self.post(
+                f"{address.http_url}/v1/admin/write-hold", signed(self.identity, "write-hold", body)
+            )
+        except KayosError as exc:
+            log.info("sending the write hold of shard %s to %s failed: %s", shard, node, exc)
+            return
+        log.info("write hold of shard %s at %s: %s, answered %s", shard, node, body, reply)
+        held = reply.get("held_ms") if isinstance(reply, dict) else None
+        if (held is not None or adopted) and self.releases.get(shard) == (node, epoch):
+            del self.releases[shard]
+
+    async def _send_followers(self, note: FollowersNote) -> None:
+        body = {"epoch": note.epoch, "shard": note.shard, "followers": list(note.followers)}
+        log.info("telling %s the catch-up list of shard %s: %s", note.node, note.shard, body)
+        await self._send(note.node, "/v1/admin/followers", signed(self.identity, "followers", body))
+
+    async def _ask(self, node: str) -> Answer:
+        started = self.clock_ms()
+        try:
+            address = node_addresses(self.view(), self.nodes)[node]
+            status = await self.get(f"{address.http_url}/v1/status")
+        except KayosError:
+            status = None
+        now = self.clock_ms()
+        ok = status if isinstance(status, dict) else None
+        return Answer(ok, now, now - started)
+
+    async def carry_out(
+        self,
+        view: ManagerView,
+        actions: tuple[Action, ...] | list[Action],
+        topology_to: list[str] | None = None,
+        catch_ups: list[CatchUpOrder] | None = None,
+    ) -> None:
+        for action in actions:
+            if isinstance(action, Alert | ClearAlert):
+                log.warning("%s", action_to_data(action))
+            elif not isinstance(action, PublishTopology):
+                log.info("%s", action_to_data(action))
+        if topology_to is None or catch_ups is None:
+            sends = sends_for(view, actions)
+            topology_to, catch_ups = sends.topology_to, sends.catch_ups
+        body = topology_of(view, self.nodes, self.base).to_json()
+        message = signed(self.identity, "topology", body)
+        jobs = [self._send(node, "/v1/admin/topology", message) for node in topology_to]
+        for order in catch_ups:
+            order_body = {"epoch": view.epoch, "shard": order.shard, "upstream": order.upstream}
+            message = signed(self.identity, "catch-up", order_body)
+            jobs.append(self._send(order.node, "/v1/admin/catch-up", message))
+        await asyncio.gather(*jobs)
+
+    async def _send(self, node: str, path: str, message: dict[str, Any]) -> None:
+        address = node_addresses(self.view(), self.nodes).get(node)
+        if address is None:
+            return
+        try:
+            await self.post(f"{address.http_url}{path}", message)
+        except KayosError as exc:
+            # The next rounds send it again (a node behind the view's epoch, a catch-up not
+            # acted on): logged, not fatal.
+            log.info("sending %s to %s failed: %s", path, node, exc)

@@ -1,0 +1,204 @@
+"""One ``kayos manager`` member: the Raft log, the HTTP face, and the driver while it leads
+(docs/manager.md, "Running it"). Owns the event loop's side of the threads pysyncobj runs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import time
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from kayos import limits
+from kayos.datadir import DirectoryLock
+from kayos.errors import (
+    KayosError,
+    OperationTimeoutError,
+    UnavailableError,
+    error_from_code,
+)
+from kayos.manager import Action, Event, ManagerView
+from kayos.manager.member.config import ManagerSetup
+from kayos.manager.member.driver import Driver
+from kayos.manager.member.http import MemberState, make_app
+from kayos.manager.member.raft import Applied, ManagerLog
+
+log = logging.getLogger("kayos.manager")
+
+
+def monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class Member:
+    def __init__(self, setup: ManagerSetup, member_id: str, data_dir: str) -> None:
+        self.setup = setup
+        self.member_id = member_id
+        self.data_dir = data_dir
+        self.address = setup.member(member_id)
+        self._wake = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self.log = ManagerLog(setup, member_id, data_dir, on_state_changed=self._state_changed)
+        self.session: aiohttp.ClientSession | None = None
+        # The driver while this member leads, and the operator sends it has on their way.
+        self._driver: Driver | None = None
+        self._sends: set[asyncio.Task[None]] = set()
+
+    def _state_changed(self) -> None:  # on pysyncobj's thread
+        self._loop.call_soon_threadsafe(self._wake.set)
+
+    async def submit(self, events: list[Event]) -> tuple[ManagerView, tuple[Action, ...]]:
+        future: asyncio.Future[tuple[Applied | None, str | None]] = self._loop.create_future()
+
+        def done(applied: Applied | None, reason: str | None) -> None:
+            def settle() -> None:
+                if not future.done():
+                    future.set_result((applied, reason))
+
+            self._loop.call_soon_threadsafe(settle)
+
+        self.log.submit(events, done)
+        try:
+            async with asyncio.timeout(limits.manager_apply_timeout_ms / 1000):
+                applied, reason = await future
+        except TimeoutError as exc:
+            raise OperationTimeoutError(
+                f"log entry not applied within {limits.manager_apply_timeout_ms} ms"
+            ) from exc
+        if applied is None:
+            raise UnavailableError(reason or "log entry not committed")
+        if reason is not None:
+            raise KayosError(f"log entry refused: {reason}")
+        return applied.view, applied.actions
+
+    async def get(self, url: str) -> Any:
+        return await self._request("GET", url, None)
+
+    async def post(self, url: str, body: Any) -> Any:
+        return await self._request("POST", url, body)
+
+    async def _request(self, method: str, url: str, body: Any) -> Any:
+        assert self.session is not None
+        timeout = aiohttp.ClientTimeout(total=limits.manager_request_timeout_ms / 1000)
+        try:
+            async with self.session.request(method, url, json=body, timeout=timeout) as reply:
+                raw = await reply.read()
+                status = reply.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise UnavailableError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+        try:
+            data = json.loads(raw) if raw else None
+        except ValueError as exc:
+            raise UnavailableError(
+                f"{method} {url}: HTTP {status}, not JSON: {raw[:80]!r}"
+            ) from exc
+        if status >= 400:
+            error = data.get("error") if isinstance(data, dict) else None
+            if isinstance(error, dict):
+                raise error_from_code(str(error.get("code")), str(error.get("message")))
+            raise UnavailableError(f"{method} {url}: HTTP {status}")
+        return data
+
+    def driver(self) -> Driver:
+        return Driver(
+            self.setup.identity,
+            self.setup.topology.nodes,
+            self.get,
+            self.post,
+            self.submit,
+            self.log.view,
+            monotonic_ms,
+            base=self.setup.topology,
+            changes=self.log.changes,
+        )
+
+    def send_actions(self, view: ManagerView, actions: tuple[Action, ...]) -> None:
+        """What an operator entry's actions ask to send, sent now by the leading driver (in a
+        task: the operator's reply does not wait on the nodes). A send that fails is logged; the
+        driver's rounds send it again, as for their own."""
+        driver = self._driver
+        if driver is None or not actions or not self.log.is_leader():
+            return
+        task = asyncio.create_task(driver.carry_out(view, actions))
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)
+
+    def state(self) -> MemberState:
+        return MemberState(
+            self.member_id,
+            self.setup,
+            lambda: (self.log.view(), self.log.view_hash()),
+            lambda: (self.log.applied_entries(), self.log.recent_hashes()),
+            self.log.changes,
+            self.log.leader,
+            self.log.term,
+            self.log.ready,
+            self.submit,
+            self.send_actions,
+        )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Until ``stop``: serves HTTP; drives while leading."""
+        runner = web.AppRunner(make_app(self.state()), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.address.host, self.address.http_port)
+        await site.start()
+        self.session = aiohttp.ClientSession()
+        log.info(
+            "manager %s: raft %s, http %s", self.member_id, self.address.raft_address,
+            self.address.http_url,
+        )  # fmt: skip
+        leading: asyncio.Task[None] | None = None
+        # After a driver failure (its entry not committed in time: a partition, a slow disk) the
+        # next start waits a poll interval, so a failing leader does not flood its own log.
+        retry_at = 0
+        try:
+            while not stop.is_set():
+                if self.log.is_leader() and leading is None and monotonic_ms() >= retry_at:
+                    log.info("manager %s became leader at term %d", self.member_id, self.log.term())
+                    self._driver = self.driver()
+                    leading = asyncio.create_task(self._driver.lead(self.log.is_leader))
+                if leading is not None and leading.done():
+                    with contextlib.suppress(asyncio.CancelledError):
+                        exc = leading.exception()
+                        if exc is not None:
+                            log.warning("driver stopped: %r", exc)
+                            retry_at = monotonic_ms() + limits.manager_poll_interval_ms
+                    leading, self._driver = None, None
+                if leading is not None and not self.log.is_leader():
+                    log.info("manager %s no longer leads", self.member_id)
+                    leading.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, KayosError):
+                        await leading
+                    leading, self._driver = None, None
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(limits.manager_raft_heartbeat_ms / 1000):
+                        await self._wake.wait()
+        finally:
+            for task in [*self._sends, *([leading] if leading else [])]:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+            await self.session.close()
+            await runner.cleanup()
+            self.log.close()
+
+
+async def serve(setup: ManagerSetup, member_id: str, data_dir: str) -> None:
+    """Runs one member until SIGINT or SIGTERM."""
+    lock = DirectoryLock.acquire(data_dir, what="kayos manager data directory")
+    try:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        member = Member(setup, member_id, data_dir)
+        await member.run(stop)
+    finally:
+        lock.release()
