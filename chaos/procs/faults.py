@@ -78,6 +78,11 @@ MANAGER_KINDS = frozenset(
 
 # How long a killed or stopped node stays down before it is started again.
 down_s_max = 2.0
+# How long a node may go without answering GET /v1/status before a fault reports that it stopped
+# answering (each request gives up after kayos.local.cluster.status_request_timeout_s), and the pause
+# between asks.
+status_answer_wait_s = 30.0
+status_poll_s = 0.1
 # A pause holds a node from a blink up to twice the silence bound: some pauses pass
 # limits.peer_silence_ms_max (its links are dropped and rebuilt), some do not.
 pause_s_min = 0.1
@@ -327,6 +332,20 @@ def queue_headed_by(cluster: LocalCluster, node: str, prefix: str) -> str:
     raise AssertionError(f"no queue headed by {node}")
 
 
+def answers_status(
+    cluster: LocalCluster, node: str, within_s: float = status_answer_wait_s
+) -> bool:
+    """Whether ``node`` answers ``GET /v1/status``, asked again until it does or ``within_s``
+    passes: one request that got no reply in its short timeout (as on a loaded box) is no
+    verdict."""
+    deadline = time.monotonic() + within_s
+    while cluster.status(node) is None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(status_poll_s)  # a bounded poll of the node, not a synchronisation by time
+    return True
+
+
 def _hostile_http(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
     """Requests a node must refuse, sent where they would otherwise be served (a produce to the
     head of its queue, a consume to the tail) so the refusal is the input check's, not a redirect.
@@ -348,7 +367,7 @@ def _hostile_http(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
         if not isinstance(answer, int) or not (400 <= answer < 500 or answer == 503):
             unexpected.append(f"{method} {path[:80]} -> {answer}")
     for asked in {node, cluster.tails_of(queue)[0]}:
-        if cluster.status(asked) is None:
+        if not answers_status(cluster, asked):
             unexpected.append(f"node {asked} stopped answering /v1/status")
     result: dict[str, Any] = {"requests": len(answers), "answers": answers}
     if unexpected:

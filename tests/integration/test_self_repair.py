@@ -1,12 +1,14 @@
 """Self-repair from peers (issue 11, item 4), real ``kayos node`` processes: one replica's store
-of a -> b -> c is damaged while its node is down (bytes flipped in the middle of the file, or its
-tail cut off), for the head, the middle and the tail in turn. On restart the node salvages what
-verifies, re-fetches the rest from a peer (the head from its downstream, before it serves), and
-reports it; every message acknowledged with acks=all is still served (the chaos checker's
-verdict over the recorded history), and ``kayos check`` passes on every store afterwards."""
+of a -> b -> c is damaged while its node is down (a byte flipped in a leaf in the middle of its
+tree, or the file's tail cut off), for the head, the middle and the tail in turn. On restart the
+node salvages what verifies, re-fetches the rest from a peer (the head from its downstream, before
+it serves), and reports it; every message acknowledged with acks=all is still served (the chaos
+checker's verdict over the recorded history), and ``kayos check`` passes on every store
+afterwards."""
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import os
 import signal
@@ -21,7 +23,10 @@ from chaos.checker import check
 from chaos.history import Event, Produce, Snapshot
 from kayos.local.cluster import LocalCluster
 from kayos.local.http import http_json
+from kayos.storage.disk import btree
 from kayos.storage.disk import format as fmt
+from kayos.storage.disk.datafile import find_last_header
+from kayos.storage.disk.fileops import OS_FILEOPS
 from kayos.storage.maintenance.check import check_store, data_file_of
 from tests.integration.conftest import (
     answered_status,
@@ -97,16 +102,46 @@ def store_dir(cluster: LocalCluster, node: str) -> str:
     return str(Path(cluster.data_dir(node)) / "shards" / "0")
 
 
+def live_leaf_at_middle(data_path: str) -> tuple[int, int]:
+    """``(start, end)`` in the file of the leaf holding the middle seq of the newest committed
+    tree: bytes every read of the whole log must read (a final leaf: commits never rewrite it).
+    Half of a store's file is superseded copies of the tree's right edge, which no read of the
+    newest tree touches, so a byte picked by its place in the file alone may be one nobody reads.
+    A leaf, not an interior node: a node caches the interior nodes it decoded."""
+    handle = OS_FILEOPS.open(data_path)
+    try:
+        _, header = find_last_header(handle)
+        assert header.root is not None, f"{data_path} holds no entries"
+        reader = btree.NodeReader(handle)
+        pos, height = header.root.pos, header.root.height
+        middle = header.last_seq // 2
+        while height > 1:
+            node = reader.read_node(pos)
+            assert isinstance(node, fmt.Interior), (data_path, pos)
+            firsts = [child.first_seq for child in node.children]
+            pos = node.children[max(0, bisect.bisect_right(firsts, middle) - 1)].pos
+            height -= 1
+        extent = fmt.chunk_extent(handle.pread(64, pos), 0, pos, path=data_path)
+        assert extent is not None, (data_path, pos)
+        return pos, pos + extent[0]
+    finally:
+        handle.close()
+
+
 def damage(path: str, how: str) -> None:
+    """``flip``: one byte in the middle of a leaf of the newest tree (``live_leaf_at_middle``);
+    ``truncate``: the last fifth of the file, its newest commits with it."""
     data_path = data_file_of(path)
     size = os.path.getsize(data_path)
     if how == "flip":
-        offset = size // 2 // fmt.BLOCK * fmt.BLOCK + 777
+        start, end = live_leaf_at_middle(data_path)
+        offset = (start + end) // 2
         with open(data_path, "r+b") as handle:
             handle.seek(offset)
             byte = handle.read(1)
             handle.seek(offset)
             handle.write(bytes([byte[0] ^ 0x5A]))
+        print(f"flip at {offset}, in the leaf at {start}..{end}")
     else:
         os.truncate(data_path, size - size // 5)
     print(f"{how} on {data_path} ({size} bytes)")

@@ -92,3 +92,31 @@ def test_restart_all_sends_each_node_one_sigterm(monkeypatch: pytest.MonkeyPatch
     assert sorted(cluster.sent) == [(n, signal.SIGTERM) for n in NODES]
     assert cluster.started == NODES
     assert report["exit_codes"] == dict.fromkeys(NODES, 0)
+
+
+class _SlowStatus:
+    """A cluster whose node gives no reply to its first ``missed`` status requests (each timed
+    out, as on a loaded box), then answers, if ``answers``."""
+
+    def __init__(self, missed: int, *, answers: bool = True) -> None:
+        self.missed = missed
+        self.answers = answers
+        self.asked = 0
+
+    def status(self, node: str) -> dict[str, object] | None:
+        self.asked += 1
+        return {"node": node} if self.answers and self.asked > self.missed else None
+
+
+def test_a_missed_status_reply_is_no_verdict_that_a_node_stopped_answering(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A single ``/v1/status`` request that timed out was reported as the node having stopped
+    answering after the hostile requests: the node is asked again within a bound."""
+    monkeypatch.setattr(faults, "status_poll_s", 0.0)
+    slow = _SlowStatus(missed=2)
+    assert faults.answers_status(slow, "a", within_s=30.0)  # type: ignore[arg-type]
+    assert slow.asked == 3
+    silent = _SlowStatus(missed=0, answers=False)
+    assert not faults.answers_status(silent, "a", within_s=0.0)  # type: ignore[arg-type]
+    assert silent.asked == 1
