@@ -78,9 +78,9 @@ MANAGER_KINDS = frozenset(
 
 # How long a killed or stopped node stays down before it is started again.
 down_s_max = 2.0
-# How long a node may go without answering GET /v1/status before a fault reports that it stopped
-# answering (each request gives up after kayos.local.cluster.status_request_timeout_s), and the pause
-# between asks.
+# How long a node may go without answering GET /v1/status before a fault reports that it
+# stopped answering (each request gives up after kayos.local.cluster.status_request_timeout_s),
+# and the pause between asks.
 status_answer_wait_s = 30.0
 status_poll_s = 0.1
 # A pause holds a node from a blink up to twice the silence bound: some pauses pass
