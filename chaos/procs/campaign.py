@@ -165,7 +165,8 @@ def check_stores(cluster: LocalCluster) -> list[dict[str, Any]]:
                 data_file_of(str(store))
             except FileNotFoundError:
                 # A learner stopped mid-snapshot (a move's target killed while it copied) leaves
-                # its directory without a store file (kayos/node/learners.py): nothing to check.
+                # its directory without a store file (kayos/node/replicas/learners.py): nothing
+                # to check.
                 continue
             report = check_store(str(store))
             if not report.ok:
