@@ -1,7 +1,7 @@
 """How ``AsyncClient.consume`` pages a consumer snapshot (docs/node-api.md, "Consume"): every
 shard's first page at once, a long-poll over all of them when none has entries, and each next page
 asked for while the caller works on the one before. ``fetch`` is the client's request for one page
-(``AsyncClient._page``, routed and retried); what is here only orders the requests.
+(routed and retried); what is here only orders the requests.
 """
 
 from __future__ import annotations

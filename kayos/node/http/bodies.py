@@ -35,7 +35,8 @@ from kayos.errors import (
     RetentionGapError,
     WrongRoleError,
 )
-from kayos.node.runtime import Node, Page
+from kayos.node.pages import Page
+from kayos.node.runtime import Node
 
 MSGPACK = "application/msgpack"
 # Large bodies are parsed here (limits.http_parse_threads_max), never in the node's default

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from kayos.node.runtime import HWM_META, Node, link_status
-from kayos.node.runtime import lag_seconds as lag_seconds_of
+from kayos.node.pages import lag_seconds as lag_seconds_of
+from kayos.node.runtime import HWM_META, Node
+from kayos.node.status import link_status
 from kayos.replication.replica import ShardReplica
 
 Family = GaugeMetricFamily | CounterMetricFamily
