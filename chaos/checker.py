@@ -341,24 +341,38 @@ def check_dedup(events: Sequence[Event]) -> list[Violation]:
                         "newer": newer,
                     }
                 )
-        for queue_key in by_queue.get(queue, []):
-            seqs = committed[queue_key]
-            index = bisect.bisect_right(seqs, snapshot.boundary)
-            if index and seqs[index - 1] > snapshot.hwm:
-                latest = seqs[index - 1]
-                if held.get(queue_key[1], 0) < latest:
-                    bad.append(
-                        {
-                            **where,
-                            "why": "the latest committed version is missing",
-                            "key": queue_key[1],
-                            "latest": latest,
-                            "delivered": held.get(queue_key[1]),
-                        }
-                    )
+        bad += _latest_missing(snapshot, held, by_queue.get(queue, []), committed, where)
     if not bad:
         return []
     return [_violation("dedup", f"{len(bad)} de-dup faults in snapshots", bad, len(bad))]
+
+
+def _latest_missing(
+    snapshot: Snapshot,
+    held: dict[str, int],
+    queue_keys: list[QueueKey],
+    committed: dict[QueueKey, list[int]],
+    where: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """The keys of the snapshot's queue whose latest version committed in ``(hwm, boundary]`` the
+    snapshot does not hold (``held``: key -> the seq it delivered)."""
+    bad: list[dict[str, Any]] = []
+    for queue_key in queue_keys:
+        seqs = committed[queue_key]
+        index = bisect.bisect_right(seqs, snapshot.boundary)
+        if index and seqs[index - 1] > snapshot.hwm:
+            latest = seqs[index - 1]
+            if held.get(queue_key[1], 0) < latest:
+                bad.append(
+                    {
+                        **where,
+                        "why": "the latest committed version is missing",
+                        "key": queue_key[1],
+                        "latest": latest,
+                        "delivered": held.get(queue_key[1]),
+                    }
+                )
+    return bad
 
 
 def check_hwm(events: Sequence[Event]) -> list[Violation]:

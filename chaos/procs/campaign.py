@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos import checker
-from chaos.history import Produce, Recorder, dump_jsonl
+from chaos.history import Event, Produce, Recorder, dump_jsonl
 from chaos.procs import drains, faults, membership, moves, netfaults
 from chaos.procs.workload import Consumer, Producer, join_timeout_s
 from kayos.local.cluster import LocalCluster
@@ -166,7 +166,8 @@ def check_stores(cluster: LocalCluster) -> list[dict[str, Any]]:
                 data_file_of(str(store))
             except FileNotFoundError:
                 # A learner stopped mid-snapshot (a move's target killed while it copied) leaves
-                # its directory without a store file (kayos/node/learners.py): nothing to check.
+                # its directory without a store file (kayos/node/replicas/learners.py): nothing
+                # to check.
                 continue
             report = check_store(str(store))
             if not report.ok:
@@ -197,27 +198,7 @@ def run(config: Config) -> Report:
     base = config.base_dir or Path(tempfile.mkdtemp(prefix=f"kayos-chaos-{config.seed}-"))
     report.base_dir = str(base)
     recorder = Recorder()
-    cluster = netfaults.make_cluster(
-        config.kinds,
-        base,
-        nodes=config.nodes,
-        replicas=config.nodes,
-        shards=config.shards,
-        managers=config.managers,
-        manager_config=ManagerConfig(
-            detection_window_ms=campaign_detection_window_ms,
-            suspect_after_ms=campaign_suspect_after_ms,
-        ),
-    )
-    report.network = type(cluster).__name__
-    try:
-        cluster.start_all()
-        if config.managers and faults.SPARE_KINDS & set(config.kinds):
-            report.spare = moves.add_spare(cluster)
-    except BaseException:
-        cluster.stop()
-        netfaults.close(cluster)
-        raise
+    cluster = _start_cluster(config, base, report)
     producers: list[Producer] = []
     consumers: list[Consumer] = []
     monitor = membership.HeadMonitor(cluster)
@@ -248,58 +229,115 @@ def run(config: Config) -> Report:
             producer.stop.set()
         for producer in producers:
             producer.join(join_timeout_s)
-        try:
-            if config.managers:
-                final = membership.wait_converged(cluster, converge_timeout_s)
-            else:
-                final = cluster.wait_replicated(converge_timeout_s)
-        except ClusterError as error:
-            report.violations.append(
-                {
-                    "property": "converge",
-                    "message": str(error)[:300],
-                    "detail": {
-                        "manager": membership.manager_view(cluster),
-                        "nodes": {node: cluster.status(node) for node in cluster.ids},
-                    },
-                }
-            )
-        else:
-            recorder.note("converged", seqs=final)
-            _drain(consumers, {queue: final[shard] for queue, shard in shard_of.items()}, report)
+        _converge_and_drain(cluster, config, recorder, consumers, shard_of, report)
         events = recorder.snapshot_of_events()
         # Written before the check as well as after it: a long campaign's history is hours of
         # work, and a check that does not finish (or a box that restarts) must not lose it.
         dump_jsonl(events, config.history_path or base / "history.jsonl")
-        verdict = checker.check(events)
-        report.violations += [violation.to_json() for violation in verdict.violations]
-        report.acked = verdict.acked_versions
-        report.lost = verdict.lost_versions
-        report.delivered = verdict.delivered_messages
-        report.snapshots = verdict.snapshots
-        produces = [event for event in events if isinstance(event, Produce)]
-        report.produce_calls = dict(Counter(produce.outcome for produce in produces))
-        report.unavailability_s = longest_gaps(produces, shard_of, phase_start, phase_end)
+        _judge(events, shard_of, (phase_start, phase_end), report)
     finally:
-        monitor.stop.set()
-        monitor.join(join_timeout_s)
-        report.violations += monitor.violations
-        report.heads_seen = len(monitor.heads)
-        report.epoch_max = max((epoch for _shard, epoch in monitor.heads), default=0)
-        for producer in producers:
-            producer.stop.set()
-        for consumer in consumers:
-            consumer.stop.set()
-        cluster.stop()
-        netfaults.close(cluster)
-        for worker in [*producers, *consumers]:
-            worker.join(join_timeout_s)
-        report.violations += check_stores(cluster)
+        _wind_down(cluster, monitor, [*producers, *consumers], report)
         history = config.history_path or base / "history.jsonl"
         dump_jsonl(recorder.snapshot_of_events(), history)
         report.history = str(history)
         report.duration_s = time.monotonic() - began
     return report
+
+
+def _start_cluster(config: Config, base: Path, report: Report) -> LocalCluster:
+    """The campaign's cluster, started (with a spare node when a kind moves shards to one);
+    stopped again if it does not start."""
+    cluster = netfaults.make_cluster(
+        config.kinds,
+        base,
+        nodes=config.nodes,
+        replicas=config.nodes,
+        shards=config.shards,
+        managers=config.managers,
+        manager_config=ManagerConfig(
+            detection_window_ms=campaign_detection_window_ms,
+            suspect_after_ms=campaign_suspect_after_ms,
+        ),
+    )
+    report.network = type(cluster).__name__
+    try:
+        cluster.start_all()
+        if config.managers and faults.SPARE_KINDS & set(config.kinds):
+            report.spare = moves.add_spare(cluster)
+    except BaseException:
+        cluster.stop()
+        netfaults.close(cluster)
+        raise
+    return cluster
+
+
+def _converge_and_drain(
+    cluster: LocalCluster,
+    config: Config,
+    recorder: Recorder,
+    consumers: list[Consumer],
+    shard_of: dict[str, int],
+    report: Report,
+) -> None:
+    """After the heal: every replica of every shard at the same seq (else a ``converge``
+    violation), then every group reads to its shard's final seq."""
+    try:
+        if config.managers:
+            final = membership.wait_converged(cluster, converge_timeout_s)
+        else:
+            final = cluster.wait_replicated(converge_timeout_s)
+    except ClusterError as error:
+        report.violations.append(
+            {
+                "property": "converge",
+                "message": str(error)[:300],
+                "detail": {
+                    "manager": membership.manager_view(cluster),
+                    "nodes": {node: cluster.status(node) for node in cluster.ids},
+                },
+            }
+        )
+    else:
+        recorder.note("converged", seqs=final)
+        _drain(consumers, {queue: final[shard] for queue, shard in shard_of.items()}, report)
+
+
+def _judge(
+    events: list[Event], shard_of: dict[str, int], phase: tuple[float, float], report: Report
+) -> None:
+    """The checker's verdict on the history, and the produce outcomes and longest gaps of the
+    fault phase ``phase`` (start and end on the recorder's clock)."""
+    verdict = checker.check(events)
+    report.violations += [violation.to_json() for violation in verdict.violations]
+    report.acked = verdict.acked_versions
+    report.lost = verdict.lost_versions
+    report.delivered = verdict.delivered_messages
+    report.snapshots = verdict.snapshots
+    produces = [event for event in events if isinstance(event, Produce)]
+    report.produce_calls = dict(Counter(produce.outcome for produce in produces))
+    report.unavailability_s = longest_gaps(produces, shard_of, *phase)
+
+
+def _wind_down(
+    cluster: LocalCluster,
+    monitor: membership.HeadMonitor,
+    workers: list[Producer | Consumer],
+    report: Report,
+) -> None:
+    """Stops the head monitor (its findings go in the report), the workload and the cluster,
+    then checks every store the cluster leaves."""
+    monitor.stop.set()
+    monitor.join(join_timeout_s)
+    report.violations += monitor.violations
+    report.heads_seen = len(monitor.heads)
+    report.epoch_max = max((epoch for _shard, epoch in monitor.heads), default=0)
+    for worker in workers:
+        worker.stop.set()
+    cluster.stop()
+    netfaults.close(cluster)
+    for worker in workers:
+        worker.join(join_timeout_s)
+    report.violations += check_stores(cluster)
 
 
 def _fault_phase(cluster: LocalCluster, config: Config, recorder: Recorder, report: Report) -> None:

@@ -307,7 +307,7 @@ class Proxy:
 
     async def start(self) -> None:
         self.server = await asyncio.start_server(
-            self._accept, self.listen[0], self.listen[1], reuse_address=True
+            self.accept, self.listen[0], self.listen[1], reuse_address=True
         )
         port = self.server.sockets[0].getsockname()[1]
         self.listen = (self.listen[0], int(port))
@@ -326,7 +326,8 @@ class Proxy:
         if server is not None:
             await server.wait_closed()
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Serves one accepted connection until it ends (the listener's callback)."""
         if not self.enabled:
             # Accepted just before ``stop`` closed the listener, but run only after it collected
             # the connections to cancel: closed here, or the listener's ``wait_closed`` would

@@ -26,7 +26,8 @@ from typing import Any
 from chaos.sim.core import Link
 from kayos.manager.member import holds
 
-# chaos/sim/node.py imports this module: its Node and Replica are not imported back (no cycle).
+# chaos/sim/node.py and chaos/sim/replica.py import this module: their Node and Replica are not
+# imported back (no cycle).
 Node = Any
 Replica = Any
 

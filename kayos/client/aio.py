@@ -2,27 +2,28 @@
 
 Produce and WAIT_COMMITTED go over each node's binary port (one persistent, pipelined
 connection per node); consume, group commits and the topology go over HTTP with msgpack.
-The topology is discovered from any seed and cached; a ``wrong_role`` reply refreshes it and
-the request goes where the node said. ``unavailable`` and connection failures are retried with
-backoff (``kayos.client.policy``); every other error is the caller's.
+Each method says what its request is and checks its answer; ``kayos.client.routing`` says where
+it goes and retries it (the cached topology, redirects, backoff), and ``kayos.client.paging``
+orders a consumer snapshot's page requests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
+import functools
 import random
 import urllib.parse
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 from kayos import limits
 from kayos.checks import check_group_name, check_u64
-from kayos.client.binary import BinaryConnection
 from kayos.client.http import HttpTransport
-from kayos.client.policy import RetryPolicy, RetryState, newest_topology
+from kayos.client.paging import first_pages, snapshot_pages
+from kayos.client.policy import RetryPolicy
+from kayos.client.routing import Router
 from kayos.client.types import (
     Acks,
     Columns,
@@ -44,25 +45,12 @@ from kayos.client.types import (
 from kayos.clock import SYSTEM_CLOCK, Clock
 from kayos.errors import (
     InvalidRequest,
-    KayosError,
     LimitExceeded,
     ProtocolError,
     UnavailableError,
-    WrongRoleError,
 )
 from kayos.replication.wire.frames import CommittedReply, Produce, Produced, WaitCommitted
 from kayos.topology import Topology, check_queue_name
-
-T = TypeVar("T")
-
-# An attempt gets the node a redirect named (None: choose by the topology's roles).
-Attempt = Callable[[str | None], Awaitable[T]]
-
-
-def _forget(task: asyncio.Task[Any]) -> None:
-    """Marks a dropped task's outcome as seen (no "exception was never retrieved" warning)."""
-    if not task.cancelled():
-        task.exception()
 
 
 def _quoted(name: str) -> str:
@@ -96,33 +84,21 @@ class AsyncClient:
         self.rng = rng if rng is not None else random.Random()  # noqa: S311 - not for secrets
         self.clock = clock
         self._http = HttpTransport()
-        self._topology: Topology | None = None
-        self._topology_at_s = 0.0  # clock.monotonic_s() when it was installed
-        self._connections: dict[str, BinaryConnection] = {}
-        self._connecting: dict[str, asyncio.Lock] = {}
-        self._tail_turns: dict[int, itertools.count[int]] = {}
-        self._refresh_task: asyncio.Task[Topology] | None = None
-        self._closed = False
+        # Reads seeds, name, policy, rng and clock from here at each use.
+        self._router = Router(self, self._http)
 
     # --- life cycle ------------------------------------------------------------------------------
 
     async def connect(self) -> None:
         """Opens the HTTP session and learns the topology from the first seed that answers."""
-        if self._closed:
+        if self._router.closed:
             raise InvalidRequest("the client is closed")
         await self._http.open()
-        if self._topology is None:
-            await self._retrying(lambda _redirect: self.refresh_topology())
+        if self._router.current is None:
+            await self._router.retrying(lambda _redirect: self.refresh_topology())
 
     async def close(self) -> None:
-        self._closed = True
-        if self._refresh_task is not None and not self._refresh_task.done():
-            self._refresh_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, KayosError):
-                await self._refresh_task
-        connections, self._connections = list(self._connections.values()), {}
-        for connection in connections:
-            await connection.close()
+        await self._router.close()
         await self._http.close()
 
     async def __aenter__(self) -> AsyncClient:
@@ -141,9 +117,7 @@ class AsyncClient:
 
     @property
     def topology(self) -> Topology:
-        if self._topology is None:
-            raise InvalidRequest("the client is not connected (call connect() first)")
-        return self._topology
+        return self._router.topology
 
     async def refresh_topology(self, min_epoch: int = 0) -> Topology:
         """Asks the known nodes, then the seeds, for the topology; keeps the first with an epoch
@@ -151,127 +125,7 @@ class AsyncClient:
 
         Concurrent callers share one fetch: a node failing under a thousand requests in flight
         costs one round of topology requests, not a thousand."""
-        task = self._refresh_task
-        if task is None or task.done():
-            task = self._refresh_task = asyncio.create_task(self._fetch_topology(min_epoch))
-        topology = await asyncio.shield(task)
-        if topology.epoch >= min_epoch:
-            return topology
-        return await self._fetch_topology(min_epoch)  # the shared fetch asked for less
-
-    async def _fetch_topology(self, min_epoch: int) -> Topology:
-        """Asks every known node and seed at once and keeps the highest epoch: after a chain
-        change some nodes may not have the new topology yet, and the first to answer may be one
-        of them (or the node that was removed)."""
-        urls = [node.http_url for node in self._topology.nodes.values()] if self._topology else []
-        urls += [seed for seed in self.seeds if seed not in urls]
-
-        async def ask(url: str) -> Topology:
-            body = await self._http.request(
-                "GET", url + "/v1/topology", timeout_s=limits.client_connect_timeout_ms / 1000
-            )
-            return Topology.from_json(body)
-
-        answers = await asyncio.gather(*map(ask, urls), return_exceptions=True)
-        for answer in answers:
-            if isinstance(answer, BaseException) and not isinstance(answer, KayosError):
-                raise answer
-        topology, failures = newest_topology(urls, answers, min_epoch)
-        if topology is None:
-            raise UnavailableError("no node gave the topology: " + "; ".join(failures))
-        await self._install(topology)
-        return topology
-
-    def _recent_topology(self) -> None:
-        """Starts, in the background, a refresh of a topology older than
-        ``limits.client_topology_max_age_ms``: a queue may have gained shards (``kayos ctl queue
-        alter``) that a consumer must read. Nothing waits for it (a paused node would hold a
-        consumer up for the whole request timeout): the snapshot starting now reads the shards
-        the cached topology names, the next one those of the refreshed topology. One try per
-        interval, even when it fails."""
-        age_s = self.clock.monotonic_s() - self._topology_at_s
-        running = self._refresh_task is not None and not self._refresh_task.done()
-        if self._topology is None or running or age_s * 1000 < limits.client_topology_max_age_ms:
-            return
-        self._topology_at_s = self.clock.monotonic_s()
-        task = self._refresh_task = asyncio.create_task(self._fetch_topology(0))
-        task.add_done_callback(_retrieve_error)
-
-    async def _install(self, topology: Topology) -> None:
-        old = self._topology
-        if old is not None and topology.epoch < old.epoch:
-            return  # an older view from a lagging node never replaces a newer one
-        self._topology = topology
-        self._topology_at_s = self.clock.monotonic_s()
-        for node, connection in list(self._connections.items()):
-            if old is None or topology.nodes.get(node) != old.nodes.get(node):
-                del self._connections[node]  # moved or gone: its address is stale
-                await connection.close()
-
-    def _node_named(self, redirect: str | None) -> str | None:
-        """The node a redirect names, by id or by HTTP URL; None if unknown."""
-        if redirect is None:
-            return None
-        nodes = self.topology.nodes
-        if redirect in nodes:
-            return redirect
-        for node in nodes.values():
-            if node.http_url == redirect.rstrip("/"):
-                return node.id
-        return None
-
-    def _tail(self, shard: int) -> str:
-        """The shard's tails in turn (fanout spreads consumers over them)."""
-        tails = self.topology.shards[shard].tails
-        turn = next(self._tail_turns.setdefault(shard, itertools.count()))
-        return tails[turn % len(tails)]
-
-    def _url(self, node: str) -> str:
-        return self.topology.nodes[node].http_url
-
-    # --- retries ---------------------------------------------------------------------------------
-
-    async def _retrying(self, attempt: Attempt[T]) -> T:
-        """Runs ``attempt`` until it succeeds or the retry policy gives the error to the caller.
-        A redirect refreshes the topology (at least the epoch the node acted on) first."""
-        state = RetryState(self.policy, self.rng)
-        redirect: str | None = None
-        while True:
-            try:
-                return await attempt(redirect)
-            except KayosError as error:
-                delay_s = state.next_delay_s(error)
-                if delay_s is None:
-                    raise
-                if isinstance(error, WrongRoleError):
-                    with contextlib.suppress(UnavailableError):
-                        await self.refresh_topology(error.epoch)
-                    redirect = self._node_named(error.redirect)
-                    continue
-                await asyncio.sleep(delay_s)
-                redirect = None
-                # The node may be gone for good and its shard's chain repaired under a new epoch.
-                if self._topology is not None:
-                    with contextlib.suppress(UnavailableError):
-                        await self.refresh_topology()
-
-    async def _connection(self, node: str) -> BinaryConnection:
-        connection = self._connections.get(node)
-        if connection is not None and connection.alive:
-            return connection
-        lock = self._connecting.setdefault(node, asyncio.Lock())
-        async with lock:
-            connection = self._connections.get(node)
-            if connection is not None and connection.alive:
-                return connection
-            if self._closed:
-                raise InvalidRequest("the client is closed")
-            address = self.topology.nodes[node]
-            connection = await BinaryConnection.open(
-                node, address.host, address.bin_port, name=self.name
-            )
-            self._connections[node] = connection
-            return connection
+        return await self._router.refresh_topology(min_epoch)
 
     # --- produce ---------------------------------------------------------------------------------
 
@@ -373,13 +227,13 @@ class AsyncClient:
 
         async def attempt(redirect: str | None) -> tuple[int, int]:
             node = redirect or self.topology.shards[shard].head
-            connection = await self._connection(node)
+            connection = await self._router.connection(node)
             reply = await connection.request(frame, self.timeout_s)
             if not isinstance(reply, Produced):
                 raise ProtocolError(f"node {node} answered PRODUCE with {type(reply).__name__}")
             return reply.first_seq, reply.last_seq
 
-        return await self._retrying(attempt)
+        return await self._router.retrying(attempt)
 
     @contextlib.asynccontextmanager
     async def transaction(self, queue: str, *, acks: Acks = "all") -> AsyncIterator[Transaction]:
@@ -417,8 +271,8 @@ class AsyncClient:
 
     async def _wait_once(self, shard: int, seq: int, wait_ms: int) -> int:
         async def attempt(redirect: str | None) -> int:
-            node = redirect or self._tail(shard)
-            connection = await self._connection(node)
+            node = redirect or self._router.tail(shard)
+            connection = await self._router.connection(node)
             reply = await connection.request(
                 lambda request_id: WaitCommitted(request_id, shard, seq, wait_ms),
                 wait_ms / 1000 + self.timeout_s,
@@ -427,7 +281,7 @@ class AsyncClient:
                 raise ProtocolError(f"node {node} answered WAIT_COMMITTED with {reply!r}")
             return reply.committed_seq
 
-        return await self._retrying(attempt)
+        return await self._router.retrying(attempt)
 
     # --- consume ---------------------------------------------------------------------------------
 
@@ -458,7 +312,8 @@ class AsyncClient:
         # and this client decodes with no object per message until the caller asks for them.
         params = {"group": group, "limit": str(page_size), "columns": "1"}
         wait_ms = min(int(wait_s * 1000), limits.consume_wait_ms_max)
-        self._recent_topology()
+        self._router.recent_topology()
+        fetch = functools.partial(self._page, queue)
         shards = self.topology.shards_for(queue)
         if shard is not None:
             shards = (self.topology.queue_shard(queue, shard),)
@@ -466,65 +321,10 @@ class AsyncClient:
             first = dict(params, wait_ms=str(wait_ms)) if wait_ms else params
             firsts = [await self._page(queue, shards[0], first, wait_ms / 1000)]
         else:
-            firsts = await self._first_pages(queue, shards, params, wait_ms)
+            firsts = await first_pages(fetch, shards, params, wait_ms)
         for page in firsts:
-            async for each in self._snapshot(queue, page, params):
+            async for each in snapshot_pages(fetch, page, params):
                 yield each
-
-    async def _first_pages(
-        self, queue: str, shards: tuple[int, ...], params: dict[str, str], wait_ms: int
-    ) -> list[Page]:
-        """Every shard's first page at once; with ``wait_ms`` and all of them empty, long-polls
-        every shard and, once one has entries, reads the others anew without waiting."""
-        pages = await asyncio.gather(*(self._page(queue, s, params, 0.0) for s in shards))
-        if not wait_ms or any(len(page) or not page.end for page in pages):
-            return list(pages)
-        waiting = dict(params, wait_ms=str(wait_ms))
-        polls = [
-            asyncio.ensure_future(self._page(queue, s, waiting, wait_ms / 1000)) for s in shards
-        ]
-        try:
-            done, _pending = await asyncio.wait(polls, return_when=asyncio.FIRST_COMPLETED)
-            found = next(iter(done)).result()
-        finally:
-            for poll in polls:
-                if not poll.done():
-                    poll.cancel()
-                    poll.add_done_callback(_forget)
-        others = [s for s in shards if s != found.shard]
-        rest = await asyncio.gather(*(self._page(queue, s, params, 0.0) for s in others))
-        return [found, *rest]
-
-    async def _snapshot(
-        self, queue: str, page: Page, params: dict[str, str]
-    ) -> AsyncGenerator[Page, None]:
-        """The pages of one shard's snapshot from its first ``page``."""
-        pending: asyncio.Task[Page] | None = None
-        try:
-            while True:
-                if not page.end:
-                    # The next page's position is known: its request runs while the caller
-                    # works on this page (node and client overlap instead of taking turns).
-                    later = dict(params, after=str(page.next), upto=str(page.boundary))
-                    pending = asyncio.ensure_future(self._page(queue, page.shard, later, 0.0))
-                yield page
-                if pending is None:
-                    return
-                after = page.next
-                following = await pending
-                pending = None
-                if following.boundary != page.boundary or (
-                    following.next <= after and not following.end
-                ):
-                    raise ProtocolError(
-                        f"consume page after {after} broke the snapshot (boundary "
-                        f"{page.boundary} -> {following.boundary}, next {following.next})"
-                    )
-                page = following
-        finally:
-            if pending is not None:  # the caller stopped early: drop the page asked for ahead
-                pending.cancel()
-                pending.add_done_callback(_forget)
 
     def _shard_params(self, queue: str, shard: int) -> dict[str, str]:
         """``shard=`` on every per-shard request, a one-shard queue's too: a node whose topology
@@ -534,10 +334,10 @@ class AsyncClient:
 
     async def _page(self, queue: str, shard: int, params: dict[str, str], wait_s: float) -> Page:
         async def attempt(redirect: str | None) -> Page:
-            node = redirect or self._tail(shard)
+            node = redirect or self._router.tail(shard)
             body = await self._http.request(
                 "GET",
-                f"{self._url(node)}/v1/queues/{queue}/consume",
+                f"{self._router.url(node)}/v1/queues/{queue}/consume",
                 params=dict(params, **self._shard_params(queue, shard)),
                 timeout_s=wait_s + self.timeout_s,
             )
@@ -548,7 +348,7 @@ class AsyncClient:
                 )
             return page
 
-        return await self._retrying(attempt)
+        return await self._router.retrying(attempt)
 
     async def commit(
         self,
@@ -576,7 +376,7 @@ class AsyncClient:
             node = redirect or self.topology.shards[shard_id].head
             reply = await self._http.request(
                 "POST",
-                f"{self._url(node)}/v1/queues/{queue}/groups/{_quoted(group)}/commit",
+                f"{self._router.url(node)}/v1/queues/{queue}/groups/{_quoted(group)}/commit",
                 params=self._shard_params(queue, shard_id),
                 body=body,
                 timeout_s=self.timeout_s,
@@ -586,7 +386,7 @@ class AsyncClient:
             except (KeyError, TypeError, ValueError) as exc:
                 raise ProtocolError(f"malformed commit reply {reply!r}") from exc
 
-        return await self._retrying(attempt)
+        return await self._router.retrying(attempt)
 
     async def retention(self, queue: str, *, shard: int | None = None) -> dict[str, Any]:
         """The queue's retention policy (None: keep everything) and floor (docs/retention.md);
@@ -598,7 +398,7 @@ class AsyncClient:
             node = redirect or self.topology.shards[shard_id].head
             reply = await self._http.request(
                 "GET",
-                f"{self._url(node)}/v1/queues/{queue}/retention",
+                f"{self._router.url(node)}/v1/queues/{queue}/retention",
                 params=self._shard_params(queue, shard_id),
                 timeout_s=self.timeout_s,
             )
@@ -606,7 +406,7 @@ class AsyncClient:
                 raise ProtocolError(f"malformed retention reply {reply!r}")
             return reply
 
-        return await self._retrying(attempt)
+        return await self._router.retrying(attempt)
 
     async def set_retention(
         self, queue: str, policy: dict[str, Any], *, shard: int | None = None
@@ -627,7 +427,7 @@ class AsyncClient:
                 node = redirect or self.topology.shards[shard_id].head
                 reply = await self._http.request(
                     "PUT",
-                    f"{self._url(node)}/v1/queues/{queue}/retention",
+                    f"{self._router.url(node)}/v1/queues/{queue}/retention",
                     params=self._shard_params(queue, shard_id),
                     body=policy,
                     timeout_s=self.timeout_s,
@@ -636,7 +436,7 @@ class AsyncClient:
                     raise ProtocolError(f"malformed retention reply {reply!r}")
                 return reply
 
-            replies.append(await self._retrying(attempt))
+            replies.append(await self._router.retrying(attempt))
         return replies[0]
 
     async def group(self, queue: str, group: str, *, shard: int | None = None) -> GroupInfo:
@@ -650,13 +450,13 @@ class AsyncClient:
             node = redirect or self.topology.shards[shard_id].head
             reply = await self._http.request(
                 "GET",
-                f"{self._url(node)}/v1/queues/{queue}/groups/{_quoted(group)}",
+                f"{self._router.url(node)}/v1/queues/{queue}/groups/{_quoted(group)}",
                 params=self._shard_params(queue, shard_id),
                 timeout_s=self.timeout_s,
             )
             return group_from_reply(reply)
 
-        return await self._retrying(attempt)
+        return await self._router.retrying(attempt)
 
     async def marks(self, queue: str, group: str) -> dict[int, int]:
         """The group's high-water mark on each shard of the queue, ``{shard: hwm}``."""
@@ -695,14 +495,16 @@ class AsyncClient:
             async def attempt(redirect: str | None, shard: int = shard) -> list[Any]:
                 node = redirect or self.topology.shards[shard].head
                 reply = await self._http.request(
-                    "GET", f"{self._url(node)}/v1/shards/{shard}/groups", timeout_s=self.timeout_s
+                    "GET",
+                    f"{self._router.url(node)}/v1/shards/{shard}/groups",
+                    timeout_s=self.timeout_s,
                 )
                 groups = reply.get("groups") if isinstance(reply, dict) else None
                 if not isinstance(groups, list):
                     raise ProtocolError(f"malformed groups reply {reply!r}")
                 return groups
 
-            for entry in await self._retrying(attempt):
+            for entry in await self._router.retrying(attempt):
                 found.append((str(entry["queue"]), str(entry["group"]), int(entry["hwm"])))
         return found
 
@@ -718,12 +520,12 @@ class AsyncClient:
                 node = redirect or self.topology.shards[shard].head
                 await self._http.request(
                     "DELETE",
-                    f"{self._url(node)}/v1/queues/{queue}/groups/{_quoted(group)}",
+                    f"{self._router.url(node)}/v1/queues/{queue}/groups/{_quoted(group)}",
                     params=self._shard_params(queue, shard),
                     timeout_s=self.timeout_s,
                 )
 
-            await self._retrying(attempt)
+            await self._router.retrying(attempt)
 
     async def produce_http(
         self, queue: str, items: Iterable[ItemLike], *, acks: Acks = "all", txn: bool = True
@@ -738,7 +540,7 @@ class AsyncClient:
             node = redirect or self.topology.shards[shard].head
             reply = await self._http.request(
                 "POST",
-                f"{self._url(node)}/v1/queues/{queue}/messages",
+                f"{self._router.url(node)}/v1/queues/{queue}/messages",
                 params={"acks": acks_param(acks)},
                 body=body,
                 timeout_s=self.timeout_s,
@@ -748,14 +550,7 @@ class AsyncClient:
             except (KeyError, TypeError, ValueError) as exc:
                 raise ProtocolError(f"malformed produce reply {reply!r}") from exc
 
-        return await self._retrying(attempt)
+        return await self._router.retrying(attempt)
 
 
 __all__ = ["AsyncClient"]
-
-
-def _retrieve_error(task: asyncio.Task[Topology]) -> None:
-    """A background topology refresh's failure is retrieved (so asyncio does not log it): the
-    cached topology stays, and the next retry or refresh asks again."""
-    if not task.cancelled():
-        task.exception()

@@ -1,7 +1,7 @@
 """Pure decisions of the client: which Kayos error a reply means, and what to do about it
 (follow a redirect, back off and retry, or give up), with the backoff delays.
 
-No I/O, no clock, no global randomness: the driver (``kayos.client.aio``) sleeps and sends;
+No I/O, no clock, no global randomness: the driver (``kayos.client.routing``) sleeps and sends;
 tests drive these functions with a seeded ``random.Random``.
 """
 

@@ -1,8 +1,9 @@
-"""A node: the shard replicas it holds, its binary port, and the operations its faces call.
+"""A node: the shard replicas it holds and the operations its faces call.
 
-The HTTP face (``kayos.node.app``) and the binary port both call into ``Node``; neither holds
-logic of its own. Roles come from the topology (docs/node-api.md): a produce reaches only the
-shard's head, a consume only a tail, and a request at the wrong node is refused with a redirect.
+The HTTP face (``kayos.node.http``) and the binary port (``kayos.node.binary_port``) both call
+into ``Node``; neither holds logic of its own. Roles come from the topology (docs/node-api.md):
+a produce reaches only the shard's head, a consume only a tail, and a request at the wrong node
+is refused with a redirect.
 Reading a consume page out of a store is ``kayos.node.pages``; the status document is
 ``kayos.node.status``.
 """
@@ -29,33 +30,28 @@ from kayos.errors import (
     KayosError,
     LimitExceeded,
     OperationTimeoutError,
-    ProtocolError,
     Unauthenticated,
     UnavailableError,
     WrongRoleError,
 )
 from kayos.identity import check_data_dir
-from kayos.node import learners
+from kayos.node.binary_port import BinaryPort
 from kayos.node.marks import committed_mark
 from kayos.node.pages import Message as Message  # `x as x`: importable from here still
 from kayos.node.pages import Page as Page
 from kayos.node.pages import count_unread
 from kayos.node.pages import lag_seconds as lag_seconds
 from kayos.node.pages import read_page as read_page
-from kayos.node.reconfigure import Reconfigurer
+from kayos.node.replicas import learners
+from kayos.node.replicas.reconfigure import Reconfigurer
 from kayos.node.retention import RetentionDriver, check_floor, retention_floors
 from kayos.node.status import link_status as link_status
 from kayos.node.status import neighbour_latency, node_status
-from kayos.replication.link.downstream import serve_downstream
-from kayos.replication.link.handshake import HostAddresses, accept_peer, shown
-from kayos.replication.link.liveness import keep_alive
-from kayos.replication.link.stream import FrameStream, error_frame
+from kayos.replication.link.handshake import HostAddresses
 from kayos.replication.link.upstream import UpstreamLink
 from kayos.replication.logic.lease import NodeLease, unconfirmed
 from kayos.replication.shard.head_writes import Columns
 from kayos.replication.shard.replica import ShardReplica, queue_prefix
-from kayos.replication.wire import frames as fr
-from kayos.replication.wire.frames import PROTOCOL_VERSION
 from kayos.storage.engine import prepare_columns
 from kayos.storage.maintenance.compact import compact
 from kayos.topology import Topology, check_queue_name
@@ -93,18 +89,14 @@ class Node:
         # members; without them the lease always holds). docs/manager.md, "Head leases".
         self.lease = NodeLease(managed=managed, epoch=topology.epoch, clock=self.clock)
         self.replicas: dict[int, ShardReplica] = {}
-        # Shards this node copies as a learner (kayos.node.learners), outside their chains.
+        # Shards this node copies as a learner (kayos.node.replicas.learners), outside their chains.
         self.learners: dict[int, learners.Learner] = {}
         # Every replica's link to its upstream (the reconfigure driver adds and removes them).
-        self._links: list[UpstreamLink] = []
+        self.links: list[UpstreamLink] = []
         # Topology changes: the driver that opens, re-makes and closes replicas.
         self.reconfigure = Reconfigurer(self)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._server: asyncio.Server | None = None
-        # Binary-port connections not yet past their handshake (limits.handshake_connections_max),
-        # and how many were closed at the bound since the count was last zero.
-        self._handshaking = 0
-        self._handshakes_refused = 0
+        self.binary_port = BinaryPort(self)
         self.hosts = HostAddresses()
         self.ready = False
         self.registry = CollectorRegistry()
@@ -144,20 +136,13 @@ class Node:
             )
         # The newest topology this node can verify: its file's, DATA/topology.json, its peers'.
         await self.reconfigure.choose_at_start()
-        self._spawn(self.hosts.prime(node.host for node in self.topology.nodes.values()))
+        self.spawn(self.hosts.prime(node.host for node in self.topology.nodes.values()))
         for shard in self.topology.shards_of(self.node_id):
             await self.reconfigure.open_replica(shard)
-        self._spawn(self._compaction_loop())
-        self._spawn(self.retention.run())
-        self._spawn(self._commit_point_loop())
-        if bin_listener is not None:
-            self._server = await asyncio.start_server(
-                self._on_connection, sock=bin_listener, limit=2**20
-            )
-        else:
-            self._server = await asyncio.start_server(
-                self._on_connection, self.address.host, self.address.bin_port, limit=2**20
-            )
+        self.spawn(self._compaction_loop())
+        self.spawn(self.retention.run())
+        self.spawn(self._commit_point_loop())
+        await self.binary_port.start(bin_listener)
         self.ready = True
 
     async def _compaction_loop(self) -> None:
@@ -201,21 +186,18 @@ class Node:
             # A replica whose reads met damage is re-made: its open salvages and re-fetches.
             await self.reconfigure.reopen_damaged()
 
-    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
         """Runs ``coro`` as a task of the node (cancelled when it stops)."""
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
 
-    spawn = _spawn
-
     async def stop(self) -> None:
         self.ready = False
-        for link in self._links:
+        for link in self.links:
             link.stop()
-        if self._server is not None:
-            self._server.close()
+        self.binary_port.close()
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
@@ -283,22 +265,20 @@ class Node:
         if acks == 0:
             # The store's checks run now, not in the task: "accepted" means the batch is valid.
             prepare_columns(*columns)
-            self._spawn(_logged(replica.commit_ops(columns)))
+            self.spawn(_logged(replica.commit_ops(columns)))
             return 0, 0
         result = await replica.commit_ops(columns)
         if acks == -1:
-            await self._await_committed(replica, result.last_seq)
+            await self.await_committed(replica, result.last_seq)
         return result.first_seq, result.last_seq
 
-    async def _await_committed(self, replica: ShardReplica, seq: int) -> None:
+    async def await_committed(self, replica: ShardReplica, seq: int) -> None:
         committed = await replica.wait_committed(seq, limits.produce_commit_timeout_ms / 1000)
         if committed < seq:
             raise OperationTimeoutError(
                 f"seq {seq} durable on the head but not committed by the chain within "
                 f"{limits.produce_commit_timeout_ms} ms (committed: {committed})"
             )
-
-    await_committed = _await_committed
 
     async def commit_group(
         self, queue: str, group: str, hwm: int, state: bytes | None, shard_id: int | None = None
@@ -315,7 +295,7 @@ class Node:
                 raise LimitExceeded(f"group state over {limits.group_state_bytes_max} bytes")
             meta[f"{GROUP_STATE_META}{queue}/{group}"] = state
         result = await replica.commit_meta(meta)
-        await self._await_committed(replica, result.last_seq)
+        await self.await_committed(replica, result.last_seq)
         return result.last_seq
 
     async def delete_group(self, queue: str, group: str, shard_id: int | None = None) -> int:
@@ -327,7 +307,7 @@ class Node:
             f"{GROUP_STATE_META}{queue}/{group}": None,
         }
         result = await replica.commit_meta(meta)
-        await self._await_committed(replica, result.last_seq)
+        await self.await_committed(replica, result.last_seq)
         return result.last_seq
 
     def list_groups(self, shard: int) -> list[dict[str, Any]]:
@@ -444,173 +424,6 @@ class Node:
 
     def latency(self) -> dict[str, dict[str, Any]]:
         return neighbour_latency(self.replicas.values(), self.clock.monotonic_s())
-
-    # --- binary port ---------------------------------------------------------------------------
-
-    async def _on_connection(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        stream = FrameStream(
-            reader, writer, self.clock, frame_bytes_max=limits.handshake_frame_bytes_max
-        )
-        pinger: asyncio.Task[None] | None = None
-        if self._handshaking >= limits.handshake_connections_max:
-            # Closed at once, logged once per burst: the bound exists for floods.
-            if not self._handshakes_refused:
-                log.warning(
-                    "%d connections in their handshake (handshake_connections_max): closing "
-                    "new ones at once",
-                    self._handshaking,
-                )
-            self._handshakes_refused += 1
-            stream.close()
-            return
-        try:
-            self._handshaking += 1
-            try:
-                async with asyncio.timeout(limits.handshake_ms_max / 1000):
-                    hello = await self._handshake(stream, writer)
-            except TimeoutError:
-                log.info(
-                    "closed the connection from %s: no complete handshake within %d ms",
-                    writer.get_extra_info("peername"),
-                    limits.handshake_ms_max,
-                )
-                return
-            finally:
-                self._handshaking -= 1
-                if not self._handshaking:
-                    self._handshakes_refused = 0
-            if hello is None:
-                return
-            stream.lift_frame_bound()
-            pinger = asyncio.create_task(
-                keep_alive(
-                    stream, self.clock, f"{hello.role} connection from {shown(hello.node_id)}"
-                )
-            )
-            if hello.role == "client":
-                stream.send(fr.HelloOk(PROTOCOL_VERSION, self.node_id, self.epoch))
-                await self._serve_client(stream)
-                return
-            replica = self.replicas.get(hello.shard) if hello.shard is not None else None
-            if replica is None and hello.role == "repair" and hello.shard in self.learners:
-                # A head with no downstream repairs from a learner (docs/replication-protocol.md,
-                # "A damaged head repairs first").
-                replica = self.learners[hello.shard].replica
-            if replica is None:
-                raise WrongRoleError(
-                    f"{self.node_id} holds no replica of shard {hello.shard}",
-                    redirect=None,
-                    epoch=self.epoch,
-                )
-            await serve_downstream(replica, stream, hello)
-        except KayosError as exc:
-            with contextlib.suppress(Exception):
-                stream.send(error_frame(exc, None, self.epoch))
-                await stream.drain()
-        except (OSError, EOFError, asyncio.IncompleteReadError):
-            pass
-        except asyncio.CancelledError:
-            # Shutdown cancels connection handlers; asyncio's stream callback would log it as an
-            # error, so a handler ends quietly instead of re-raising.
-            pass
-        finally:
-            if pinger is not None:
-                pinger.cancel()
-            stream.close()
-
-    async def _handshake(
-        self, stream: FrameStream, writer: asyncio.StreamWriter
-    ) -> fr.Hello | None:
-        """Reads HELLO and checks it; a replication link must also prove the cluster secret
-        (docs/replication-protocol.md, "Handshake"). Raises the refusal."""
-        hello = await stream.recv()
-        if hello is None:
-            return None
-        if not isinstance(hello, fr.Hello):
-            raise ProtocolError(f"expected HELLO, got {type(hello).__name__}")
-        if hello.epoch and hello.epoch < self.epoch:
-            raise WrongRoleError(
-                f"epoch {hello.epoch} is older than {self.epoch}",
-                redirect=None,
-                epoch=self.epoch,
-            )
-        if hello.epoch > self.epoch:
-            raise UnavailableError(f"epoch {hello.epoch} is newer than {self.epoch}")
-        if hello.role == "client":
-            return hello
-        if hello.shard is None:
-            raise ProtocolError(f"a {hello.role} HELLO names no shard")
-        if hello.protocol_version < fr.LINK_PROTOCOL_VERSION_MIN:
-            raise ProtocolError(
-                f"replication links need protocol version {fr.LINK_PROTOCOL_VERSION_MIN}; "
-                f"{hello.node_id} speaks {hello.protocol_version}"
-            )
-        peer = writer.get_extra_info("peername")
-        peer_ip = str(peer[0]) if peer else ""
-        await accept_peer(
-            stream,
-            hello,
-            topology=self.topology,
-            node_id=self.node_id,
-            peer_ip=peer_ip,
-            hosts=self.hosts,
-        )
-        return hello
-
-    async def _serve_client(self, stream: FrameStream) -> None:
-        slots = asyncio.Semaphore(limits.connection_in_flight_requests_max)
-        tasks: set[asyncio.Task[None]] = set()
-        try:
-            while True:
-                frame = await stream.recv()
-                if frame is None:
-                    return
-                if isinstance(frame, fr.Produce | fr.WaitCommitted):
-                    await slots.acquire()
-                    task = asyncio.create_task(self._client_request(stream, frame))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                    task.add_done_callback(lambda _: slots.release())
-                elif isinstance(frame, fr.Ping):
-                    stream.send(fr.Pong(frame.nonce))
-                elif isinstance(frame, fr.Pong):
-                    pass  # the answer to this node's own PING; recv() noted that the peer lives
-                else:
-                    raise ProtocolError(f"{type(frame).__name__} is not a client request")
-        finally:
-            for task in tasks:
-                task.cancel()
-
-    async def _client_request(
-        self, stream: FrameStream, frame: fr.Produce | fr.WaitCommitted
-    ) -> None:
-        try:
-            reply: fr.Frame
-            if isinstance(frame, fr.Produce):
-                first, last = await self.produce(
-                    frame.queue,
-                    frame.keys,
-                    frame.values,
-                    frame.expiries_ms,
-                    frame.headers,
-                    acks=frame.acks,
-                )
-                reply = fr.Produced(frame.request_id, first, last)
-            else:
-                committed = await self.wait_committed(frame.shard, frame.seq, frame.timeout_ms)
-                reply = fr.CommittedReply(frame.request_id, frame.shard, committed)
-        except KayosError as exc:
-            reply = error_frame(exc, frame.request_id, self.epoch)
-        except Exception as exc:  # the node stays up; the client learns the request failed
-            log.exception("request %s failed", frame.request_id)
-            reply = fr.ErrorFrame(
-                frame.request_id, "kayos_error", repr(exc)[:500], None, self.epoch
-            )
-        with contextlib.suppress(Exception):
-            stream.send(reply)
-            await stream.drain()
 
 
 async def _logged(coro: Any) -> None:

@@ -16,7 +16,7 @@ from aiohttp import web
 from kayos import limits
 from kayos.datadir import DirectoryLock
 from kayos.errors import AddressInUseError
-from kayos.node.app import make_app
+from kayos.node.http.app import make_app
 from kayos.node.runtime import Node
 from kayos.ports import address_in_use, bind_listener
 from kayos.topology import Topology

@@ -1,7 +1,7 @@
 """What a node reports about itself: the ``GET /status`` document (docs/node-api.md, "Status").
 
-``Node.status`` answers with ``node_status``; ``kayos.node.app`` also reads each replica's
-``link_status`` for its metrics. They are apart from ``kayos.node.runtime`` because they only
+``Node.status`` answers with ``node_status``; ``kayos.node.http.metrics`` also reads each
+replica's ``link_status``. They are apart from ``kayos.node.runtime`` because they only
 read: the node's replicas, learners and drivers in, a JSON-ready dict out.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kayos.node.learners import learner_status
+from kayos.node.replicas.learners import learner_status
 from kayos.node.retention import disk_status
 from kayos.replication.link.liveness import Direction, LinkHealth
 from kayos.replication.logic.latency import LatencyWindow
@@ -18,8 +18,8 @@ from kayos.replication.logic.latency import summary as latency_summary
 
 if TYPE_CHECKING:
     from kayos.clock import Clock
-    from kayos.node.learners import Learner
-    from kayos.node.reconfigure import Reconfigurer
+    from kayos.node.replicas.learners import Learner
+    from kayos.node.replicas.reconfigure import Reconfigurer
     from kayos.node.retention import RetentionDriver
     from kayos.replication.logic.lease import NodeLease
     from kayos.replication.shard.replica import ShardReplica

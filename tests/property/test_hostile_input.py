@@ -3,10 +3,10 @@
 - The binary port's codec (``kayos.replication.wire.frames.FrameDecoder``) fed random bytes, valid
   frames cut at random points, and valid frames with random bytes changed: it returns frames or
   raises ``ProtocolError``, never anything else; valid frames come back whole however they are cut.
-- The HTTP body parsers (``kayos.node.app``), called as pure functions, fed random JSON values
-  (hypothesis ``recursive``), produce-shaped bodies with random fields, and random bytes: they
-  return a value or raise a ``KayosError`` (``InvalidRequest``/``ProtocolError``), never another
-  exception.
+- The HTTP body parsers (``kayos.node.http.bodies``), called as pure functions, fed random JSON
+  values (hypothesis ``recursive``), produce-shaped bodies with random fields, and random bytes:
+  they return a value or raise a ``KayosError`` (``InvalidRequest``/``ProtocolError``), never
+  another exception.
 
 Derandomized (``derandomize=True``): each run draws the same examples, so CI is stable and a
 failure is reproduced by rerunning; hypothesis prints the falsifying example.
@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kayos.errors import KayosError, ProtocolError
-from kayos.node.app import parse_body, parse_commit, parse_consume, parse_produce
+from kayos.node.http.bodies import parse_body, parse_commit, parse_consume, parse_produce
 from kayos.replication.wire import frames as fr
 
 SETTINGS = settings(

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from kayos.clock import SystemClock
-from kayos.node import learners
-from kayos.node.learners import CatchUpOrder
+from kayos.node.replicas import learners
+from kayos.node.replicas.learners import CatchUpOrder
 from kayos.storage import ShardStore
 from kayos.topology import NodeAddr, ShardChain, Topology
 from tests.linkauth import TEST_IDENTITY

@@ -1,6 +1,6 @@
 """The simulated node's producers (chaos/sim/node.py) against the real node's rule: a replica
 whose place in the chain changes is remade or closed, and the producers waiting on it fail
-(kayos/node/reconfigure.py, ``fail_pending``). Seed 3756 of the simulator: a head kept the
+(kayos/node/replicas/reconfigure.py, ``fail_pending``). Seed 3756 of the simulator: a head kept the
 waiter of a write it never committed across its demotion and rollback, and answered it ``ok``
 when another write committed at the same seq after it headed the shard again."""
 

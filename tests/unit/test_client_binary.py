@@ -18,7 +18,9 @@ from aiohttp import web
 
 import kayos
 from kayos.client.binary import RequestTable, reply_request_id
+from kayos.client.http import HttpTransport
 from kayos.client.policy import RetryPolicy
+from kayos.client.routing import Router
 from kayos.client.types import Message
 from kayos.errors import InvalidRequest, ProtocolError, UnavailableError, WrongRoleError
 from kayos.replication.wire.frames import (
@@ -539,10 +541,10 @@ def test_blocking_client_reports_an_unreachable_cluster() -> None:
 
 
 def test_consumers_take_fanout_tails_in_turn() -> None:
-    client = kayos.AsyncClient("http://127.0.0.1:1")
+    router = Router(kayos.AsyncClient("http://127.0.0.1:1"), HttpTransport())
     nodes = {n: NodeAddr(n, "127.0.0.1", 1, 2) for n in "abcd"}
-    client._topology = Topology(1, nodes, {0: ShardChain(0, ("a", "b"), ("c", "d"))})
-    assert [client._tail(0) for _ in range(4)] == ["c", "d", "c", "d"]
-    assert client._node_named("http://127.0.0.1:1/") == "a", "a URL names the first match"
-    assert client._node_named("b") == "b"
-    assert client._node_named("zz") is None
+    router.current = Topology(1, nodes, {0: ShardChain(0, ("a", "b"), ("c", "d"))})
+    assert [router.tail(0) for _ in range(4)] == ["c", "d", "c", "d"]
+    assert router.node_named("http://127.0.0.1:1/") == "a", "a URL names the first match"
+    assert router.node_named("b") == "b"
+    assert router.node_named("zz") is None

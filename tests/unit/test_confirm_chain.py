@@ -83,7 +83,7 @@ async def test_a_tail_cut_off_with_its_upstream_serves_nothing(tmp_path: Path) -
 
         # b and c on one side, the head (with its lease) on the other: b's link to a is gone,
         # c's link to b stays. The old one-hop check (a PONG from b) would serve here.
-        link = next(link for link in nodes["b"]._links if link.replica is middle)
+        link = next(link for link in nodes["b"].links if link.replica is middle)
         link.stop()
         assert middle.upstream_stream is not None
         middle.upstream_stream.close()

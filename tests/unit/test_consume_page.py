@@ -14,7 +14,7 @@ from kayos.client.http import MSGPACK, decode_body
 from kayos.client.types import Message, MessageView, PageColumns, page_from_reply
 from kayos.errors import ProtocolError
 from kayos.node import runtime
-from kayos.node.app import page_payload
+from kayos.node.http.bodies import page_payload
 from kayos.node.runtime import Page, read_page
 from kayos.replication.shard.replica import ShardReplica, queue_prefix
 from kayos.storage import Delete, Put, ShardStore

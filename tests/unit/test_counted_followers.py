@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kayos.errors import InvalidRequest, Unauthenticated
-from kayos.node.learners import FollowersOrder, parse_followers
+from kayos.node.replicas.learners import FollowersOrder, parse_followers
 from kayos.replication.logic import chain, followers
 from kayos.replication.logic.chain import (
     CommitPointAdvanced,

@@ -31,14 +31,14 @@ async def test_a_connection_whose_handler_runs_after_stop_is_closed(
     upstream = await asyncio.start_server(_echo, "127.0.0.1", 0)
     accepted = asyncio.Event()
     release = asyncio.Event()
-    original = Proxy._accept
+    original = Proxy.accept
 
     async def late_accept(self: Proxy, reader: Any, writer: Any) -> None:
         accepted.set()
         await release.wait()  # the handler held until stop has collected the connections
         await original(self, reader, writer)
 
-    monkeypatch.setattr(Proxy, "_accept", late_accept)
+    monkeypatch.setattr(Proxy, "accept", late_accept)
     port = upstream.sockets[0].getsockname()[1]
     proxy = Proxy("p", ("127.0.0.1", 0), ("127.0.0.1", port), random.Random(1))
     await proxy.start()

@@ -251,7 +251,7 @@ async def test_a_stale_report_never_commits_the_new_history(
         queue = "q"
         await nodes["a"].produce(queue, [b"before"], [b"v"], None, None, acks=-1)
         gate = asyncio.Event()  # keeps the middle from linking again
-        link = next(link for link in nodes["b"]._links if link.replica is middle)
+        link = next(link for link in nodes["b"].links if link.replica is middle)
         real_connect = link._connect
 
         async def gated_connect(*args: Any, **kwargs: Any) -> Any:

@@ -1,13 +1,14 @@
-"""Whom a head whose store opened below its durable mark asks (kayos.node.repair, docs/replication-
-protocol.md "A damaged head repairs first"): its downstreams first, in chain order, then every
-other node of the topology (a node outside the chain answers from its learner), never itself."""
+"""Whom a head whose store opened below its durable mark asks (kayos.node.replicas.repair,
+docs/replication-protocol.md "A damaged head repairs first"): its downstreams first, in chain
+order, then every other node of the topology (a node outside the chain answers from its learner),
+never itself."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 from typing import Any
 
-from kayos.node.repair import peers_of
+from kayos.node.replicas.repair import peers_of
 from tests.linkauth import one_shard_topology
 
 

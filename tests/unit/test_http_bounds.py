@@ -11,7 +11,7 @@ import pytest
 
 from kayos import limits
 from kayos.errors import InvalidRequest
-from kayos.node.app import read_body
+from kayos.node.http.bodies import read_body
 
 
 class TrickledRequest:

@@ -1,5 +1,5 @@
-"""The edge's pure checks (kayos/checks.py) and the HTTP body parsers (kayos/node/app.py), called
-directly: every input gets a defined answer (a value or an ``InvalidRequest``)."""
+"""The edge's pure checks (kayos/checks.py) and the HTTP body parsers (kayos/node/http/bodies.py),
+called directly: every input gets a defined answer (a value or an ``InvalidRequest``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from kayos.checks import check_expiries, check_item_keys, check_json_depth, chec
 from kayos.client.aio import AsyncClient
 from kayos.client.sync import Client
 from kayos.errors import InvalidRequest, LimitExceeded, ProtocolError
-from kayos.node.app import int_param, parse_body, parse_commit, parse_consume, parse_produce
+from kayos.node.http.bodies import int_param, parse_body, parse_commit, parse_consume, parse_produce
 
 U64_END = 2**64
 

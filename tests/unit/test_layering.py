@@ -174,6 +174,23 @@ def test_the_client_knows_nothing_of_nodes_or_storage() -> None:
             )
 
 
+# A node's faces: they call into kayos.node.runtime.Node, and only the process entry point
+# (kayos.node.server) and Node itself (which starts its binary port) import them.
+NODE_FACES = ("kayos.node.http", "kayos.node.binary_port")
+NODE_FACE_IMPORTERS = ("kayos.node.server", "kayos.node.runtime")
+
+
+def test_a_nodes_operations_know_nothing_of_its_faces() -> None:
+    for path in (ROOT / "kayos" / "node").rglob("*.py"):
+        module = module_name(path)
+        if module.startswith(NODE_FACES) or module in NODE_FACE_IMPORTERS:
+            continue
+        for target in imports_of(path):
+            assert not target.startswith(NODE_FACES), f"{module} imports the face {target}"
+    runtime = imports_of(ROOT / "kayos" / "node" / "runtime.py")
+    assert not any(target.startswith("kayos.node.http") for target in runtime)
+
+
 def test_no_import_cycles() -> None:
     graph = {module_name(path): imports_of(path) for path in SOURCES}
     visiting: list[str] = []

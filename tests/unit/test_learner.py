@@ -14,8 +14,8 @@ import pytest
 
 from kayos.clock import SystemClock
 from kayos.errors import InvalidRequest, Unauthenticated, WrongRoleError
-from kayos.node import learners
-from kayos.node.learners import CatchUpOrder, parse_catch_up
+from kayos.node.replicas import learners
+from kayos.node.replicas.learners import CatchUpOrder, parse_catch_up
 from kayos.replication.link.downstream import check_copy_peer
 from kayos.replication.logic import chain
 from kayos.replication.shard.replica import ShardReplica
@@ -148,9 +148,9 @@ def test_a_topology_that_comes_while_the_learners_store_opens_is_taken(
     order = CatchUpOrder(old.epoch, 0, "c")
 
     async def open_it() -> None:
-        # A task already set: _open_learner starts no link task (nothing here to reach).
+        # A task already set: open_learner starts no link task (nothing here to reach).
         learner.task = asyncio.create_task(asyncio.sleep(0))
-        await learners._open_learner(node, learner, order, str(tmp_path / "d"), copied=False)
+        await learners.open_learner(node, learner, order, str(tmp_path / "d"), copied=False)
         await learner.task
 
     asyncio.run(open_it())

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from kayos.local.ports import free_ports
-from kayos.node import learners
-from kayos.node.learners import CatchUpOrder
+from kayos.node.replicas import learners
+from kayos.node.replicas.learners import CatchUpOrder
 from kayos.node.runtime import Node
 from kayos.topology import NodeAddr, ShardChain, Topology
 from tests.linkauth import TEST_IDENTITY, until

@@ -193,14 +193,16 @@ async def test_connections_past_the_handshake_bound_are_closed_at_once(
             link.close()
 
     try:
-        await until(lambda: node._handshaking == bound, "the silent connections accepted")
+        await until(
+            lambda: node.binary_port.handshaking == bound, "the silent connections accepted"
+        )
         elapsed, nothing_sent = await asyncio.to_thread(one_more)
         assert elapsed < AT_ONCE_S, f"closed after {elapsed:.1f} s"
         assert nothing_sent
-        assert node._handshaking == bound, "the others still wait for their handshake"
+        assert node.binary_port.handshaking == bound, "the others still wait for their handshake"
         for sock in silent:
             sock.close()
-        await until(lambda: node._handshaking == 0, "the silent connections gone")
+        await until(lambda: node.binary_port.handshaking == 0, "the silent connections gone")
         assert isinstance(await asyncio.to_thread(a_client_hello), fr.HelloOk)
     finally:
         for sock in silent:

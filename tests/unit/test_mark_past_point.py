@@ -70,7 +70,7 @@ async def cut_middle(nodes: dict[str, Node], *, for_good: bool) -> None:
     """Ends the middle's link to the head (``for_good``: and stops it subscribing again)."""
     middle = nodes["b"].replicas[0]
     if for_good:
-        next(link for link in nodes["b"]._links if link.replica is middle).stop()
+        next(link for link in nodes["b"].links if link.replica is middle).stop()
     stream = middle.upstream_stream
     assert stream is not None
     stream.close()

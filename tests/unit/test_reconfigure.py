@@ -1,6 +1,6 @@
-"""The pure parts of topology changes at a node (kayos/node/reconfigure.py): which shards change
-and how, signed messages, DATA/topology.json, the newest verified topology; the latency window
-(kayos/replication/logic/latency.py) and the client's choice of topology
+"""The pure parts of topology changes at a node (kayos/node/replicas/reconfigure.py): which shards
+change and how, signed messages, DATA/topology.json, the newest verified topology; the latency
+window (kayos/replication/logic/latency.py) and the client's choice of topology
 (kayos/client/policy.py)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from kayos import limits
 from kayos.client.policy import newest_topology
 from kayos.errors import InvalidRequest, Unauthenticated, UnavailableError
 from kayos.identity import ClusterIdentity
-from kayos.node.reconfigure import (
+from kayos.node.replicas.reconfigure import (
     TOPOLOGY_FILE,
     check_message,
     load_message,

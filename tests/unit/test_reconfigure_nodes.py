@@ -1,5 +1,5 @@
-"""Topology changes on in-process nodes over loopback (kayos/node/reconfigure.py driven through
-``Node.reconfigure``): the pieces the real-process tests cannot pin down in time, namely two
+"""Topology changes on in-process nodes over loopback (kayos/node/replicas/reconfigure.py driven
+through ``Node.reconfigure``): the pieces the real-process tests cannot pin down in time, namely two
 topologies racing and producers waiting at a replica that is re-made. Every wait is a bounded
 poll; the seed is printed."""
 
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from kayos.errors import UnavailableError
-from kayos.node.reconfigure import TOPOLOGY_FILE
+from kayos.node.replicas.reconfigure import TOPOLOGY_FILE
 from kayos.node.runtime import Node
 from kayos.replication.shard import replica as replica_module
 from kayos.signing import sign

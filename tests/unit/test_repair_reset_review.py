@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from kayos.errors import UnavailableError
-from kayos.node import learners
-from kayos.node import repair as peer_repair
+from kayos.node.replicas import learners
+from kayos.node.replicas import repair as peer_repair
 from kayos.node.runtime import Node
 from kayos.replication.logic import durablemark, followers
 from kayos.replication.shard import catchup

@@ -125,7 +125,7 @@ async def test_group_delete_missed_by_a_middle_reaches_the_tail(tmp_path: Path) 
         key = f"{HWM_META}{queue}/g"
         await until(lambda: tail.store.meta.get(key) == 1, "the hwm on the tail")
         # Cut the middle from the head, for good: its link must not come back by itself.
-        old_link = next(link for link in nodes["b"]._links if link.replica is middle)
+        old_link = next(link for link in nodes["b"].links if link.replica is middle)
         old_link.stop()
         assert middle.upstream_stream is not None
         middle.upstream_stream.close()
@@ -134,8 +134,8 @@ async def test_group_delete_missed_by_a_middle_reaches_the_tail(tmp_path: Path) 
         await until(lambda: key not in head.store.meta, "the delete on the head")
         assert key in middle.store.meta
         link = UpstreamLink(middle)
-        nodes["b"]._links.append(link)
-        nodes["b"]._spawn(link.run())
+        nodes["b"].links.append(link)
+        nodes["b"].spawn(link.run())
         await asyncio.wait_for(delete, WAIT_S)
         assert key not in middle.store.meta
         assert key not in tail.store.meta, "the tail kept a group every other member deleted"
@@ -266,7 +266,7 @@ async def test_a_long_poll_parked_before_catch_up_serves_nothing_during_it(
         queue = "q"
         await nodes["a"].produce(queue, [b"k0"], [b"v"], None, None, acks=-1)
         await until(lambda: tail.durable >= 1 and not tail.catching_up, "the tail level")
-        old_link = next(link for link in nodes["c"]._links if link.replica is tail)
+        old_link = next(link for link in nodes["c"].links if link.replica is tail)
         old_link.stop()
         assert tail.upstream_stream is not None
         tail.upstream_stream.close()
@@ -283,8 +283,8 @@ async def test_a_long_poll_parked_before_catch_up_serves_nothing_during_it(
             _, last = await nodes["a"].produce(queue, keys, [b"v"] * count, None, None, acks=1)
         await until(lambda: middle.durable >= last, "the middle ahead of the tail")
         link = UpstreamLink(tail)
-        nodes["c"]._links.append(link)
-        nodes["c"]._spawn(link.run())
+        nodes["c"].links.append(link)
+        nodes["c"].spawn(link.run())
         with pytest.raises(UnavailableError):
             await asyncio.wait_for(poll, WAIT_S)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kayos.clock import ManualClock
-from kayos.node.operator_api import digest_entries, digest_floor, parse_compact
+from kayos.node.http.operator_api import digest_entries, digest_floor, parse_compact
 from kayos.storage.engine import Delete, Put, ShardStore, StoreOptions
 from kayos.storage.maintenance.check import check_snapshot
 from kayos.storage.maintenance.compact import compact

@@ -11,7 +11,7 @@ from kayos import limits
 from kayos.errors import InvalidRequest, Unauthenticated
 from kayos.identity import ClusterIdentity
 from kayos.manager.member.holds import hold_ms, record_grants, shard_heads
-from kayos.node.lease_api import apply_write_hold
+from kayos.node.http.lease_api import apply_write_hold
 from kayos.replication.logic.lease import WriteHold, adopt_holds, release
 from kayos.signing import sign
 from kayos.topology import NodeAddr, ShardChain, Topology

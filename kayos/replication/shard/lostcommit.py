@@ -5,7 +5,8 @@ upstream that lacks committed entries").
 ``SUBSCRIBE``); ``step_down_to_repair`` stops the head's writes at once, and a background task then
 drops what the head holds past the agreed seq, raises the durable mark to the commit point the
 downstream named and has the node re-make the replica: the re-made store opens below its mark
-and re-fetches from its downstream before it leads (``kayos.node.learners.repair_then_lead``).
+and re-fetches from its downstream before it leads
+(``kayos.node.replicas.learners.repair_then_lead``).
 """
 
 from __future__ import annotations

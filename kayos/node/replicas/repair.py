@@ -15,7 +15,7 @@ import logging
 
 from kayos import limits
 from kayos.errors import KayosError
-from kayos.node import learners
+from kayos.node.replicas import learners
 from kayos.replication.link.upstream import UpstreamLink
 from kayos.replication.logic import durablemark
 from kayos.replication.shard.replica import ShardReplica

@@ -46,7 +46,7 @@ class Learner:
 
 
 class Reconfiguring(Protocol):
-    """What of ``kayos.node.reconfigure.Reconfigurer`` this module uses."""
+    """What of ``kayos.node.replicas.reconfigure.Reconfigurer`` this module uses."""
 
     lock: asyncio.Lock
 
@@ -161,14 +161,17 @@ async def _start_catch_up(node: Node, order: CatchUpOrder) -> dict[str, Any]:
         node.learners[order.shard] = learner
         log.info("shard %s: copying the store of %s by snapshot", order.shard, order.upstream)
         return {"shard": order.shard, "state": "learning"}
-    await _open_learner(node, learner, order, path, copied=False)
+    await open_learner(node, learner, order, path, copied=False)
     node.learners[order.shard] = learner
     return {"shard": order.shard, "state": "learning"}
 
 
-async def _open_learner(
+async def open_learner(
     node: Node, learner: Learner, order: CatchUpOrder, path: str, *, copied: bool
 ) -> None:
+    """Opens the learner's replica of ``order.shard`` at ``path`` (``copied``: its store was just
+    copied by snapshot) and makes its link to ``order.upstream``, run as the learner's task
+    unless it has one already (a snapshot's, which goes on to run the link itself)."""
     shard = node.topology.shards[order.shard]
     replica = await asyncio.to_thread(
         functools.partial(
@@ -218,7 +221,7 @@ async def _snapshot_then_learn(
             learner.snapshot.attempts,
             learner.snapshot.problem,
         )
-    await _open_learner(node, learner, order, path, copied=copied)
+    await open_learner(node, learner, order, path, copied=copied)
     assert learner.link is not None
     await learner.link.run()
 

@@ -303,7 +303,7 @@ def routes(
     read_body: Callable[[web.Request], Awaitable[Any]],
     int_param: Callable[..., int | None],
 ) -> web.RouteTableDef:
-    """The operator routes (``kayos.node.app.make_app`` adds them, passing its body and query
+    """The operator routes (``kayos.node.http.app.make_app`` adds them, passing its body and query
     parsers)."""
     requests = OperatorRequests(node)
     table = web.RouteTableDef()

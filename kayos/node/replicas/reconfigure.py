@@ -32,8 +32,8 @@ from kayos import limits
 from kayos.clock import Clock
 from kayos.errors import InvalidRequest, KayosError, Unauthenticated, UnavailableError
 from kayos.identity import ClusterIdentity
-from kayos.node import learners
-from kayos.node import repair as peer_repair
+from kayos.node.replicas import learners
+from kayos.node.replicas import repair as peer_repair
 from kayos.replication.link.upstream import UpstreamLink
 from kayos.replication.logic.lease import NodeLease, WriteHold, adopt_holds, release
 from kayos.replication.shard.replica import ShardReplica
@@ -52,7 +52,7 @@ class Node(Protocol):
     rng: random.Random
     commit_seconds: Histogram
     ready: bool
-    _links: list[UpstreamLink]
+    links: list[UpstreamLink]
     learners: dict[int, learners.Learner]
     lease: NodeLease
 
@@ -440,7 +440,7 @@ class Reconfigurer:
             await learners.repair_then_lead(replica, None)
         else:
             link = UpstreamLink(replica)
-            node._links.append(link)
+            node.links.append(link)
             self._link_tasks[shard.id] = (link, node.spawn(link.run()))
         node.replicas[shard.id] = replica
         return replica
@@ -453,7 +453,7 @@ class Reconfigurer:
             link, task = linked
             if link is not None:
                 with contextlib.suppress(ValueError):
-                    self.node._links.remove(link)
+                    self.node.links.remove(link)
                 link.stop()
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
