@@ -4,7 +4,7 @@ Relationships between bounds are asserted at import, so an edit that breaks one 
 Configuration may lower (never raise) the per-item bounds; the storage-level ones are part of the
 on-disk format and fixed.
 
-It is one long module on purpose: a table, each bound beside its reason, read from top to bottom
+Why it is long: it is a table, each bound beside its reason, read from top to bottom
 when a bound is chosen or questioned; its asserts tie bounds of different layers together (a
 frame holds a batch, a batch a store chunk, a consume page a store scan page, the manager's
 detection window the links' silence bound), which a split by layer would scatter across files.

@@ -233,8 +233,10 @@ class Sim:
             self.world.heal(node_id, other)
 
     def heal_all(self) -> None:
-        for pair in list(self.world.cut):
-            self.world.heal(*sorted(pair))
+        # In a fixed order: the set's order follows string hashing, which differs per process,
+        # and a seed must replay the same run in any process.
+        for pair in sorted(sorted(pair) for pair in self.world.cut):
+            self.world.heal(*pair)
         for node in self.nodes.values():
             node.slow_disk_until = 0.0
             if not node.up:

@@ -9,8 +9,10 @@ Every frame validates its fields against the table when built, so an instance is
 whether it was decoded or built locally: a bad local frame raises ``InvalidRequest``, and the
 decoder turns the same failure into ``ProtocolError``. Apart from ``frames`` so that the
 protocol's vocabulary (what frames exist, what they hold, since when) reads in one place, and the
-codec in another. One module of about 600 lines on purpose: every frame and the table row that
-declares it are read side by side, and the table checks itself against the frames on import.
+codec in another.
+
+Why it is long: every frame and the table row that declares it are read side by side, and the
+table checks itself against the frames on import.
 """
 
 from __future__ import annotations
