@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from kayos.launcher import LocalCluster, http_json
-from tests.integration.conftest import (
+from tests.support.cluster import (
     Snapshot,
     answered_seqs,
     commit_group,

@@ -11,7 +11,7 @@ import pytest
 
 from kayos import limits
 from kayos.launcher import LocalCluster, http_json
-from tests.integration.conftest import produce, wait_until
+from tests.support.cluster import produce, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ import pytest
 
 from kayos import limits
 from kayos.launcher import LocalCluster, http_json
-from tests.integration.conftest import fingerprint, http_raw, produce_ok
+from tests.support.cluster import fingerprint, http_raw, produce_ok
 
 if TYPE_CHECKING:
     from pathlib import Path

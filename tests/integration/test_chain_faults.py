@@ -13,13 +13,7 @@ import pytest
 
 from kayos.launcher import LocalCluster
 from kayos.storage import ShardStore
-from tests.integration.conftest import (
-    PRODUCE_TIMEOUT_S,
-    produce,
-    read_snapshot,
-    shard_seqs,
-    wait_until,
-)
+from tests.support.cluster import PRODUCE_TIMEOUT_S, produce, read_snapshot, shard_seqs, wait_until
 
 pytestmark = pytest.mark.integration
 

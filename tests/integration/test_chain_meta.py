@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kayos.launcher import LocalCluster, http_json
-from tests.integration.conftest import produce, wait_until
+from tests.support.cluster import produce, wait_until
 
 pytestmark = pytest.mark.integration
 

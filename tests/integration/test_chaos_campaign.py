@@ -19,15 +19,12 @@ The seed is random unless KAYOS_CHAOS_SEED is set; it is printed, and
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import random
 from pathlib import Path
 
 import pytest
 
 from chaos.procs import faults
-from chaos.procs.campaign import Config, Report, run
+from tests.support.chaos import checked_campaign
 
 # The manager campaign's phase bound (360 s) plus converge, drain and the check: past the
 # suite's 300 s default.
@@ -38,8 +35,6 @@ FAULTS = 50
 # faults); the count, not this, ends a normal run.
 FAULT_PHASE_S = 180.0
 FAULT_PHASE_MANAGER_S = 360.0
-# Load between faults (seconds): shorter than a campaign's default, to keep CI near 2 minutes.
-GAP_S = (0.1, 0.4)
 
 
 def campaign_kinds() -> tuple[str, ...]:
@@ -72,30 +67,3 @@ def campaign(tmp_path: Path, *, managers: int) -> None:
     assert sum(report.faults.values()) >= FAULTS, f"seed {report.seed}: only {report.faults}"
     if managers == 0:
         assert not set(report.faults) & faults.MANAGER_KINDS, report.faults
-
-
-def checked_campaign(
-    tmp_path: Path, *, kinds: tuple[str, ...], managers: int, faults_max: int, fault_phase_s: float
-) -> Report:
-    """A campaign from a printed seed (KAYOS_CHAOS_SEED, else random) that must end with no
-    violation, something acknowledged, nothing lost and heads seen by the split-brain monitor."""
-    seed = int(os.environ.get("KAYOS_CHAOS_SEED") or random.SystemRandom().randrange(2**32))
-    print(f"chaos seed {seed} (replay: KAYOS_CHAOS_SEED={seed}, or kayos chaos run --seed {seed})")
-    report = run(
-        Config(
-            seed=seed,
-            fault_phase_s=fault_phase_s,
-            faults_max=faults_max,
-            kinds=kinds,
-            managers=managers,
-            gap_s=GAP_S,
-            base_dir=tmp_path / "cluster",
-            echo=print,
-        )
-    )
-    print(json.dumps(report.to_json(), indent=2))
-    assert report.violations == [], f"seed {seed}: {report.violations}"
-    assert report.acked > 0
-    assert report.lost == 0
-    assert report.heads_seen > 0, "the split-brain monitor saw no head"
-    return report

@@ -22,8 +22,7 @@ import pytest
 
 from chaos.history import Note, load_jsonl
 from chaos.procs import moves, netfaults
-from tests.integration.test_chaos_campaign import checked_campaign
-from tests.integration.test_network_campaign import needs_netns
+from tests.support.chaos import checked_campaign, needs_netns
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
 

@@ -7,23 +7,11 @@ arguments are refused with a reason."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from typing import Any
 
 from kayos.launcher import LocalCluster, free_ports
-from tests.integration.conftest import WAIT_S, produce_ok, wait_until
-
-
-def ctl(*args: str) -> tuple[int, Any, str]:
-    """Runs ``kayos ctl ARGS``: its exit code, its stdout (parsed when ``--json``), its stderr."""
-    command = [sys.executable, "-m", "kayos", "ctl", *args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=4 * WAIT_S, check=False)
-    out: Any = done.stdout
-    if "--json" in args and done.stdout.strip():
-        out = json.loads(done.stdout)
-    return done.returncode, out, done.stderr
+from tests.support.cluster import ctl, produce_ok, wait_until
 
 
 def fill(cluster: LocalCluster) -> dict[int, int]:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import kayos
 from kayos.launcher import LocalCluster
-from tests.integration.test_ctl_maintenance import ctl
+from tests.support.cluster import ctl
 
 SEED = 13_031
 

@@ -20,8 +20,7 @@ from kayos import limits
 from kayos.clock import ManualClock
 from kayos.launcher import LocalCluster, http_json
 from kayos.manager import Config
-from tests.integration.conftest import wait_until
-from tests.integration.test_ctl_maintenance import ctl
+from tests.support.cluster import ctl, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 

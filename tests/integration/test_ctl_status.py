@@ -14,7 +14,7 @@ from typing import Any
 
 from kayos import limits
 from kayos.launcher import LocalCluster, free_ports
-from tests.integration.conftest import WAIT_S, produce_ok, wait_until
+from tests.support.cluster import WAIT_S, produce_ok, wait_until
 
 SILENCE_S = limits.peer_silence_ms_max / 1000
 # How late the silence bound may be seen on 2 shared cores (as in test_liveness.py) plus a few

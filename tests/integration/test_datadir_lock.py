@@ -26,7 +26,7 @@ from kayos.launcher import LocalCluster, free_ports, http_json
 from kayos.manager_process import MANAGERS_DEFAULT
 from kayos.ports import check_free
 from kayos.topology import Topology
-from tests.integration.conftest import WAIT_S, produce_ok, read_snapshot, wait_until
+from tests.support.cluster import WAIT_S, produce_ok, read_snapshot, wait_until
 
 KAYOS = [sys.executable, "-m", "kayos"]
 # A refused second owner must say so within this long (it starts a Python process and stops at

@@ -21,14 +21,8 @@ import pytest
 
 from kayos import limits
 from kayos.launcher import LocalCluster, http_json
-from tests.integration.conftest import (
-    answered_status,
-    produce,
-    read_snapshot,
-    wait_until,
-    write_ballast,
-)
-from tests.integration.conftest import small_disk as mount_small_disk
+from tests.support.cluster import answered_status, produce, read_snapshot, wait_until, write_ballast
+from tests.support.cluster import small_disk as mount_small_disk
 
 pytestmark = pytest.mark.integration
 

@@ -26,15 +26,9 @@ from chaos.history import Produce
 from kayos import limits
 from kayos.launcher import LocalCluster
 from kayos.manager import Config
-from tests.integration import test_manager_heals as heals
-from tests.integration.conftest import (
-    WAIT_S,
-    produce,
-    small_disk,
-    wait_until,
-    write_ballast,
-)
-from tests.integration.test_manager_heals import answered_view, chain_of, node_states
+from tests.support import healing as heals
+from tests.support.cluster import WAIT_S, produce, small_disk, wait_until, write_ballast
+from tests.support.healing import answered_view, chain_of, node_states
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

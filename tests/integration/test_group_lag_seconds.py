@@ -14,7 +14,7 @@ from kayos import limits
 from kayos.client import Client
 from kayos.launcher import LocalCluster, http_json
 from kayos.replication.timeindex import TIME_INDEX_FILE
-from tests.integration.conftest import commit_group, produce_ok, wait_until
+from tests.support.cluster import commit_group, produce_ok, wait_until
 
 if TYPE_CHECKING:
     from collections.abc import Callable

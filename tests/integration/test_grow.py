@@ -24,8 +24,8 @@ from chaos.history import Snapshot
 from kayos.bench.grow import answers, start_outside_node
 from kayos.launcher import LocalCluster, http_json
 from kayos.manager import Config
-from tests.integration.conftest import read_snapshot, wait_until
-from tests.integration.test_manager_heals import QUEUE, Producer, check_nothing_lost
+from tests.support.cluster import read_snapshot, wait_until
+from tests.support.healing import QUEUE, Producer, check_nothing_lost
 
 pytestmark = pytest.mark.timeout(240)
 

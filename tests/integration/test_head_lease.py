@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from kayos.launcher import LocalCluster, http_json
-from tests.integration.conftest import answered_status, produce_ok, read_snapshot, wait_until
+from tests.support.cluster import answered_status, produce_ok, read_snapshot, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -26,14 +26,8 @@ from kayos.launcher import LocalCluster, http_json
 from kayos.replication import durablemark
 from kayos.signing import sign
 from kayos.storage.maintenance.check import data_file_of
-from tests.integration.conftest import produce, read_snapshot, wait_until
-from tests.integration.test_self_repair import (
-    BATCH,
-    QUEUE,
-    assert_nothing_lost,
-    produce_recorded,
-    store_dir,
-)
+from tests.support.cluster import produce, read_snapshot, wait_until
+from tests.support.history import BATCH, QUEUE, assert_nothing_lost, produce_recorded, store_dir
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ from kayos.client.binary import BinaryConnection
 from kayos.errors import InvalidRequest
 from kayos.launcher import LocalCluster, http_json
 from kayos.replication.frames import PROTOCOL_VERSION, ErrorFrame, Hello, Produce, decode, encode
-from tests.integration.conftest import (
+from tests.support.cluster import (
     PRODUCE_TIMEOUT_S,
     WAIT_S,
     answered_status,

@@ -19,20 +19,17 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import pytest
 
 from kayos.kestrel_process import KestrelFront, LocalClusterWithKestrel
 from kayos.launcher import LocalCluster
-from kestrel_compat.backend import decode_removed
 from kestrel_compat.kayos_backend import queue_for
-from tests.integration.conftest import WAIT_S, answered_status, wait_until
+from tests.support.cluster import WAIT_S, answered_status, wait_until
+from tests.support.kestrel_front import removed_everywhere, tail_entries
 
 memcache: Any = pytest.importorskip("memcache", reason="python-memcached is in the dev extra")
 
@@ -143,61 +140,6 @@ def drain(front: KestrelFront, queue: str) -> list[str]:
 
 
 # --- the nodes, over HTTP (docs/node-api.md), msgpack for binary headers and blobs ---
-
-
-def node_get(url: str) -> Any:
-    request = urllib.request.Request(url, headers={"Accept": "application/msgpack"})
-    try:
-        with urllib.request.urlopen(request, timeout=WAIT_S) as response:
-            return msgpack.unpackb(response.read(), raw=False)
-    except (urllib.error.URLError, OSError):
-        return None
-
-
-def tail_entries(cluster: LocalCluster, queue: str) -> dict[str, int]:
-    """Every entry of the Kestrel queue's log on its shard's tail above its retention floor,
-    value -> seq: the front keeps its queues `until_consumed` (docs/retention.md), so confirmed
-    items may be gone below the floor, and a read from below it is refused (410)."""
-    kayos_queue = queue_for(queue)
-    url = cluster.url(cluster.tails_of(kayos_queue)[0])
-    page = None
-
-    def first_page() -> bool:
-        # A restarted tail refuses reads while it catches up (503), and the floor may rise
-        # between the two requests (410): ask again until it answers, within the bound.
-        nonlocal page
-        retention = node_get(f"{url}/v1/queues/{kayos_queue}/retention")
-        floor = int(retention.get("floor") or 0) if isinstance(retention, dict) else 0
-        page = node_get(
-            f"{url}/v1/queues/{kayos_queue}/consume?group=probe&limit=1000&after={floor}"
-        )
-        return page is not None
-
-    wait_until(first_page, f"the tail of {kayos_queue} to answer a read from its floor")
-    assert page is not None
-    found = {m["value"].decode(): m["seq"] for m in page["messages"]}
-    while not page["end"]:
-        page = node_get(
-            f"{url}/v1/queues/{kayos_queue}/consume?group=probe&limit=1000"
-            f"&after={page['next']}&upto={page['boundary']}"
-        )
-        assert page is not None, "the tail did not answer"
-        found.update({m["value"].decode(): m["seq"] for m in page["messages"]})
-    return found
-
-
-def removed_everywhere(cluster: LocalCluster, queue: str, seqs: list[int]) -> bool:
-    """True once every member's replica of the queue's group state marks each seq removed."""
-    kayos_queue = queue_for(queue)
-    for node in cluster.topology.chain_for(kayos_queue).members:
-        info = node_get(f"{cluster.url(node)}/v1/queues/{kayos_queue}/groups/{queue}")
-        if info is None:
-            return False
-        hwm, blob = int(info["hwm"]), info.get("state") or b""
-        removed = decode_removed(hwm, blob)
-        if not all(seq <= hwm or seq in removed for seq in seqs):
-            return False
-    return True
 
 
 def queue_with_chain(cluster: LocalCluster, head: str, tail: str) -> str:

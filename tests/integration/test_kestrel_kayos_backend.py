@@ -12,7 +12,7 @@ import pytest
 from kayos.launcher import LocalCluster
 from kestrel_compat.backend import GroupState, NewEntry
 from kestrel_compat.kayos_backend import KayosBackend, log_for, queue_for
-from tests.integration.conftest import wait_until
+from tests.support.cluster import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -22,15 +22,10 @@ from thrift.Thrift import TApplicationException, TMessageType, TType
 from thrift.transport.TSocket import TSocket
 from thrift.transport.TTransport import TFramedTransport
 
-from tests.integration.test_kestrel_server import (
-    REPLY_S,
-    ROOT,
-    STARTUP_S,
-    closed_by_server,
-    read_exactly,
-)
-from tests.integration.test_kestrel_server import KestrelProcess as MemcacheProcess
-from tests.unit.test_kestrel_thrift import read_value
+from tests.support.kestrel import read_value
+from tests.support.kestrel_front import REPLY_S, STARTUP_S, closed_by_server, read_exactly
+from tests.support.kestrel_front import KestrelProcess as MemcacheProcess
+from tests.support.paths import REPO_ROOT
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +43,7 @@ class KestrelProcess(MemcacheProcess):
         ]  # fmt: skip
         self._log = open(tmp_path / "kestrel.log", "wb")  # noqa: SIM115 - closed in close()
         self.process = subprocess.Popen(
-            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=self._log, env=dict(os.environ)
+            command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=self._log, env=dict(os.environ)
         )
         self.ports = self._read_ports()
 

@@ -20,7 +20,7 @@ from kayos.kestrel_process import KestrelFront
 from kayos.launcher import LocalCluster
 from kestrel_compat.backend import GroupState, NewEntry
 from kestrel_compat.kayos_backend import KayosBackend, queue_for
-from tests.integration.conftest import wait_until
+from tests.support.cluster import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -4,12 +4,8 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import select
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,63 +13,9 @@ from typing import Any
 
 import pytest
 
+from tests.support.kestrel_front import REPLY_S, KestrelProcess, closed_by_server, read_exactly
+
 pytestmark = pytest.mark.integration
-
-STARTUP_S = 30.0
-REPLY_S = 5.0
-ROOT = Path(__file__).resolve().parents[2]
-
-
-class KestrelProcess:
-    def __init__(self, tmp_path: Path, *, config: str | None = None) -> None:
-        self.host = "127.0.0.1"
-        self.port = 0
-        command = [sys.executable, "-m", "kestrel_compat", "--host", self.host, "--port", "0"]
-        # Any free ports for the text and thrift fronts too, so parallel runs never collide.
-        command += ["--text-port", "0", "--thrift-port", "0"]
-        if config is not None:
-            path = tmp_path / "kestrel.toml"
-            path.write_text(config)
-            command += ["--config", str(path)]
-        self._log = open(tmp_path / "kestrel.log", "wb")  # noqa: SIM115 - closed in close()
-        self.process = subprocess.Popen(
-            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=self._log, env=dict(os.environ)
-        )
-        self.port = self._read_port()
-
-    def _read_port(self) -> int:
-        assert self.process.stdout is not None
-        deadline = time.monotonic() + STARTUP_S
-        line = b""
-        while not line.endswith(b"\n"):
-            remaining = deadline - time.monotonic()
-            assert remaining > 0, "the server did not report its port in time"
-            ready, _, _ = select.select([self.process.stdout], [], [], remaining)
-            if ready:
-                chunk = os.read(self.process.stdout.fileno(), 1)
-                assert chunk, "the server exited before listening"
-                line += chunk
-        assert line.startswith(b"kestrel listening on "), line
-        return int(line.rsplit(b":", 1)[1])
-
-    def connect(self) -> socket.socket:
-        sock = socket.create_connection((self.host, self.port), timeout=REPLY_S)
-        return sock
-
-    def wait_exit(self, timeout_s: float) -> int:
-        return self.process.wait(timeout=timeout_s)
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-        if self.process.stdout is not None:
-            self.process.stdout.close()
-        self._log.close()
 
 
 @pytest.fixture
@@ -89,26 +31,6 @@ def exchange(sock: socket.socket, request: bytes, expected_size: int) -> bytes:
     """Send ``request``; read until ``expected_size`` bytes or EOF, within REPLY_S."""
     sock.sendall(request)
     return read_exactly(sock, expected_size)
-
-
-def read_exactly(sock: socket.socket, size: int) -> bytes:
-    data = b""
-    deadline = time.monotonic() + REPLY_S
-    while len(data) < size:
-        sock.settimeout(max(0.01, deadline - time.monotonic()))
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            break
-        data += chunk
-    return data
-
-
-def closed_by_server(sock: socket.socket) -> bool:
-    sock.settimeout(REPLY_S)
-    try:
-        return sock.recv(1) == b""
-    except ConnectionResetError:
-        return True
 
 
 # --- raw bytes -----------------------------------------------------------------------------------

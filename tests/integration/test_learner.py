@@ -14,25 +14,17 @@ import pytest
 from kayos.launcher import LocalCluster, http_json, write_private
 from kayos.signing import sign
 from kayos.topology import ShardChain, Topology
-from tests.integration.conftest import answered_replica, produce, produce_ok, wait_until
+from tests.support.cluster import (
+    answered_replica,
+    catch_up,
+    learned_through,
+    produce,
+    produce_ok,
+    shard_status,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
-
-
-def catch_up(cluster: LocalCluster, node: str, body: dict[str, Any], *, mac: str | None = None):
-    assert cluster.identity is not None
-    signed = {"body": body, "mac": mac or sign(cluster.identity, "catch-up", body)}
-    return http_json(f"{cluster.url(node)}/v1/admin/catch-up", method="POST", body=signed)
-
-
-def shard_status(cluster: LocalCluster, node: str, shard: int = 0) -> dict[str, Any] | None:
-    """The node's replica of ``shard``, None when it holds none or gives no answer: for a
-    condition polled by ``wait_until`` (a read outside a wait uses ``answered_replica``)."""
-    status = cluster.status(node)
-    if status is None:
-        return None
-    found = status["shards"].get(str(shard))
-    return found if isinstance(found, dict) else None
 
 
 def followers(
@@ -64,17 +56,6 @@ def fill(cluster: LocalCluster, url: str, queue: str, batches: int, size: int = 
         messages = [(f"{queue}-{batch}-{i}", "x" * 100) for i in range(size)]
         _, last = produce_ok(url, queue, messages)
     return last
-
-
-def learned_through(cluster: LocalCluster, node: str, seq: int) -> bool:
-    """The learner on ``node`` is linked to its upstream and holds exactly through ``seq``."""
-    learner = shard_status(cluster, node)
-    return (
-        learner is not None
-        and learner["role"] == "learner"
-        and learner["upstream_linked"]
-        and learner["durable_seq"] == seq
-    )
 
 
 def test_learner_copies_follows_and_is_counted_once_level(start_cluster: Any) -> None:

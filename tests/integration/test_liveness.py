@@ -19,7 +19,7 @@ from typing import Any
 from kayos import limits
 from kayos.launcher import LocalCluster
 from kayos.replication import frames as fr
-from tests.integration.conftest import (
+from tests.support.cluster import (
     PRODUCE_TIMEOUT_S,
     WAIT_S,
     produce,
@@ -27,7 +27,7 @@ from tests.integration.conftest import (
     read_snapshot,
     wait_until,
 )
-from tests.linkauth import RawLink
+from tests.support.links import RawLink
 
 SHARD = 0
 SILENCE_S = limits.peer_silence_ms_max / 1000

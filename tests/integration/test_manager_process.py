@@ -19,7 +19,7 @@ from kayos import limits
 from kayos.launcher import LocalCluster, http_json
 from kayos.manager import Config
 from kayos.signing import sign
-from tests.integration.conftest import wait_until
+from tests.support.cluster import wait_until
 
 pytestmark = pytest.mark.timeout(180)
 

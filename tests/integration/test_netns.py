@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from chaos.procs import netns
-from tests.integration.conftest import wait_until
+from tests.support.cluster import wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -26,8 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from chaos.procs import netfaults, netns
+from chaos.procs import netfaults
 from chaos.procs.campaign import Config, Report, run
+from tests.support.chaos import needs_netns
 
 # A run takes ~1 min here; its own bounds (a 150 s fault phase, 120 s each to converge and drain)
 # end a stuck one first, and the report then says what was stuck.
@@ -41,11 +42,6 @@ GAP_S = (0.1, 0.4)
 # Between partitions: longer, so that links cut by one are rebuilt before the next (with static
 # chains a write waits for every member, so back-to-back partitions would leave little acked).
 PARTITION_GAP_S = (0.5, 1.5)
-
-NETNS_REASON = netns.unavailable_reason()
-needs_netns = pytest.mark.skipif(
-    NETNS_REASON is not None, reason=f"partitions need network namespaces: {NETNS_REASON}"
-)
 
 
 def network_campaign(

@@ -25,15 +25,8 @@ from kayos.identity import ClusterIdentity
 from kayos.launcher import ClusterError, LocalCluster
 from kayos.replication import auth
 from kayos.replication import frames as fr
-from tests.integration.conftest import (
-    WAIT_S,
-    answered_seqs,
-    produce,
-    produce_ok,
-    shard_seqs,
-    wait_until,
-)
-from tests.linkauth import RawLink, answer_challenge, link_hello
+from tests.support.cluster import WAIT_S, answered_seqs, produce, produce_ok, shard_seqs, wait_until
+from tests.support.links import RawLink, answer_challenge, link_hello
 
 SHARD = 0
 

@@ -16,7 +16,7 @@ import kayos
 from chaos.history import Recorder
 from kayos.errors import InvalidRequest
 from kayos.launcher import LocalCluster, http_json
-from tests.integration.conftest import wait_until
+from tests.support.cluster import wait_until
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -31,7 +31,7 @@ import pytest
 
 from kayos.kestrel_process import LocalClusterWithKestrel
 from kayos.launcher import LocalCluster, free_ports, http_json
-from tests.integration.conftest import (
+from tests.support.cluster import (
     answered_replica,
     answered_status,
     commit_group,
@@ -251,7 +251,7 @@ def test_kestrel_front_restarts(
     """The front stopped or killed after sets and confirmed reads, then started on its port:
     every STORED item that was not confirmed comes back, in order; a confirmed one only if it
     was killed before the queue's group commit was on every replica."""
-    from tests.integration.test_kestrel_failover import removed_everywhere, tail_entries
+    from tests.support.kestrel_front import removed_everywhere, tail_entries
 
     front = kestrel_cluster.kestrel
     assert front is not None

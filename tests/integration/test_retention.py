@@ -18,7 +18,7 @@ from kayos.cli.main import cli
 from kayos.launcher import LocalCluster, http_json
 from kayos.storage import ShardStore
 from kayos.storage.maintenance.check import check_store
-from tests.integration.conftest import (
+from tests.support.cluster import (
     PRODUCE_TIMEOUT_S,
     answered_status,
     commit_group,

@@ -17,8 +17,8 @@ import pytest
 
 from kayos.launcher import LocalCluster
 from kayos.manager import Config
-from tests.integration.conftest import wait_until
-from tests.integration.test_manager_heals import (
+from tests.support.cluster import wait_until
+from tests.support.healing import (
     AFTER,
     BEFORE,
     PRODUCERS,

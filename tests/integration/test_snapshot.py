@@ -18,15 +18,17 @@ import pytest
 from kayos.clock import SystemClock
 from kayos.launcher import LocalCluster
 from kayos.storage.engine import ShardStore
-from tests.integration.conftest import (
+from tests.support.cluster import (
     WAIT_S,
     answered_replica,
     answered_seqs,
+    catch_up,
+    learned_through,
     produce,
     produce_ok,
+    shard_status,
     wait_until,
 )
-from tests.integration.test_learner import catch_up, learned_through, shard_status
 
 pytestmark = pytest.mark.integration
 

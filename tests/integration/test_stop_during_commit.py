@@ -16,8 +16,7 @@ import pytest
 
 from kayos import limits
 from kayos.launcher import LocalCluster, http_json
-
-from .conftest import produce_ok, wait_until
+from tests.support.cluster import produce_ok, wait_until
 
 pytestmark = pytest.mark.integration
 

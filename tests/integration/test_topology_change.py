@@ -26,12 +26,7 @@ from kayos.errors import KayosError
 from kayos.launcher import LocalCluster, http_json
 from kayos.signing import sign
 from kayos.topology import ShardChain, Topology
-from tests.integration.conftest import (
-    WAIT_S,
-    answered_status,
-    read_snapshot,
-    wait_until,
-)
+from tests.support.cluster import WAIT_S, answered_status, read_snapshot, wait_until
 
 QUEUE = "spliced"
 PRODUCERS = 2

@@ -29,7 +29,7 @@ from kayos import limits
 from kayos.launcher import LocalCluster, http_json
 from kayos.storage import ShardStore
 from kayos.storage.disk import format as fmt
-from tests.integration.conftest import PRODUCE_TIMEOUT_S, produce, shard_seqs, wait_until
+from tests.support.cluster import PRODUCE_TIMEOUT_S, produce, shard_seqs, wait_until
 
 pytestmark = pytest.mark.integration
 

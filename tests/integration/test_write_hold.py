@@ -18,7 +18,7 @@ import pytest
 
 from kayos import limits
 from kayos.launcher import LocalCluster
-from tests.integration.conftest import produce_ok, wait_until
+from tests.support.cluster import produce_ok, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 

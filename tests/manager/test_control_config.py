@@ -9,27 +9,14 @@ from typing import Any
 import pytest
 
 from kayos.control.config import (
-    MemberAddr,
     load,
-    managers_toml,
     parse_config,
     parse_members,
     parse_setup,
 )
 from kayos.errors import InvalidRequest
-from kayos.identity import ClusterIdentity
 from kayos.manager import Config, view_hash
-from kayos.topology import NodeAddr, rotated
-
-MEMBERS = [MemberAddr(f"m{i}", "127.0.0.1", 7300 + i, 7400 + i) for i in (1, 2, 3)]
-
-
-def cluster_text(config: Config | None = None, *, secret: bool = True) -> str:
-    nodes = [NodeAddr(n, "127.0.0.1", 7101 + i, 7201 + i) for i, n in enumerate("abc")]
-    topology = rotated(nodes, replicas=3)
-    if secret:
-        topology = topology.with_identity(ClusterIdentity.generate())
-    return topology.dumps_toml() + "\n" + managers_toml(MEMBERS, config)
+from tests.support.manager import MEMBERS, cluster_text
 
 
 def test_the_written_tables_read_back() -> None:

@@ -34,7 +34,7 @@ from kayos.manager import (
     decide,
     view_hash,
 )
-from tests.manager.transcript import check_invariants
+from tests.support.transcript import check_invariants
 
 NODES = ["a", "b", "c", "d"]
 CHAINS = [("a", "b", "c"), ("b", "c", "d"), ("c", "d", "a"), ("d", "a", "b")]

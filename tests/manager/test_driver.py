@@ -31,30 +31,8 @@ from kayos.manager import (
     TimerTick,
     decide,
 )
-from kayos.topology import NodeAddr, ShardChain, Topology
-
-CONFIG = Config(detection_window_ms=2_000, suspect_after_ms=1_000)
-NODES = {n: NodeAddr(n, "127.0.0.1", 7101 + i, 7201 + i) for i, n in enumerate("abc")}
-
-
-def view3() -> ManagerView:
-    return ManagerView.bootstrap(CONFIG, list("abc"), [list("abc"), list("bca"), list("cab")])
-
-
-def status(epoch: int = 1, shards: dict[int, dict[str, Any]] | None = None, **more: Any) -> Any:
-    entries = {
-        str(s): {"role": "head", "last_seq": 0, "takeover": [], **e}
-        for s, e in (shards or {}).items()
-    }
-    return {"node": "x", "epoch": epoch, "ready": True, "shards": entries, **more}
-
-
-def answers(at: int = 1_000, **replies: Any) -> dict[str, Answer]:
-    return {n: Answer(replies.get(n), at, 5) for n in "abc"}
-
-
-def everyone(view: ManagerView) -> Memory:
-    return Memory(answered=frozenset(n.id for n in view.nodes))
+from kayos.topology import ShardChain, Topology
+from tests.support.manager import NODES, answers, catching_up_b, down_b, everyone, status, view3
 
 
 def test_a_round_ticks_with_every_node_that_answered() -> None:
@@ -85,13 +63,6 @@ def test_a_node_behind_the_views_epoch_is_sent_it_again_at_most_once_per_interva
         view, answers(a=status(epoch=0), b=status(), c=status()), later_ms, soon.memory
     )
     assert later.send_topology == ["a"]
-
-
-def down_b() -> ManagerView:
-    view, _ = decide(view3(), TimerTick(5_000, (("a", 5_000), ("c", 5_000))))
-    assert view.node("b") is not None
-    assert view.node("b").state == "down"
-    return view
 
 
 def test_a_down_node_that_answers_returns_with_its_shard_reports() -> None:
@@ -277,13 +248,6 @@ def test_a_node_removed_as_slow_returns_after_enough_quick_answers_in_a_row() ->
         plan = plan_round(view, quick, 0, memory)
         memory = plan.memory
     assert next(e for e in plan.events if isinstance(e, NodeReturned)).node == "b"
-
-
-def catching_up_b() -> ManagerView:
-    view = down_b()
-    view, _ = decide(view, NodeReturned("b", 5_300))
-    assert all("b" in s.catching_up for s in view.shards)
-    return view
 
 
 def test_a_learner_near_the_tails_seq_is_caught_up() -> None:

@@ -15,7 +15,7 @@ from kayos.control.driver import signed
 from kayos.control.http import MemberState, make_app
 from kayos.manager import Action, AddNode, Config, Event, ManagerView, StartCatchUp, decide
 from kayos.topology import NodeAddr, rotated
-from tests.linkauth import TEST_IDENTITY
+from tests.support.links import TEST_IDENTITY
 
 
 class FakeMember:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.manager.transcript import run_file
+from tests.support.transcript import run_file
 
 TESTDATA = Path(__file__).parent / "testdata"
 FILES = sorted(TESTDATA.glob("*.txt"))

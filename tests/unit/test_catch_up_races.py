@@ -17,7 +17,7 @@ from kayos.node import learners
 from kayos.node.learners import CatchUpOrder
 from kayos.storage import ShardStore
 from kayos.topology import NodeAddr, ShardChain, Topology
-from tests.linkauth import TEST_IDENTITY
+from tests.support.links import TEST_IDENTITY
 
 
 def _node(tmp_path: Path) -> Any:

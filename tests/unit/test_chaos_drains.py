@@ -22,7 +22,7 @@ from chaos.cli import chaos
 from chaos.procs import drains, faults, membership, moves
 from chaos.procs.netfaults import ProxiedCluster
 from kayos.launcher import LocalCluster
-from tests.unit.test_chaos_moves import CHAINS, first, view
+from tests.support.chaos import CHAINS, first, view
 
 NETNS_STRIKES = moves.STRIKES + moves.PARTITION_STRIKES
 # Every shard on a, b and c; d (the spare) holds nothing.

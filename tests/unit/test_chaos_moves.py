@@ -6,7 +6,6 @@ tests/integration/test_chaos_moves.py."""
 
 from __future__ import annotations
 
-import itertools
 import random
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -19,12 +18,7 @@ from chaos.procs import faults, membership, moves
 from chaos.procs.netfaults import ProxiedCluster
 from chaos.procs.netns import NetnsCluster
 from kayos.launcher import LocalCluster
-
-NODES = ["a", "b", "c", "d"]
-
-
-def first(seed: int, count: int, kinds: tuple[str, ...]) -> list[faults.Fault]:
-    return list(itertools.islice(faults.schedule(seed, NODES, kinds), count))
+from tests.support.chaos import CHAINS, NODES, first, view
 
 
 def test_moves_are_drawn_only_when_named_and_need_the_manager() -> None:
@@ -53,33 +47,6 @@ def test_moves_are_refused_with_the_proxy_kinds_before_anything_starts() -> None
     result = CliRunner().invoke(chaos, args)
     assert result.exit_code == 2, result.output
     assert "--minutes must be > 0" in result.output
-
-
-def view(
-    chains: dict[int, list[str]],
-    *,
-    down: tuple[str, ...] = (),
-    moving: dict[int, tuple[str, str]] | None = None,
-    catching: dict[int, list[str]] | None = None,
-) -> dict[str, Any]:
-    moving, catching = moving or {}, catching or {}
-    return {
-        "epoch": 7,
-        "nodes": [[n, "down" if n in down else "up", 0] for n in NODES],
-        "shards": [
-            {
-                "id": shard,
-                "chain": chain,
-                "departed": [],
-                "catching_up": catching.get(shard, []),
-                "moves": [list(moving[shard])] if shard in moving else [],
-            }
-            for shard, chain in chains.items()
-        ],
-    }
-
-
-CHAINS = {0: ["a", "b", "c"], 1: ["b", "c", "d"], 2: ["c", "a", "b"]}
 
 
 def test_only_a_full_idle_shard_with_every_node_up_can_move() -> None:

@@ -23,7 +23,7 @@ from kayos.storage.maintenance import check as check_module
 from kayos.storage.maintenance.check import check_store
 from kayos.storage.maintenance.compact import compact
 from kayos.storage.readback import read_back
-from tests.conftest import TEST_STORE_UUID
+from tests.support.storage import TEST_STORE_UUID
 
 FIXTURE_V1 = Path(__file__).parent.parent / "fixtures" / "store-v1.kys"
 

@@ -11,21 +11,14 @@ answers would (no manager, no clock stepping)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from kayos.errors import UnavailableError
 from kayos.node.runtime import Node
 from kayos.replication.replica import ShardReplica
-from tests.linkauth import until
-from tests.unit.test_replica_review import SEED, _chain
-
-QUEUE = "q"
-
-
-def managed_chain(base: Path, ids: str) -> Any:
-    return _chain(base, ids, managed=True)
+from tests.support.links import until
+from tests.support.nodes import QUEUE, SEED, grant, managed_chain, node_chain, snapshot
 
 
 async def produced_and_level(nodes: dict[str, Node], tail: str) -> ShardReplica:
@@ -38,19 +31,9 @@ async def produced_and_level(nodes: dict[str, Node], tail: str) -> ShardReplica:
     return replica
 
 
-def grant(node: Node) -> None:
-    """The leader's committed answer to a poll, as ``POST /v1/admin/lease`` applies it."""
-    assert node.lease.granted(node.lease.ask(), node.epoch, True)
-
-
 def end(node: Node) -> None:
     """The leader's answer that the node is in no chain any more: the lease ends at once."""
     assert not node.lease.granted(node.lease.ask(), node.epoch, False)
-
-
-async def snapshot(node: Node) -> list[int]:
-    page = await node.consume(QUEUE, "g", after=None, upto=None, limit=10, wait_ms=0)
-    return [int(seq) for seq in page.seqs]
 
 
 @pytest.mark.asyncio
@@ -111,6 +94,6 @@ async def test_a_head_serving_its_own_snapshots_needs_its_lease(tmp_path: Path) 
 @pytest.mark.asyncio
 async def test_static_chains_need_no_lease(tmp_path: Path) -> None:
     print("seed", SEED)
-    async with _chain(tmp_path, "ab") as (_, nodes):
+    async with node_chain(tmp_path, "ab") as (_, nodes):
         assert nodes["a"].lease.remaining_ms() is None
         await produced_and_level(nodes, "b")  # served with no answer from any manager

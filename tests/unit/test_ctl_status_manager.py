@@ -22,7 +22,7 @@ from kayos.manager import (
     decide,
     view_hash,
 )
-from tests.unit.test_ctl_status import healthy_answers, topology
+from tests.support.status import healthy_answers, topology
 
 URLS = ["http://127.0.0.1:7401", "http://127.0.0.1:7402"]
 

@@ -16,8 +16,9 @@ from kayos.cli.main import cli
 from kayos.errors import Unauthenticated
 from kayos.node.runtime import Node
 from kayos.topology import Topology
+from tests.support.paths import REPO_ROOT
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+DEPLOY = REPO_ROOT / "deploy"
 
 
 @pytest.mark.parametrize("path", ["cluster.example.toml", "docker/cluster.toml"])

@@ -13,7 +13,7 @@ import pytest
 
 from kayos.errors import DiskFullError
 from kayos.node.runtime import Node
-from tests.linkauth import one_shard_topology, until
+from tests.support.links import one_shard_topology, until
 
 if TYPE_CHECKING:
     from pathlib import Path

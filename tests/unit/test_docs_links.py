@@ -13,7 +13,9 @@ from urllib.parse import unquote
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO_ROOT
+
+ROOT = REPO_ROOT
 FIXED_PAGES = ("README.md", "CONTRIBUTING.md", "deploy/README.md")
 
 FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})")

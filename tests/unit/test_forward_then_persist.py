@@ -18,9 +18,9 @@ from kayos.replication import chain
 from kayos.replication import frames as fr
 from kayos.replication.replica import ShardReplica
 from kayos.storage import ShardStore
-from tests.linkauth import first_answer
-from tests.linkauth import until as _until
-from tests.unit.test_replica_review import SEED, WAIT_S, _chain, _stored_keys
+from tests.support.links import first_answer
+from tests.support.links import until as _until
+from tests.support.nodes import SEED, WAIT_S, node_chain, stored_keys
 
 # A batch this big commits in a worker thread, so holding its commit blocks no event loop.
 THREADED = limits.inline_commit_entries_max + 4
@@ -72,7 +72,7 @@ async def test_a_tail_shows_nothing_past_the_commit_point(
     """The head's fsync is slow: middle and tail hold the batch durably before the head does.
     It is not committed, so a consumer on the tail must not see it until the head's commit lands."""
     print("seed", SEED)
-    async with _chain(tmp_path) as (_, nodes):
+    async with node_chain(tmp_path) as (_, nodes):
         head, tail = nodes["a"].replicas[0], nodes["c"].replicas[0]
         queue = "q"
         await nodes["a"].produce(queue, [b"before"], [b"v"], None, None, acks=-1)
@@ -104,7 +104,7 @@ async def test_a_failed_head_commit_is_dropped_everywhere_and_writes_resume(
     and tail persist it. The producer gets the error; no consumer ever sees the batch; the head
     starts a new history and every replica rolls the lost batch back; writes go on."""
     print("seed", SEED)
-    async with _chain(tmp_path) as (_, nodes):
+    async with node_chain(tmp_path) as (_, nodes):
         head, middle, tail = (nodes[n].replicas[0] for n in "abc")
         queue = "q"
         await nodes["a"].produce(queue, [b"before"], [b"v"], None, None, acks=-1)
@@ -126,8 +126,8 @@ async def test_a_failed_head_commit_is_dropped_everywhere_and_writes_resume(
         _, last = await _until_written(nodes["a"], queue)
         await _until(lambda: tail.commit_point >= last, "the tail committed past the new write")
         for replica in (middle, tail):
-            assert _stored_keys(replica) == _stored_keys(head), f"{replica.node_id} diverged"
-        assert not any(key.startswith(b"q\x00doomed") for key in _stored_keys(tail))
+            assert stored_keys(replica) == stored_keys(head), f"{replica.node_id} diverged"
+        assert not any(key.startswith(b"q\x00doomed") for key in stored_keys(tail))
         page = await nodes["c"].consume(queue, "g", after=0, upto=None, limit=100, wait_ms=0)
         assert page.keys == [b"before", b"after"]
         assert len(head.takeover_table()) == 2, "a new history starts after the failure"
@@ -157,7 +157,7 @@ async def test_a_member_that_lost_its_upstream_with_unpersisted_seqs_relinks_its
     tail subscribe again: the tail then rolls Y back, instead of keeping it under seqs the head
     gives out anew."""
     print("seed", SEED)
-    async with _chain(tmp_path) as (_, nodes):
+    async with node_chain(tmp_path) as (_, nodes):
         head, middle, tail = (nodes[n].replicas[0] for n in "abc")
         queue = "q"
         await nodes["a"].produce(queue, [b"before"], [b"v"], None, None, acks=-1)
@@ -199,14 +199,14 @@ async def test_a_member_that_lost_its_upstream_with_unpersisted_seqs_relinks_its
             "the chain level again",
         )
         for replica in (middle, tail):
-            assert _stored_keys(replica) == _stored_keys(head), f"{replica.node_id} diverged"
+            assert stored_keys(replica) == stored_keys(head), f"{replica.node_id} diverged"
 
 
 @pytest.mark.asyncio
 async def test_a_version_1_link_is_refused(tmp_path: Path) -> None:
     """Version 1 persisted before it forwarded and knew no COMMIT_POINT, version 2 did not
     authenticate links: a link handshake below version 3 fails with protocol_error."""
-    async with _chain(tmp_path) as (topology, _):
+    async with node_chain(tmp_path) as (topology, _):
         hello = fr.Hello(1, "c", 0, topology.epoch, "tail")
         answer = await first_answer(topology.nodes["b"], hello, WAIT_S)
         assert isinstance(answer, fr.ErrorFrame)
@@ -246,7 +246,7 @@ async def test_a_stale_report_never_commits_the_new_history(
     """The middle and tail commit a batch before the head, whose commit then fails. Until the
     middle links again, the head alone holds its new writes: an acks=all write must wait."""
     print("seed", SEED)
-    async with _chain(tmp_path) as (_, nodes):
+    async with node_chain(tmp_path) as (_, nodes):
         head, middle = nodes["a"].replicas[0], nodes["b"].replicas[0]
         queue = "q"
         await nodes["a"].produce(queue, [b"before"], [b"v"], None, None, acks=-1)
@@ -291,7 +291,7 @@ async def test_a_commit_still_landing_when_the_link_drops_is_rolled_back_with_th
     middle subscribes again, so that the divergence rule sees it and rolls it back; landing after
     the SUBSCRIBE, it would stay under seqs the head gives out anew."""
     print("seed", SEED)
-    async with _chain(tmp_path) as (_, nodes):
+    async with node_chain(tmp_path) as (_, nodes):
         head, middle, tail = (nodes[n].replicas[0] for n in "abc")
         queue = "q"
         await nodes["a"].produce(queue, [b"before"], [b"v"], None, None, acks=-1)
@@ -327,7 +327,7 @@ async def test_a_commit_still_landing_when_the_link_drops_is_rolled_back_with_th
             "the chain level again",
         )
         for replica in (middle, tail):
-            assert _stored_keys(replica) == _stored_keys(head), f"{replica.node_id} diverged"
+            assert stored_keys(replica) == stored_keys(head), f"{replica.node_id} diverged"
         page = await nodes["c"].consume(queue, "g", after=0, upto=None, limit=100, wait_ms=0)
         assert not any(key.startswith(b"doomed") for key in page.keys)
 
@@ -350,7 +350,7 @@ async def test_a_consumer_reads_its_acks_all_writes_at_the_tail_at_once(tmp_path
     COMMIT_POINT reaches the tail; a snapshot opened at the tail right after must still hold the
     write (the tail waits for its commit point to cover what it holds)."""
     print("seed", SEED)
-    async with _chain(tmp_path) as (_, nodes):
+    async with node_chain(tmp_path) as (_, nodes):
         queue = "q"
         for i in range(30):
             _, last = await nodes["a"].produce(queue, [b"k%d" % i], [b"v"], None, None, acks=-1)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from kayos.node.repair import peers_of
-from tests.linkauth import one_shard_topology
+from tests.support.links import one_shard_topology
 
 
 def _head(node_id: str, downstreams: tuple[str, ...]) -> Any:

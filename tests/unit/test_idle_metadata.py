@@ -23,16 +23,16 @@ from kayos.replication.replica import _LOCAL_META_PREFIXES, TAKEOVER_META_KEY, S
 from kayos.replication.upstream import _check_idle_map, _replace_meta
 from kayos.storage import Put, ShardStore
 from kayos.topology import Topology
-from tests.linkauth import (
+from tests.support.links import (
     TEST_IDENTITY,
     RawLink,
+    RecordingStream,
+    SenderReplica,
     answer_challenge,
     one_shard_topology,
     until,
 )
-from tests.unit.test_readback_meta import _Replica, _Stream
-from tests.unit.test_replica_review import _chain
-from tests.unit.test_review_s10 import _replica
+from tests.support.nodes import node_chain, standalone_replica
 
 QUEUE = "q"
 KEY = f"hwm/{QUEUE}/g"
@@ -73,7 +73,7 @@ async def test_an_idle_upstream_sends_its_map_to_a_version_6_peer_only(
 ) -> None:
     """``head_rolled_back``: a's store holds the key ``rolled_back`` from a rollback it had as
     a member; a head's map is the shard's, so it still sends it."""
-    async with _chain(tmp_path, "ab") as (topology, nodes):
+    async with node_chain(tmp_path, "ab") as (topology, nodes):
         await nodes["a"].produce(QUEUE, [b"k0"], [b"v0"], None, None, acks=-1)
         await nodes["a"].commit_group(QUEUE, "g", 1, None)
         await nodes["b"].stop()  # the raw connection plays b
@@ -112,7 +112,7 @@ def test_a_map_not_as_of_the_last_seq_received_or_naming_a_local_key_is_refused(
 async def test_the_map_replaces_the_replicated_keys_and_settles_a_rollback(
     tmp_path: Path,
 ) -> None:
-    replica = _replica(one_shard_topology(["h"]), tmp_path / "h")
+    replica = standalone_replica(one_shard_topology(["h"]), tmp_path / "h")
     try:
         store = replica.store
         store.commit([Put(b"k", b"v")])
@@ -130,7 +130,7 @@ async def test_the_map_replaces_the_replicated_keys_and_settles_a_rollback(
         replica.close()
 
 
-class _RolledBack(_Replica):
+class _RolledBack(SenderReplica):
     """A member whose rollback kept its metadata (``unsettled`` until its upstream replaced it)."""
 
     catching_up = False
@@ -154,7 +154,7 @@ async def test_a_member_whose_rollback_kept_its_map_sends_none_until_it_is_repla
         store.commit([], meta={KEY: 1}, claim_seq=True)  # 2
         nothing_remembered = build_batch(0, 99, 99, [], None)
         replica = _RolledBack(store, nothing_remembered)
-        stream = _Stream()
+        stream = RecordingStream()
         sender = _LinkSender(replica, stream, 0, idle_map=True)  # type: ignore[arg-type]
         task = asyncio.create_task(sender.run())
         try:

@@ -15,7 +15,7 @@ from kestrel_compat.config import KestrelConfig, ServerConfig
 from kestrel_compat.eager import Finished, start_eagerly
 from kestrel_compat.protocol import END, STORED
 from kestrel_compat.server import KestrelServer
-from tests.unit.test_kestrel_support import set_request, value
+from tests.support.kestrel import set_request, value
 
 REPLY_S = 2.0
 

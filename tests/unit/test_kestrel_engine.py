@@ -27,7 +27,7 @@ from kestrel_compat.config import (
 from kestrel_compat.engine import GroupLedger, LogEntry, QueueCollection, Waiter
 from kestrel_compat.handler import expiry_from_exptime
 from kestrel_compat.protocol import END, SERVER_ERROR, STORED, ServerStatus
-from tests.unit.test_kestrel_support import CLOSED, Harness, make_config, set_request, value
+from tests.support.kestrel import CLOSED, Harness, make_config, set_request, value
 
 # --- waiters (§3.5), without any event loop ------------------------------------------------------
 

@@ -15,7 +15,7 @@ from kestrel_compat import limits
 from kestrel_compat.backend import GroupState, MemoryBackend
 from kestrel_compat.persist import Persister, commit_retry_delay_s
 from kestrel_compat.protocol import END, STORED
-from tests.unit.test_kestrel_support import Harness, set_request, value
+from tests.support.kestrel import Harness, set_request, value
 
 SEED = 5
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -76,6 +75,7 @@ from kestrel_compat.protocol import (
     encode_version,
     queue_name_is_legal,
 )
+from tests.support.paths import REPO_ROOT
 
 LINE_BYTES_MAX = 64
 VALUE_BYTES_MAX = 16
@@ -84,7 +84,7 @@ KEEP = ErrorReply.of(CLIENT_ERROR_KEEP, "")
 CLOSE = ErrorReply.of(CLIENT_ERROR_CLOSE, "")
 SILENT = ErrorReply.of(SILENT_CLOSE, "")
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "kestrel-compat.md"
+DOCS = REPO_ROOT / "docs" / "kestrel-compat.md"
 
 
 def get(

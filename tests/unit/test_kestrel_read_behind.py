@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kestrel_compat.protocol import END, STORED
-from tests.unit.test_kestrel_support import Harness, make_config, set_request, stats_dict, value
+from tests.support.kestrel import Harness, make_config, set_request, stats_dict, value
 
 ITEM_BYTES = 10
 BOUND = 100  # ten items in memory

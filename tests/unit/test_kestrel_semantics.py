@@ -21,7 +21,7 @@ from kestrel_compat.protocol import (
     SERVER_ERROR,
     STORED,
 )
-from tests.unit.test_kestrel_support import (
+from tests.support.kestrel import (
     CLOSED,
     Harness,
     make_config,

@@ -9,7 +9,6 @@ event, be dropped). The table runs on a connection with small bounds (32-byte re
 from __future__ import annotations
 
 from collections.abc import Iterable
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -46,12 +45,13 @@ from kestrel_compat.text_protocol import (
     encode_string,
     unavailable_message,
 )
+from tests.support.paths import REPO_ROOT
 
 LINE_BYTES_MAX = 32
 ITEM_LINE_BYTES_MAX = 8
 PUT_BYTES_MAX = 12
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "kestrel-compat.md"
+DOCS = REPO_ROOT / "docs" / "kestrel-compat.md"
 
 
 def connection() -> TextConnection:

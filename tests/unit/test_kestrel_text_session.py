@@ -14,7 +14,7 @@ import pytest
 from kestrel_compat.protocol import ServerStatus
 from kestrel_compat.text_handler import TextSession
 from kestrel_compat.text_protocol import TextConnection
-from tests.unit.test_kestrel_support import (
+from tests.support.kestrel import (
     CLOSED,
     Client,
     Harness,

@@ -24,7 +24,7 @@ from kestrel_compat import limits
 from kestrel_compat import thrift_protocol as th
 from kestrel_compat.protocol import ServerStatus
 from kestrel_compat.thrift_handler import ThriftReads, ThriftSession
-from tests.unit.test_kestrel_support import Harness, make_config, set_request, stats_dict, value
+from tests.support.kestrel import Harness, make_config, read_value, set_request, stats_dict, value
 
 # --- building calls and reading replies with the thrift package ---------------------------------
 
@@ -62,27 +62,6 @@ def call_frame(method: str, fields: list[Field], *, seqid: int = 1, strict: bool
     proto.writeMessageEnd()
     message = buffer.getvalue()
     return struct.pack(">i", len(message)) + message
-
-
-def read_value(proto: TBinaryProtocol, ttype: int) -> Any:
-    """A value of ``ttype`` read with Apache Thrift's protocol; a struct as {field id: value}."""
-    if ttype == TType.STRING:
-        return proto.readBinary()
-    if ttype == TType.I32:
-        return proto.readI32()
-    if ttype == TType.I64:
-        return proto.readI64()
-    if ttype == TType.LIST:
-        element, size = proto.readListBegin()
-        return [read_value(proto, element) for _ in range(size)]
-    assert ttype == TType.STRUCT
-    proto.readStructBegin()
-    fields: dict[int, Any] = {}
-    while True:
-        _, field_type, field_id = proto.readFieldBegin()
-        if field_type == TType.STOP:
-            return fields
-        fields[field_id] = read_value(proto, field_type)
 
 
 def read_reply(frame: bytes) -> tuple[str, int, Any]:
@@ -301,9 +280,9 @@ def test_any_frame_body_gives_an_event(body: bytes) -> None:
 
 
 def test_methods_match_the_docs() -> None:
-    from tests.unit.test_kestrel_text_protocol import DOCS
+    from tests.support.paths import REPO_ROOT
 
-    text = DOCS.read_text(encoding="utf-8")
+    text = (REPO_ROOT / "docs" / "kestrel-compat.md").read_text(encoding="utf-8")
     for spec in th.METHODS:
         assert f"`{spec.name}(" in text, spec.name
 

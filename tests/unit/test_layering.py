@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO_ROOT
+
+ROOT = REPO_ROOT
 PACKAGES = ("kayos", "kestrel_compat", "chaos")
 
 FLOORS: list[tuple[int, tuple[str, ...]]] = [

@@ -22,7 +22,7 @@ from kayos.replication.downstream import check_copy_peer
 from kayos.replication.replica import ShardReplica
 from kayos.signing import sign
 from kayos.topology import NodeAddr, ShardChain, Topology
-from tests.linkauth import TEST_IDENTITY
+from tests.support.links import TEST_IDENTITY
 
 
 def test_hello_roles_golden_bytes() -> None:

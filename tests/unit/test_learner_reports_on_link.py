@@ -18,7 +18,7 @@ from kayos.node import learners
 from kayos.node.learners import CatchUpOrder
 from kayos.node.runtime import Node
 from kayos.topology import NodeAddr, ShardChain, Topology
-from tests.linkauth import TEST_IDENTITY, until
+from tests.support.links import TEST_IDENTITY, until
 
 SEED = 20261124
 

@@ -25,7 +25,7 @@ from kayos.replication import frames as fr
 from kayos.replication.handshake import HostAddresses, accept_peer
 from kayos.replication.replica import FrameStream
 from kayos.topology import NodeAddr, ShardChain, Topology
-from tests.linkauth import TEST_IDENTITY, RawLink, link_hello, one_shard_topology, until
+from tests.support.links import TEST_IDENTITY, RawLink, link_hello, one_shard_topology, until
 
 SEED = 20261124
 WAIT_S = 30.0

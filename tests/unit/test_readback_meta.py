@@ -19,22 +19,18 @@ from typing import Any
 import pytest
 
 from kayos import limits
-from kayos.clock import ManualClock
 from kayos.node.marks import read_mark
 from kayos.node.runtime import Node
 from kayos.replication import chain
-from kayos.replication import frames as fr
 from kayos.replication.downstream import _LinkSender, build_batch, read_range
-from kayos.replication.links import Pulse
 from kayos.replication.replica import ShardReplica
 from kayos.storage import Put, ShardStore
 from kayos.storage.batch import ops_to_columns, prepare_columns
 from kayos.storage.group import Pending
 from kayos.storage.maintenance.compact import compact
-from tests.linkauth import until
-from tests.unit.test_confirm_chain import QUEUE, managed_chain
-from tests.unit.test_mark_past_point import GROUP, KEY, marked, wait_before_commits
-from tests.unit.test_replica_review import SEED, _node
+from tests.support.links import RecordingStream, SenderReplica, until
+from tests.support.marks import GROUP, KEY, marked, wait_before_commits
+from tests.support.nodes import QUEUE, SEED, chain_node, managed_chain
 
 MARK = "hwm/q/g"
 
@@ -255,7 +251,7 @@ async def test_a_first_piece_out_of_reach_leaves_the_downstream_its_own_map(
             compact(middle.store)  # b's header chain begins anew past y1 and y2
             monkeypatch.setattr(limits, "batch_bytes_max", 150)
             monkeypatch.setattr(ShardReplica, "timed_commit", gated)
-            nodes["c"] = _node(topology, "c", tmp_path, managed=True)
+            nodes["c"] = chain_node(topology, "c", tmp_path, managed=True)
             await nodes["c"].start()
             tail = nodes["c"].replicas[0]
             gate.step()
@@ -270,43 +266,6 @@ async def test_a_first_piece_out_of_reach_leaves_the_downstream_its_own_map(
             await until(lambda: read_mark(tail, KEY)[0] == 2, "c holds the mark 2")
         finally:
             await settle(gate, commit)
-
-
-class _Stream:
-    """A link's stream that keeps what is sent (the sender's side only)."""
-
-    def __init__(self) -> None:
-        self.sent: list[fr.Batch] = []
-
-    def send(self, frame: fr.Batch) -> int:
-        self.sent.append(frame)
-        return 100
-
-    async def drain(self) -> None:
-        return None
-
-
-class _Replica:
-    """What a link sender reads of its replica: a real store, whose last commit is also
-    remembered as a ready batch (the memory a live link forwards from)."""
-
-    shard_id = 0
-
-    def __init__(self, store: ShardStore, remembered: fr.Batch) -> None:
-        self.store = store
-        self.clock = ManualClock()
-        self.changed = Pulse()
-        self.progress = chain.Progress(
-            has_upstream=False, downstreams=(), durable=store.last_seq, accepted=store.last_seq
-        )
-        self.durable = store.last_seq
-        self._remembered = remembered
-
-    def recent_run(self, first_seq: int) -> list[fr.Batch]:
-        return [self._remembered] if first_seq == self._remembered.first_seq else []
-
-    def map_unsettled(self) -> bool:
-        return False  # its map is its upstream's: read-back pieces carry it
 
 
 @pytest.mark.asyncio
@@ -325,8 +284,8 @@ async def test_a_link_reads_back_until_its_map_is_exact(
         # Seq 4 as the batch the store took it in from: it carries no metadata of its own.
         last = build_batch(0, 4, 4, [e for e in store.scan(3) if e.seq == 4], None)
         monkeypatch.setattr(limits, "batch_bytes_max", 150)  # one entry per piece
-        replica = _Replica(store, last)
-        stream = _Stream()
+        replica = SenderReplica(store, last)
+        stream = RecordingStream()
         sender = _LinkSender(replica, stream, 0)  # type: ignore[arg-type]
         task = asyncio.create_task(sender.run())
         try:

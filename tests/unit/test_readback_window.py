@@ -21,7 +21,7 @@ from pathlib import Path
 from kayos.clock import ManualClock
 from kayos.replication.downstream import build_batch, read_range
 from kayos.storage.engine import Put, ShardStore, StoreOptions
-from tests.conftest import TEST_STORE_UUID
+from tests.support.storage import TEST_STORE_UUID
 
 K13, K14, K0 = b"q\x00k13", b"q\x00k14", b"q\x00k0"
 

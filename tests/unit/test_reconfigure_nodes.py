@@ -22,7 +22,7 @@ from kayos.replication import replica as replica_module
 from kayos.signing import sign
 from kayos.storage.maintenance.salvage import SalvageReport, salvage
 from kayos.topology import ShardChain, Topology
-from tests.linkauth import one_shard_topology, until
+from tests.support.links import one_shard_topology, until
 
 SEED = 20261124
 

@@ -30,15 +30,14 @@ from kayos.replication.links import pack_takeover
 from kayos.replication.replica import TAKEOVER_META_KEY
 from kayos.storage import ShardStore
 from kayos.topology import ShardChain, Topology
-from tests.linkauth import TEST_IDENTITY, one_shard_topology, until
-from tests.unit.test_repair_capped_table import (
-    _full_table_of_other_masters,
+from tests.support.links import TEST_IDENTITY, one_shard_topology, until
+from tests.support.nodes import standalone_replica, stored_keys
+from tests.support.repair import (
     cut_head_behind_capped_peers,
+    full_table_of_other_masters,
     repaired,
     started,
 )
-from tests.unit.test_replica_review import _stored_keys
-from tests.unit.test_review_s10 import _replica  # node h's replica of shard 0
 
 SEED = 20261125
 HELD = 10  # entries the cut head's store still holds
@@ -73,7 +72,7 @@ def _cut_store(path: Path, meta: dict[str, object] | None = None) -> None:
 def _capped_verdict() -> fr.Subscribed:
     """A peer's verdict 0 that the table cap explains: its full table's masters all began after
     the head's last one, and it holds more than the head."""
-    table = tuple(_full_table_of_other_masters(HELD + 1))
+    table = tuple(full_table_of_other_masters(HELD + 1))
     return fr.Subscribed(0, 0, table, PEER_LAST)
 
 
@@ -91,7 +90,7 @@ async def test_a_crash_inside_the_repair_reset_keeps_the_durable_mark(
     topology = _lone_head_topology()
     path = tmp_path / "h" / "shards" / "0"
     _cut_store(path)
-    replica = _replica(topology, path)
+    replica = standalone_replica(topology, path)
     assert peer_repair.below_mark(replica)
 
     def crash(directory: str, seq: int) -> None:
@@ -105,7 +104,7 @@ async def test_a_crash_inside_the_repair_reset_keeps_the_durable_mark(
     monkeypatch.undo()
     replica.store.close()
 
-    restarted = _replica(topology, path)
+    restarted = standalone_replica(topology, path)
     try:
         assert durablemark.read(str(path)) == MARK, "the reset deleted the durable mark"
         assert restarted.repairing
@@ -124,7 +123,7 @@ async def test_the_repair_reset_keeps_a_lone_heads_alone_key(tmp_path: Path) -> 
     topology = _lone_head_topology()
     path = tmp_path / "h" / "shards" / "0"
     _cut_store(path)
-    replica = _replica(topology, path)
+    replica = standalone_replica(topology, path)
     try:
         assert replica.store.meta.get(durablemark.ALONE_META_KEY) is not None
         assert await replica.reset_to_repair(_capped_verdict())
@@ -146,7 +145,7 @@ async def test_the_repair_reset_keeps_the_record_of_counted_learners(tmp_path: P
     path = tmp_path / "h" / "shards" / "0"
     recorded = followers.record("h", ("l",))
     _cut_store(path, meta={followers.FOLLOWERS_META_KEY: recorded})
-    replica = _replica(topology, path)
+    replica = standalone_replica(topology, path)
     try:
         assert replica.counted_followers == ("l",)
         assert await replica.reset_to_repair(_capped_verdict())
@@ -157,7 +156,7 @@ async def test_the_repair_reset_keeps_the_record_of_counted_learners(tmp_path: P
         assert replica.store.meta.get(durablemark.ALONE_META_KEY) is None
     finally:
         replica.close()
-    restarted = _replica(topology, path)
+    restarted = standalone_replica(topology, path)
     try:
         assert restarted.counted_followers == ("l",)
     finally:
@@ -207,13 +206,13 @@ async def test_a_lone_head_below_its_mark_repairs_from_a_learner_and_leads_alone
 
         await until(repaired(nodes, total), "the lone head re-copying from a learner and leading")
         head = nodes["a"].replicas[0]
-        assert _stored_keys(head) == kept
+        assert stored_keys(head) == kept
         assert head.marked_committed >= total
         await nodes["a"].produce("q", [b"new"], [b"v"], None, None, acks=-1)
         learner = nodes["b"].learners[0].replica
         assert learner is not None
         await until(
-            lambda: _stored_keys(learner) == {*kept, b"q\x00new"}, "the learner following it"
+            lambda: stored_keys(learner) == {*kept, b"q\x00new"}, "the learner following it"
         )
         await until(lambda: head.counted_followers == ("b",), "the head counting the learner")
         assert head.store.meta.get(followers.FOLLOWERS_META_KEY) == followers.record("a", ("b",))

@@ -5,11 +5,9 @@ of a condition; seeds are printed."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import shutil
 import threading
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +15,13 @@ import pytest
 
 from kayos import limits
 from kayos.errors import UnavailableError
-from kayos.node.runtime import HWM_META, Node
+from kayos.node.runtime import HWM_META
 from kayos.replication import auth
 from kayos.replication import frames as fr
 from kayos.replication.replica import ShardReplica
 from kayos.replication.upstream import UpstreamLink
 from kayos.storage import ShardStore
-from kayos.topology import Topology
-from tests.linkauth import (
+from tests.support.links import (
     TEST_IDENTITY,
     RawLink,
     answer_challenge,
@@ -32,30 +29,7 @@ from tests.linkauth import (
     one_shard_topology,
     until,
 )
-
-SEED = 20261122
-WAIT_S = 30.0
-
-
-def _node(topology: Topology, node_id: str, base: Path, *, managed: bool = False) -> Node:
-    return Node(topology, node_id, str(base / node_id), rng=random.Random(SEED), managed=managed)
-
-
-@contextlib.asynccontextmanager
-async def _chain(
-    base: Path, ids: str = "abc", *, managed: bool = False
-) -> AsyncIterator[tuple[Topology, dict[str, Node]]]:
-    """Nodes a -> b -> c of one shard (or ``ids``; ``managed``: their heads need a lease from the
-    manager); ``nodes`` may be changed (a node restarted) inside."""
-    topology = one_shard_topology(list(ids))
-    nodes = {n: _node(topology, n, base, managed=managed) for n in ids}
-    for node in nodes.values():
-        await node.start()
-    try:
-        yield topology, nodes
-    finally:
-        for node in nodes.values():
-            await node.stop()
+from tests.support.nodes import SEED, WAIT_S, chain_node, node_chain, stored_keys
 
 
 def _hold_commits(
@@ -78,16 +52,6 @@ def _hold_commits(
     return entered, release
 
 
-def _stored_keys(replica: ShardReplica) -> set[bytes]:
-    with replica.store.snapshot() as snap:
-        return {
-            e.key
-            for page in snap.pages(0, snap.boundary, include_expired=True, as_of=snap.boundary)
-            for e in page
-            if not e.deleted
-        }
-
-
 @pytest.mark.asyncio
 async def test_timed_out_waiters_do_not_pile_up(tmp_path: Path) -> None:
     """A WAIT_COMMITTED for a seq that never commits must not leave its heap entry behind: a
@@ -99,7 +63,7 @@ async def test_timed_out_waiters_do_not_pile_up(tmp_path: Path) -> None:
         topology=topology,
         shard=topology.shards[0],
         store_path=str(tmp_path / "a"),
-        clock=_node(topology, "a", tmp_path).clock,
+        clock=chain_node(topology, "a", tmp_path).clock,
         rng=random.Random(SEED),
     )
     try:
@@ -116,7 +80,7 @@ async def test_group_delete_missed_by_a_middle_reaches_the_tail(tmp_path: Path) 
     first batch of the new link (the full metadata). Its tail, linked all along, must learn the
     delete too, also when the middle forwards that batch from memory."""
     print("seed", SEED)
-    async with _chain(tmp_path) as (topology, nodes):
+    async with node_chain(tmp_path) as (topology, nodes):
         head, middle, tail = (nodes[n].replicas[0] for n in "abc")
         queue = "q"
         assert topology.chain_for(queue).id == 0
@@ -152,16 +116,16 @@ async def test_a_head_back_with_an_empty_store_refetches_instead_of_ordering_a_r
     entries"). Obeying the order would destroy acknowledged data on every member (issue 11,
     "Safety"); the middle's refusal of such an order stays the net below a head."""
     print("seed", SEED)
-    async with _chain(tmp_path) as (topology, nodes):
+    async with node_chain(tmp_path) as (topology, nodes):
         queue = "q"
         for i in range(5):
             await nodes["a"].produce(queue, [f"old-{i}".encode()], [b"v"], None, None, acks=-1)
         middle, tail = (nodes[n].replicas[0] for n in "bc")
         await until(lambda: middle.commit_point >= 5, "the middle knowing the commit point")
-        kept = _stored_keys(middle)
+        kept = stored_keys(middle)
         await nodes["a"].stop()
         shutil.rmtree(tmp_path / "a")
-        nodes["a"] = _node(topology, "a", tmp_path)
+        nodes["a"] = chain_node(topology, "a", tmp_path)
         await nodes["a"].start()
 
         def repaired() -> bool:
@@ -170,15 +134,15 @@ async def test_a_head_back_with_an_empty_store_refetches_instead_of_ordering_a_r
 
         await until(repaired, "the head re-fetching what it lost")
         head = nodes["a"].replicas[0]
-        assert _stored_keys(head) == kept
+        assert stored_keys(head) == kept
         assert head.repair_status() is not None
         await nodes["a"].produce(queue, [b"new"], [b"v"], None, None, acks=-1)
         assert middle.refused_rollbacks == 0, "the head ordered a rollback"
         assert middle.rolled_back_entries == 0
         assert middle.rolled_back_committed_entries == 0
-        assert _stored_keys(middle) == {*kept, b"q\x00new"}
+        assert stored_keys(middle) == {*kept, b"q\x00new"}
         await until(
-            lambda: _stored_keys(tail) == {*kept, b"q\x00new"}, "the tail holding every entry"
+            lambda: stored_keys(tail) == {*kept, b"q\x00new"}, "the tail holding every entry"
         )
 
 
@@ -191,7 +155,7 @@ async def test_a_commit_cut_off_by_a_link_failure_is_still_forwarded(
     must count it (wake the senders, report it), or the tail never gets the batch and an acks=all
     producer of it times out unless more traffic happens to follow."""
     print("seed", SEED)
-    async with _chain(tmp_path) as (_, nodes):
+    async with node_chain(tmp_path) as (_, nodes):
         middle, tail = (nodes[n].replicas[0] for n in "bc")
         queue = "q"
         await nodes["a"].produce(queue, [b"first"], [b"v"], None, None, acks=-1)
@@ -220,7 +184,7 @@ async def test_batches_that_piled_up_merge_within_the_frame_bounds(
     forwarded BATCH; the merge must stay within ``batch_entries_max`` (a BATCH's column bound),
     or building it fails and the link drops, again and again under load."""
     print("seed", SEED)
-    async with _chain(tmp_path) as (_, nodes):
+    async with node_chain(tmp_path) as (_, nodes):
         middle = nodes["b"].replicas[0]
         queue = "q"
         await nodes["a"].produce(queue, [b"first"], [b"v"], None, None, acks=-1)
@@ -261,7 +225,7 @@ async def test_a_long_poll_parked_before_catch_up_serves_nothing_during_it(
     batch). A consume long-polling on the tail when a new link puts it in catch-up is woken by
     the catch-up's own commits: it must not read its page from the half-caught-up store."""
     print("seed", SEED)
-    async with _chain(tmp_path) as (_, nodes):
+    async with node_chain(tmp_path) as (_, nodes):
         middle, tail = (nodes[n].replicas[0] for n in "bc")
         queue = "q"
         await nodes["a"].produce(queue, [b"k0"], [b"v"], None, None, acks=-1)
@@ -295,7 +259,7 @@ async def test_a_replica_in_catch_up_feeds_no_link_below(tmp_path: Path) -> None
     so a middle in catch-up closes its links below and refuses new subscriptions until it is
     whole again; its tail keeps serving the consistent state it had."""
     print("seed", SEED)
-    async with _chain(tmp_path) as (topology, nodes):
+    async with node_chain(tmp_path) as (topology, nodes):
         middle = nodes["b"].replicas[0]
         await until(lambda: "c" in middle.downstream_streams, "the tail linked")
         middle.catching_up = True

@@ -13,7 +13,7 @@ from kayos.errors import DiskFullError
 from kayos.storage.engine import Delete, Put, ShardStore, StoreOptions
 from kayos.storage.maintenance.check import check_store
 from kayos.storage.maintenance.compact import compact
-from tests.conftest import TEST_STORE_UUID
+from tests.support.storage import TEST_STORE_UUID
 
 if TYPE_CHECKING:
     from pathlib import Path

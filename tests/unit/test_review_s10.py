@@ -9,25 +9,20 @@ again, so on an idle shard the tail would refuse every new snapshot for good."""
 from __future__ import annotations
 
 import asyncio
-import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kayos import limits
-from kayos.clock import SystemClock
 from kayos.errors import ProtocolError
 from kayos.node.marks import read_mark
 from kayos.replication import durablemark, lostcommit
 from kayos.replication import frames as fr
-from kayos.replication.replica import ShardReplica
 from kayos.storage import Put, ShardStore
-from kayos.topology import Topology
-from tests.linkauth import first_answer, one_shard_topology, until
-from tests.unit.test_confirm_chain import managed_chain
-from tests.unit.test_mark_past_point import KEY, cut_middle, mark_2_held
-from tests.unit.test_replica_review import _chain, _node
+from tests.support.links import first_answer, one_shard_topology, until
+from tests.support.marks import KEY, cut_middle, mark_2_held
+from tests.support.nodes import chain_node, managed_chain, node_chain, standalone_replica
 
 
 def _replicated(name: str) -> bool:
@@ -87,7 +82,7 @@ def _commit_alone(path: Path, prefix: str, count: int) -> None:
 
 def _run_alone(path: Path, last: int) -> None:
     """h opens its store at ``path`` as a chain of one: it knows all it holds committed."""
-    replica = _replica(one_shard_topology(["h"]), path)
+    replica = standalone_replica(one_shard_topology(["h"]), path)
     try:
         assert replica.commit_point == last  # h alone: each acknowledged once durable on h
         assert replica.store.meta.get(durablemark.ALONE_META_KEY) is not None
@@ -98,7 +93,7 @@ def _run_alone(path: Path, last: int) -> None:
 async def _remade_with_d_drops_nothing(path: Path, marked: int, *, agreed: int, point: int) -> None:
     """The manager adds d back as tail (a re-make: commit point 0); d subscribes, its log agreeing
     with h's through ``agreed``, knowing ``point`` committed. h keeps what it committed alone."""
-    remade = _replica(one_shard_topology(["h", "d"]), path)
+    remade = standalone_replica(one_shard_topology(["h", "d"]), path)
     try:
         assert remade.marked_committed == marked
         assert durablemark.ALONE_META_KEY not in remade.store.meta  # no chain of one any more
@@ -107,17 +102,6 @@ async def _remade_with_d_drops_nothing(path: Path, marked: int, *, agreed: int, 
     finally:
         await asyncio.gather(*remade._background, return_exceptions=True)
         remade.close()
-
-
-def _replica(topology: Topology, store_path: Path) -> ShardReplica:
-    return ShardReplica(
-        node_id="h",
-        topology=topology,
-        shard=topology.shards[0],
-        store_path=str(store_path),
-        clock=SystemClock(),
-        rng=random.Random(SEED),
-    )
 
 
 @pytest.mark.asyncio
@@ -161,7 +145,7 @@ async def test_a_chain_of_one_counting_a_learner_commits_alone_no_more(tmp_path:
     print("seed", SEED)
     path = tmp_path / "h"
     _commit_alone(path, "k", 20)
-    replica = _replica(one_shard_topology(["h"]), path)
+    replica = standalone_replica(one_shard_topology(["h"]), path)
     try:
         assert replica.store.meta.get(durablemark.ALONE_META_KEY) is not None
         replica.learner_report("l", replica.commit_point)
@@ -225,7 +209,7 @@ async def test_a_head_repairs_from_a_downstream_that_is_repairing_itself(tmp_pat
     re-fetched from its upstream a, which refused it while it repaired: neither ever served,
     although b held every seq a needs. Now b serves its head's repair link."""
     print("seed", SEED)
-    async with _chain(tmp_path, "ab") as (topology, nodes):
+    async with node_chain(tmp_path, "ab") as (topology, nodes):
         for i in range(12):
             await nodes["a"].produce("q", [f"k{i}".encode()], [b"v"], None, None, acks=-1)
         head, middle = (nodes[n].replicas[0] for n in "ab")
@@ -242,7 +226,7 @@ async def test_a_head_repairs_from_a_downstream_that_is_repairing_itself(tmp_pat
         durablemark.write(paths["a"], last)
         durablemark.write(paths["b"], last + 2)  # b lost two seqs past its mark: nobody holds them
         for n in "ab":
-            nodes[n] = _node(topology, n, tmp_path)
+            nodes[n] = chain_node(topology, n, tmp_path)
             await nodes[n].start()
 
         def led() -> bool:
@@ -263,7 +247,7 @@ async def test_a_version_4_link_is_refused_clearly(tmp_path: Path) -> None:
     """A rolling upgrade's mixed chain: a node one version behind (its SUBSCRIBE names no commit
     point, so a head could not tell it lost committed entries) is refused with protocol_error
     naming the version links need, never served (docs/replication-protocol.md, "Version")."""
-    async with _chain(tmp_path, "ab") as (topology, _):
+    async with node_chain(tmp_path, "ab") as (topology, _):
         answer = await first_answer(
             topology.nodes["a"], fr.Hello(4, "b", 0, topology.epoch, "tail")
         )

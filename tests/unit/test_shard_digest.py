@@ -12,7 +12,7 @@ from kayos.node.operator_api import digest_entries, digest_floor, parse_compact
 from kayos.storage.engine import Delete, Put, ShardStore, StoreOptions
 from kayos.storage.maintenance.check import check_snapshot
 from kayos.storage.maintenance.compact import compact
-from tests.conftest import TEST_STORE_UUID
+from tests.support.storage import TEST_STORE_UUID
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -30,8 +30,12 @@ from kayos.storage.engine import (
     ops_to_columns,
     prepare_columns,
 )
-from tests.conftest import TEST_STORE_UUID
-from tests.unit.test_storage_engine import JOIN_TIMEOUT_S, HeldFileOps, WaitWatchingCondition
+from tests.support.storage import (
+    JOIN_TIMEOUT_S,
+    TEST_STORE_UUID,
+    HeldFileOps,
+    WaitWatchingCondition,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -44,7 +44,7 @@ from kayos.storage.engine import (
 )
 from kayos.storage.maintenance import compact as compact_module
 from kayos.storage.maintenance.compact import compact
-from tests.conftest import TEST_STORE_UUID
+from tests.support.storage import TEST_STORE_UUID
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -27,7 +27,7 @@ from kayos.storage.disk import btree, index
 from kayos.storage.disk import format as fmt
 from kayos.storage.disk.fileops import OS_FILEOPS, FaultyFileOps, FileOps, SimulatedCrash
 from kayos.storage.engine import Delete, Entry, Put, ShardStore, StoreOptions
-from tests.conftest import TEST_STORE_UUID
+from tests.support.storage import TEST_STORE_UUID
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from kayos.errors import UnavailableError
-from tests.linkauth import until
-from tests.unit.test_replica_review import SEED, _chain, _node
+from tests.support.links import until
+from tests.support.nodes import SEED, chain_node, node_chain
 
 
 @pytest.mark.asyncio
@@ -25,7 +25,7 @@ async def test_a_tail_whose_upstream_link_is_gone_serves_no_new_snapshot(
     tmp_path: Path,
 ) -> None:
     print("seed", SEED)
-    async with _chain(tmp_path) as (topology, nodes):
+    async with node_chain(tmp_path) as (topology, nodes):
         queue = "q"
         await nodes["a"].produce(queue, [b"k0"], [b"v"], None, None, acks=-1)
         tail = nodes["c"].replicas[0]
@@ -46,7 +46,7 @@ async def test_a_tail_whose_upstream_link_is_gone_serves_no_new_snapshot(
             await nodes["c"].consume(queue, "g", after=None, upto=None, limit=10, wait_ms=0)
 
         # Back in touch: it serves again.
-        nodes["b"] = _node(topology, "b", tmp_path)
+        nodes["b"] = chain_node(topology, "b", tmp_path)
         await nodes["b"].start()
         await until(lambda: tail.upstream_stream is not None, "the tail linked again")
         page = await nodes["c"].consume(queue, "g", after=None, upto=None, limit=10, wait_ms=0)

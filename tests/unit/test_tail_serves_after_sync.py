@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from kayos.errors import UnavailableError
-from tests.linkauth import until
-from tests.unit.test_replica_review import SEED, _chain, _node
+from tests.support.links import until
+from tests.support.nodes import SEED, chain_node, node_chain
 
 
 @pytest.mark.asyncio
@@ -21,7 +21,7 @@ async def test_a_restarted_tail_serves_nothing_before_its_upstream_link_is_subsc
     tmp_path: Path,
 ) -> None:
     print("seed", SEED)
-    async with _chain(tmp_path) as (topology, nodes):
+    async with node_chain(tmp_path) as (topology, nodes):
         queue = "q"
         await nodes["a"].produce(queue, [b"k0"], [b"v"], None, None, acks=-1)
         tail = nodes["c"].replicas[0]
@@ -30,14 +30,14 @@ async def test_a_restarted_tail_serves_nothing_before_its_upstream_link_is_subsc
         assert page is not None  # a linked tail serves
         await nodes["c"].stop()
         await nodes["b"].stop()
-        nodes["c"] = _node(topology, "c", tmp_path)
+        nodes["c"] = chain_node(topology, "c", tmp_path)
         await nodes["c"].start()
         restarted = nodes["c"].replicas[0]
         assert not restarted.catching_up  # its store says nothing of being behind
         assert not restarted.upstream_synced
         with pytest.raises(UnavailableError):
             await nodes["c"].consume(queue, "g", after=0, upto=None, limit=10, wait_ms=0)
-        nodes["b"] = _node(topology, "b", tmp_path)
+        nodes["b"] = chain_node(topology, "b", tmp_path)
         await nodes["b"].start()
         await until(lambda: restarted.upstream_synced, "the tail linked to b again")
         await until(lambda: not restarted.catching_up, "the tail level again")

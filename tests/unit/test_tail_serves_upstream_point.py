@@ -14,7 +14,7 @@ from kayos.errors import UnavailableError
 from kayos.node.runtime import HWM_META, Node
 from kayos.replication import chain
 from kayos.replication.upstream import UpstreamLink
-from tests.linkauth import one_shard_topology, until
+from tests.support.links import one_shard_topology, until
 
 SEED = 20261124
 

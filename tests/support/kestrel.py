@@ -1,8 +1,9 @@
-"""Support for the Kestrel unit tests (no tests here): in-process clients, no sockets.
+"""The Kestrel front in-process for tests: clients without sockets, and thrift values read back.
 
 Each ``Client`` feeds request bytes through a real ``MemcacheConnection`` and serves the events
 through a real ``Session``, collecting the exact reply bytes; time is a ``ManualClock`` for items
-and expiry (blocked fetches still wait on the event loop, with small bounds).
+and expiry (blocked fetches still wait on the event loop, with small bounds). ``read_value``
+decodes a thrift value with Apache Thrift's own protocol, the independent peer of the front's.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from typing import Any
+
+from thrift.protocol.TBinaryProtocol import TBinaryProtocol
+from thrift.Thrift import TType
 
 from kayos.clock import ManualClock
 from kestrel_compat.backend import MemoryBackend
@@ -153,3 +157,24 @@ async def start_blocked(client: Client, request: bytes, *, queue: str = "q") -> 
     await wait_until(lambda: queue in collection.queues)
     await wait_until(lambda: collection.queues[queue].waiter_count == before + 1)
     return task
+
+
+def read_value(proto: TBinaryProtocol, ttype: int) -> Any:
+    """A value of ``ttype`` read with Apache Thrift's protocol; a struct as {field id: value}."""
+    if ttype == TType.STRING:
+        return proto.readBinary()
+    if ttype == TType.I32:
+        return proto.readI32()
+    if ttype == TType.I64:
+        return proto.readI64()
+    if ttype == TType.LIST:
+        element, size = proto.readListBegin()
+        return [read_value(proto, element) for _ in range(size)]
+    assert ttype == TType.STRUCT
+    proto.readStructBegin()
+    fields: dict[int, Any] = {}
+    while True:
+        _, field_type, field_id = proto.readFieldBegin()
+        if field_type == TType.STOP:
+            return fields
+        fields[field_id] = read_value(proto, field_type)

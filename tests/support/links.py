@@ -2,7 +2,8 @@
 an impostor (no secret, another cluster's, a lie about its node id), and what came back.
 
 Blocking sockets with a bounded timeout, so both async unit tests (in a thread) and the
-process-level integration tests use them the same way.
+process-level integration tests use them the same way. Also: a one-shard topology on loopback,
+a bounded async wait (``until``), and a link sender's replica and stream faked around a real store.
 """
 
 from __future__ import annotations
@@ -15,10 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kayos import limits
+from kayos.clock import ManualClock
 from kayos.identity import ClusterIdentity
 from kayos.launcher import free_ports
-from kayos.replication import auth
+from kayos.replication import auth, chain
 from kayos.replication import frames as fr
+from kayos.replication.links import Pulse
+from kayos.storage import ShardStore
 from kayos.topology import NodeAddr, ShardChain, Topology
 
 # A fixed identity for in-process tests (never a real cluster's).
@@ -129,3 +133,40 @@ async def first_answer(address: NodeAddr, hello: fr.Hello, timeout_s: float = 30
         return frames[0]
     finally:
         writer.close()
+
+
+class RecordingStream:
+    """A link's stream that keeps what is sent (the sender's side only)."""
+
+    def __init__(self) -> None:
+        self.sent: list[fr.Batch] = []
+
+    def send(self, frame: fr.Batch) -> int:
+        self.sent.append(frame)
+        return 100
+
+    async def drain(self) -> None:
+        return None
+
+
+class SenderReplica:
+    """What a link sender reads of its replica: a real store, whose last commit is also
+    remembered as a ready batch (the memory a live link forwards from)."""
+
+    shard_id = 0
+
+    def __init__(self, store: ShardStore, remembered: fr.Batch) -> None:
+        self.store = store
+        self.clock = ManualClock()
+        self.changed = Pulse()
+        self.progress = chain.Progress(
+            has_upstream=False, downstreams=(), durable=store.last_seq, accepted=store.last_seq
+        )
+        self.durable = store.last_seq
+        self._remembered = remembered
+
+    def recent_run(self, first_seq: int) -> list[fr.Batch]:
+        return [self._remembered] if first_seq == self._remembered.first_seq else []
+
+    def map_unsettled(self) -> bool:
+        return False  # its map is its upstream's: read-back pieces carry it
