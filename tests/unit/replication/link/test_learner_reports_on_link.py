@@ -2,7 +2,7 @@
 when there is nothing to copy (docs/replication-protocol.md, "Counting a catch-up follower"). A
 learner of an empty shard copied nothing, so it sent no ACK, and with nothing committed it sent
 no COMMITTED either: the tail never counted it, the manager never took it for caught up, and
-``kayos ctl move-shard`` on an idle cluster waited for ever (tests/integration/test_grow.py,
+``kayos ctl move-shard`` on an idle cluster waited for ever (tests/integration/manager/test_grow.py,
 ``test_move_shard_and_drain_through_the_cli``). In-process nodes on loopback; every wait is a
 bounded poll of a condition."""
 

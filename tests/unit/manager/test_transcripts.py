@@ -1,6 +1,8 @@
-"""The manager's decisions as transcripts (tests/manager/testdata/*.txt; see transcript.py).
+"""The manager's decisions as transcripts (testdata/*.txt here; the language is in
+tests/support/transcript.py).
 
-``KAYOS_REWRITE=1 pytest tests/manager`` rewrites the expected outputs; review the diff."""
+``KAYOS_REWRITE=1 pytest tests/unit/manager/test_transcripts.py`` rewrites the expected outputs;
+review the diff."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The deterministic parts of the campaign's membership faults (chaos/procs/membership.py): the
 split-brain monitor's judgement from canned status replies, store damage, and the schedule of
 the new kinds. The faults themselves run against real processes in
-tests/integration/test_chaos_campaign.py."""
+tests/chaos/campaigns/test_chaos_campaign.py."""
 
 from __future__ import annotations
 

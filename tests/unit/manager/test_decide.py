@@ -1,6 +1,6 @@
 """The manager core beyond the transcripts: its Config checks, the view's canonical encoding and
 hash (golden), and seeded random event sequences that check the invariants at every step and that
-members applying the same log agree (see tests/manager/transcript.py for the transcripts)."""
+members applying the same log agree (see tests/support/transcript.py for the transcripts)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,7 @@ keeps its mark, re-copies everything from the peer and leads. And while it repai
 read from it: a head alone is its shard's tail too, and it served a snapshot from its older
 marks (the group's mark moved back by 31,000 seqs).
 
-In-process nodes on loopback (``Node``), driven as tests/unit/test_replica_review.py does; every
-wait is a bounded poll of a condition."""
+In-process nodes on loopback (``Node``); every wait is a bounded poll of a condition."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Review findings in the link handshake and client connections (docs/replication-protocol.md,
 "Handshake" and "Liveness"), each pinned by a test: in-process nodes on loopback (free ports) and
-raw sockets (tests/linkauth.py). Every wait is a bounded poll of a condition."""
+raw sockets (tests/support/links.py). Every wait is a bounded poll of a condition."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ from kayos.storage.maintenance.compact import compact
 from kayos.storage.readback import read_back
 from tests.support.storage import TEST_STORE_UUID
 
-FIXTURE_V1 = Path(__file__).parent.parent / "fixtures" / "store-v1.kys"
+FIXTURE_V1 = Path(__file__).parent / "fixtures" / "store-v1.kys"
 
 
 def open_store(directory: Path, window: int = 1_000) -> ShardStore:
@@ -203,7 +203,7 @@ def test_check_refuses_a_marker_that_is_more_than_a_boundary() -> None:
 
 
 def test_version_1_file_opens_reads_and_bounds_pieces(tmp_path: Path) -> None:
-    """tests/fixtures/store-v1.kys was written by the version 1 code (commit d15a823):
+    """tests/unit/storage/fixtures/store-v1.kys was written by the version 1 code (commit d15a823):
     txn1 = t1/0-4 (seqs 1-5), x (6), txn2 = t2/0-2 (7-9), t1/4 again (10: supersedes txn1's
     end), a delete of t2/2 (11: supersedes txn2's end), t1/0 again and y with an out-of-line
     value (12-13)."""

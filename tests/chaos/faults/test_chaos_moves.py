@@ -2,7 +2,7 @@
 and seeded in the schedule, the move and strike are drawn from the manager's view by the fault's
 seed, a move's end is judged from the view, and the campaign's convergence wait accepts a node
 outside a chain. The faults themselves run against real processes in
-tests/integration/test_chaos_moves.py."""
+tests/chaos/campaigns/test_chaos_moves_campaign.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """METADATA (protocol version 6): an idle upstream sends its whole replicated map, so that a
 replica whose rollback kept its metadata settles without a write (docs/replication-protocol.md,
 "The metadata on an idle link"; review s10 finding 4, pinned end to end by
-tests/unit/test_review_s10.py::test_a_rollback_that_kept_the_metadata_settles_on_an_idle_shard).
+tests/unit/replication/chain/test_chain_of_one.py::test_a_rollback_that_kept_the_metadata_settles_on_an_idle_shard).
 In-process nodes over real stores and loopback links; a raw connection plays the downstream."""
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""The client and consumers against real nodes: both clients, queues over shards, group lag."""
