@@ -1,12 +1,15 @@
-"""Review findings in kayos/replication/replica.py, each pinned by a test: in-process nodes on
-loopback (free ports), driven through ``Node`` and ``ShardReplica``. Every wait is a bounded poll
-of a condition; seeds are printed."""
+"""What a chain member forwards, and what it keeps while a write waits
+(kayos/replication/replica.py): a head drops the waiters of commits that timed out; a group
+delete a middle missed reaches its tail; a commit still landing when its link failed is
+forwarded by the next link; batches that piled up merge within the frame bounds; a link's
+read-back fits one frame and cuts only between commits. In-process nodes on loopback (free
+ports), driven through ``Node`` and ``ShardReplica``; every wait is a bounded poll of a
+condition; seeds are printed."""
 
 from __future__ import annotations
 
 import asyncio
 import random
-import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -14,22 +17,16 @@ from typing import Any
 import pytest
 
 from kayos import limits
-from kayos.errors import UnavailableError
 from kayos.node.runtime import HWM_META
-from kayos.replication import auth
 from kayos.replication import frames as fr
 from kayos.replication.replica import ShardReplica
 from kayos.replication.upstream import UpstreamLink
 from kayos.storage import ShardStore
 from tests.support.links import (
-    TEST_IDENTITY,
-    RawLink,
-    answer_challenge,
-    link_hello,
     one_shard_topology,
     until,
 )
-from tests.support.nodes import SEED, WAIT_S, chain_node, node_chain, stored_keys
+from tests.support.nodes import SEED, WAIT_S, chain_node, node_chain
 
 
 def _hold_commits(
@@ -106,47 +103,6 @@ async def test_group_delete_missed_by_a_middle_reaches_the_tail(tmp_path: Path) 
 
 
 @pytest.mark.asyncio
-async def test_a_head_back_with_an_empty_store_refetches_instead_of_ordering_a_reset(
-    tmp_path: Path,
-) -> None:
-    """The head comes back with an empty store (lost disk) and, sharing no history with the
-    middle, would order it to reset. The middle's SUBSCRIBE names the commit point it knows, so
-    the head sees it lost committed entries: it never sends the order, re-fetches them from the
-    middle and only then leads (docs/replication-protocol.md, "An upstream that lacks committed
-    entries"). Obeying the order would destroy acknowledged data on every member (issue 11,
-    "Safety"); the middle's refusal of such an order stays the net below a head."""
-    print("seed", SEED)
-    async with node_chain(tmp_path) as (topology, nodes):
-        queue = "q"
-        for i in range(5):
-            await nodes["a"].produce(queue, [f"old-{i}".encode()], [b"v"], None, None, acks=-1)
-        middle, tail = (nodes[n].replicas[0] for n in "bc")
-        await until(lambda: middle.commit_point >= 5, "the middle knowing the commit point")
-        kept = stored_keys(middle)
-        await nodes["a"].stop()
-        shutil.rmtree(tmp_path / "a")
-        nodes["a"] = chain_node(topology, "a", tmp_path)
-        await nodes["a"].start()
-
-        def repaired() -> bool:
-            head = nodes["a"].replicas.get(0)
-            return head is not None and not head.repairing and head.durable >= 5
-
-        await until(repaired, "the head re-fetching what it lost")
-        head = nodes["a"].replicas[0]
-        assert stored_keys(head) == kept
-        assert head.repair_status() is not None
-        await nodes["a"].produce(queue, [b"new"], [b"v"], None, None, acks=-1)
-        assert middle.refused_rollbacks == 0, "the head ordered a rollback"
-        assert middle.rolled_back_entries == 0
-        assert middle.rolled_back_committed_entries == 0
-        assert stored_keys(middle) == {*kept, b"q\x00new"}
-        await until(
-            lambda: stored_keys(tail) == {*kept, b"q\x00new"}, "the tail holding every entry"
-        )
-
-
-@pytest.mark.asyncio
 async def test_a_commit_cut_off_by_a_link_failure_is_still_forwarded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -215,75 +171,6 @@ async def test_batches_that_piled_up_merge_within_the_frame_bounds(
         committed = await nodes["a"].wait_committed(0, last, 20_000)
         assert committed >= last
         assert middle.upstream_stream is stream, "the middle's link dropped"
-
-
-@pytest.mark.asyncio
-async def test_a_long_poll_parked_before_catch_up_serves_nothing_during_it(
-    tmp_path: Path,
-) -> None:
-    """A replica in catch-up serves no consumers (its store may hold part of an all-or-nothing
-    batch). A consume long-polling on the tail when a new link puts it in catch-up is woken by
-    the catch-up's own commits: it must not read its page from the half-caught-up store."""
-    print("seed", SEED)
-    async with node_chain(tmp_path) as (_, nodes):
-        middle, tail = (nodes[n].replicas[0] for n in "bc")
-        queue = "q"
-        await nodes["a"].produce(queue, [b"k0"], [b"v"], None, None, acks=-1)
-        await until(lambda: tail.durable >= 1 and not tail.catching_up, "the tail level")
-        old_link = next(link for link in nodes["c"]._links if link.replica is tail)
-        old_link.stop()
-        assert tail.upstream_stream is not None
-        tail.upstream_stream.close()
-        await until(lambda: tail.upstream_stream is None, "the tail's link down")
-        poll = asyncio.create_task(
-            nodes["c"].consume(queue, "g", after=tail.durable, upto=None, limit=10, wait_ms=20_000)
-        )
-        await until(lambda: tail.changed._waiters, "the consume parked")
-        # More than one catch-up BATCH: a frame holds at most batch_entries_max entries.
-        count = limits.batch_entries_max // 2
-        last = 0
-        for part in range(3):
-            keys = [f"{part}-{i}".encode() for i in range(count)]
-            _, last = await nodes["a"].produce(queue, keys, [b"v"] * count, None, None, acks=1)
-        await until(lambda: middle.durable >= last, "the middle ahead of the tail")
-        link = UpstreamLink(tail)
-        nodes["c"]._links.append(link)
-        nodes["c"]._spawn(link.run())
-        with pytest.raises(UnavailableError):
-            await asyncio.wait_for(poll, WAIT_S)
-
-
-@pytest.mark.asyncio
-async def test_a_replica_in_catch_up_feeds_no_link_below(tmp_path: Path) -> None:
-    """Catch-up may split an all-or-nothing batch (it sends only the newest version of each key),
-    so a middle in catch-up closes its links below and refuses new subscriptions until it is
-    whole again; its tail keeps serving the consistent state it had."""
-    print("seed", SEED)
-    async with node_chain(tmp_path) as (topology, nodes):
-        middle = nodes["b"].replicas[0]
-        await until(lambda: "c" in middle.downstream_streams, "the tail linked")
-        middle.catching_up = True
-        middle.close_downstream_links()
-        address = topology.nodes["b"]
-
-        def subscribe_as_the_tail() -> list[fr.Frame | None]:
-            link = RawLink.open(address.host, address.bin_port)
-            try:
-                link.send(link_hello("c", 0, topology.epoch, "tail"))
-                claim = auth.LinkClaim("c", "b", 0, topology.epoch, "tail")
-                accepted = answer_challenge(link, TEST_IDENTITY, claim)
-                link.send(fr.Subscribe(0, 1, ()))
-                return [accepted, link.next(), link.next()]
-            finally:
-                link.close()
-
-        frames = await asyncio.to_thread(subscribe_as_the_tail)
-        assert isinstance(frames[0], fr.AuthOk)
-        assert isinstance(frames[1], fr.HelloOk)
-        assert isinstance(frames[2], fr.ErrorFrame)
-        assert frames[2].code == UnavailableError.code
-        middle.catching_up = False
-        await until(lambda: "c" in middle.downstream_streams, "the tail linked again")
 
 
 def test_reads_for_a_link_fit_one_frame_and_cut_only_between_commits(tmp_path: Path) -> None:

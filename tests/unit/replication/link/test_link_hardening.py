@@ -1,6 +1,8 @@
-"""Review findings in the link handshake and client connections (docs/replication-protocol.md,
-"Handshake" and "Liveness"), each pinned by a test: in-process nodes on loopback (free ports) and
-raw sockets (tests/support/links.py). Every wait is a bounded poll of a condition."""
+"""The link handshake and client connections against misbehaving peers
+(docs/replication-protocol.md, "Handshake" and "Liveness"): silent upstreams, oversized or forged
+frames before the handshake, too many connections, odd node ids, host lookups, clients past the
+in-flight bound. In-process nodes on loopback (free ports) and raw sockets
+(tests/support/links.py). Every wait is a bounded poll of a condition."""
 
 from __future__ import annotations
 

@@ -4,21 +4,29 @@ with the divergence verdict 0, which the repair link read as "holds no more than
 the head asked for ever while the peers held every acknowledged entry (shard 1 unavailable 130 s
 and never converged). A verdict the table cap explains is a reset: the head drops its store,
 keeps its mark, re-copies everything from the peer and leads. And while it repairs, nothing is
-read from it: a head alone is its shard's tail too, and it served a snapshot from its older
-marks (the group's mark moved back by 31,000 seqs).
+read from it, nor are its groups listed: a head alone is its shard's tail too, and it served a
+snapshot from its older marks (the group's mark moved back by 31,000 seqs).
 
 In-process nodes on loopback (``Node``); every wait is a bounded poll of a condition."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
 
 from kayos.errors import UnavailableError
+from kayos.node.runtime import Node
 from tests.support.links import one_shard_topology, until
 from tests.support.nodes import stored_keys
-from tests.support.repair import SEED, cut_head_behind_capped_peers, repair_node, repaired, started
+from tests.support.repair import (
+    SEED,
+    cut_head_behind_capped_peers,
+    repair_node,
+    repaired,
+    started,
+)
 
 
 @pytest.mark.asyncio
@@ -73,5 +81,26 @@ async def test_a_head_alone_serves_no_read_while_it_repairs(tmp_path: Path) -> N
             node.retention.get_policy("q")
         node.replicas[0].repairing = False
         assert (await node.group_info("q", "g"))["hwm"] == 1
+    finally:
+        await node.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_repairing_head_lists_no_groups(tmp_path: Path) -> None:
+    """``GET /v1/shards/{shard}/groups`` reads the head's marks (the client and the Kestrel
+    front ask the head): while it repairs they are an older state's, refused like a consume."""
+    print("seed", SEED)
+    topology = one_shard_topology(["a"])
+    node = Node(topology, "a", str(tmp_path / "a"), rng=random.Random(SEED))
+    await node.start()
+    try:
+        await node.produce("q", [b"k"], [b"v"], None, None, acks=-1)
+        await node.commit_group("q", "g", 1, None)
+        assert node.list_groups(0) == [{"queue": "q", "group": "g", "hwm": 1}]
+        node.replicas[0].repairing = True
+        with pytest.raises(UnavailableError, match="repairing"):
+            node.list_groups(0)
+        node.replicas[0].repairing = False
+        assert node.list_groups(0) == [{"queue": "q", "group": "g", "hwm": 1}]
     finally:
         await node.stop()

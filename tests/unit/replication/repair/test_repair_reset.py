@@ -1,29 +1,25 @@
-"""Review of the repair reset (commit 2162bc9, campaign seed 11112411): a head below its durable
-mark whose peer's full takeover table names none of its masters resets its store, keeping its
-mark, and re-copies everything. Each test pins one way that reset could lose what the head's
-store vouched for, on a real ``ShardReplica`` over a real store in a temporary directory.
+"""The repair reset (campaign seed 11112411, docs/campaigns.md): a head below its durable mark whose
+peer's full takeover table names none of its masters resets its store and re-copies everything.
+The reset keeps what the head's store vouched for, on a real ``ShardReplica`` over a real store
+in a temporary directory:
 
-- The reset deleted the whole directory, the ``durable-mark`` file with it, and wrote the mark
-  again after: a crash between the two left an empty store with no mark, which opens as a head
-  that verified (nothing to repair) and leads with an empty log.
-- The reset dropped the store's local metadata: the ``alone`` key of a chain of one (its
-  acknowledged seqs past its last mark write survive a crash and a re-make only by it) and the
-  record of the learners it counts (a restart keeps counting them only by it).
-- A repairing head served ``GET /v1/shards/{shard}/groups`` (its older marks) while consume,
-  group info and retention refused.
+- the durable mark: a crash inside the reset leaves a store that opens below its mark and
+  repairs, never an empty one that verifies and leads with an empty log;
+- the store's local metadata: the ``alone`` key of a chain of one (its acknowledged seqs past its
+  last mark write survive a crash and a re-make only by it) and the record of the learners it
+  counts (a restart keeps counting them only by it).
+
+A lone head left with only learners (the campaign's shape) resets from a learner and leads.
 """
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 
-from kayos.errors import UnavailableError
 from kayos.node import learners
 from kayos.node import repair as peer_repair
-from kayos.node.runtime import Node
 from kayos.replication import catchup, durablemark, followers
 from kayos.replication import frames as fr
 from kayos.replication.links import pack_takeover
@@ -161,27 +157,6 @@ async def test_the_repair_reset_keeps_the_record_of_counted_learners(tmp_path: P
         assert restarted.counted_followers == ("l",)
     finally:
         restarted.close()
-
-
-@pytest.mark.asyncio
-async def test_a_repairing_head_lists_no_groups(tmp_path: Path) -> None:
-    """``GET /v1/shards/{shard}/groups`` reads the head's marks (the client and the Kestrel
-    front ask the head): while it repairs they are an older state's, refused like a consume."""
-    print("seed", SEED)
-    topology = one_shard_topology(["a"])
-    node = Node(topology, "a", str(tmp_path / "a"), rng=random.Random(SEED))
-    await node.start()
-    try:
-        await node.produce("q", [b"k"], [b"v"], None, None, acks=-1)
-        await node.commit_group("q", "g", 1, None)
-        assert node.list_groups(0) == [{"queue": "q", "group": "g", "hwm": 1}]
-        node.replicas[0].repairing = True
-        with pytest.raises(UnavailableError, match="repairing"):
-            node.list_groups(0)
-        node.replicas[0].repairing = False
-        assert node.list_groups(0) == [{"queue": "q", "group": "g", "hwm": 1}]
-    finally:
-        await node.stop()
 
 
 @pytest.mark.asyncio

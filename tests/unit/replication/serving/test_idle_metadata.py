@@ -1,18 +1,19 @@
 """METADATA (protocol version 6): an idle upstream sends its whole replicated map, so that a
 replica whose rollback kept its metadata settles without a write (docs/replication-protocol.md,
-"The metadata on an idle link"; review s10 finding 4, pinned end to end by
-tests/unit/replication/chain/test_chain_of_one.py::test_a_rollback_that_kept_the_metadata_settles_on_an_idle_shard).
-In-process nodes over real stores and loopback links; a raw connection plays the downstream."""
+"The metadata on an idle link"; end to end in
+``test_a_rollback_that_kept_the_metadata_settles_on_an_idle_shard``). In-process nodes over real
+stores and loopback links; a raw connection plays the downstream."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 from types import SimpleNamespace
-from typing import cast
+from typing import Any, cast
 
 import pytest
 
+from kayos import limits
 from kayos.errors import ProtocolError
 from kayos.node.marks import read_mark
 from kayos.replication import auth
@@ -32,7 +33,8 @@ from tests.support.links import (
     one_shard_topology,
     until,
 )
-from tests.support.nodes import node_chain, standalone_replica
+from tests.support.marks import cut_middle, mark_2_held
+from tests.support.nodes import SEED, managed_chain, node_chain, standalone_replica
 
 QUEUE = "q"
 KEY = f"hwm/{QUEUE}/g"
@@ -171,3 +173,43 @@ async def test_a_member_whose_rollback_kept_its_map_sends_none_until_it_is_repla
         assert sender.meta_exact
     finally:
         store.close()
+
+
+@pytest.mark.asyncio
+async def test_a_rollback_that_kept_the_metadata_settles_on_an_idle_shard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/storage-format.md, "Rollback": past ``limits.rollback_meta_headers_max`` headers (or
+    behind a compaction) the store keeps its metadata and the replica serves no snapshot until a
+    link replaced it (local key ``rolled_back``). Only a link's first BATCH replaced it; an
+    upstream holding nothing past the rollback seq sent none, so on a shard nobody writes to the
+    tail answered 503 to every new consumer for as long as the shard stayed idle. Now the idle
+    upstream sends its whole map as of that seq (METADATA, docs/replication-protocol.md, "The
+    metadata on an idle link"): the tail settles and holds the middle's map, without the mark
+    its rollback dropped."""
+    print("seed", SEED)
+    monkeypatch.setattr(limits, "rollback_meta_headers_max", 0)  # no header chain walked
+    # Each store rollback and whether it restored the metadata: the link may settle the rollback
+    # (METADATA) before a poll of the local key could see it set, so the key is not what shows
+    # that the metadata was kept.
+    rollbacks: list[tuple[str, int, bool]] = []
+    real_rollback_to = ShardStore.rollback_to
+
+    def rollback_to(store: ShardStore, seq: int, *args: Any, **kwargs: Any) -> bool:
+        restored = bool(real_rollback_to(store, seq, *args, **kwargs))
+        rollbacks.append((store.path, seq, restored))
+        return restored
+
+    monkeypatch.setattr(ShardStore, "rollback_to", rollback_to)
+    async with managed_chain(tmp_path, "abc") as (_, nodes), mark_2_held(nodes) as held:
+        tail = held.tail
+        _mark, written_at = read_mark(tail, KEY)
+        await cut_middle(nodes, for_good=True)  # the middle holds through seq written_at - 1
+        await until(lambda: rollbacks, "c rolled back")  # recorded once the call returned
+        assert rollbacks == [(tail.store.path, written_at - 1, False)]  # the metadata was kept
+        await until(lambda: tail.upstream_stream is not None, "c linked to b again")
+        # Nothing is written any more: the middle has nothing past seq written_at - 1 to send.
+        await until(lambda: tail.rolled_back_to() is None, "c's rollback settled", 10.0)
+        # The middle's map as of that seq: the mark 2 of the dropped seq is gone.
+        assert read_mark(tail, KEY)[0] == 1
+        assert tail.store.meta == {**tail.store.meta, KEY: held.middle.store.meta[KEY]}
