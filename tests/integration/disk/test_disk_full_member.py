@@ -26,9 +26,9 @@ from chaos.history import Produce
 from kayos import limits
 from kayos.launcher import LocalCluster
 from kayos.manager import Config
-from tests.support import healing as heals
+from tests.support import checked as heals
+from tests.support.checked import answered_view, chain_of, node_states
 from tests.support.cluster import WAIT_S, produce, small_disk, wait_until, write_ballast
-from tests.support.healing import answered_view, chain_of, node_states
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

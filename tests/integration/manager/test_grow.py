@@ -24,8 +24,8 @@ from chaos.history import Snapshot
 from kayos.bench.grow import answers, start_outside_node
 from kayos.launcher import LocalCluster, http_json
 from kayos.manager import Config
+from tests.support.checked import PRODUCER_QUEUE, Producer, check_nothing_lost
 from tests.support.cluster import read_snapshot, wait_until
-from tests.support.healing import QUEUE, Producer, check_nothing_lost
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -231,7 +231,7 @@ def test_a_fourth_node_added_and_rebalanced_onto_under_load(tmp_path: Path) -> N
                 producer.finish()
             # Every acked message is consumed, read at the queue's tail (d, perhaps: still up).
             final = answered_view(cluster)
-            tail = final["shards"][cluster.topology.shard_for(QUEUE)]["chain"][-1]
+            tail = final["shards"][cluster.topology.shard_for(PRODUCER_QUEUE)]["chain"][-1]
             verdict = checked(d.http_url if tail == "d" else cluster.url(tail), producers)
             # What the moves copied: d held nothing before, so its data on disk (allocated blocks:
             # store files are sparse) is the copy.
@@ -264,11 +264,13 @@ def test_a_fourth_node_added_and_rebalanced_onto_under_load(tmp_path: Path) -> N
 
 
 def checked(url: str, producers: list[Producer]) -> Any:
-    snapshot = read_snapshot(url, QUEUE, "check")
+    snapshot = read_snapshot(url, PRODUCER_QUEUE, "check")
     history: list[HistoryEvent] = [e for p in producers for e in p.history]
     messages = tuple((m["seq"], m["key"], m["value"]) for m in snapshot.messages)
     history.append(
-        Snapshot(9_999_999, QUEUE, "check", 0, snapshot.hwm, snapshot.boundary, messages, True)
+        Snapshot(
+            9_999_999, PRODUCER_QUEUE, "check", 0, snapshot.hwm, snapshot.boundary, messages, True
+        )
     )
     verdict = check(history)
     print(f"acked {verdict.acked_versions}, delivered {verdict.delivered_messages}")

@@ -17,12 +17,11 @@ import pytest
 from kayos.client.sync import Client
 from kayos.launcher import LocalCluster, http_json
 from kayos.manager import Config
-from tests.support.cluster import WAIT_S, answered_status, read_snapshot, wait_until
-from tests.support.healing import (
+from tests.support.checked import (
     AFTER,
     BEFORE,
+    PRODUCER_QUEUE,
     PRODUCERS,
-    QUEUE,
     Producer,
     answered_view,
     chain_of,
@@ -30,6 +29,7 @@ from tests.support.healing import (
     manager_status,
     node_states,
 )
+from tests.support.cluster import WAIT_S, answered_status, read_snapshot, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -201,16 +201,18 @@ def test_a_returned_node_catches_up_and_rejoins_as_tail(cluster: LocalCluster) -
         )
     with Client(list(cluster.urls.values()), name="writer") as client:
         for n in range(BEFORE):
-            client.produce(QUEUE, f"before-{n}", "x", acks="all")
+            client.produce(PRODUCER_QUEUE, f"before-{n}", "x", acks="all")
         cluster.kill("b", signal.SIGKILL)
         wait_until(lambda: chain_of(cluster, 0) == ["a", "c"], "the manager splicing b out")
-        acked = [client.produce(QUEUE, f"after-{n}", "y", acks="all") for n in range(AFTER)]
+        acked = [
+            client.produce(PRODUCER_QUEUE, f"after-{n}", "y", acks="all") for n in range(AFTER)
+        ]
     cluster.start("b")
     wait_until(lambda: chain_of(cluster, 0) == ["a", "c", "b"], "b rejoining as tail", 60)
     wait_until(lambda: node_states(cluster).get("b") == "up", "b up in the manager's view")
     seqs = cluster.wait_replicated(WAIT_S)  # members agree on last and committed seq, linked
     assert seqs[0] >= max(acked)
-    snapshot = read_snapshot(cluster.url("b"), QUEUE, "rejoined")
+    snapshot = read_snapshot(cluster.url("b"), PRODUCER_QUEUE, "rejoined")
     keys = {m["key"] for m in snapshot.messages}
     assert {f"after-{n}" for n in range(AFTER)} <= keys
     print(f"b rejoined as tail; shard 0 fully replicated at seq {seqs[0]}")

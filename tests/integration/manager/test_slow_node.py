@@ -17,8 +17,7 @@ import pytest
 
 from kayos.launcher import LocalCluster
 from kayos.manager import Config
-from tests.support.cluster import wait_until
-from tests.support.healing import (
+from tests.support.checked import (
     AFTER,
     BEFORE,
     PRODUCERS,
@@ -29,6 +28,7 @@ from tests.support.healing import (
     manager_view,
     node_states,
 )
+from tests.support.cluster import wait_until
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -26,8 +26,14 @@ from kayos.launcher import LocalCluster, http_json
 from kayos.replication import durablemark
 from kayos.signing import sign
 from kayos.storage.maintenance.check import data_file_of
+from tests.support.checked import (
+    BATCH,
+    RECORDED_QUEUE,
+    assert_nothing_lost,
+    produce_recorded,
+    store_dir,
+)
 from tests.support.cluster import produce, read_snapshot, wait_until
-from tests.support.history import BATCH, QUEUE, assert_nothing_lost, produce_recorded, store_dir
 
 pytestmark = pytest.mark.integration
 
@@ -111,7 +117,7 @@ def test_a_cut_head_drops_what_it_took_before_its_downstream_returned(start_clus
     cluster.kill("b", signal.SIGKILL)
     cluster.start("a")
     items = [(f"acks1-{i}", f"stray-{i}") for i in range(BATCH)]
-    status, reply = produce(cluster.url("a"), QUEUE, items, acks="1")
+    status, reply = produce(cluster.url("a"), RECORDED_QUEUE, items, acks="1")
     assert status == 200, reply
     print(f"a took acks=1 writes at {reply['first_seq']}..{reply['last_seq']}")
     assert reply["first_seq"] == total1 + 1, reply  # seqs b holds with committed values
@@ -129,8 +135,8 @@ def test_a_cut_head_drops_what_it_took_before_its_downstream_returned(start_clus
     # Every acks=all message is served at its seq; the stray acks=1 writes are gone (never
     # committed: their seqs were committed with other values).
     assert_nothing_lost(cluster, events, (BEFORE + CUT_AWAY + AFTER) * BATCH)
-    for tail in cluster.tails_of(QUEUE):
-        served = read_snapshot(cluster.url(tail), QUEUE, "strays", limit=5000).messages
+    for tail in cluster.tails_of(RECORDED_QUEUE):
+        served = read_snapshot(cluster.url(tail), RECORDED_QUEUE, "strays", limit=5000).messages
         assert served
         assert not [m for m in served if m["key"].startswith("acks1-")]
 

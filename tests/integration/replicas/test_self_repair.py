@@ -20,16 +20,16 @@ from chaos.history import Event
 from kayos.launcher import http_json
 from kayos.storage.disk import format as fmt
 from kayos.storage.maintenance.check import check_store, data_file_of
-from tests.support.cluster import answered_status, wait_until
-from tests.support.history import (
+from tests.support.checked import (
     BATCH,
     BATCHES,
-    QUEUE,
+    RECORDED_QUEUE,
     assert_nothing_lost,
     consume_recorded,
     produce_recorded,
     store_dir,
 )
+from tests.support.cluster import answered_status, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -100,7 +100,7 @@ def test_damage_met_on_a_read_is_never_served_and_repaired(start_cluster: Any) -
     total = cluster.wait_replicated()[0]
     damage(store_dir(cluster, "c"), "flip")
     url = cluster.url("c")
-    status, reply = http_json(f"{url}/v1/queues/{QUEUE}/consume?group=probe&limit=5000")
+    status, reply = http_json(f"{url}/v1/queues/{RECORDED_QUEUE}/consume?group=probe&limit=5000")
     assert status == 500, reply
     assert reply["error"]["code"] == "corruption", reply
 

@@ -17,8 +17,8 @@ import pytest
 from chaos.history import Event
 from chaos.procs.membership import damage_stores
 from kayos.replication import durablemark
+from tests.support.checked import BATCH, BATCHES, assert_nothing_lost, produce_recorded, store_dir
 from tests.support.cluster import wait_until
-from tests.support.history import BATCH, BATCHES, assert_nothing_lost, produce_recorded, store_dir
 
 pytestmark = pytest.mark.integration
 

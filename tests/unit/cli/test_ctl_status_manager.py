@@ -22,7 +22,7 @@ from kayos.manager import (
     decide,
     view_hash,
 )
-from tests.support.status import healthy_answers, topology
+from tests.support.answers import healthy_answers, topology
 
 URLS = ["http://127.0.0.1:7401", "http://127.0.0.1:7402"]
 

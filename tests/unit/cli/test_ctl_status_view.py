@@ -21,7 +21,7 @@ from kayos.cli.status_view import (
     summarise,
     unreachable,
 )
-from tests.support.status import healthy_answers, topology
+from tests.support.answers import healthy_answers, topology
 
 SOURCE = "http://127.0.0.1:7101"
 

@@ -3,8 +3,6 @@ consume page assembly from node replies (docs/node-api.md, "Consume"), transacti
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -265,19 +263,6 @@ def test_public_names_are_lazy_and_complete() -> None:
     assert kayos.Page is kayos.client.Page  # type: ignore[attr-defined]
     with pytest.raises(AttributeError):
         kayos.NoSuchThing  # type: ignore[attr-defined]  # noqa: B018
-
-
-def test_import_kayos_stays_cheap() -> None:
-    code = (
-        "import sys, kayos; "
-        "heavy = [m for m in ('aiohttp', 'kayos.storage', 'kayos.client.aio') "
-        "if m in sys.modules]; "
-        "print(heavy); sys.exit(1 if heavy else 0)"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, timeout=60, check=False
-    )
-    assert done.returncode == 0, done.stdout
 
 
 def test_plain_pairs_take_the_fast_path_with_the_same_result_and_checks() -> None:

@@ -16,7 +16,7 @@ from kayos.control.config import (
 )
 from kayos.errors import InvalidRequest
 from kayos.manager import Config, view_hash
-from tests.support.manager import MEMBERS, cluster_text
+from tests.support.answers import MEMBERS, cluster_text
 
 
 def test_the_written_tables_read_back() -> None:

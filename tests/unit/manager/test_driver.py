@@ -32,7 +32,7 @@ from kayos.manager import (
     decide,
 )
 from kayos.topology import ShardChain, Topology
-from tests.support.manager import NODES, answers, catching_up_b, down_b, everyone, status, view3
+from tests.support.answers import NODES, answers, catching_up_b, down_b, everyone, status, view3
 
 
 def test_a_round_ticks_with_every_node_that_answered() -> None:

@@ -20,7 +20,7 @@ from kayos.manager import (
     decide,
 )
 from kayos.manager.view import MEMBER_DISK_FULL, AlertKey
-from tests.support.manager import answers, everyone, status, view3
+from tests.support.answers import answers, everyone, status, view3
 
 RESERVE = limits.disk_reserve_bytes
 

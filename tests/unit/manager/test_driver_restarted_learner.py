@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from kayos import limits
 from kayos.control.driver import CatchUpOrder, plan_round
-from tests.support.manager import answers, catching_up_b, everyone, status
+from tests.support.answers import answers, catching_up_b, everyone, status
 
 
 def test_a_catching_up_node_that_lists_no_entry_for_the_shard_is_ordered_again() -> None:

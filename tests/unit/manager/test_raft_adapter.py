@@ -14,7 +14,7 @@ from kayos.control.config import parse_setup
 from kayos.control.raft import ManagerLog, change_record, wait_applied
 from kayos.launcher import free_ports
 from kayos.manager import AddNode, RemoveNode, TimerTick, view_hash
-from tests.support.manager import MEMBERS, cluster_text
+from tests.support.answers import MEMBERS, cluster_text
 
 WAIT_S = 20.0
 # pysyncobj 0.3.17 reads its journal's meta file with open(...).read() and never closes it

@@ -14,14 +14,8 @@ from kayos.errors import UnavailableError
 from kayos.replication import auth
 from kayos.replication import frames as fr
 from kayos.replication.upstream import UpstreamLink
-from tests.support.links import (
-    TEST_IDENTITY,
-    RawLink,
-    answer_challenge,
-    link_hello,
-    until,
-)
-from tests.support.nodes import SEED, WAIT_S, node_chain
+from tests.support.links import TEST_IDENTITY, RawLink, answer_challenge, link_hello, until
+from tests.support.replicas import SEED, WAIT_S, node_chain
 
 
 @pytest.mark.asyncio

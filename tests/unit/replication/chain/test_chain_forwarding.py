@@ -22,11 +22,8 @@ from kayos.replication import frames as fr
 from kayos.replication.replica import ShardReplica
 from kayos.replication.upstream import UpstreamLink
 from kayos.storage import ShardStore
-from tests.support.links import (
-    one_shard_topology,
-    until,
-)
-from tests.support.nodes import SEED, WAIT_S, chain_node, node_chain
+from tests.support.links import one_shard_topology, until
+from tests.support.replicas import SEED, WAIT_S, chain_node, node_chain
 
 
 def _hold_commits(

@@ -14,7 +14,7 @@ import pytest
 from kayos.replication import durablemark, lostcommit
 from kayos.storage import Put, ShardStore
 from tests.support.links import one_shard_topology, until
-from tests.support.nodes import standalone_replica
+from tests.support.replicas import standalone_replica
 
 SEED = 20261124
 

@@ -20,7 +20,7 @@ from kayos.replication.replica import ShardReplica
 from kayos.storage import ShardStore
 from tests.support.links import first_answer
 from tests.support.links import until as _until
-from tests.support.nodes import SEED, WAIT_S, node_chain, stored_keys
+from tests.support.replicas import SEED, WAIT_S, node_chain, stored_keys
 
 # A batch this big commits in a worker thread, so holding its commit blocks no event loop.
 THREADED = limits.inline_commit_entries_max + 4

@@ -24,7 +24,7 @@ from kayos.replication.chain import (
     Violation,
     rollback_point,
 )
-from tests.support.chain import run
+from tests.support.replicas import run
 
 
 def test_a_lone_head_commits_what_it_makes_durable() -> None:

@@ -20,8 +20,8 @@ from kayos.replication.chain import (
     UpstreamCommitPoint,
 )
 from kayos.signing import sign
-from tests.support.chain import run
 from tests.support.links import TEST_IDENTITY
+from tests.support.replicas import run
 
 
 def test_a_lone_head_counting_a_follower_commits_only_what_the_follower_holds() -> None:

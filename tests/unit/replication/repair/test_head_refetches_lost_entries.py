@@ -16,16 +16,8 @@ from kayos.errors import ProtocolError
 from kayos.replication import durablemark
 from kayos.replication import frames as fr
 from kayos.storage import ShardStore
-from tests.support.links import (
-    first_answer,
-    until,
-)
-from tests.support.nodes import (
-    SEED,
-    chain_node,
-    node_chain,
-    stored_keys,
-)
+from tests.support.links import first_answer, until
+from tests.support.replicas import SEED, chain_node, node_chain, stored_keys
 
 
 @pytest.mark.asyncio

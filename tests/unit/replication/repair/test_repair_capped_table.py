@@ -19,13 +19,13 @@ import pytest
 from kayos.errors import UnavailableError
 from kayos.node.runtime import Node
 from tests.support.links import one_shard_topology, until
-from tests.support.nodes import stored_keys
-from tests.support.repair import (
-    SEED,
+from tests.support.replicas import (
+    REPAIR_SEED,
     cut_head_behind_capped_peers,
     repair_node,
     repaired,
     started,
+    stored_keys,
 )
 
 
@@ -33,7 +33,7 @@ from tests.support.repair import (
 async def test_a_head_below_its_mark_resets_from_a_peer_whose_full_table_names_none_of_its_masters(
     tmp_path: Path,
 ) -> None:
-    print("seed", SEED)
+    print("seed", REPAIR_SEED)
     topology = one_shard_topology(["a", "b", "c"])
     queue = "q"
     total, kept = await cut_head_behind_capped_peers(topology, tmp_path)
@@ -63,7 +63,7 @@ async def test_a_head_below_its_mark_resets_from_a_peer_whose_full_table_names_n
 async def test_a_head_alone_serves_no_read_while_it_repairs(tmp_path: Path) -> None:
     """A head alone is its shard's tail: while its store repairs, a snapshot, a group's lag and
     a retention policy read from it are refused (``unavailable``), not served from older marks."""
-    print("seed", SEED)
+    print("seed", REPAIR_SEED)
     topology = one_shard_topology(["a"])
     node = repair_node(topology, "a", tmp_path)
     await node.start()
@@ -89,9 +89,9 @@ async def test_a_head_alone_serves_no_read_while_it_repairs(tmp_path: Path) -> N
 async def test_a_repairing_head_lists_no_groups(tmp_path: Path) -> None:
     """``GET /v1/shards/{shard}/groups`` reads the head's marks (the client and the Kestrel
     front ask the head): while it repairs they are an older state's, refused like a consume."""
-    print("seed", SEED)
+    print("seed", REPAIR_SEED)
     topology = one_shard_topology(["a"])
-    node = Node(topology, "a", str(tmp_path / "a"), rng=random.Random(SEED))
+    node = Node(topology, "a", str(tmp_path / "a"), rng=random.Random(REPAIR_SEED))
     await node.start()
     try:
         await node.produce("q", [b"k"], [b"v"], None, None, acks=-1)

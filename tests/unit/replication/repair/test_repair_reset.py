@@ -27,12 +27,13 @@ from kayos.replication.replica import TAKEOVER_META_KEY
 from kayos.storage import ShardStore
 from kayos.topology import ShardChain, Topology
 from tests.support.links import TEST_IDENTITY, one_shard_topology, until
-from tests.support.nodes import standalone_replica, stored_keys
-from tests.support.repair import (
+from tests.support.replicas import (
     cut_head_behind_capped_peers,
     full_table_of_other_masters,
     repaired,
+    standalone_replica,
     started,
+    stored_keys,
 )
 
 SEED = 20261125

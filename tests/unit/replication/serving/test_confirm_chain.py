@@ -18,7 +18,7 @@ from kayos.errors import UnavailableError
 from kayos.node.runtime import Node
 from kayos.replication.replica import ShardReplica
 from tests.support.links import until
-from tests.support.nodes import QUEUE, SEED, grant, managed_chain, node_chain, snapshot
+from tests.support.replicas import QUEUE, SEED, grant, managed_chain, node_chain, snapshot
 
 
 async def produced_and_level(nodes: dict[str, Node], tail: str) -> ShardReplica:

@@ -33,8 +33,14 @@ from tests.support.links import (
     one_shard_topology,
     until,
 )
-from tests.support.marks import cut_middle, mark_2_held
-from tests.support.nodes import SEED, managed_chain, node_chain, standalone_replica
+from tests.support.replicas import (
+    SEED,
+    cut_middle,
+    managed_chain,
+    mark_2_held,
+    node_chain,
+    standalone_replica,
+)
 
 QUEUE = "q"
 KEY = f"hwm/{QUEUE}/g"

@@ -21,8 +21,16 @@ from kayos.replication import chain
 from kayos.storage import Put, ShardStore
 from kayos.storage.maintenance.compact import compact
 from tests.support.links import until
-from tests.support.marks import GROUP, KEY, cut_middle, mark_2_held
-from tests.support.nodes import QUEUE, SEED, managed_chain, snapshot
+from tests.support.replicas import (
+    GROUP,
+    KEY,
+    QUEUE,
+    SEED,
+    cut_middle,
+    managed_chain,
+    mark_2_held,
+    snapshot,
+)
 
 
 async def served_mark(node: Node) -> int:

@@ -29,8 +29,16 @@ from kayos.storage.batch import ops_to_columns, prepare_columns
 from kayos.storage.group import Pending
 from kayos.storage.maintenance.compact import compact
 from tests.support.links import RecordingStream, SenderReplica, until
-from tests.support.marks import GROUP, KEY, marked, wait_before_commits
-from tests.support.nodes import QUEUE, SEED, chain_node, managed_chain
+from tests.support.replicas import (
+    GROUP,
+    KEY,
+    QUEUE,
+    SEED,
+    chain_node,
+    managed_chain,
+    marked,
+    wait_before_commits,
+)
 
 MARK = "hwm/q/g"
 

@@ -13,7 +13,7 @@ import pytest
 
 from kayos.errors import UnavailableError
 from tests.support.links import until
-from tests.support.nodes import SEED, chain_node, node_chain
+from tests.support.replicas import SEED, chain_node, node_chain
 
 
 @pytest.mark.asyncio

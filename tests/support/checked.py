@@ -1,22 +1,28 @@
-"""A cluster the manager heals, seen from outside: producers writing with acks=all throughout
-(each write recorded for the chaos checker), and the manager leader's view."""
+"""Writes on a real cluster recorded for the chaos checker, and its verdict that nothing
+acknowledged was lost: producers writing with acks=all one key at a time while the manager heals
+the chain (with the manager leader's view), and batches written and snapshots read on a 3-node
+chain whose stores are damaged."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from chaos.checker import check
+from chaos.history import Event, Produce, Snapshot
 from chaos.history import Event as HistoryEvent
-from chaos.history import Produce, Snapshot
 from kayos.client.sync import Client
 from kayos.errors import KayosError
 from kayos.launcher import LocalCluster, http_json
-from tests.support.cluster import WAIT_S, read_snapshot, wait_until
+from tests.support.cluster import WAIT_S, answered_status, produce_ok, read_snapshot, wait_until
 
-QUEUE = "healed"
+# --- producers while the manager heals --------------------------------------------------------
+
+PRODUCER_QUEUE = "healed"  # what each ``Producer`` writes to
 PRODUCERS = 2
 BEFORE = 20  # acks each producer gets before the fault
 AFTER = 20  # ... and after the repair
@@ -48,15 +54,15 @@ class Producer:
                 op = self.index * 1_000_000 + n
                 began = time.monotonic()
                 try:
-                    seq = client.produce(QUEUE, key, value, acks="all")
+                    seq = client.produce(PRODUCER_QUEUE, key, value, acks="all")
                 except KayosError as exc:
                     item = ((key, value),)
                     self.history.append(
-                        Produce(op, QUEUE, item, False, "all", "unknown", error=str(exc))
+                        Produce(op, PRODUCER_QUEUE, item, False, "all", "unknown", error=str(exc))
                     )
                     continue
                 self.history.append(
-                    Produce(op, QUEUE, ((key, value),), False, "all", "ok", seq, seq)
+                    Produce(op, PRODUCER_QUEUE, ((key, value),), False, "all", "ok", seq, seq)
                 )
                 self.acked_at.append(time.monotonic())
                 self.invoked_at.append(began)
@@ -105,7 +111,7 @@ def node_states(cluster: LocalCluster) -> dict[str, str]:
 
 
 def check_nothing_lost(
-    cluster: LocalCluster, tail: str, producers: list[Producer], queue: str = QUEUE
+    cluster: LocalCluster, tail: str, producers: list[Producer], queue: str = PRODUCER_QUEUE
 ) -> None:
     """The chaos checker's verdict over the producers' histories and one snapshot read at
     ``tail``: every acknowledged message delivered, nothing else violated."""
@@ -118,3 +124,79 @@ def check_nothing_lost(
     verdict = check(history)
     print(f"acked {verdict.acked_versions}, delivered {verdict.delivered_messages}")
     assert verdict.ok, [v.to_json() for v in verdict.violations]
+
+
+# --- batches and snapshots on a 3-node chain ---------------------------------------------------
+
+RECORDED_QUEUE = "q"  # what ``produce_recorded`` writes to
+BATCHES = 40
+BATCH = 50
+
+
+_ops = itertools.count(1)
+
+
+def produce_recorded(cluster: LocalCluster, events: list[Event], tag: str, batches: int) -> None:
+    """``batches`` batches of ``BATCH`` messages tagged ``tag`` at the head, each recorded in
+    ``events`` as an acknowledged produce."""
+    for batch in range(batches):
+        items = tuple(
+            (f"{tag}-{batch}-{i}", f"v-{tag}-{batch}-{i}-" + "x" * 80) for i in range(BATCH)
+        )
+        invoked = next(_ops)
+        first, last = produce_ok(
+            cluster.url(cluster.head_of(RECORDED_QUEUE)), RECORDED_QUEUE, list(items)
+        )
+        events.append(
+            Produce(
+                invoked,
+                RECORDED_QUEUE,
+                items,
+                txn=False,
+                acks="all",
+                outcome="ok",
+                first_seq=first,
+                last_seq=last,
+                invoked=invoked,
+                completed=next(_ops),
+            )
+        )
+
+
+def consume_recorded(cluster: LocalCluster, events: list[Event], group: str) -> None:
+    """A snapshot of ``group`` read at every tail of ``RECORDED_QUEUE``, each recorded in
+    ``events``."""
+    for tail in cluster.tails_of(RECORDED_QUEUE):
+        invoked = next(_ops)
+        snap = read_snapshot(cluster.url(tail), RECORDED_QUEUE, group, limit=5000)
+        events.append(
+            Snapshot(
+                invoked,
+                RECORDED_QUEUE,
+                group,
+                0,
+                snap.hwm,
+                snap.boundary,
+                tuple((m["seq"], m["key"], m["value"]) for m in snap.messages),
+                finished=True,
+                invoked=invoked,
+                completed=next(_ops),
+            )
+        )
+
+
+def assert_nothing_lost(cluster: LocalCluster, events: list[Event], acked: int) -> None:
+    """No member rolled back a committed entry, and every tail serves every acknowledged message
+    once, in order, at its seq (the chaos checker's verdict over ``events``)."""
+    for node in cluster.ids:
+        node_status = answered_status(cluster, node)
+        assert node_status["shards"]["0"]["rolled_back_committed_entries"] == 0, node_status
+    consume_recorded(cluster, events, "g")
+    verdict = check(events)
+    assert not verdict.violations, [v.to_json() for v in verdict.violations]
+    assert verdict.acked_versions == acked
+
+
+def store_dir(cluster: LocalCluster, node: str) -> str:
+    """The directory of ``node``'s replica of shard 0."""
+    return str(Path(cluster.data_dir(node)) / "shards" / "0")
