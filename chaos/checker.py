@@ -10,7 +10,7 @@ snapshots and commits are sequential).
 "Known committed" versions of a key are those the history proves committed: acknowledged under
 ``acks=all``, or delivered to any consumer (consumers read only what every replica holds).
 
-Properties (each has a test feeding it a history that breaks it, tests/unit/test_chaos_checker.py):
+Properties (each has a test feeding it a history that breaks it, tests/chaos/test_chaos_checker.py):
 
 - ``lost``: every acknowledged (acks=all) version was delivered to every group of its queue,
   unless a later committed version of its key superseded it.

@@ -10,6 +10,7 @@ from hypothesis import settings
 
 from kayos.clock import ManualClock
 from kayos.storage.engine import ShardStore, StoreOptions
+from tests.support.storage import TEST_STORE_UUID
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -20,9 +21,6 @@ if TYPE_CHECKING:
 settings.register_profile("ci", derandomize=True, print_blob=True, deadline=None)
 if os.environ.get("CI"):
     settings.load_profile("ci")
-
-# A fixed identity keeps file bytes (and so golden tests and offsets) reproducible.
-TEST_STORE_UUID = bytes(range(16))
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@
 - ``kestrel``, ``import-kestrel``: kestrel_compat/;
 - ``chaos ...``: the fault-injection harness, chaos/cli.py. The product does not import the
   harness: the root group loads it by name when that command is asked for (``load_chaos``, the
-  one place under kayos/ that may import chaos, tests/unit/test_layering.py).
+  one place under kayos/ that may import chaos, tests/unit/house/test_layering.py).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 ``decide(view, event) -> (view, actions)`` is the whole of the manager's logic: the view is the
 only state, so any member that applied the same events holds the same view (equal ``view_hash``)
-and makes the same decisions. The modules here (``decide``, ``events``, ``placement``, ``view``)
-do no I/O, read no clock and draw no randomness (tests/unit/test_layering.py holds them to it).
+and makes the same decisions. The modules here (``decide``, ``events``, ``placement``,
+``view``) do no I/O, read no clock and draw no randomness (tests/unit/house/test_layering.py
+holds them to it).
 
 ``member/`` runs the core: the replicated log (pysyncobj), the leader's driver that carries
 actions to nodes, and the members' HTTP face, wired into the ``kayos manager`` process. Importing

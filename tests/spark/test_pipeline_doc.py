@@ -10,9 +10,10 @@ from typing import Any
 
 from kayos.client import Client
 from kayos.local.cluster import LocalCluster
-from tests.spark.conftest import endpoints, produce_rows, read_all
+from tests.support.paths import REPO_ROOT
+from tests.support.spark import endpoints, produce_rows, read_all
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "spark.md"
+DOC = REPO_ROOT / "docs" / "spark.md"
 
 
 def _pipeline_block() -> str:

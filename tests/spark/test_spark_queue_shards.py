@@ -11,7 +11,7 @@ import pytest
 
 from kayos.client import Client
 from kayos.local.cluster import LocalCluster
-from tests.spark.conftest import endpoints
+from tests.support.spark import endpoints
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

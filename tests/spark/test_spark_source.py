@@ -12,13 +12,7 @@ import pytest
 from kayos.client import Client
 from kayos.errors import KayosError
 from kayos.local.cluster import LocalCluster
-from tests.spark.conftest import (
-    endpoints,
-    produce_rows,
-    queue_on_shard,
-    read_all,
-    wait_until,
-)
+from tests.support.spark import endpoints, produce_rows, queue_on_shard, read_all, wait_until
 
 
 def _reader(spark: Any, cluster: LocalCluster, queue: str, **options: str) -> Any:

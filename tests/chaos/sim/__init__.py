@@ -1,0 +1,1 @@
+"""The deterministic simulator (chaos/sim/): seeds replay, planted bugs are found."""

@@ -1,0 +1,1 @@
+"""Operator commands and benchmarks as their own processes: `kayos ctl ...`, `kayos bench ...`."""

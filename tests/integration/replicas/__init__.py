@@ -1,0 +1,2 @@
+"""A replica's life on real nodes: self-repair from peers, stores cut short, learners, store
+snapshots, topology changes under load."""

@@ -1,0 +1,124 @@
+"""`kayos ctl status` with the manager's view (kayos/cli/ctl/status_view.py ``with_manager``):
+canned manager replies in, summary and text out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kayos.cli.ctl.status_view import (
+    EXIT_DEGRADED,
+    EXIT_HEALTHY,
+    render,
+    summarise,
+    with_manager,
+)
+from kayos.manager import (
+    CatchUpDone,
+    Config,
+    ManagerView,
+    NodeReturned,
+    RemoveNode,
+    TimerTick,
+    decide,
+    view_hash,
+)
+from tests.support.answers import healthy_answers, topology
+
+URLS = ["http://127.0.0.1:7401", "http://127.0.0.1:7402"]
+
+
+def manager_reply(view: ManagerView, leader: str | None = "m1") -> dict[str, Any]:
+    return {
+        "member": "m1",
+        "leader": leader,
+        "leader_url": URLS[0] if leader else None,
+        "epoch": view.epoch,
+        "view": view.to_data(),
+        "view_hash": view_hash(view),
+        "alerts": [{"kind": a.kind, "shard": a.shard, "node": a.node} for a in view.alerts],
+    }
+
+
+def first_view() -> ManagerView:
+    return ManagerView.bootstrap(Config(), list("abc"), [list("abc"), list("bca"), list("cab")])
+
+
+def plain(text: str, **_: Any) -> str:
+    return text
+
+
+def test_without_managers_the_summary_is_unchanged_but_says_so() -> None:
+    topo = topology()
+    summary = summarise("u", topo, healthy_answers(topo))
+    out = with_manager(summary, None, [])
+    assert out["manager"] is None
+    assert out["exit_code"] == summary["exit_code"]
+
+
+def test_a_healthy_manager_view_adds_no_alert() -> None:
+    topo = topology()
+    summary = with_manager(
+        summarise("u", topo, healthy_answers(topo)), manager_reply(first_view()), URLS
+    )
+    assert summary["exit_code"] == EXIT_HEALTHY, summary["alerts"]
+    manager = summary["manager"]
+    assert manager["leader"] == "m1"
+    assert manager["nodes"] == [{"id": n, "state": "up"} for n in "abc"]
+    text = render(summary, plain)
+    assert "manager: leader m1 (http://127.0.0.1:7401), epoch 1" in text
+    assert "node states: a up  b up  c up" in text
+
+
+def test_manager_alerts_join_the_summary_with_their_severity() -> None:
+    topo = topology()
+    view, _ = decide(
+        ManagerView.bootstrap(Config(min_replicas=3), list("abc"), [list("abc")] * 3),
+        RemoveNode("c"),
+    )
+    summary = with_manager(summarise("u", topo, healthy_answers(topo)), manager_reply(view), URLS)
+    assert summary["exit_code"] == EXIT_DEGRADED
+    below = [a for a in summary["alerts"] if a["code"] == "shard_below_min_replicas"]
+    assert len(below) == 3
+    assert all(a["severity"] == "critical" for a in below)
+    assert "c removed" in render(summary, plain)
+
+
+def test_no_leader_or_no_member_answering_is_an_alert() -> None:
+    topo = topology()
+    base = summarise("u", topo, healthy_answers(topo))
+    leaderless = with_manager(base, manager_reply(first_view(), leader=None), URLS)
+    assert [a["code"] for a in leaderless["alerts"]] == ["manager_no_leader"]
+    gone = with_manager(base, "UnavailableError: refused", URLS)
+    assert gone["manager"] == {
+        "reachable": False,
+        "asked": URLS,
+        "error": "UnavailableError: refused",
+    }
+    assert [a["code"] for a in gone["alerts"]] == ["manager_unreachable"]
+    assert gone["exit_code"] == EXIT_DEGRADED
+    assert "manager: UNREACHABLE" in render(gone, plain)
+
+
+def test_a_shard_with_members_away_is_degraded_until_they_rejoin() -> None:
+    """A chain spliced down to two of its three members is not full replication: the summary says
+    which node is away and whether it is catching up, and clears once it rejoined."""
+    topo = topology()
+    view = first_view()
+    later = view.config.detection_window_ms + 1_000
+    view, _ = decide(view, TimerTick(later, (("a", later), ("b", later))))  # c silent: down
+    summary = with_manager(summarise("u", topo, healthy_answers(topo)), manager_reply(view), URLS)
+    away = [a for a in summary["alerts"] if a["code"] == "shard_members_away"]
+    assert sorted(a["shard"] for a in away) == [0, 1, 2], summary["alerts"]
+    assert all(a["message"].endswith("not back yet: c") for a in away)
+    assert summary["exit_code"] == EXIT_DEGRADED
+
+    view, _ = decide(view, NodeReturned("c", later + 100))
+    summary = with_manager(summarise("u", topo, healthy_answers(topo)), manager_reply(view), URLS)
+    away = [a for a in summary["alerts"] if a["code"] == "shard_members_away"]
+    assert all(a["message"].endswith("c (catching up)") for a in away), away
+    for shard in range(3):
+        order = view.shards[shard].order_of("c")
+        assert order is not None
+        view, _ = decide(view, CatchUpDone("c", shard, order))
+    summary = with_manager(summarise("u", topo, healthy_answers(topo)), manager_reply(view), URLS)
+    assert not [a for a in summary["alerts"] if a["code"] == "shard_members_away"]

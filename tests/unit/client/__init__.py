@@ -1,0 +1,2 @@
+"""The client (drivers, policy, value types, consume pages, queues over shards), embedded mode,
+and the Spark source's pure parts."""

@@ -1,0 +1,1 @@
+"""Checks on the project itself: import floors and cycles, links in the docs, the deploy files."""

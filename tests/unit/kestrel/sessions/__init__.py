@@ -1,0 +1,1 @@
+"""Kestrel sessions through the real codecs: queue semantics, the text protocol, connections."""

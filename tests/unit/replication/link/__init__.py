@@ -1,0 +1,1 @@
+"""Replication links: liveness, the handshake against hostile peers, a learner's first report."""

@@ -1,0 +1,1 @@
+"""The pure decisions of replication: chain progress, pacing, followers, leases, learners, marks."""

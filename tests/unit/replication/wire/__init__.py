@@ -1,0 +1,1 @@
+"""Replication frames and link authentication: golden bytes, stream splits, refusals."""
