@@ -1,8 +1,11 @@
-"""Shared test fixtures: a hypothesis profile for CI and a throwaway shard store."""
+"""Shared test fixtures (a hypothesis profile for CI and a throwaway shard store) and the tier
+check: every test sits in one tier's folder and carries that tier's marker, and no other's
+(docs/testing.md, "The tiers"), so `pytest -m unit` and the folder agree."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -10,11 +13,14 @@ from hypothesis import settings
 
 from kayos.clock import ManualClock
 from kayos.storage.engine import ShardStore, StoreOptions
+from tests.support.layout import tier_problems
 from tests.support.storage import TEST_STORE_UUID
+
+TESTS_ROOT = Path(__file__).resolve().parent
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
-    from pathlib import Path
+
 
 # CI runs every property test derandomized (the same examples on every run) and prints the
 # reproduction blob of a failure, so a red build can be replayed locally with @reproduce_failure.
@@ -38,3 +44,11 @@ def tmp_store(tmp_path: Path, clock: ManualClock) -> Iterator[ShardStore]:
         yield store
     finally:
         store.close()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    problems = tier_problems(items, TESTS_ROOT)
+    if problems:
+        shown = "\n".join(problems[:20])
+        more = f"\n... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise pytest.UsageError(f"tests outside their tier's marker:\n{shown}{more}")

@@ -11,6 +11,8 @@ import pytest
 from chaos import checker
 from chaos.history import Commit, Event, Note, Produce, Snapshot, dump_jsonl, load_jsonl
 
+pytestmark = pytest.mark.chaos
+
 Q = "q"
 G = "g"
 

@@ -8,10 +8,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from kayos.client import Client
 from kayos.local.cluster import LocalCluster
-from tests.support.paths import REPO_ROOT
+from tests.support.layout import REPO_ROOT
 from tests.support.spark import endpoints, produce_rows, read_all
+
+pytestmark = pytest.mark.spark
 
 DOC = REPO_ROOT / "docs" / "spark.md"
 

@@ -9,6 +9,8 @@ from kayos.client.types import Page, PageColumns
 from kayos.errors import InvalidRequest
 from kayos.spark.io import arrow_schema, batch_items, page_batch
 
+pytestmark = pytest.mark.spark
+
 
 def test_a_page_becomes_one_record_batch_of_the_schema() -> None:
     columns = PageColumns(

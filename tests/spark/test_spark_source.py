@@ -14,6 +14,8 @@ from kayos.errors import KayosError
 from kayos.local.cluster import LocalCluster
 from tests.support.spark import endpoints, produce_rows, queue_on_shard, read_all, wait_until
 
+pytestmark = pytest.mark.spark
+
 
 def _reader(spark: Any, cluster: LocalCluster, queue: str, **options: str) -> Any:
     reader = spark.read.format("kayos").option("kayos.endpoints", endpoints(cluster))

@@ -22,7 +22,7 @@ from kayos.local.cluster import LocalCluster
 from kestrel_compat.backends.kayos_backend import queue_for
 from kestrel_compat.core.persistence import decode_removed
 from tests.support.cluster import WAIT_S, wait_until
-from tests.support.paths import REPO_ROOT
+from tests.support.layout import REPO_ROOT
 
 STARTUP_S = 30.0
 REPLY_S = 5.0

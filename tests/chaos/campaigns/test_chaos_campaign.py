@@ -28,7 +28,7 @@ from tests.support.chaos import checked_campaign
 
 # The manager campaign's phase bound (360 s) plus converge, drain and the check: past the
 # suite's 300 s default.
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(600)]
 
 FAULTS = 50
 # The fault phase's bound: 50 faults take ~100 s here (~130-160 s with the manager's membership

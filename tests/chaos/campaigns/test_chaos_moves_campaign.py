@@ -24,7 +24,7 @@ from chaos.history import Note, load_jsonl
 from chaos.procs import moves, netfaults
 from tests.support.chaos import checked_campaign, needs_netns
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(420)]
 
 FAULTS = 8
 # The fault phase's bound: 8 moves take ~30-60 s here; the count, not this, ends a normal run.

@@ -20,7 +20,7 @@ from toxiproxy.exceptions import InvalidToxic, NotFound, ProxyExists
 
 from chaos.procs.proxy import ProxyServer
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.chaos
 
 # One exchange through the proxy; far above what loopback takes, so it only trips on a hang.
 EXCHANGE_TIMEOUT_S = 10.0

@@ -17,7 +17,7 @@ import pytest
 from chaos.procs import netns
 from tests.support.cluster import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = pytest.mark.chaos
 
 REASON = netns.unavailable_reason()
 skip_without_netns = pytest.mark.skipif(REASON is not None, reason=f"no netns here: {REASON}")

@@ -32,7 +32,7 @@ from tests.support.chaos import needs_netns
 
 # A run takes ~1 min here; its own bounds (a 150 s fault phase, 120 s each to converge and drain)
 # end a stuck one first, and the report then says what was stuck.
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.chaos, pytest.mark.slow, pytest.mark.timeout(600)]
 
 FAULTS = 12
 # The fault phase's bound: 12 network faults take ~40-50 s here; the count ends a normal run.

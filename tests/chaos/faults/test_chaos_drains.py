@@ -24,6 +24,8 @@ from chaos.procs.netfaults import ProxiedCluster
 from kayos.local.cluster import LocalCluster
 from tests.support.chaos import CHAINS, first, view
 
+pytestmark = pytest.mark.chaos
+
 NETNS_STRIKES = moves.STRIKES + moves.PARTITION_STRIKES
 # Every shard on a, b and c; d (the spare) holds nothing.
 FULL = {0: ["a", "b", "c"], 1: ["b", "c", "a"], 2: ["c", "a", "b"]}

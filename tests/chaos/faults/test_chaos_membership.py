@@ -15,6 +15,8 @@ import pytest
 from chaos.procs import faults, membership
 from kayos.local.cluster import LocalCluster
 
+pytestmark = pytest.mark.chaos
+
 
 @dataclass
 class FakeCluster:

@@ -20,6 +20,8 @@ from chaos.procs.netns import NetnsCluster
 from kayos.local.cluster import LocalCluster
 from tests.support.chaos import CHAINS, NODES, first, view
 
+pytestmark = pytest.mark.chaos
+
 
 def test_moves_are_drawn_only_when_named_and_need_the_manager() -> None:
     assert "move_under_fault" not in faults.KINDS

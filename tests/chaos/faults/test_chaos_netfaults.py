@@ -14,6 +14,8 @@ from chaos.cli import chaos
 from chaos.procs import faults, netfaults
 from chaos.procs.campaign import Config, replay_args
 
+pytestmark = pytest.mark.chaos
+
 NODES = ["a", "b", "c"]
 
 

@@ -12,6 +12,8 @@ from chaos.procs import faults
 from chaos.procs.campaign import longest_gaps
 from kayos import limits
 
+pytestmark = pytest.mark.chaos
+
 NODES = ["a", "b", "c"]
 
 

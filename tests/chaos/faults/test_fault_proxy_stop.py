@@ -13,6 +13,8 @@ import pytest
 
 from chaos.procs.proxy import Proxy
 
+pytestmark = pytest.mark.chaos
+
 # Far above what a loopback stop takes; it only trips on the hang.
 STOP_TIMEOUT_S = 5.0
 

@@ -14,6 +14,8 @@ from chaos.cli import chaos
 from chaos.sim import FAULT_KINDS, PLANTS, SimConfig, run_seed, run_seeds, schedule
 from kayos.errors import InvalidRequest
 
+pytestmark = pytest.mark.chaos
+
 CI_SEEDS = range(200)
 PLANT_SEEDS_MAX = 1_000
 

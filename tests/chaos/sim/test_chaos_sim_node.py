@@ -6,9 +6,13 @@ when another write committed at the same seq after it headed the shard again."""
 
 from __future__ import annotations
 
+import pytest
+
 from chaos.sim import SimConfig
 from chaos.sim.core import CLIENT, MANAGER, Endpoint, World
 from chaos.sim.node import Node
+
+pytestmark = pytest.mark.chaos
 
 Replies = list[tuple[bool, int, int]]
 

@@ -16,6 +16,8 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from kayos import limits
 from kayos.local.cluster import LocalCluster
 from kayos.replication.wire import frames as fr
@@ -28,6 +30,8 @@ from tests.support.cluster import (
     wait_until,
 )
 from tests.support.links import RawLink
+
+pytestmark = pytest.mark.integration
 
 SHARD = 0
 SILENCE_S = limits.peer_silence_ms_max / 1000

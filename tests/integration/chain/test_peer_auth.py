@@ -36,6 +36,8 @@ from tests.support.cluster import (
 )
 from tests.support.links import RawLink, answer_challenge, link_hello
 
+pytestmark = pytest.mark.integration
+
 SHARD = 0
 
 

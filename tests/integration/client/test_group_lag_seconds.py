@@ -10,12 +10,16 @@ import time
 import urllib.request
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from kayos import limits
 from kayos.client import Client
 from kayos.local.cluster import LocalCluster
 from kayos.local.http import http_json
 from kayos.replication.logic.timeindex import TIME_INDEX_FILE
 from tests.support.cluster import commit_group, produce_ok, wait_until
+
+pytestmark = pytest.mark.integration
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -7,6 +7,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.integration
+
 
 def test_import_kayos_stays_cheap() -> None:
     code = (

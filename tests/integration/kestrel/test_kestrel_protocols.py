@@ -25,7 +25,7 @@ from thrift.transport.TTransport import TFramedTransport
 from tests.support.kestrel import read_value
 from tests.support.kestrel_front import REPLY_S, STARTUP_S, closed_by_server, read_exactly
 from tests.support.kestrel_front import KestrelProcess as MemcacheProcess
-from tests.support.paths import REPO_ROOT
+from tests.support.layout import REPO_ROOT
 
 pytestmark = pytest.mark.integration
 

@@ -30,6 +30,8 @@ from kayos.ports import check_free
 from kayos.topology import Topology
 from tests.support.cluster import WAIT_S, produce_ok, read_snapshot, wait_until
 
+pytestmark = pytest.mark.integration
+
 KAYOS = [sys.executable, "-m", "kayos"]
 # A refused second owner must say so within this long (it starts a Python process and stops at
 # its first step; seconds on 2 shared cores).

@@ -30,6 +30,8 @@ from kayos.ports import bind_listener, check_free
 from kestrel_compat.core.config import KestrelConfig
 from kestrel_compat.server import check_ports
 
+pytestmark = pytest.mark.integration
+
 # A child that takes the lock of argv[1], says so on stdout and waits until its stdin closes.
 HOLDER = textwrap.dedent(
     """

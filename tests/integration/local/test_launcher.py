@@ -24,6 +24,8 @@ from kayos.local.processes import ClusterError
 from kayos.local.up import supervise
 from kayos.topology import NodeAddr, Topology
 
+pytestmark = pytest.mark.integration
+
 if TYPE_CHECKING:
     from pathlib import Path
 

@@ -28,7 +28,7 @@ from kayos.manager import Config
 from tests.support.checked import PRODUCER_QUEUE, Producer, check_nothing_lost
 from tests.support.cluster import read_snapshot, wait_until
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 CONFIG = Config(detection_window_ms=4_000, suspect_after_ms=2_000)
 

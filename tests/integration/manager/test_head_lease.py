@@ -20,7 +20,7 @@ from kayos.local.cluster import LocalCluster
 from kayos.local.http import http_json
 from tests.support.cluster import answered_status, produce_ok, read_snapshot, wait_until
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 QUEUE = "leased"
 

@@ -32,7 +32,7 @@ from tests.support.checked import (
 )
 from tests.support.cluster import WAIT_S, answered_status, read_snapshot, wait_until
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 # Short bounds so the test runs in seconds; kill -9 closes the dead node's links at once, so the
 # window need not outlast the links' silence bound here (the default does, for paused nodes).

@@ -22,7 +22,7 @@ from kayos.manager import Config
 from kayos.signing import sign
 from tests.support.cluster import wait_until
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 # A new leader within this of the kill: Raft's election timeouts (0.15-0.45 s) measured 0.6-0.8 s
 # on an idle machine; the bound leaves room for two shared, busy cores.

@@ -30,7 +30,7 @@ from tests.support.checked import (
 )
 from tests.support.cluster import wait_until
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 # Stopped this long, then running this long, over and over: every pause is far inside the
 # manager's detection window (its polls are answered, late), but a neighbour's round trips

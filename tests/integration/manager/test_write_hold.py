@@ -20,7 +20,7 @@ from kayos import limits
 from kayos.local.cluster import LocalCluster
 from tests.support.cluster import produce_ok, wait_until
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 QUEUE = "held"
 # The detection window, and margin for a loaded box.

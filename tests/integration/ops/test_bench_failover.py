@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 WINDOW_MS = 2_000
 SHARD_MB = 4

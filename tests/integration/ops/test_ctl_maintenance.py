@@ -10,9 +10,13 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from kayos.local.cluster import LocalCluster
 from kayos.local.ports import free_ports
 from tests.support.cluster import ctl, produce_ok, wait_until
+
+pytestmark = pytest.mark.integration
 
 
 def fill(cluster: LocalCluster) -> dict[int, int]:

@@ -8,9 +8,13 @@ import json
 import random
 from collections.abc import Callable
 
+import pytest
+
 import kayos
 from kayos.local.cluster import LocalCluster
 from tests.support.cluster import ctl
+
+pytestmark = pytest.mark.integration
 
 SEED = 13_031
 

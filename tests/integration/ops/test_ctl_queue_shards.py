@@ -23,7 +23,7 @@ from kayos.local.http import http_json
 from kayos.manager import Config
 from tests.support.cluster import ctl, wait_until
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 SEED = 13_047
 CONFIG = Config(detection_window_ms=4_000, suspect_after_ms=2_000)

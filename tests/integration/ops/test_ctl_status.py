@@ -12,10 +12,14 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from kayos import limits
 from kayos.local.cluster import LocalCluster
 from kayos.local.ports import free_ports
 from tests.support.cluster import WAIT_S, produce_ok, wait_until
+
+pytestmark = pytest.mark.integration
 
 SILENCE_S = limits.peer_silence_ms_max / 1000
 # How late the silence bound may be seen on 2 shared cores (as in test_liveness.py) plus a few

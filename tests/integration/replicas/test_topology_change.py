@@ -29,6 +29,8 @@ from kayos.signing import sign
 from kayos.topology import ShardChain, Topology
 from tests.support.cluster import WAIT_S, answered_status, read_snapshot, wait_until
 
+pytestmark = pytest.mark.integration
+
 QUEUE = "spliced"
 PRODUCERS = 2
 # Acknowledged messages each producer gets before a fault, and after the change.

@@ -17,6 +17,8 @@ from kayos.bench.membership.load import (
     producers_for,
 )
 
+pytestmark = pytest.mark.unit
+
 
 def _closed(calls: list[tuple[float, float]]) -> Producers:
     producers = Producers(["http://127.0.0.1:1"], 1, ("q",))

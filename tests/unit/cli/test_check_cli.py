@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from kayos.cli.main import cli
 from kayos.storage import Delete, Put, ShardStore
 from kayos.storage.disk import format as fmt
 from kayos.storage.maintenance.compact import compact
+
+pytestmark = pytest.mark.unit
 
 
 def _make_store(path: Path) -> None:

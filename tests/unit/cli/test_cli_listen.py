@@ -10,6 +10,8 @@ from click.testing import CliRunner
 
 from kayos.cli.main import cli
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("bad", ["7100", "127.0.0.1", ":7100", "127.0.0.1:0", "h:70000", "h:x"])
 @pytest.mark.parametrize("flag", ["--listen-http", "--listen-bin"])

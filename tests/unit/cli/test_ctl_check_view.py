@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from kayos.cli.ctl.check_view import compact_summary, digest_range, judge, render_check
+
+pytestmark = pytest.mark.unit
 
 
 def member(node: str, committed: int = 100) -> dict[str, Any]:

@@ -10,6 +10,8 @@ import pytest
 
 from kayos.cli.ctl.operate import Display
 
+pytestmark = pytest.mark.unit
+
 
 class _Terminal(io.StringIO):
     def isatty(self) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from kayos.cli.ctl.status_view import (
     EXIT_DEGRADED,
     EXIT_HEALTHY,
@@ -23,6 +25,8 @@ from kayos.manager import (
     view_hash,
 )
 from tests.support.answers import healthy_answers, topology
+
+pytestmark = pytest.mark.unit
 
 URLS = ["http://127.0.0.1:7401", "http://127.0.0.1:7402"]
 

@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 import click
+import pytest
 
 from kayos import limits
 from kayos.cli.ctl.status_view import (
@@ -22,6 +23,8 @@ from kayos.cli.ctl.status_view import (
     unreachable,
 )
 from tests.support.answers import healthy_answers, topology
+
+pytestmark = pytest.mark.unit
 
 SOURCE = "http://127.0.0.1:7101"
 

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from kayos.cli.ctl.queue_view import describe, render_describe
 from kayos.topology import NodeAddr, rotated
+
+pytestmark = pytest.mark.unit
 
 TOPOLOGY = rotated([NodeAddr(n, "127.0.0.1", 1, 2) for n in "abc"], replicas=3)
 

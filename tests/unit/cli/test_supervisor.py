@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from kayos import limits
 from kayos.local.supervisor import GiveUp, Restart, Supervisor
+
+pytestmark = pytest.mark.unit
 
 MIN_S = limits.node_restart_delay_ms_min / 1000
 MAX_S = limits.node_restart_delay_ms_max / 1000

@@ -39,6 +39,8 @@ from kayos.replication.wire.frames import (
 )
 from kayos.topology import NodeAddr, ShardChain, Topology
 
+pytestmark = pytest.mark.unit
+
 SEED = 4242
 QUEUE = "jobs"
 # Bound on every wait in these tests: only a failure reaches it.

@@ -20,6 +20,8 @@ from kayos.client.policy import (
 from kayos.errors import KayosError, WrongRoleError
 from kayos.replication.wire.frames import ErrorFrame
 
+pytestmark = pytest.mark.unit
+
 SEED = 20_261_122
 
 WIRE_CODES = {

@@ -24,6 +24,8 @@ from kayos.client.types import (
 )
 from kayos.errors import InvalidRequest, LimitExceeded, ProtocolError
 
+pytestmark = pytest.mark.unit
+
 
 def test_items_in_every_shape_become_columns() -> None:
     columns = to_columns([("a", "1"), (b"b", b"2", 5), Item("c", None), Item(b"d", "4")])

@@ -19,6 +19,8 @@ from kayos.node.runtime import Page, read_page
 from kayos.replication.shard.replica import ShardReplica, queue_prefix
 from kayos.storage import Delete, Put, ShardStore
 
+pytestmark = pytest.mark.unit
+
 if TYPE_CHECKING:
     from kayos.clock import ManualClock
 

@@ -14,6 +14,8 @@ from kayos.embedded import EmbeddedQueue, open_queue
 from kayos.errors import InvalidRequest, LimitExceeded, StoreClosedError
 from kayos.storage import ShardStore
 
+pytestmark = pytest.mark.unit
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path

@@ -16,6 +16,8 @@ from kayos.client.types import to_columns
 from kayos.errors import InvalidRequest
 from kayos.topology import NodeAddr, Topology, rotated
 
+pytestmark = pytest.mark.unit
+
 SEED = 13_001
 
 

@@ -19,6 +19,8 @@ from kayos.spark.offsets import (
     to_offset,
 )
 
+pytestmark = pytest.mark.unit
+
 BASE = {"kayos.endpoints": "127.0.0.1:7101, http://127.0.0.1:7102", "queue": "orders"}
 
 

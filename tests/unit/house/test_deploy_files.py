@@ -16,7 +16,9 @@ from kayos.cli.main import cli
 from kayos.errors import Unauthenticated
 from kayos.node.runtime import Node
 from kayos.topology import Topology
-from tests.support.paths import REPO_ROOT
+from tests.support.layout import REPO_ROOT
+
+pytestmark = pytest.mark.unit
 
 DEPLOY = REPO_ROOT / "deploy"
 

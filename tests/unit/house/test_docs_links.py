@@ -13,7 +13,9 @@ from urllib.parse import unquote
 
 import pytest
 
-from tests.support.paths import REPO_ROOT
+from tests.support.layout import REPO_ROOT
+
+pytestmark = pytest.mark.unit
 
 ROOT = REPO_ROOT
 FIXED_PAGES = ("README.md", "CONTRIBUTING.md", "deploy/README.md")

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.paths import REPO_ROOT
+from tests.support.layout import REPO_ROOT
+
+pytestmark = pytest.mark.unit
 
 ROOT = REPO_ROOT
 OWN = ("kayos", "kestrel_compat", "chaos", "tests")

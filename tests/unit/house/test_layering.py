@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.paths import REPO_ROOT
+from tests.support.layout import REPO_ROOT
+
+pytestmark = pytest.mark.unit
 
 ROOT = REPO_ROOT
 PACKAGES = ("kayos", "kestrel_compat", "chaos")

@@ -27,6 +27,8 @@ from kayos.manager import (
 )
 from kayos.manager.member.codec import ENTRY_VERSION, decode_entry, encode_entry
 
+pytestmark = pytest.mark.unit
+
 EVENTS: list[Event] = [
     Heartbeat("a", 5),
     TimerTick(100, (("a", 90), ("b", 95))),

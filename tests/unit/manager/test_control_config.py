@@ -18,6 +18,8 @@ from kayos.manager.member.config import (
 )
 from tests.support.answers import MEMBERS, cluster_text
 
+pytestmark = pytest.mark.unit
+
 
 def test_the_written_tables_read_back() -> None:
     config = Config(detection_window_ms=2_000, suspect_after_ms=700, min_replicas=3)

@@ -36,6 +36,8 @@ from kayos.manager import (
 )
 from tests.support.transcript import check_invariants
 
+pytestmark = pytest.mark.unit
+
 NODES = ["a", "b", "c", "d"]
 CHAINS = [("a", "b", "c"), ("b", "c", "d"), ("c", "d", "a"), ("d", "a", "b")]
 

@@ -34,6 +34,8 @@ from kayos.manager.member.plan import (
 from kayos.topology import ShardChain, Topology
 from tests.support.answers import NODES, answers, catching_up_b, down_b, everyone, status, view3
 
+pytestmark = pytest.mark.unit
+
 
 def test_a_round_ticks_with_every_node_that_answered() -> None:
     view = view3()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from kayos import limits
 from kayos.manager import (
     DiskFull,
@@ -21,6 +23,8 @@ from kayos.manager import (
 from kayos.manager.member.plan import plan_round, sends_for
 from kayos.manager.view import MEMBER_DISK_FULL, AlertKey
 from tests.support.answers import answers, everyone, status, view3
+
+pytestmark = pytest.mark.unit
 
 RESERVE = limits.disk_reserve_bytes
 

@@ -4,9 +4,13 @@ real-process campaign (seed 7, ``rejoin_kill_self``: docs/campaigns.md "Findings
 
 from __future__ import annotations
 
+import pytest
+
 from kayos import limits
 from kayos.manager.member.plan import CatchUpOrder, plan_round
 from tests.support.answers import answers, catching_up_b, everyone, status
+
+pytestmark = pytest.mark.unit
 
 
 def test_a_catching_up_node_that_lists_no_entry_for_the_shard_is_ordered_again() -> None:

@@ -17,6 +17,8 @@ from kayos.manager.member.plan import signed
 from kayos.topology import NodeAddr, rotated
 from tests.support.links import TEST_IDENTITY
 
+pytestmark = pytest.mark.unit
+
 
 class FakeMember:
     """The member's side the face reads: a view ``decide`` moves on, and the sends asked for."""

@@ -21,6 +21,8 @@ from kayos.manager import (
 from kayos.manager.member.http import operator_event
 from kayos.manager.placement import drain_target, plan_rebalance, replica_counts
 
+pytestmark = pytest.mark.unit
+
 
 def rotated(nodes: list[str], shards: int, replicas: int) -> ManagerView:
     chains = [[nodes[(i + k) % len(nodes)] for k in range(replicas)] for i in range(shards)]

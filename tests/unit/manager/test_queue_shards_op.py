@@ -12,6 +12,8 @@ from kayos.manager.member.http import operator_event, queue_shard_count
 from kayos.manager.member.plan import topology_of
 from kayos.topology import NodeAddr, Topology, rotated
 
+pytestmark = pytest.mark.unit
+
 
 def setup() -> tuple[ManagerView, Topology]:
     nodes = [NodeAddr(n, "127.0.0.1", 1 + i, 100 + i) for i, n in enumerate("abcd")]

@@ -19,7 +19,10 @@ from tests.support.answers import MEMBERS, cluster_text
 WAIT_S = 20.0
 # pysyncobj 0.3.17 reads its journal's meta file with open(...).read() and never closes it
 # (pysyncobj/journal.py MetaStorer.getMeta): not ours to fix, so that one warning is let through.
-pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+pytestmark = [
+    pytest.mark.unit,
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+]
 
 
 def one_member_setup() -> object:

@@ -13,6 +13,8 @@ import pytest
 
 from tests.support.transcript import run_file
 
+pytestmark = pytest.mark.unit
+
 TESTDATA = Path(__file__).parent / "testdata"
 FILES = sorted(TESTDATA.glob("*.txt"))
 

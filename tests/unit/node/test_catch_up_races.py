@@ -12,12 +12,16 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from kayos.clock import SystemClock
 from kayos.node.replicas import learners
 from kayos.node.replicas.learners import CatchUpOrder
 from kayos.storage import ShardStore
 from kayos.topology import NodeAddr, ShardChain, Topology
 from tests.support.links import TEST_IDENTITY
+
+pytestmark = pytest.mark.unit
 
 
 def _node(tmp_path: Path) -> Any:

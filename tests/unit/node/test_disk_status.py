@@ -13,6 +13,8 @@ from kayos import limits
 from kayos.node import retention
 from kayos.storage.disk import fileops
 
+pytestmark = pytest.mark.unit
+
 MARK = limits.disk_reserve_bytes + limits.disk_head_margin_bytes
 
 

@@ -19,12 +19,15 @@ import json
 from typing import Any
 
 import msgpack
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kayos.errors import KayosError, ProtocolError
 from kayos.node.http.bodies import parse_body, parse_commit, parse_consume, parse_produce
 from kayos.replication.wire import frames as fr
+
+pytestmark = pytest.mark.unit
 
 SETTINGS = settings(
     derandomize=True,

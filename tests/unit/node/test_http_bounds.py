@@ -13,6 +13,8 @@ from kayos import limits
 from kayos.errors import InvalidRequest
 from kayos.node.http.bodies import read_body
 
+pytestmark = pytest.mark.unit
+
 
 class TrickledRequest:
     """A request whose headers came but whose body never finishes."""

@@ -17,6 +17,8 @@ from kayos.client.sync import Client
 from kayos.errors import InvalidRequest, LimitExceeded, ProtocolError
 from kayos.node.http.bodies import int_param, parse_body, parse_commit, parse_consume, parse_produce
 
+pytestmark = pytest.mark.unit
+
 U64_END = 2**64
 
 

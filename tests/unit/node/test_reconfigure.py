@@ -27,6 +27,8 @@ from kayos.replication.logic.latency import LatencyWindow, p99, summary
 from kayos.signing import sign
 from kayos.topology import NodeAddr, ShardChain, Topology
 
+pytestmark = pytest.mark.unit
+
 IDENTITY = ClusterIdentity("00000000-0000-4000-8000-000000000001", bytes(range(1, 33)))
 NODES = {n: NodeAddr(n, "127.0.0.1", 9000 + i, 9100 + i) for i, n in enumerate("abcd")}
 

@@ -24,6 +24,8 @@ from kayos.storage.maintenance.salvage import SalvageReport, salvage
 from kayos.topology import ShardChain, Topology
 from tests.support.links import one_shard_topology, until
 
+pytestmark = pytest.mark.unit
+
 SEED = 20261124
 
 

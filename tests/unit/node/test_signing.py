@@ -8,6 +8,8 @@ from kayos.errors import Unauthenticated
 from kayos.identity import ClusterIdentity
 from kayos.signing import check_signed, mac_input, sign
 
+pytestmark = pytest.mark.unit
+
 IDENTITY = ClusterIdentity("00000000-0000-4000-8000-000000000001", bytes(range(32)))
 BODY = {"epoch": 2, "shards": [{"id": 0, "chain": ["b", "c"]}]}
 GOLDEN_MAC = "56857ac912edbd7565fdf288aa434d58e87cf1ffea4a821822897fb0f44b8c74"

@@ -25,6 +25,8 @@ from kayos.storage.maintenance.compact import compact
 from kayos.storage.readback import read_back
 from tests.support.storage import TEST_STORE_UUID
 
+pytestmark = pytest.mark.unit
+
 FIXTURE_V1 = Path(__file__).parent / "fixtures" / "store-v1.kys"
 
 

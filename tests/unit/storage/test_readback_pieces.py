@@ -12,12 +12,16 @@ import random
 import tracemalloc
 from pathlib import Path
 
+import pytest
+
 from kayos.clock import ManualClock
 from kayos.storage.disk import format as fmt
 from kayos.storage.engine import Delete, Entry, Put, ShardStore, Snapshot, StoreOptions
 from kayos.storage.maintenance.compact import compact
 from kayos.storage.readback import read_back
 from tests.support.storage import TEST_STORE_UUID
+
+pytestmark = pytest.mark.unit
 
 # Reading leaves costs a fixed buffer whatever the range (one pread covers up to 1 MiB of
 # sibling leaves, kayos.storage.disk.btree) plus a few decoded leaves: the allowance on top of the

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from kayos.storage import Put, ShardStore
+
+pytestmark = pytest.mark.unit
 
 
 def _replicated(name: str) -> bool:

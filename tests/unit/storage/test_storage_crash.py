@@ -29,6 +29,8 @@ from kayos.storage.disk.fileops import OS_FILEOPS, FaultyFileOps, FileOps, Simul
 from kayos.storage.engine import Delete, Entry, Put, ShardStore, StoreOptions
 from tests.support.storage import TEST_STORE_UUID
 
+pytestmark = pytest.mark.unit
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path

@@ -14,6 +14,8 @@ from kayos.storage.disk import format as fmt
 from kayos.storage.disk.index import DerivedIndex
 from kayos.storage.engine import ShardStore, StoreOptions
 
+pytestmark = pytest.mark.unit
+
 
 def _reference_write_root(edge: btree.Edge, out: btree.Appender) -> fmt.Root | None:
     """write_root as it was before the caches: every node encoded from its children."""

@@ -38,6 +38,8 @@ from tests.support.storage import (
     WaitWatchingCondition,
 )
 
+pytestmark = pytest.mark.unit
+
 if TYPE_CHECKING:
     from pathlib import Path
 

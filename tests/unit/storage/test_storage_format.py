@@ -20,6 +20,8 @@ from kayos.errors import CorruptionError
 from kayos.storage.disk import format as fmt
 from kayos.storage.engine import ShardStore, StoreOptions
 
+pytestmark = pytest.mark.unit
+
 if TYPE_CHECKING:
     from pathlib import Path
 

@@ -52,6 +52,8 @@ from kayos.storage.disk.fileops import FaultyFileOps, SimulatedCrash
 from kayos.storage.engine import Delete, Entry, Put, ShardStore, Snapshot, StoreOptions
 from kayos.storage.maintenance.compact import compact
 
+pytestmark = pytest.mark.unit
+
 ROLLBACK_WINDOW_SEQS = 6
 KEYS = [f"k{index}".encode() for index in range(6)]
 SNAPSHOTS_MAX = 3

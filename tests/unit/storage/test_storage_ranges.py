@@ -7,6 +7,8 @@ import pytest
 from kayos.errors import InvalidRequest
 from kayos.storage import Put, ShardStore
 
+pytestmark = pytest.mark.unit
+
 
 def test_replica_range_ends_past_its_last_entry_and_survives_reopen(tmp_path: str) -> None:
     path = f"{tmp_path}/s"

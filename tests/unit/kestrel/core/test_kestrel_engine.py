@@ -32,6 +32,8 @@ from kestrel_compat.sessions.memcache_session import expiry_from_exptime
 from kestrel_compat.wire.memcache_replies import END, SERVER_ERROR, STORED
 from tests.support.kestrel import CLOSED, Harness, make_config, set_request, value
 
+pytestmark = pytest.mark.unit
+
 # --- waiters (§3.5), without any event loop ------------------------------------------------------
 
 

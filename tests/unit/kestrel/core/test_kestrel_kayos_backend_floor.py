@@ -17,6 +17,8 @@ from kayos.errors import RetentionGapError
 from kestrel_compat.backends.kayos_backend import KayosBackend, entry_headers, queue_for
 from kestrel_compat.core.persistence import BackendError, NewEntry
 
+pytestmark = pytest.mark.unit
+
 
 class _Topology:
     def shards_for(self, queue: str) -> list[int]:

@@ -18,6 +18,8 @@ from kestrel_compat.core.persistence import GroupState
 from kestrel_compat.wire.memcache_replies import END, STORED
 from tests.support.kestrel import Harness, set_request, value
 
+pytestmark = pytest.mark.unit
+
 SEED = 5
 
 

@@ -9,6 +9,8 @@ import pytest
 from kestrel_compat.wire.memcache_replies import END, STORED
 from tests.support.kestrel import Harness, make_config, set_request, stats_dict, value
 
+pytestmark = pytest.mark.unit
+
 ITEM_BYTES = 10
 BOUND = 100  # ten items in memory
 

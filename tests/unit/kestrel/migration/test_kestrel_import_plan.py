@@ -29,6 +29,8 @@ from kestrel_compat.migration.importer import (
 from kestrel_compat.migration.journal import JournalItem
 from kestrel_compat.migration.plan import batches, live_items, log_and_group, plan
 
+pytestmark = pytest.mark.unit
+
 
 def test_batches_respect_both_bounds_and_cover_every_item() -> None:
     items = [JournalItem(b"x" * size, 1, None) for size in (3, 3, 3, 10, 1, 1, 1, 1)]

@@ -16,6 +16,8 @@ from kestrel_compat.migration.journal import (
     replay_files,
 )
 
+pytestmark = pytest.mark.unit
+
 
 def h(text: str) -> bytes:
     return bytes.fromhex(text.replace(" ", ""))

@@ -17,6 +17,8 @@ from kestrel_compat.server import KestrelServer
 from kestrel_compat.wire.memcache_replies import END, STORED
 from tests.support.kestrel import set_request, value
 
+pytestmark = pytest.mark.unit
+
 REPLY_S = 2.0
 
 

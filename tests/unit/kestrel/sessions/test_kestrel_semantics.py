@@ -31,7 +31,7 @@ from tests.support.kestrel import (
     value,
 )
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
 
 
 async def started(**config: object) -> Harness:

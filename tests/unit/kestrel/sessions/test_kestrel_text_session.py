@@ -25,7 +25,7 @@ from tests.support.kestrel import (
     wait_until,
 )
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.unit, pytest.mark.asyncio]
 
 
 class TextClient(Client):

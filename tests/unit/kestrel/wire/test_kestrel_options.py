@@ -28,6 +28,8 @@ from kestrel_compat.wire.memcache_commands import (
     ErrorClass,
 )
 
+pytestmark = pytest.mark.unit
+
 
 def key(
     queue: str,

@@ -72,7 +72,9 @@ from kestrel_compat.wire.memcache_replies import (
     encode_value,
     encode_version,
 )
-from tests.support.paths import REPO_ROOT
+from tests.support.layout import REPO_ROOT
+
+pytestmark = pytest.mark.unit
 
 LINE_BYTES_MAX = 64
 VALUE_BYTES_MAX = 16

@@ -39,7 +39,9 @@ from kestrel_compat.wire.text_codec import (
     encode_string,
     unavailable_message,
 )
-from tests.support.paths import REPO_ROOT
+from tests.support.layout import REPO_ROOT
+
+pytestmark = pytest.mark.unit
 
 LINE_BYTES_MAX = 32
 ITEM_LINE_BYTES_MAX = 8

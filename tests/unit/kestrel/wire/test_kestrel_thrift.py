@@ -27,6 +27,8 @@ from kestrel_compat.wire import thrift_codec as th
 from kestrel_compat.wire.commands import Close
 from tests.support.kestrel import Harness, make_config, read_value, set_request, stats_dict, value
 
+pytestmark = pytest.mark.unit
+
 # --- building calls and reading replies with the thrift package ---------------------------------
 
 Field = tuple[int, int, Any]  # (id, TType, value); lists as (element TType, [values])
@@ -281,7 +283,7 @@ def test_any_frame_body_gives_an_event(body: bytes) -> None:
 
 
 def test_methods_match_the_docs() -> None:
-    from tests.support.paths import REPO_ROOT
+    from tests.support.layout import REPO_ROOT
 
     text = (REPO_ROOT / "docs" / "kestrel-compat.md").read_text(encoding="utf-8")
     for spec in th.METHODS:

@@ -17,6 +17,8 @@ from kayos.replication.wire import frames as fr
 from tests.support.links import TEST_IDENTITY, RawLink, answer_challenge, link_hello, until
 from tests.support.replicas import SEED, WAIT_S, node_chain
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.asyncio
 async def test_a_long_poll_parked_before_catch_up_serves_nothing_during_it(

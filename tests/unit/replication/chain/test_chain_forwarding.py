@@ -25,6 +25,8 @@ from kayos.storage import ShardStore
 from tests.support.links import one_shard_topology, until
 from tests.support.replicas import SEED, WAIT_S, chain_node, node_chain
 
+pytestmark = pytest.mark.unit
+
 
 def _hold_commits(
     monkeypatch: pytest.MonkeyPatch, replica: ShardReplica, entries: int

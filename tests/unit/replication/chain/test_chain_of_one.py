@@ -17,6 +17,8 @@ from kayos.storage import Put, ShardStore
 from tests.support.links import one_shard_topology, until
 from tests.support.replicas import standalone_replica
 
+pytestmark = pytest.mark.unit
+
 SEED = 20261124
 
 

@@ -15,6 +15,8 @@ from kayos.errors import DiskFullError
 from kayos.node.runtime import Node
 from tests.support.links import one_shard_topology, until
 
+pytestmark = pytest.mark.unit
+
 if TYPE_CHECKING:
     from pathlib import Path
 

@@ -22,6 +22,8 @@ from tests.support.links import first_answer
 from tests.support.links import until as _until
 from tests.support.replicas import SEED, WAIT_S, node_chain, stored_keys
 
+pytestmark = pytest.mark.unit
+
 # A batch this big commits in a worker thread, so holding its commit blocks no event loop.
 THREADED = limits.inline_commit_entries_max + 4
 

@@ -20,6 +20,8 @@ from kayos.node.runtime import Node
 from kayos.topology import NodeAddr, ShardChain, Topology
 from tests.support.links import TEST_IDENTITY, until
 
+pytestmark = pytest.mark.unit
+
 SEED = 20261124
 
 

@@ -30,6 +30,8 @@ from kayos.replication.wire import frames as fr
 from kayos.topology import NodeAddr, ShardChain, Topology
 from tests.support.links import TEST_IDENTITY, RawLink, link_hello, one_shard_topology, until
 
+pytestmark = pytest.mark.unit
+
 SEED = 20261124
 WAIT_S = 30.0
 SILENCE_S = limits.peer_silence_ms_max / 1000

@@ -14,6 +14,8 @@ from kayos.clock import ManualClock
 from kayos.replication.link.liveness import LinkHealth, keep_alive
 from kayos.replication.wire import frames as fr
 
+pytestmark = pytest.mark.unit
+
 SILENCE_S = limits.peer_silence_ms_max / 1000
 # Real time the pinger may take to act: a few ping intervals on a busy machine.
 WAIT_S = 10.0

@@ -26,6 +26,8 @@ from kayos.replication.logic.chain import (
 )
 from tests.support.replicas import run
 
+pytestmark = pytest.mark.unit
+
 
 def test_a_lone_head_commits_what_it_makes_durable() -> None:
     progress, actions = run(Progress(has_upstream=False, downstreams=()), Durable(5))

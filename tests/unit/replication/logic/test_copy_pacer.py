@@ -13,6 +13,8 @@ from kayos.replication.link.pacer import CopyPacer
 from kayos.replication.logic import pacing
 from kayos.replication.logic.pacing import Pause, Piece, ShareChanged
 
+pytestmark = pytest.mark.unit
+
 WINDOW_S = limits.copy_pace_window_ms / 1000
 
 

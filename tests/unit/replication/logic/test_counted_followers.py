@@ -23,6 +23,8 @@ from kayos.signing import sign
 from tests.support.links import TEST_IDENTITY
 from tests.support.replicas import run
 
+pytestmark = pytest.mark.unit
+
 
 def test_a_lone_head_counting_a_follower_commits_only_what_the_follower_holds() -> None:
     head, _ = run(Progress(has_upstream=False, downstreams=()), Durable(10))

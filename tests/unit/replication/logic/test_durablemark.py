@@ -11,6 +11,8 @@ import pytest
 
 from kayos.replication.logic import durablemark
 
+pytestmark = pytest.mark.unit
+
 GOLDEN_BODY = bytes.fromhex("4b59444d01000000c052010000000000")
 
 

@@ -24,6 +24,8 @@ from kayos.signing import sign
 from kayos.topology import NodeAddr, ShardChain, Topology
 from tests.support.links import TEST_IDENTITY
 
+pytestmark = pytest.mark.unit
+
 
 def test_hello_roles_golden_bytes() -> None:
     learner = bytes.fromhex("0000000f 01 9503a1640005a76c6561726e6572")

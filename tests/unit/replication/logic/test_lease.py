@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from kayos import limits
 from kayos.manager import Config, ManagerView, TimerTick, decide
 from kayos.manager.member.plan import Answer, lease_grants
@@ -21,6 +23,8 @@ from kayos.replication.logic.lease import (
 )
 from kayos.replication.logic.lease import decide as lease_decide
 from kayos.topology import NodeAddr, ShardChain, Topology
+
+pytestmark = pytest.mark.unit
 
 LEASE_S = limits.head_lease_ms / 1000
 STEP_S = limits.lease_nonce_interval_ms / 1000

@@ -4,9 +4,13 @@ the simulator found (docs/campaigns.md, "Findings")."""
 
 from __future__ import annotations
 
+import pytest
+
 from kayos import limits
 from kayos.replication.logic import chain
 from kayos.replication.logic.chain import rollback_point, with_takeover
+
+pytestmark = pytest.mark.unit
 
 A, B, M, E, N = (bytes([i]) * 16 for i in range(1, 6))
 

@@ -11,6 +11,8 @@ from kayos.clock import ManualClock
 from kayos.replication.logic import timeindex
 from kayos.replication.logic.timeindex import TIME_INDEX_FILE, TimeIndex
 
+pytestmark = pytest.mark.unit
+
 if TYPE_CHECKING:
     from pathlib import Path
 

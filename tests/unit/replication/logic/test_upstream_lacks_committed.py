@@ -5,8 +5,12 @@ seqs each side holds, the verdict the divergence rule gives, and whether the hea
 
 from __future__ import annotations
 
+import pytest
+
 from kayos import limits
 from kayos.replication.logic import chain
+
+pytestmark = pytest.mark.unit
 
 OLD, NEW, OTHER = (bytes([i]) * 16 for i in range(1, 4))
 

@@ -16,6 +16,8 @@ from kayos.replication.logic.lease import WriteHold, adopt_holds, release
 from kayos.signing import sign
 from kayos.topology import NodeAddr, ShardChain, Topology
 
+pytestmark = pytest.mark.unit
+
 LEASE_MS = limits.head_lease_ms
 LEASE_S = LEASE_MS / 1000
 

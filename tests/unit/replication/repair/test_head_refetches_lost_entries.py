@@ -19,6 +19,8 @@ from kayos.storage import ShardStore
 from tests.support.links import first_answer, until
 from tests.support.replicas import SEED, chain_node, node_chain, stored_keys
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.asyncio
 async def test_a_head_back_with_an_empty_store_refetches_instead_of_ordering_a_reset(

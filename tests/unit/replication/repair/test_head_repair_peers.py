@@ -8,8 +8,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from kayos.node.replicas.repair import peers_of
 from tests.support.links import one_shard_topology
+
+pytestmark = pytest.mark.unit
 
 
 def _head(node_id: str, downstreams: tuple[str, ...]) -> Any:

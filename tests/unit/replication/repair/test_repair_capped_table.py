@@ -28,6 +28,8 @@ from tests.support.replicas import (
     stored_keys,
 )
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.asyncio
 async def test_a_head_below_its_mark_resets_from_a_peer_whose_full_table_names_none_of_its_masters(

@@ -36,6 +36,8 @@ from tests.support.replicas import (
     stored_keys,
 )
 
+pytestmark = pytest.mark.unit
+
 SEED = 20261125
 HELD = 10  # entries the cut head's store still holds
 MARK = 200  # its durable mark: what it held committed before the cut

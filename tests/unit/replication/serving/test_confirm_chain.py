@@ -20,6 +20,8 @@ from kayos.replication.shard.replica import ShardReplica
 from tests.support.links import until
 from tests.support.replicas import QUEUE, SEED, grant, managed_chain, node_chain, snapshot
 
+pytestmark = pytest.mark.unit
+
 
 async def produced_and_level(nodes: dict[str, Node], tail: str) -> ShardReplica:
     """One acks=all write at a; returns once ``tail``'s replica serves it (the lease granted)."""

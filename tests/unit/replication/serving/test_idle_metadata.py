@@ -46,6 +46,8 @@ from tests.support.replicas import (
     standalone_replica,
 )
 
+pytestmark = pytest.mark.unit
+
 QUEUE = "q"
 KEY = f"hwm/{QUEUE}/g"
 

@@ -32,6 +32,8 @@ from tests.support.replicas import (
     snapshot,
 )
 
+pytestmark = pytest.mark.unit
+
 
 async def served_mark(node: Node) -> int:
     """The mark a new snapshot at ``node`` starts at, once its commit point covers the mark."""

@@ -40,6 +40,8 @@ from tests.support.replicas import (
     wait_before_commits,
 )
 
+pytestmark = pytest.mark.unit
+
 MARK = "hwm/q/g"
 
 

@@ -18,10 +18,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from kayos.clock import ManualClock
 from kayos.replication.link.sender import build_batch, read_range
 from kayos.storage.engine import Put, ShardStore, StoreOptions
 from tests.support.storage import TEST_STORE_UUID
+
+pytestmark = pytest.mark.unit
 
 K13, K14, K0 = b"q\x00k13", b"q\x00k14", b"q\x00k0"
 

@@ -19,6 +19,8 @@ from kayos.errors import UnavailableError
 from tests.support.links import until
 from tests.support.replicas import SEED, chain_node, node_chain
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.asyncio
 async def test_a_tail_whose_upstream_link_is_gone_serves_no_new_snapshot(

@@ -15,6 +15,8 @@ from kayos.errors import UnavailableError
 from tests.support.links import until
 from tests.support.replicas import SEED, chain_node, node_chain
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.asyncio
 async def test_a_restarted_tail_serves_nothing_before_its_upstream_link_is_subscribed(

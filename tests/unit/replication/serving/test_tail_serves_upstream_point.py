@@ -16,6 +16,8 @@ from kayos.replication.link.upstream import UpstreamLink
 from kayos.replication.logic import chain
 from tests.support.links import one_shard_topology, until
 
+pytestmark = pytest.mark.unit
+
 SEED = 20261124
 
 

@@ -20,6 +20,8 @@ from kayos import limits
 from kayos.errors import InvalidRequest, LimitExceeded, ProtocolError
 from kayos.replication.wire import frames as f
 
+pytestmark = pytest.mark.unit
+
 UUID_A = bytes(range(16))
 UUID_B = bytes(range(16, 32))
 CLUSTER = UUID_B

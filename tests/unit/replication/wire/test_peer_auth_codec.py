@@ -28,6 +28,8 @@ from kayos.replication.wire import auth
 from kayos.replication.wire import frames as fr
 from kayos.topology import NodeAddr, Topology, rotated
 
+pytestmark = pytest.mark.unit
+
 SECRET = bytes(range(32))
 IDENTITY = ClusterIdentity("10111213-1415-1617-1819-1a1b1c1d1e1f", SECRET)
 OTHER = ClusterIdentity("20111213-1415-1617-1819-1a1b1c1d1e1f", SECRET)

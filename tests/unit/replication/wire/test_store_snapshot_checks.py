@@ -27,6 +27,8 @@ from kayos.storage.engine import Delete, Put, ShardStore, data_file_name
 from kayos.storage.maintenance.check import check_store
 from kayos.storage.maintenance.compact import compact
 
+pytestmark = pytest.mark.unit
+
 
 def test_snapshot_frames_golden_bytes() -> None:
     request = bytes.fromhex("00000003 16 9100")

@@ -15,6 +15,8 @@ from kayos.storage.maintenance.check import check_store
 from kayos.storage.maintenance.compact import compact
 from tests.support.storage import TEST_STORE_UUID
 
+pytestmark = pytest.mark.unit
+
 if TYPE_CHECKING:
     from pathlib import Path
 

@@ -21,6 +21,8 @@ from kayos.storage.maintenance.retention import (
     prefix_floors,
 )
 
+pytestmark = pytest.mark.unit
+
 
 def test_parse_policy_accepts_the_documented_fields_and_refuses_the_rest() -> None:
     assert parse_policy({}) == RetentionPolicy()

@@ -18,6 +18,8 @@ from kayos.storage.engine import find_last_header
 from kayos.storage.maintenance.check import check_store, data_file_of
 from kayos.storage.maintenance.salvage import DAMAGED_SUFFIX, salvage
 
+pytestmark = pytest.mark.unit
+
 COMMITS = 300
 
 

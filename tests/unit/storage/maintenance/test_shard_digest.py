@@ -23,6 +23,8 @@ from kayos.errors import InvalidRequest, Unauthenticated
 from kayos.identity import ClusterIdentity
 from kayos.signing import sign
 
+pytestmark = pytest.mark.unit
+
 WINDOW = 10
 
 

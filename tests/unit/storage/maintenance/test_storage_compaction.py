@@ -46,6 +46,8 @@ from kayos.storage.maintenance import compact as compact_module
 from kayos.storage.maintenance.compact import compact
 from tests.support.storage import TEST_STORE_UUID
 
+pytestmark = pytest.mark.unit
+
 if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
