@@ -228,16 +228,21 @@ class JournalReplay:
         return start + 1
 
     def _read_addx(self, view: memoryview, start: int, end: int) -> int:
-        if start + 5 > end:
+        # The common record, read with one unpack whenever its head is in the buffer.
+        if start + 21 <= end:
+            size, add_ms, expiry_ms = _ADDX_HEAD.unpack_from(view, start + 1)
+        elif start + 5 <= end:
+            size, add_ms, expiry_ms = _I32.unpack_from(view, start + 1)[0], 0, 0
+        else:
             return -1
-        size: int = _I32.unpack_from(view, start + 1)[0]
-        self._check_size(start, ADDX, size, _BLOCK_SIZE_MIN)
-        record_end = start + 5 + size
+        if size < _BLOCK_SIZE_MIN or size - _BLOCK_SIZE_MIN > self.item_bytes_max:
+            self._check_size(start, ADDX, size, _BLOCK_SIZE_MIN)
+        record_end: int = start + 5 + size
         if record_end > end:
             return -1
-        _, add_ms, expiry_ms = _ADDX_HEAD.unpack_from(view, start + 1)
-        data = bytes(view[start + 21 : record_end])
-        self.items.append(JournalItem(data, add_ms, expiry_ms or None))
+        self.items.append(
+            JournalItem(bytes(view[start + 21 : record_end]), add_ms, expiry_ms or None)
+        )
         return record_end
 
     def _read_remove_tentative(self, view: memoryview, start: int, end: int) -> int:
