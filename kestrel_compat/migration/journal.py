@@ -1,8 +1,9 @@
 """Kestrel journals, read without I/O: file names in, replay order out; bytes in, queue out.
 
 docs/migrating-from-kestrel.md sections 1-3 are the contract: the record format (every opcode
-Kestrel 2.x reads, including the ones only older versions wrote), Kestrel 2.x's replay rules
-(reads opened, confirmed and aborted by xid; reads open at the end return to the head) and how a
+Kestrel reads, including the ones only versions before 2.1 wrote), the replay rules (each record
+replayed as the Kestrel that wrote it replays it: reads opened, confirmed and aborted by xid, an
+opcode-3 read numbered by the xid counter; reads open at the end return to the head) and how a
 queue directory is read (rotation, ``.pack`` files, ``~~`` temporaries). ``JournalReplay`` takes
 each file's bytes in chunks of any size (``feed``), then ``end_file``; a record cut off by the end
 of its file is a torn tail (reported, skipped), a record that cannot be one is ``JournalCorrupt``
@@ -130,8 +131,8 @@ class JournalReplay:
 
     Sans-IO: ``begin_file(name)``, ``feed(chunk)`` any number of times, ``end_file()``; then
     ``finish()`` returns the queue as Kestrel would hold it after a restart. ``open`` holds the
-    reads open so far by xid; ``xid`` is the xid counter Kestrel would restart with (docs section
-    2: no replayed item depends on it)."""
+    reads open so far by xid; ``xid`` is the xid counter, which numbers the reads opened by a
+    REMOVE_TENTATIVE (opcode 3) record (docs section 2)."""
 
     def __init__(self, queue: str, *, item_bytes_max: int = limits.value_bytes_max) -> None:
         self.queue = queue
@@ -246,29 +247,40 @@ class JournalReplay:
         return record_end
 
     def _read_remove_tentative(self, view: memoryview, start: int, end: int) -> int:
-        # The opcode alone: Kestrel 2.x reads it as xid 0 and replays it so (docs section 2).
-        self._hold(start, REMOVE_TENTATIVE, 0)
+        # The opcode alone, as Kestrel before 2.1 wrote an /open, replayed as that Kestrel replays
+        # it (docs section 2): the head is held under the counter's next xid, which becomes the
+        # counter; an empty queue holds nothing and draws nothing.
+        if self.items:
+            self.xid = self._next_xid()
+            self.open[self.xid] = self.items.popleft()
         return start + 1
+
+    def _next_xid(self) -> int:
+        """Kestrel's ``nextXid``: the counter plus one, wrapping around as a 32-bit signed int
+        does, skipping 0 and every xid still open."""
+        xid = self.xid
+        while True:
+            xid = (xid + 1 + 2**31) % 2**32 - 2**31
+            if xid != 0 and xid not in self.open:
+                return xid
 
     def _read_remove_tentative_xid(self, view: memoryview, start: int, end: int) -> int:
         if start + 5 > end:
             return -1
-        self._hold(start, REMOVE_TENTATIVE_XID, _I32.unpack_from(view, start + 1)[0])
-        return start + 5
-
-    def _hold(self, start: int, opcode: int, xid: int) -> None:
-        """An open read: the head, if any, is held as ``xid`` (replacing a read already held as
-        ``xid``, whose item is dropped, as Kestrel's table of open reads does); the counter
-        becomes ``xid`` either way."""
+        # The head, if any, is held as the record's xid (replacing a read already held as that
+        # xid, whose item is dropped, as Kestrel's table of open reads does); the counter becomes
+        # the xid either way.
+        xid: int = _I32.unpack_from(view, start + 1)[0]
         if self.items:
             if xid in self.open:
                 self._warn(
                     start,
-                    f"{OPCODE_NAMES[opcode]} of xid {xid} already open: "
+                    f"REMOVE_TENTATIVE_XID of xid {xid} already open: "
                     "the earlier read's item is dropped, as Kestrel drops it",
                 )
             self.open[xid] = self.items.popleft()
         self.xid = xid
+        return start + 5
 
     def _read_save_xid(self, view: memoryview, start: int, end: int) -> int:
         if start + 5 > end:
@@ -299,7 +311,7 @@ class JournalReplay:
         found = self._xid_block(view, start, end)
         if found is None:
             return -1
-        _, item, record_end = found  # Kestrel 2.x makes no use of the xid (docs section 2)
+        _, item, record_end = found  # no Kestrel makes use of the xid (docs section 2)
         self.items.append(item)
         return record_end
 
@@ -392,7 +404,7 @@ def addx(data: bytes, add_ms: int, expiry_ms: int = 0) -> bytes:
 
 
 def remove_tentative() -> bytes:
-    """The opcode alone, as Kestrel before 2.0 wrote an open read (no xid in the record)."""
+    """The opcode alone, as Kestrel before 2.1 wrote an open read (no xid in the record)."""
     return bytes([REMOVE_TENTATIVE])
 
 
@@ -418,5 +430,5 @@ def continue_item(xid: int, data: bytes, add_ms: int, expiry_ms: int = 0) -> byt
 
 
 def remove_tentative_xid(xid: int) -> bytes:
-    """An open read as Kestrel 2.x writes it: the opcode and the read's xid."""
+    """An open read as Kestrel 2.1 and later write it: the opcode and the read's xid."""
     return bytes([REMOVE_TENTATIVE_XID]) + _I32.pack(xid)

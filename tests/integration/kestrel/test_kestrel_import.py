@@ -45,10 +45,10 @@ def continue_item(xid: int, data: bytes) -> bytes:
     return b"\x08" + struct.pack("<iiqq", xid, 16 + len(data), 1_000, 0) + data
 
 
-# Kestrel 2.x journals an /open as REMOVE_TENTATIVE_XID (9); Kestrel 1.x wrote REMOVE_TENTATIVE
-# (3), the opcode alone.
+# Kestrel 2.1 and later journal an /open as REMOVE_TENTATIVE_XID (9); Kestrel 1.x and 2.0 wrote
+# REMOVE_TENTATIVE (3), the opcode alone, and numbered it from their xid counter on replay.
 ABORT, CONFIRM, OPEN = 5, 6, 9
-OPEN_1X = b"\x03"
+OPEN_2_0 = b"\x03"
 
 
 def write_journals(directory: Path) -> dict[str, list[str]]:
@@ -59,7 +59,7 @@ def write_journals(directory: Path) -> dict[str, list[str]]:
         # Superseded by the pack file below: must not be replayed.
         "jobs.100": addx(b"dead-1") + addx(b"dead-2"),
         "jobs.150": addx(b"dead-3"),
-        # A pack as Kestrel 2.x writes it: the read open at the checkpoint, then the queue.
+        # A pack as Kestrel 2.1+ writes it: the read open at the checkpoint, then the queue.
         "jobs.150.pack": addx(b"j-open-at-pack") + xid_op(OPEN, 8) + addx(b"j1") + addx(b"j2"),
         "jobs.151": addx(b"j3") + xid_op(OPEN, 9) + xid_op(CONFIRM, 9) + xid_op(ABORT, 8),
         # The current file: one more item, a read left open at shutdown, a torn tail.
@@ -81,9 +81,17 @@ def write_journals(directory: Path) -> dict[str, list[str]]:
         + xid_op(CONFIRM, 1)
         + xid_op(OPEN, 2)
         + continue_item(2, b"a4"),
-        # Written by Kestrel 1.x: l1 opened with the bare opcode (held as read 0 by Kestrel 2.x,
-        # open at the end, so back at the head), l2 removed by a plain get.
-        "legacy": addx(b"l1") + addx(b"l2") + OPEN_1X + addx(b"l3") + b"\x01",
+        # Written by Kestrel 2.0: l1 and l2 opened with the bare opcode (reads 1 and 2 of its
+        # counter), l2 confirmed, l4 added, l3 removed by a plain get; l1, open at the end, comes
+        # back at the head. (Read as 2.1 reads it, both would be read 0 and l2 would come back.)
+        "legacy": addx(b"l1")
+        + addx(b"l2")
+        + addx(b"l3")
+        + OPEN_2_0
+        + OPEN_2_0
+        + xid_op(CONFIRM, 2)
+        + addx(b"l4")
+        + b"\x01",
         # A corrupt record in the middle: the whole queue stays out.
         "broken": addx(b"b1") + b"\x63" + addx(b"b2"),
         "empty": addx(b"e1") + b"\x01",
@@ -97,7 +105,7 @@ def write_journals(directory: Path) -> dict[str, list[str]]:
         "old": ["later", "never", "o3"],
         "feed": ["f2"],
         "feed+audit": ["a3", "a4"],
-        "legacy": ["l1", "l3"],
+        "legacy": ["l1", "l4"],
         "empty": [],
     }
 

@@ -53,7 +53,7 @@ def xid_record(opcode: int, xid: int) -> bytes:
 
 
 def open_read(xid: int) -> bytes:
-    """An ``/open`` as Kestrel 2.x journals it: REMOVE_TENTATIVE_XID."""
+    """An ``/open`` as Kestrel 2.1 and later journal it: REMOVE_TENTATIVE_XID."""
     return xid_record(9, xid)
 
 
@@ -115,35 +115,75 @@ def test_op2_addx_has_an_add_time_and_an_expiry_in_ms() -> None:
     assert replay.finish() == [HI, JournalItem(b"x", 1000, 2000)]
 
 
-def test_op3_remove_tentative_is_the_opcode_alone_and_holds_the_head_as_read_0() -> None:
+def test_op3_remove_tentative_is_the_opcode_alone_and_holds_the_head_as_the_next_xid() -> None:
     # The byte after 03 starts the next record: read as an xid, 02 11 00 00 would swallow the
     # head of the ADDX and the replay would hit opcode 0xe8.
-    replay = replay_one(journal.save_xid(5) + ADDX_HI + REMOVE_TENTATIVE + ADDX_X_EXPIRING)
-    assert replay.open == {0: HI}
-    assert replay.xid == 0, "Kestrel 2.x sets its counter to the record's xid, 0"
+    replay = replay_one(SAVE_XID_7 + ADDX_HI + REMOVE_TENTATIVE + ADDX_X_EXPIRING)
+    assert replay.open == {8: HI}, "Kestrel before 2.1 draws the xid: the counter plus one"
+    assert replay.xid == 8, "and the counter becomes the xid drawn"
     assert replay.records == 4
     assert replay.warnings == []
     assert replay.finish() == [HI, JournalItem(b"x", 1000, 2000)]
 
 
-def test_op3_on_an_empty_queue_holds_nothing_and_still_resets_the_counter() -> None:
+def test_op3_draws_from_a_counter_that_starts_at_0() -> None:
+    replay = replay_one(addx(b"a") + REMOVE_TENTATIVE)
+    assert (replay.open, replay.xid) == ({1: JournalItem(b"a", 1000, None)}, 1)
+
+
+def test_op3_on_an_empty_queue_holds_nothing_and_leaves_the_counter() -> None:
     replay = replay_one(SAVE_XID_7 + REMOVE_TENTATIVE)
-    assert (replay.open, replay.xid) == ({}, 0)
+    assert (replay.open, replay.xid) == ({}, 7)
+    replay = replay_one(SAVE_XID_7 + REMOVE_TENTATIVE + addx(b"a") + REMOVE_TENTATIVE)
+    assert list(replay.open) == [8], "the read on the empty queue drew no xid"
 
 
-def test_op3_twice_replaces_the_first_read_as_kestrel_2x_does() -> None:
-    # Kestrel 1.x wrote this: reads 1 and 2 opened (03), 1 confirmed, 2 aborted. Kestrel 2.x holds
-    # both as read 0, so the second replaces the first and neither xid 1 nor 2 is found.
-    data = addx(b"a") + addx(b"b") + addx(b"c") + REMOVE_TENTATIVE + confirm(1)
-    data += REMOVE_TENTATIVE + abort(2)
+def test_op3_skips_the_xids_still_open() -> None:
+    # Read 5 (opened with its xid) is still open when the counter is set back to 4.
+    data = addx(b"a") + addx(b"b") + open_read(5) + xid_record(4, 4) + REMOVE_TENTATIVE
+    replay = replay_one(data)
+    assert values(list(replay.open.values())) == [b"a", b"b"]
+    assert (sorted(replay.open), replay.xid) == ([5, 6], 6)
+    assert replay.warnings == []
+    data = addx(b"a") + addx(b"b") + addx(b"c") + open_read(5) + open_read(6)
+    replay = replay_one(data + xid_record(4, 4) + REMOVE_TENTATIVE)
+    assert (sorted(replay.open), replay.xid) == ([5, 6, 7], 7)
+
+
+@pytest.mark.parametrize(
+    ("counter", "already_open", "drawn"),
+    [
+        (2_147_483_647, [], -2_147_483_648),  # a JVM Int wraps around to its lowest value
+        (-2, [], -1),
+        (-1, [], 1),  # 0 is never drawn
+        (-1, [1, 2], 3),
+        (0, [], 1),
+    ],
+)
+def test_op3_wraps_around_as_a_32_bit_int_and_never_draws_0(
+    counter: int, already_open: list[int], drawn: int
+) -> None:
+    data = b"".join(addx(b"open") + open_read(xid) for xid in already_open)
+    data += addx(b"z") + xid_record(4, counter) + REMOVE_TENTATIVE
+    replay = replay_one(data)
+    assert replay.open[drawn] == JournalItem(b"z", 1000, None)
+    assert (sorted(replay.open), replay.xid) == (sorted([*already_open, drawn]), drawn)
+
+
+def test_op3_twice_opens_two_distinct_reads_and_drops_no_item() -> None:
+    replay = replay_one(addx(b"a") + addx(b"b") + addx(b"c") + REMOVE_TENTATIVE + REMOVE_TENTATIVE)
+    assert replay.open == {1: JournalItem(b"a", 1000, None), 2: JournalItem(b"b", 1000, None)}
+    assert replay.warnings == []
+    assert values(replay.finish()) == [b"a", b"b", b"c"], "both come back, lowest xid first"
+
+
+def test_op3_reads_are_confirmed_and_aborted_by_the_xids_drawn() -> None:
+    # A session as Kestrel 2.0 journals it: two /open (03 alone; it numbered them 1 and 2), the
+    # first confirmed with /close, the second aborted.
+    data = addx(b"a") + addx(b"b") + REMOVE_TENTATIVE + REMOVE_TENTATIVE + confirm(1) + abort(2)
     replay = replay_files("q", [("q", data)])
-    assert values(replay.finish()) == [b"b", b"c"]
-    assert [warning.split(": ", 1)[1] for warning in replay.warnings] == [
-        "CONFIRM_REMOVE of unknown xid 1, ignored",
-        "REMOVE_TENTATIVE of xid 0 already open: the earlier read's item is dropped, "
-        "as Kestrel drops it",
-        "UNREMOVE of unknown xid 2, ignored",
-    ]
+    assert values(replay.finish()) == [b"b"]
+    assert (replay.warnings, replay.xid) == ([], 2)
 
 
 def test_op4_save_xid_sets_the_counter_and_moves_no_item() -> None:
@@ -167,9 +207,11 @@ def test_op6_confirm_remove_forgets_the_read() -> None:
 
 
 def test_op7_add_xid_appends_its_item_and_its_xid_decides_nothing() -> None:
-    # A Kestrel 1.x rewrite of a read open as 7, confirmed afterwards: Kestrel 2.x holds the item
-    # as read 0, so the confirm misses it and it comes back.
+    # A rewrite by Kestrel before 2.1 of a read open as 7, confirmed afterwards. Replaying it,
+    # that Kestrel holds the item under the counter's next xid, 1 (not 7, and not the 0 of a 2.1
+    # reader), so the confirm of 7 misses it and it comes back, as it did in that Kestrel.
     rewritten = ADD_XID_7_HI + REMOVE_TENTATIVE + journal.save_xid(9) + addx(b"q")
+    assert (replay_one(rewritten).open, replay_one(rewritten).xid) == ({1: HI}, 9)
     replay = replay_files("q", [("q", rewritten + CONFIRM_REMOVE_7)])
     assert replay.finish() == [HI, JournalItem(b"q", 1000, None)]
     assert [warning.split(": ", 1)[1] for warning in replay.warnings] == [
@@ -212,19 +254,9 @@ def test_opcodes_from_10_up_are_corrupt(opcode: int) -> None:
         replay_files("q", [("q", addx(b"1") + bytes([opcode]) + bytes(8))])
 
 
-def test_the_replay_never_draws_an_xid_from_the_counter() -> None:
-    # Kestrel's nextXid (the counter plus one, skipping 0 and open xids) serves only reads made
-    # after the restart: whatever the counter, a 1-byte REMOVE_TENTATIVE holds read 0.
-    for counter in (-1, 4, 2_147_483_647):
-        data = xid_record(4, counter) + addx(b"a") + addx(b"b") + open_read(5) + REMOVE_TENTATIVE
-        replay = replay_one(data)
-        assert sorted(replay.open) == [0, 5], counter
-        assert replay.xid == 0
-
-
 # --- replay across files ------------------------------------------------------------------------
 
-# Reliable reads on a Kestrel 2.x queue, in three stretches (each a rotated file in some layouts):
+# Reliable reads on a Kestrel 2.1+ queue, in three stretches (each a rotated file in some layouts):
 # a confirmed, b aborted then reopened and confirmed, c aborted and reopened, d open at shutdown,
 # e removed by a plain get, f confirmed, g never read.
 PART_1 = (
@@ -235,7 +267,7 @@ PART_2 = confirm(3) + addx(b"f") + open_read(5) + REMOVE + abort(4)
 PART_3 = open_read(6) + addx(b"g") + open_read(7) + confirm(7)
 # Reads 5 (d) and 6 (c) are open at shutdown: Kestrel aborts 6 then 5, each to the head.
 SERVED_AFTER_RESTART = [b"d", b"c", b"g"]
-# What Kestrel 2.x packs PART_1 into: the reads open at the checkpoint (highest xid first, each an
+# What Kestrel 2.1+ packs PART_1 into: the reads open at the checkpoint (highest xid first, each an
 # ADDX then its REMOVE_TENTATIVE_XID), then the queue.
 PACK_OF_PART_1 = addx(b"c") + open_read(4) + addx(b"b") + open_read(3) + addx(b"d") + addx(b"e")
 DEAD = addx(b"dead") + open_read(99)  # a superseded file: replaying it would show
@@ -282,25 +314,56 @@ def test_the_pack_replays_to_the_state_of_the_files_it_replaces() -> None:
     assert list(packed.items) == list(whole.items)
 
 
-def test_a_directory_upgraded_from_1x_replays_as_kestrel_2x_did() -> None:
-    # Kestrel 1.x wrote q.1 up to the confirm of 41: a rewrite holding a read open as 41, then b
-    # opened (1.x numbered it 43) and 41 confirmed. Kestrel 2.x then started on the file: it held
-    # a, then b, as read 0 (a dropped), aborted read 0 (b back at the head), and went on: b opened
-    # as 1 and confirmed, c opened as 2 and left open, e added.
-    written_by_1x = (
-        journal.add_xid(41, b"a", 1000) + REMOVE_TENTATIVE + journal.save_xid(42)
-        + addx(b"b") + addx(b"c") + addx(b"d") + REMOVE_TENTATIVE + confirm(41)
-    )  # fmt: skip
-    written_by_2x = abort(0) + open_read(1) + confirm(1)
-    replay = replay_files(
-        "q", [("q.1", written_by_1x + written_by_2x), ("q", open_read(2) + addx(b"e"))]
-    )
-    assert values(replay.finish()) == [b"c", b"d", b"e"]
+def test_a_directory_written_by_kestrel_2_0_replays_as_kestrel_2_0_restarts() -> None:
+    # Kestrel 2.0 journals each /open as 03 alone and numbers it on replay from its counter, as
+    # it did when serving. q.1 starts with a rewrite made while b (read 43) and a (read 41) were
+    # open: each an ADD_XID then 03, then the counter, then the queue. Replaying it, 2.0 numbers
+    # them 1 and 2, so the confirm of 41 misses and a comes back, in 2.0 as here. Then c is opened
+    # (44), aborted, opened again (45) and confirmed.
+    rewrite = journal.add_xid(43, b"b", 1000) + REMOVE_TENTATIVE
+    rewrite += journal.add_xid(41, b"a", 1000) + REMOVE_TENTATIVE
+    rewrite += journal.save_xid(43) + addx(b"c") + addx(b"d")
+    served = confirm(41) + REMOVE_TENTATIVE + abort(44) + REMOVE_TENTATIVE + confirm(45)
+    # 2.0 restarted on q.1: it aborted its open reads 2 (a) and 1 (b), each to the head, and went
+    # on from its counter: b opened as 46, a as 47 and confirmed, e added; b open at shutdown.
+    after_restart = abort(2) + abort(1) + REMOVE_TENTATIVE + REMOVE_TENTATIVE + confirm(47)
+    after_restart += addx(b"e")
+    replay = replay_files("q", [("q.1", rewrite + served), ("q", after_restart)])
+    assert values(replay.finish()) == [b"b", b"d", b"e"]
+    assert replay.xid == 47
     assert [warning.split(": ", 1)[1] for warning in replay.warnings] == [
-        "REMOVE_TENTATIVE of xid 0 already open: the earlier read's item is dropped, "
-        "as Kestrel drops it",
-        "CONFIRM_REMOVE of unknown xid 41, ignored",
+        "CONFIRM_REMOVE of unknown xid 41, ignored"
     ]
+
+
+def upgraded_directory(open_read_2_0: bytes) -> list[tuple[str, bytes]]:
+    """q.1 written by Kestrel 2.0, its /open records given; q written by 2.1 after it started."""
+    # 2.0: a opened (read 1), b opened (read 2) and confirmed; 2.0 stopped with a open.
+    written_by_2_0 = addx(b"a") + addx(b"b") + addx(b"c") + open_read_2_0 + open_read_2_0
+    written_by_2_0 += confirm(2)
+    # 2.1 read both 03 as read 0 (b replacing a) and missed the confirm of 2; at its start it
+    # aborted read 0 (b back at its head), then opened b as 1 and confirmed it, and d was added.
+    written_by_2_1 = abort(0) + open_read(1) + confirm(1) + addx(b"d")
+    return [("q.1", written_by_2_0), ("q", written_by_2_1)]
+
+
+def test_a_2_0_directory_later_run_under_2_1_replays_2_0_reads_by_the_counter() -> None:
+    replay = replay_files("q", upgraded_directory(REMOVE_TENTATIVE))
+    # The known difference (docs section 2): the reads 2.0 left open are not the ones 2.1 aborted
+    # at its start, so 2.1's records act on other items. Kayos serves d alone; a, open at 2.0's
+    # stop, is replaced by 2.1's read 1, and c is the item that read confirms.
+    assert values(replay.finish()) == [b"d"]
+    assert [warning.split(": ", 1)[1] for warning in replay.warnings] == [
+        "UNREMOVE of unknown xid 0, ignored",
+        "REMOVE_TENTATIVE_XID of xid 1 already open: the earlier read's item is dropped, "
+        "as Kestrel drops it",
+    ]
+    # What that 2.1 Kestrel serves after a restart: it reads each 03 as an open of read 0.
+    as_2_1_reads_it = replay_files("q", upgraded_directory(open_read(0)))
+    assert values(as_2_1_reads_it.finish()) == [b"c", b"d"]
+    # And what 2.0 would have served had it restarted instead: a (open at its stop), then c.
+    only_2_0 = replay_files("q", upgraded_directory(REMOVE_TENTATIVE)[:1])
+    assert values(only_2_0.finish()) == [b"a", b"c"]
 
 
 # --- unknown xids, damage, chunks ---------------------------------------------------------------
