@@ -41,11 +41,14 @@ def xid_op(opcode: int, xid: int) -> bytes:
     return bytes([opcode]) + struct.pack("<i", xid)
 
 
-def add_xid(xid: int, data: bytes) -> bytes:
-    return b"\x07" + struct.pack("<iiqq", xid, 16 + len(data), 1_000, 0) + data
+def continue_item(xid: int, data: bytes) -> bytes:
+    return b"\x08" + struct.pack("<iiqq", xid, 16 + len(data), 1_000, 0) + data
 
 
-OPEN, SAVE_XID, ABORT, CONFIRM, STATE_DUMP = 3, 4, 5, 6, 8
+# Kestrel 2.1 and later journal an /open as REMOVE_TENTATIVE_XID (9); Kestrel 1.x and 2.0 wrote
+# REMOVE_TENTATIVE (3), the opcode alone, and numbered it from their xid counter on replay.
+ABORT, CONFIRM, OPEN = 5, 6, 9
+OPEN_2_0 = b"\x03"
 
 
 def write_journals(directory: Path) -> dict[str, list[str]]:
@@ -56,13 +59,8 @@ def write_journals(directory: Path) -> dict[str, list[str]]:
         # Superseded by the pack file below: must not be replayed.
         "jobs.100": addx(b"dead-1") + addx(b"dead-2"),
         "jobs.150": addx(b"dead-3"),
-        # A pack: xid state, one read open at the rewrite, then the queue.
-        "jobs.150.pack": xid_op(SAVE_XID, 7)
-        + struct.pack("<bii", STATE_DUMP, 7, 1)
-        + add_xid(8, b"j-open-at-pack")
-        + xid_op(OPEN, 8)
-        + addx(b"j1")
-        + addx(b"j2"),
+        # A pack as Kestrel 2.1+ writes it: the read open at the checkpoint, then the queue.
+        "jobs.150.pack": addx(b"j-open-at-pack") + xid_op(OPEN, 8) + addx(b"j1") + addx(b"j2"),
         "jobs.151": addx(b"j3") + xid_op(OPEN, 9) + xid_op(CONFIRM, 9) + xid_op(ABORT, 8),
         # The current file: one more item, a read left open at shutdown, a torn tail.
         "jobs": addx(b"j4") + xid_op(OPEN, 10) + addx(b"j5")[:-2],
@@ -80,7 +78,20 @@ def write_journals(directory: Path) -> dict[str, list[str]]:
         + addx(b"a2")
         + addx(b"a3")
         + xid_op(OPEN, 1)
-        + xid_op(CONFIRM, 1),
+        + xid_op(CONFIRM, 1)
+        + xid_op(OPEN, 2)
+        + continue_item(2, b"a4"),
+        # Written by Kestrel 2.0: l1 and l2 opened with the bare opcode (reads 1 and 2 of its
+        # counter), l2 confirmed, l4 added, l3 removed by a plain get; l1, open at the end, comes
+        # back at the head. (Read as 2.1 reads it, both would be read 0 and l2 would come back.)
+        "legacy": addx(b"l1")
+        + addx(b"l2")
+        + addx(b"l3")
+        + OPEN_2_0
+        + OPEN_2_0
+        + xid_op(CONFIRM, 2)
+        + addx(b"l4")
+        + b"\x01",
         # A corrupt record in the middle: the whole queue stays out.
         "broken": addx(b"b1") + b"\x63" + addx(b"b2"),
         "empty": addx(b"e1") + b"\x01",
@@ -93,7 +104,8 @@ def write_journals(directory: Path) -> dict[str, list[str]]:
         "jobs": ["j-open-at-pack", "j2", "j3", "j4"],
         "old": ["later", "never", "o3"],
         "feed": ["f2"],
-        "feed+audit": ["a2", "a3"],
+        "feed+audit": ["a3", "a4"],
+        "legacy": ["l1", "l4"],
         "empty": [],
     }
 
@@ -168,7 +180,7 @@ def test_import_then_a_front_serves_exactly_the_replayed_items(
     assert "jobs at offset 28: torn tail (ADDX record cut off after 21 bytes)" in first.stdout
     assert groups_on(seed) == {
         ("jobs", "jobs"), ("old", "old"), ("feed", "feed"), ("feed", "feed+audit"),
-        ("empty", "empty"),
+        ("legacy", "legacy"), ("empty", "empty"),
     }  # fmt: skip
 
     again = run_import(tmp_path / "kestrel", seed, "--queue", "jobs", "--queue", "feed+audit")

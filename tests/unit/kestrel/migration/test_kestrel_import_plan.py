@@ -169,7 +169,7 @@ def test_existing_queues_are_skipped_unless_forced(tmp_path: Path) -> None:
 
 def test_dry_run_and_corrupt(tmp_path: Path) -> None:
     write_queue(tmp_path, "jobs", 3)
-    (tmp_path / "bad").write_bytes(journal.addx(b"x", 1) + b"\x09")
+    (tmp_path / "bad").write_bytes(journal.addx(b"x", 1) + b"\x0a")  # no opcode 10
     dry = run(None, tmp_path, "jobs")
     assert (dry.result, dry.items, dry.expired) == (DRY_RUN, 3, 1)
     backend = FakeBackend()
