@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos import checker
-from chaos.history import Event, Produce, Recorder, dump_jsonl
+from chaos.history import Event, Note, Produce, Recorder, dump_jsonl
 from chaos.procs import drains, faults, membership, moves, netfaults
 from chaos.procs.workload import Consumer, Producer, join_timeout_s
 from kayos.local.cluster import LocalCluster
@@ -85,6 +85,7 @@ class Report:
     delivered: int = 0
     snapshots: int = 0
     unavailability_s: dict[str, float] = field(default_factory=dict)
+    unavailability_by_kind_s: dict[str, float | None] = field(default_factory=dict)
     violations: list[dict[str, Any]] = field(default_factory=list)
     base_dir: str = ""
     history: str = ""
@@ -120,6 +121,7 @@ class Report:
             "delivered": self.delivered,
             "snapshots": self.snapshots,
             "longest_unavailability_s": self.unavailability_s,
+            "longest_unavailability_by_kind_s": self.unavailability_by_kind_s,
             "violations": self.violations,
             "base_dir": self.base_dir,
             "history": self.history,
@@ -153,6 +155,56 @@ def longest_gaps(
         points.sort()
         gaps[str(shard)] = round(max(b - a for a, b in itertools.pairwise(points)), 2)
     return gaps
+
+
+@dataclass(frozen=True)
+class FaultSpan:
+    """One fault as the history has it: from its ``fault`` note to its ``fault done`` note."""
+
+    kind: str
+    start_s: float
+    end_s: float
+
+
+def fault_spans(events: list[Event]) -> list[FaultSpan]:
+    """The faults of a history in the order they began; a fault with no ``fault done`` note (a
+    run that broke off) ends where it began."""
+    began: dict[int, tuple[str, float]] = {}
+    ended: dict[int, float] = {}
+    for event in events:
+        if isinstance(event, Note) and event.what == "fault":
+            began[int(event.detail["index"])] = (str(event.detail["kind"]), event.at_s)
+        elif isinstance(event, Note) and event.what == "fault done":
+            ended[int(event.detail["index"])] = event.at_s
+    spans = [FaultSpan(kind, at_s, ended.get(index, at_s)) for index, (kind, at_s) in began.items()]
+    return sorted(spans, key=lambda span: span.start_s)
+
+
+def longest_gaps_by_kind(
+    produces: list[Produce],
+    shard_of: dict[str, int],
+    spans: list[FaultSpan],
+    start_s: float,
+    end_s: float,
+) -> dict[str, float | None]:
+    """Per fault kind: the longest stretch with no acks=all produce acknowledged on a shard that
+    is charged to a fault of that kind (docs/testing.md, "Reading a report"). The stretches are
+    ``longest_gaps``' (on one shard, from one acknowledgement to the next, the phase's start and
+    end closing the first and last); each is charged to the first fault that overlaps it: the one
+    in progress when it began, else the first to begin during it. None for a kind none of whose
+    faults was charged a stretch (each began under an earlier fault's)."""
+    times: dict[int, list[float]] = {shard: [start_s, end_s] for shard in set(shard_of.values())}
+    for produce in produces:
+        if produce.outcome == "ok" and start_s <= produce.at_s <= end_s:
+            times[shard_of[produce.queue]].append(produce.at_s)
+    longest: dict[str, float | None] = dict.fromkeys(sorted({span.kind for span in spans}))
+    for points in times.values():
+        points.sort()
+        for before, after in itertools.pairwise(points):
+            span = next((s for s in spans if s.start_s < after and s.end_s >= before), None)
+            if span is not None:
+                longest[span.kind] = round(max(longest[span.kind] or 0.0, after - before), 2)
+    return longest
 
 
 def check_stores(cluster: LocalCluster) -> list[dict[str, Any]]:
@@ -316,6 +368,8 @@ def _judge(
     produces = [event for event in events if isinstance(event, Produce)]
     report.produce_calls = dict(Counter(produce.outcome for produce in produces))
     report.unavailability_s = longest_gaps(produces, shard_of, *phase)
+    spans = fault_spans(events)
+    report.unavailability_by_kind_s = longest_gaps_by_kind(produces, shard_of, spans, *phase)
 
 
 def _wind_down(

@@ -1,8 +1,8 @@
 """The benchmarks behind ``kayos bench`` (kayos/cli/bench.py) and a few ``python -m`` ones:
 ``storage.py`` (the shard store against lmdb), ``produce.py`` (a chain end to end),
 ``retention.py`` (the retention soak), ``spark.py`` with ``spark_floor.py`` (the Spark source),
-``kestrel/`` (the Kestrel front) and ``membership/`` (failover, growing, catch-up under load).
-A face: each starts a local cluster (kayos/local/) and measures it through the client.
+``kestrel/`` (the Kestrel front) and ``membership/`` (failover, healing, growing, catch-up under
+load). A face: each starts a local cluster (kayos/local/) and measures it through the client.
 
 It ships in the wheel. ``kayos bench`` is a documented command of the installed ``kayos`` script
 (README, docs/performance.md, docs/operations.md): an operator runs it to measure a machine

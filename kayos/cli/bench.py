@@ -157,6 +157,79 @@ def _load_options(command: Callable[..., None]) -> Callable[..., None]:
 
 @bench.command("failover")
 @click.option(
+    "--faults", default="kill9,sigstop", show_default=True, help="Faults, comma-separated."
+)
+@click.option(
+    "--roles", default="head,middle,tail", show_default=True, help="Roles struck, comma-separated."
+)
+@click.option("--repeat", type=int, help="Repetitions of each fault x role.  [default: 5]")
+@click.option("--producers", type=int, help="Threads sharing one client.  [default: 4]")
+@click.option(
+    "--restart", is_flag=True, help="Start a killed node again as kayos up's supervisor would."
+)
+@click.option(
+    "--bound-s",
+    type=float,
+    help="A case not resumed this long after the fault is recorded null.  [default: 10]",
+)
+@click.option("--margin-s", type=float, help="The case runs on after resuming.  [default: 1]")
+@click.option("--stall-seconds", type=float, help="The stall phase (0: none).  [default: 30]")
+@click.option("--seed", type=int, default=None, help="The stall schedule's seed (else drawn).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+@click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
+@click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the clusters.")
+def bench_failover_command(
+    faults: str,
+    roles: str,
+    repeat: int | None,
+    producers: int | None,
+    restart: bool,
+    bound_s: float | None,
+    margin_s: float | None,
+    stall_seconds: float | None,
+    seed: int | None,
+    as_json: bool,
+    out: str | None,
+    base: str | None,
+) -> None:
+    """3 nodes + 3 managers: kill -9 and SIGSTOP of each role as connected acks=all producers
+    see them (writes_resume_s, longest_gap_s, lost, duplicates), and false_removals under
+    300 ms stalls."""
+    from kayos.bench.membership.failover import (
+        FailoverBenchParameters,
+        bench_failover,
+        text_lines,
+    )
+
+    given: dict[str, Any] = {
+        "faults": tuple(part.strip() for part in faults.split(",") if part.strip()),
+        "roles": tuple(part.strip() for part in roles.split(",") if part.strip()),
+        "repeat": repeat,
+        "producers": producers,
+        "restart": restart or None,
+        "bound_s": bound_s,
+        "margin_s": margin_s,
+        "stall_seconds": stall_seconds,
+        "seed": seed,
+    }
+    try:
+        parameters = FailoverBenchParameters(**{k: v for k, v in given.items() if v is not None})
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    result = bench_failover(parameters, base, echo=lambda line: click.echo(line, err=True))
+    text = json.dumps(result, indent=2)
+    if out:
+        with open(out, "w") as handle:
+            handle.write(text + "\n")
+    if as_json:
+        click.echo(text)
+        return
+    for line in text_lines(result):
+        click.echo(line)
+
+
+@bench.command("heal")
+@click.option(
     "--shard-mb", type=int, help="Size of the shard a returning node copies.  [default: 1024]"
 )
 @click.option(
@@ -170,7 +243,7 @@ def _load_options(command: Callable[..., None]) -> Callable[..., None]:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
 @click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
-def bench_failover_command(
+def bench_heal_command(
     shard_mb: int | None,
     detection_window_ms: int | None,
     slow_window_ms: int | None,
@@ -182,7 +255,7 @@ def bench_failover_command(
     base: str | None,
 ) -> None:
     """3 nodes + 3 managers, acks=all producers throughout: dead and slow node removal, catch-up."""
-    from kayos.bench.membership.failover import FailoverBenchParameters, bench_failover
+    from kayos.bench.membership.heal import HealBenchParameters, bench_heal
     from kayos.errors import KayosError
 
     given: dict[str, Any] = {
@@ -194,10 +267,10 @@ def bench_failover_command(
         "both_loads": both_loads or None,
     }
     try:
-        parameters = FailoverBenchParameters(**{k: v for k, v in given.items() if v is not None})
+        parameters = HealBenchParameters(**{k: v for k, v in given.items() if v is not None})
     except (ValueError, KayosError) as exc:
         raise click.BadParameter(str(exc)) from exc
-    _bench_report(bench_failover(parameters, base), as_json, out, skip=("runs", "machine"))
+    _bench_report(bench_heal(parameters, base), as_json, out, skip=("runs", "machine"))
 
 
 @bench.command("grow")

@@ -1,426 +1,500 @@
-"""``kayos bench failover``: how fast the cluster heals itself (issue 11), with producers running
-``acks=all`` throughout (docs/performance.md, "Failover").
+"""``kayos bench failover``: kill -9 and SIGSTOP of each role of a chain, as producers already
+connected through one shared ``kayos.Client`` see them (docs/performance.md, "Failover as
+connected producers see it", defines the matrix and every figure).
 
-Workload, per run: a LocalCluster of 3 node processes (fsync on, as always) and 3 manager members,
-one shard a -> b -> c filled to ``shard_mb`` (values of ``fill_value_bytes``). ``producers``
-threads then produce one 100 B message at a time with acks=all until the run ends. In order:
+For each fault x role, ``repeat`` times (interleaved), on a LocalCluster of 3 node processes and 3
+manager members with the default bounds: producer threads (``failover_load.SharedProducers``)
+write acks=all one message at a time; the fault strikes the node holding the role; the case ends
+once every thread had a call sent after the fault acknowledged, plus ``margin_s``, or at
+``bound_s``; then the node is let run or started again, the cluster made whole, and the case's
+messages read back. A separate phase stalls each node in turn for 300 ms every 2-3 s and counts
+the nodes the manager took out of a chain (``false_removals``). The figures are
+``failover_figures``' pure functions of what was recorded.
 
-1. **slow node**: b is made slow by a SIGSTOP/SIGCONT duty cycle (stopped ``slow_stop_ms`` of
-   every ``slow_stop_ms + slow_run_ms``), so it still answers but every hop through it waits.
-   ``slow_node_removed_s``: from the first SIGSTOP until the manager's chain leaves b out; null,
-   with ``slow_node_reason``, if that does not happen within ``slow_timeout_s``. b is then let run
-   and the run waits for full replication again (the manager brings it back by itself).
-2. **dead node**: kill -9 of the chain's middle (c, b having rejoined as the tail).
-   ``dead_node_removed_s``: from the kill until the first acks=all write *begun after the kill*
-   is acknowledged (only a repaired chain acknowledges one).
-3. **catch-up**: the killed node's copy of the shard is deleted and it is started again; whatever
-   catch-up path the node and the manager take (a streamed copy today, a snapshot when there is
-   one) brings it back. ``catchup_mb_per_s``: its store file after the copy, over the seconds from
-   its readiness until its durable seq reaches what the tail held when it started.
-   ``produce_drop_during_catchup``: 1 - (acks/s during the copy) / (acks/s in the ``baseline_s``
-   just before it, the median of its 1 s windows); with ``produce_rate`` (an open-loop producer,
-   ``kayos.bench.membership.load``) 1 - (acks/s during the copy) / the offered rate.
-   ``ack_p99_ms_before`` / ``_during_catchup``: the acks' latency p99 in the same two spans.
-
-``disk_seq_write_mb_per_s`` is measured in the same run on the same filesystem (one file of
-``disk_probe_mb``, by default the shard's size, in 1 MiB writes, one fsync). ``repeat`` runs the
-whole scenario again on a fresh cluster; each figure is then reported as the median with its
-range. ``both_loads`` runs every repeat twice, closed loop and then open loop at ``produce_rate``:
-the closed-loop figures stay where they were, the open-loop ones go under ``open_loop``.
+The bench reaches the cluster through the client, the nodes' HTTP API (``LocalCluster.status``,
+``live_topology``) and the manager members' (``/v1/manager/status``, ``/v1/manager/changes``);
+faults are signals to the processes. The cases run on the thread that started the cluster (its
+processes die with that thread): with ``restart`` that thread runs ``kayos up``'s supervisor
+loop for the case while another one strikes and watches.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
-import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from kayos import limits
-from kayos.bench.membership.catchup import disk_seq_write_mb_per_s
-from kayos.bench.membership.load import (
-    Producers,
-    phase_figures,
-    produce_fill_batch,
-    producers_for,
+from kayos.bench.membership.failover_figures import (
+    all_resumed_at,
+    case_summary,
+    longest_gap_s,
+    removals,
+    stall_schedule,
+    targets,
+    writes_resume_s,
 )
+from kayos.bench.membership.failover_load import SharedProducers, marker, read_back
 from kayos.bench.produce import machine_facts
 from kayos.client.sync import Client
+from kayos.errors import KayosError
 from kayos.local.cluster import LocalCluster
 from kayos.local.http import http_json
-from kayos.manager.member.config import Config
+from kayos.local.processes import ClusterError
+from kayos.local.up import StopSignal, supervise
 
-QUEUE = "failover"
-FILL_QUEUE = "failover-fill"
-POLL_S = 0.02  # the period of every bounded poll below (a condition, not a synchronisation)
-
-# The issue's targets.
-DEAD_BEYOND_WINDOW_S_TARGET = 1.0
-SLOW_REMOVED_S_TARGET = 3.0
-CATCHUP_SHARE_OF_DISK_TARGET = 0.5
-PRODUCE_DROP_TARGET = 0.2
-
-FIGURES = (
-    "dead_node_removed_s",
-    "slow_node_removed_s",
-    "catchup_mb_per_s",
-    "disk_seq_write_mb_per_s",
-    "produce_drop_during_catchup",
-)
+FAULTS = ("kill9", "sigstop")
+ROLES = ("head", "middle", "tail")
+ROLE_INDEX = {"head": 0, "middle": 1, "tail": -1}
+# What a case records; a case that failed outright records each as None.
+FIGURES = ("writes_resume_s", "longest_gap_s", "acks", "errors", "lost", "duplicates")
+SHARD = 0
+POLL_S = 0.01  # the period of the bounded polls below (conditions, not synchronisation)
+# Producer threads end the call they are in when told to stop: at most the client's own request
+# timeout, plus its retries' backoff.
+PRODUCERS_JOIN_S = limits.client_request_timeout_ms / 1000 + 10.0
 
 
 @dataclass(frozen=True, slots=True)
 class FailoverBenchParameters:
-    shard_mb: int = 1024
-    detection_window_ms: int = limits.manager_detection_window_ms
-    slow_p99_ms: int = limits.manager_slow_p99_ms
-    slow_window_ms: int = limits.manager_slow_window_ms
-    fill_value_bytes: int = 8000
+    faults: tuple[str, ...] = FAULTS
+    roles: tuple[str, ...] = ROLES
+    repeat: int = 5
     producers: int = 4
-    baseline_s: float = 10.0
-    produce_rate: float | None = None  # msgs/s offered by open-loop producers; None: closed loop
-    both_loads: bool = False  # each run twice: closed loop, then open loop at produce_rate
-    slow_stop_ms: int = 400
-    slow_run_ms: int = 100
-    slow_timeout_s: float = 30.0
-    disk_probe_mb: int | None = None  # None: as large as the shard (at least 16 MiB)
-    repeat: int = 1
-    step_timeout_s: float = 120.0
-    catchup_timeout_s: float = 900.0
+    restart: bool = False  # kill9: kayos up's supervisor starts the node again during the case
+    bound_s: float = 10.0  # a case not resumed this long after the fault is recorded as not
+    margin_s: float = 1.0  # the case runs on this long after every thread resumed
+    warmup_s: float = 1.0
+    stall_seconds: float = 30.0  # the false-removal phase; 0 leaves it out
+    stall_ms: int = 300
+    stall_every_s: tuple[float, float] = (2.0, 3.0)
+    seed: int | None = None  # the stall schedule's; None: drawn
+    whole_timeout_s: float = 120.0  # making the cluster whole again after a case
+    value_bytes: int = 100
 
     def __post_init__(self) -> None:
-        if self.shard_mb < 1 or self.repeat < 1 or self.producers < 1:
-            raise ValueError("shard_mb, repeat and producers must be >= 1")
-        if self.slow_stop_ms < 1 or self.slow_run_ms < 1:
-            raise ValueError("slow_stop_ms and slow_run_ms must be >= 1")
-        if self.produce_rate is not None and self.produce_rate <= 0:
-            raise ValueError("produce_rate must be > 0 messages/s")
-        if self.both_loads and self.produce_rate is None:
-            raise ValueError("both_loads needs produce_rate (the open loop's offered rate)")
-        self.manager_config().validate()
-
-    def manager_config(self) -> Config:
-        window = self.detection_window_ms
-        return Config(
-            detection_window_ms=window,
-            suspect_after_ms=max(1, window // 2),
-            slow_p99_ms=self.slow_p99_ms,
-            slow_window_ms=self.slow_window_ms,
-        )
+        if not self.faults or not set(self.faults) <= set(FAULTS):
+            raise ValueError(f"faults must be some of {', '.join(FAULTS)}")
+        if not self.roles or not set(self.roles) <= set(ROLES):
+            raise ValueError(f"roles must be some of {', '.join(ROLES)}")
+        if self.repeat < 1 or self.producers < 1 or self.value_bytes < 1:
+            raise ValueError("repeat, producers and value_bytes must be >= 1")
+        if self.bound_s <= 0 or self.margin_s < 0 or self.warmup_s < 0:
+            raise ValueError("bound_s must be > 0, margin_s and warmup_s >= 0")
+        if self.stall_seconds < 0 or self.stall_ms < 1:
+            raise ValueError("stall_seconds must be >= 0 and stall_ms >= 1")
+        low, high = self.stall_every_s
+        if not 0 < low <= high or low <= self.stall_ms / 1000:
+            raise ValueError("stall_every_s needs stall_ms / 1000 < low <= high")
 
 
-def wait_for(condition: Callable[[], Any], what: str, timeout_s: float) -> Any:
-    """``condition()``'s first truthy value, polled every ``POLL_S``; ``TimeoutError`` naming
-    ``what`` once ``timeout_s`` passed."""
+def wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    """Whether ``condition()`` held within ``timeout_s`` (polled every ``POLL_S``)."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
+    while not condition():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"bench failover: timed out after {timeout_s}s waiting for {what}")
+            return False
         time.sleep(POLL_S)
+    return True
 
 
-def _manager_view(cluster: LocalCluster) -> dict[str, Any] | None:
-    leader = cluster.wait_manager_leader()
-    if leader is None:
-        return None
-    code, body = http_json(cluster.manager_url(leader) + "/v1/manager/status", timeout_s=2.0)
-    return body["view"] if code == 200 else None
+class Session:
+    """The cluster the cases run on and the one client their producers share, made once per
+    cluster; ``replace`` starts a fresh cluster (and client) in place of one that is not whole."""
 
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.clusters = 0
+        self.cluster: LocalCluster | None = None
+        self.client: Client | None = None
 
-def _chain(cluster: LocalCluster) -> list[str] | None:
-    view = _manager_view(cluster)
-    return None if view is None else list(view["shards"][0]["chain"])
-
-
-def _node_state(cluster: LocalCluster, node: str) -> str | None:
-    view = _manager_view(cluster)
-    states = {} if view is None else {n: s for n, s, _ in view["nodes"]}
-    return states.get(node)
-
-
-def _shard_status(cluster: LocalCluster, node: str) -> dict[str, Any]:
-    status = cluster.status(node) or {}
-    shard = status.get("shards", {}).get("0")
-    return shard if isinstance(shard, dict) else {}
-
-
-def _file_mb(cluster: LocalCluster, node: str) -> float:
-    directory = cluster.data_dir(node) / "shards" / "0"
-    return sum(p.stat().st_size for p in directory.glob("data.*.kys")) / (1 << 20)
-
-
-def _fill(urls: list[str], megabytes: int, value_bytes: int) -> None:
-    value = os.urandom(value_bytes)
-    total = megabytes * (1 << 20) // value_bytes
-    batch = max(1, (1 << 20) // value_bytes)
-    starts = list(range(0, total, batch))
-
-    def worker(part: list[int]) -> None:
-        with Client(urls, name="bench-failover-fill") as client:
-            for start in part:
-                end = min(start + batch, total)
-                items = [(b"f%012d" % n, value) for n in range(start, end)]
-                produce_fill_batch(client, FILL_QUEUE, items)
-
-    with ThreadPoolExecutor(4) as pool:
-        list(pool.map(worker, [starts[i::4] for i in range(4)]))
-
-
-def _slow_phase(
-    cluster: LocalCluster, parameters: FailoverBenchParameters, victim: str
-) -> tuple[float | None, str | None, str | None]:
-    """Returns the seconds until ``victim`` left the chain (or None and why not) and the state
-    the manager gave it then ("slow", or "down" if it judged the node silent instead)."""
-    pid = cluster.pid(victim)
-    assert pid is not None
-    began = time.monotonic()
-    deadline = began + parameters.slow_timeout_s
-    removed: float | None = None
-    state: str | None = None
-    stop_s, run_s = parameters.slow_stop_ms / 1000, parameters.slow_run_ms / 1000
-    try:
-        while time.monotonic() < deadline:
-            os.kill(pid, signal.SIGSTOP)
-            time.sleep(stop_s)  # the duty cycle's stopped part: the fault itself, not a wait
-            os.kill(pid, signal.SIGCONT)
-            time.sleep(run_s)  # ... and its running part
-            chain = _chain(cluster)
-            if chain is not None and victim not in chain:
-                removed = time.monotonic() - began
-                state = _node_state(cluster, victim)
-                break
-    finally:
-        os.kill(pid, signal.SIGCONT)
-    if removed is None:
-        cycle = f"{parameters.slow_stop_ms} ms stopped / {parameters.slow_run_ms} ms running"
-        why = (
-            f"{victim} under a {cycle} duty cycle was not removed in {parameters.slow_timeout_s} s"
+    def open(self) -> None:
+        self.clusters += 1
+        cluster = LocalCluster(
+            os.path.join(self.root, f"cluster-{self.clusters}"),
+            nodes=3,
+            replicas=3,
+            shards=1,
+            managers=3,
         )
-        return None, None, why
-    return round(removed, 3), state, None
+        cluster.start_all()
+        self.cluster = cluster
+        self.client = Client(list(cluster.urls.values()), name="bench-failover")
 
+    def close(self) -> None:
+        client, cluster, self.client, self.cluster = self.client, self.cluster, None, None
+        if client is not None:
+            client.close()
+        if cluster is not None:
+            cluster.stop()
 
-def _full_again(cluster: LocalCluster, timeout_s: float) -> None:
-    """Waits until the manager put every node back in the chain: it does so once a returning node
-    has caught up (writes go on, so the members' seqs never stand still to be compared)."""
-    wait_for(
-        lambda: sorted(_chain(cluster) or []) == ["a", "b", "c"], "full replication", timeout_s
-    )
+    def replace(self) -> None:
+        self.close()
+        self.open()
 
+    def parts(self) -> tuple[LocalCluster, Client]:
+        assert self.cluster is not None, "the session is not open"
+        assert self.client is not None, "the session is not open"
+        return self.cluster, self.client
 
-def _dead_phase(
-    cluster: LocalCluster,
-    producers: Producers,
-    window_s: float,
-    step: float,
-    figures: dict[str, Any],
-) -> tuple[str, list[str]]:
-    """Kills the middle of the chain as it is now; records how long until a produce began on the
-    repaired chain, and waits until the manager spliced it out. Returns it and the survivors."""
-    chain = wait_for(lambda: _chain(cluster), "the manager's chain", step)
-    victim = chain[1]
-    survivors = [n for n in chain if n != victim]
-    figures["dead_node_role"] = "middle"
-    killed = time.monotonic()
-    cluster.kill(victim, signal.SIGKILL)
-    first = wait_for(lambda: producers.first_begun_after(killed), "a repaired chain", step)
-    figures["dead_node_removed_s"] = round(first - killed, 3)
-    figures["dead_node_beyond_window_s"] = round(first - killed - window_s, 3)
-    wait_for(lambda: _chain(cluster) == survivors, f"{victim} spliced out", step)
-    return victim, survivors
+    def chain(self) -> tuple[list[str], int]:
+        """The shard's chain and epoch as the nodes hold them."""
+        topology = self.parts()[0].live_topology()
+        return list(topology.shards[SHARD].chain), topology.epoch
 
-
-def _catchup_phase(
-    cluster: LocalCluster,
-    producers: Producers,
-    parameters: FailoverBenchParameters,
-    victim: str,
-    survivors: list[str],
-    figures: dict[str, Any],
-) -> None:
-    """Starts the dead ``victim`` again with no copy of the shard and records how fast it caught
-    up and what that cost the producers, once an open loop has worked off what the dead node's
-    stall held up (else its baseline is that backlog)."""
-    step = parameters.step_timeout_s
-    wait_for(producers.caught_up, "the producers' backlog", step)
-    before = time.monotonic()
-    time.sleep(parameters.baseline_s)  # the baseline phase's length, not a wait
-    baseline_start, baseline_end = before, time.monotonic()
-    shutil.rmtree(cluster.data_dir(victim) / "shards" / "0", ignore_errors=True)
-    target = int(_shard_status(cluster, survivors[-1])["last_seq"])
-    started = time.monotonic()
-    cluster.start(victim)  # returns once the node answers
-    ready = time.monotonic()
-    caught = wait_for(
-        lambda: (
-            int(_shard_status(cluster, victim).get("durable_seq", 0)) >= target and time.monotonic()
-        ),
-        f"{victim} catching up to seq {target}",
-        parameters.catchup_timeout_s,
-    )
-    copy_s = caught - ready
-    shard_mb = _file_mb(cluster, victim)
-    load = phase_figures(producers, (baseline_start, baseline_end), (ready, caught))
-    figures["catchup_mb_per_s"] = round(shard_mb / copy_s, 1)
-    figures["catchup_shard_mb"] = round(shard_mb, 1)
-    figures["catchup_s"] = round(copy_s, 2)
-    figures["catchup_node_start_s"] = round(ready - started, 2)
-    figures["load"] = load["load"]
-    figures["produce_offered_per_s"] = load["produce_offered_per_s"]
-    figures["produce_acks_per_s_before_catchup"] = load["produce_acks_per_s_before"]
-    figures["produce_acks_per_s_during_catchup"] = load["produce_acks_per_s_during"]
-    figures["produce_drop_during_catchup"] = load["produce_drop"]
-    figures["ack_p99_ms_before_catchup"] = load["ack_p99_ms_before"]
-    figures["ack_p99_ms_during_catchup"] = load["ack_p99_ms_during"]
-
-
-def _one_run(
-    directory: str, parameters: FailoverBenchParameters, rate: float | None
-) -> dict[str, Any]:
-    probe_mb = parameters.disk_probe_mb or max(16, parameters.shard_mb)
-    disk = disk_seq_write_mb_per_s(directory, probe_mb)
-    window_s = parameters.detection_window_ms / 1000
-    figures: dict[str, Any] = {"disk_seq_write_mb_per_s": disk}
-    cluster = LocalCluster(
-        os.path.join(directory, "cluster"),
-        nodes=3,
-        replicas=3,
-        shards=1,
-        managers=3,
-        manager_config=parameters.manager_config(),
-    )
-    step = parameters.step_timeout_s
-    with cluster:
-        urls = list(cluster.urls.values())
-        _fill(urls, parameters.shard_mb, parameters.fill_value_bytes)
-        cluster.wait_replicated(step)
-        producers = producers_for(urls, parameters.producers, (QUEUE,), rate)
-        producers.start()
+    def whole(self, timeout_s: float) -> bool:
+        """Waits until every node runs, the chain holds all of them and every member reports the
+        same seqs; whether that happened within ``timeout_s``."""
+        cluster = self.parts()[0]
+        deadline = time.monotonic() + timeout_s
+        if not wait_until(
+            lambda: (
+                all(cluster.running(n) for n in cluster.ids)
+                and sorted(self.chain()[0]) == sorted(cluster.ids)
+            ),
+            timeout_s,
+        ):
+            return False
         try:
-            wait_for(lambda: producers.acked_between(0, time.monotonic()) > 0, "first acks", step)
-            victim = "b"
+            cluster.wait_replicated(max(1.0, deadline - time.monotonic()))
+        except ClusterError:
+            return False
+        return True
 
-            # 1. Slow node.
-            slow_s, state, reason = _slow_phase(cluster, parameters, victim)
-            figures["slow_node_removed_s"] = slow_s
-            figures["slow_node_removed_as"] = state
-            figures["slow_node_reason"] = reason
-            _full_again(cluster, step)
 
-            # 2. Dead node: the middle of the chain as it is now (b rejoined as the tail).
-            victim, survivors = _dead_phase(cluster, producers, window_s, step, figures)
-            # 3. Catch-up of a returning node with no copy of the shard.
-            _catchup_phase(cluster, producers, parameters, victim, survivors, figures)
-            _full_again(cluster, step)
+def start_again(cluster: LocalCluster, node: str) -> None:
+    """Starts ``node`` on its data unless it runs (reaping it first if it died unreaped)."""
+    if node in cluster.processes and not cluster.running(node):
+        cluster.wait_exit(node)
+    if not cluster.running(node):
+        cluster.start(node)
+
+
+def strike_and_watch(
+    cluster: LocalCluster,
+    producers: SharedProducers,
+    fault: str,
+    node: str,
+    parameters: FailoverBenchParameters,
+) -> tuple[float, float]:
+    """Strikes ``node`` and watches the producers until the case ends; returns (fault, end) times.
+    A stopped node gets SIGCONT at the end; a killed one is left to the caller (or the
+    supervisor)."""
+    pid = cluster.pid(node)
+    if pid is None:
+        raise ClusterError(f"node {node} is not running: nothing to strike")
+    fault_s = time.monotonic()
+    os.kill(pid, signal.SIGKILL if fault == "kill9" else signal.SIGSTOP)
+    try:
+        deadline = fault_s + parameters.bound_s
+        threads = range(producers.count)
+        while (now := time.monotonic()) < deadline:
+            resumed = all_resumed_at(producers.recorded(), fault_s, threads)
+            if resumed is not None and now >= resumed + parameters.margin_s:
+                return fault_s, now
+            time.sleep(POLL_S)
+        return fault_s, deadline
+    finally:
+        if fault == "sigstop":
+            os.kill(pid, signal.SIGCONT)
+
+
+def _strike(
+    cluster: LocalCluster,
+    producers: SharedProducers,
+    fault: str,
+    node: str,
+    parameters: FailoverBenchParameters,
+    record: dict[str, Any],
+) -> tuple[float, float]:
+    """``strike_and_watch``, with ``kayos up``'s supervisor running on this thread meanwhile when
+    ``restart`` is asked for (its lines go in ``record["supervisor"]``)."""
+    if not parameters.restart:
+        times = strike_and_watch(cluster, producers, fault, node, parameters)
+        if fault == "kill9":
+            cluster.wait_exit(node)
+        return times
+    stop = StopSignal()
+    lines: list[str] = []
+    box: list[tuple[float, float] | BaseException] = []
+
+    def watched() -> None:
+        try:
+            box.append(strike_and_watch(cluster, producers, fault, node, parameters))
+        except BaseException as exc:  # handed back to the caller's thread below
+            box.append(exc)
         finally:
-            producers.finish(step)
-        figures["produce_errors"] = producers.errors
-        figures["produce_acks"] = len(producers.calls)
-        cluster.stop()
-    return figures
+            stop.set()
+
+    watcher = threading.Thread(target=watched, name="bench-failover-watch", daemon=True)
+    watcher.start()
+    try:
+        supervise(cluster, stop, lines.append)
+    finally:
+        watcher.join()
+        stop.close()
+    record["supervisor"] = lines
+    result = box[0]
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
-def _spread(values: list[float | None]) -> dict[str, float | None]:
-    known = [v for v in values if v is not None]
-    if not known:
-        return {"median": None, "min": None, "max": None}
-    return {"median": round(statistics.median(known), 3), "min": min(known), "max": max(known)}
+def run_case(
+    session: Session, parameters: FailoverBenchParameters, fault: str, role: str, repetition: int
+) -> dict[str, Any]:
+    """One repetition of one fault of one role; returns its record (figures included)."""
+    cluster, client = session.parts()
+    chain, epoch = session.chain()
+    node = chain[ROLE_INDEX[role]]
+    queue = f"failover-{repetition}-{fault}-{role}"
+    record: dict[str, Any] = {"fault": fault, "role": role, "repetition": repetition}
+    record.update(node=node, chain_before=chain, epoch_before=epoch, cluster=session.clusters)
+    start_seq = marker(client, queue, "start")
+    producers = SharedProducers(client, queue, parameters.producers, parameters.value_bytes)
+    producers.start()
+    began = time.monotonic()
+    try:
+        warm = wait_until(
+            lambda: (
+                time.monotonic() - began >= parameters.warmup_s
+                and producers.acked_by_every_thread()
+            ),
+            parameters.warmup_s + parameters.bound_s,
+        )
+        if not warm:
+            raise ClusterError(f"not every producer had an acknowledgement before the {fault}")
+        fault_s, end_s = _strike(cluster, producers, fault, node, parameters, record)
+    finally:
+        record["producers_stuck"] = producers.finish(PRODUCERS_JOIN_S)
+    calls = producers.recorded()
+    record.update(case_figures(producers, fault_s, end_s, parameters.bound_s))
+    start_again(cluster, node)
+    restoring = time.monotonic()
+    whole = session.whole(parameters.whole_timeout_s)
+    record["whole_again_s"] = round(time.monotonic() - restoring, 2) if whole else None
+    if whole:
+        record["chain_after"], record["epoch_after"] = session.chain()
+        end_seq = marker(client, queue, "end")
+        record.update(read_back(client, queue, start_seq, end_seq, calls))
+    else:
+        record.update(lost=None, duplicates=None)
+        record["read_back"] = f"the cluster was not whole within {parameters.whole_timeout_s} s"
+    return record
 
 
-def _targets(figures: dict[str, Any], window_s: float) -> dict[str, dict[str, Any]]:
-    def verdict(value: float | None, ok: Callable[[float], bool], target: str) -> dict[str, Any]:
-        return {"value": value, "target": target, "met": None if value is None else ok(value)}
+def guarded_case(
+    session: Session, parameters: FailoverBenchParameters, fault: str, role: str, repetition: int
+) -> dict[str, Any]:
+    """``run_case`` on a whole cluster (a fresh one if the last case left it broken). A case that
+    fails outright is recorded with its reason and no figures, and the next case gets a fresh
+    cluster."""
+    fresh = not session.whole(parameters.whole_timeout_s)
+    if fresh:
+        session.replace()
+    try:
+        record = run_case(session, parameters, fault, role, repetition)
+    except (ClusterError, KayosError, OSError) as exc:
+        record = {"fault": fault, "role": role, "repetition": repetition, "node": None}
+        record.update(dict.fromkeys(FIGURES))
+        record["resume"] = record["failed"] = f"{type(exc).__name__}: {exc}"[:500]
+        session.replace()
+    record["fresh_cluster"] = fresh
+    return record
 
-    dead = figures["dead_node_removed_s"]
-    catchup, disk = figures["catchup_mb_per_s"], figures["disk_seq_write_mb_per_s"]
-    share = None if catchup is None or not disk else round(catchup / disk, 3)
+
+def case_figures(
+    producers: SharedProducers, fault_s: float, end_s: float, bound_s: float
+) -> dict[str, Any]:
+    """The case's timings and counts from its recorded calls."""
+    calls = producers.recorded()
+    threads = range(producers.count)
+    resume = writes_resume_s(calls, fault_s, end_s)
+    in_case = [call for call in calls if call.done_s <= end_s]
     return {
-        "dead_node_beyond_window_s": verdict(
-            None if dead is None else round(dead - window_s, 3),
-            lambda v: v < DEAD_BEYOND_WINDOW_S_TARGET,
-            f"< {DEAD_BEYOND_WINDOW_S_TARGET} s beyond the detection window",
-        ),
-        "slow_node_removed_s": verdict(
-            figures["slow_node_removed_s"],
-            lambda v: v < SLOW_REMOVED_S_TARGET,
-            f"< {SLOW_REMOVED_S_TARGET} s",
-        ),
-        "catchup_share_of_disk": verdict(
-            share,
-            lambda v: v >= CATCHUP_SHARE_OF_DISK_TARGET,
-            f">= {CATCHUP_SHARE_OF_DISK_TARGET} of disk_seq_write_mb_per_s",
-        ),
-        "produce_drop_during_catchup": verdict(
-            figures["produce_drop_during_catchup"],
-            lambda v: v <= PRODUCE_DROP_TARGET,
-            f"<= {PRODUCE_DROP_TARGET}",
-        ),
+        "writes_resume_s": resume,
+        "longest_gap_s": longest_gap_s(calls, fault_s, end_s, threads),
+        "resume": None if resume is not None else f"did not resume within {bound_s} s",
+        "case_s": round(end_s - fault_s, 3),
+        "acks": sum(1 for call in in_case if call.ok),
+        "errors": sum(1 for call in in_case if not call.ok),
+        "error_kinds": dict(producers.error_kinds),
     }
 
 
-def bench_failover(parameters: FailoverBenchParameters, base: str | None = None) -> dict[str, Any]:
-    """Runs the scenario ``parameters.repeat`` times; returns the figures (medians when repeated),
-    their ranges, the targets and whether each is met, and every run's figures."""
-    root = base or tempfile.mkdtemp(prefix="kayos-bench-failover-")
-    rates = [None, parameters.produce_rate] if parameters.both_loads else [parameters.produce_rate]
-    runs: list[dict[str, Any]] = []
+def manager_json(cluster: LocalCluster, path: str) -> dict[str, Any]:
+    """``path`` of the manager group's leader (``/v1/manager/status``, ``/changes``)."""
+    leader = cluster.wait_manager_leader()
+    assert leader is not None, "the bench's cluster has manager members"
+    code, body = http_json(cluster.manager_url(leader) + path, timeout_s=5.0)
+    if code != 200 or not isinstance(body, dict):
+        raise ClusterError(f"the manager answered {path} with {code}: {body}")
+    return body
+
+
+def stall_phase(session: Session, parameters: FailoverBenchParameters, seed: int) -> dict[str, Any]:
+    """Every node in turn stopped for ``stall_ms`` every ``stall_every_s`` with the producers
+    running; the nodes the manager took out of a chain meanwhile (or within one detection window
+    plus 1 s after) are ``false_removals``."""
+    cluster, client = session.parts()
+    status = manager_json(cluster, "/v1/manager/status")
+    epoch = int(status["epoch"])
+    chains = {int(s["id"]): list(s["chain"]) for s in status["view"]["shards"]}
+    schedule = stall_schedule(
+        seed, cluster.ids, parameters.stall_seconds, parameters.stall_ms / 1000,
+        parameters.stall_every_s,
+    )  # fmt: skip
+    queue = "failover-stalls"
+    start_seq = marker(client, queue, "start")
+    producers = SharedProducers(client, queue, parameters.producers, parameters.value_bytes)
+    producers.start()
     try:
-        for index in range(parameters.repeat):
-            for kind, rate in enumerate(rates):
-                name = f"run-{index}" + ("-open" if kind else "")
-                directory = os.path.join(root, name)
-                os.makedirs(directory, exist_ok=True)
-                try:
-                    runs.append(_one_run(directory, parameters, rate))
-                finally:
-                    if base is not None:  # a directory the caller chose: keep the processes' logs
-                        logs = os.path.join(directory, "cluster", "logs")
-                        if os.path.isdir(logs):
-                            shutil.copytree(logs, os.path.join(root, f"{name}-logs"))
-                    shutil.rmtree(directory, ignore_errors=True)
+        wait_until(producers.acked_by_every_thread, parameters.bound_s)
+        began = time.monotonic()
+        for at_s, node in schedule:
+            time.sleep(max(0.0, began + at_s - time.monotonic()))  # the schedule itself
+            stall(cluster, node, parameters.stall_ms / 1000)
+        settle_s = parameters.stall_seconds + limits.manager_detection_window_ms / 1000 + 1.0
+        time.sleep(max(0.0, began + settle_s - time.monotonic()))  # the phase's own length
+        end_s = time.monotonic()
+        changes = manager_json(cluster, "/v1/manager/changes")
     finally:
+        stuck = producers.finish(PRODUCERS_JOIN_S)
+    found = removals(chains, epoch, changes["changes"])
+    calls = producers.recorded()
+    figures: dict[str, Any] = {
+        "stalls": len(schedule),
+        "stall_ms": parameters.stall_ms,
+        "false_removals": len(found),
+        "removals": found,
+        "epoch_before": epoch,
+        "epoch_after": int(changes["epoch"]),
+        "changes_dropped": changes.get("dropped", 0),
+        "acks": sum(1 for call in calls if call.ok and call.done_s <= end_s),
+        "errors": sum(1 for call in calls if not call.ok and call.done_s <= end_s),
+        "longest_gap_s": longest_gap_s(calls, began, end_s, range(producers.count)),
+        "producers_stuck": stuck,
+    }
+    if session.whole(parameters.whole_timeout_s):
+        end_seq = marker(client, queue, "end")
+        figures.update(read_back(client, queue, start_seq, end_seq, calls))
+    else:
+        figures.update(lost=None, duplicates=None)
+    return figures
+
+
+def stall(cluster: LocalCluster, node: str, seconds: float) -> None:
+    """SIGSTOP ``node`` for ``seconds``, then SIGCONT."""
+    pid = cluster.pid(node)
+    if pid is None:
+        raise ClusterError(f"node {node} is not running: nothing to stall")
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(seconds)  # the stall itself, not a wait for a condition
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def bench_failover(
+    parameters: FailoverBenchParameters,
+    base: str | None = None,
+    echo: Callable[[str], None] = lambda _line: None,
+) -> dict[str, Any]:
+    """Runs the matrix and the stall phase; returns every figure (docs/performance.md)."""
+    seed = parameters.seed
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**32)
+    echo(f"bench failover: seed {seed} (--seed {seed} replays the stall schedule)")
+    root = base or tempfile.mkdtemp(prefix="kayos-bench-failover-")
+    session = Session(root)
+    runs: list[dict[str, Any]] = []
+    stalls: dict[str, Any] | None = None
+    try:
+        session.open()
+        for repetition in range(parameters.repeat):
+            for fault in parameters.faults:
+                for role in parameters.roles:
+                    record = guarded_case(session, parameters, fault, role, repetition)
+                    runs.append(record)
+                    echo(progress_line(record))
+        if parameters.stall_seconds > 0:
+            if not session.whole(parameters.whole_timeout_s):
+                session.replace()
+            stalls = stall_phase(session, parameters, seed)
+            echo(f"bench failover: stalls {stalls['stalls']}, false_removals "
+                 f"{stalls['false_removals']}")  # fmt: skip
+    finally:
+        session.close()
         if base is None:
             shutil.rmtree(root, ignore_errors=True)
-    first = [run for run in runs if run["produce_offered_per_s"] == rates[0]]
-    result = _summary(first, parameters)
-    if parameters.both_loads:
-        result["open_loop"] = _summary(
-            [run for run in runs if run["produce_offered_per_s"] is not None], parameters
-        )
-    result["runs"] = runs
-    result["parameters"] = asdict(parameters)
-    result["machine"] = machine_facts()
-    return result
+    return summary(parameters, seed, runs, stalls)
 
 
-def _summary(runs: list[dict[str, Any]], parameters: FailoverBenchParameters) -> dict[str, Any]:
-    """The figures of ``runs`` (of one kind of load): medians, ranges, targets."""
-    ranges = {name: _spread([run[name] for run in runs]) for name in FIGURES}
-    window_s = parameters.detection_window_ms / 1000
-    result: dict[str, Any] = {name: ranges[name]["median"] for name in FIGURES}
-    reasons = [run["slow_node_reason"] for run in runs if run["slow_node_reason"]]
-    result["slow_node_reason"] = reasons[0] if reasons else None
-    result["detection_window_s"] = window_s
-    result["catchup_shard_mb"] = _spread([run["catchup_shard_mb"] for run in runs])["median"]
-    result["shard_mb_requested"] = parameters.shard_mb
-    result["targets"] = _targets(result, window_s)
-    result["ranges"] = ranges
-    for name in ("load", "produce_offered_per_s"):
-        result[name] = runs[0][name]
-    for name in (
-        "produce_acks_per_s_before_catchup",
-        "produce_acks_per_s_during_catchup",
-        "ack_p99_ms_before_catchup",
-        "ack_p99_ms_during_catchup",
-    ):
-        result[name] = _spread([run[name] for run in runs])["median"]
-    return result
+def summary(
+    parameters: FailoverBenchParameters,
+    seed: int,
+    runs: list[dict[str, Any]],
+    stalls: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The JSON: per fault and role over the repetitions, the stall phase, the targets."""
+    cases = {
+        fault: {
+            role: case_summary([r for r in runs if r["fault"] == fault and r["role"] == role])
+            for role in parameters.roles
+        }
+        for fault in parameters.faults
+    }
+    false_removals = None if stalls is None else stalls["false_removals"]
+    return {
+        "seed": seed,
+        "cases": cases,
+        "false_removals": false_removals,
+        "stall": stalls,
+        "targets": targets(cases, false_removals),
+        "runs": runs,
+        "parameters": asdict(parameters) | {"seed": seed},
+        "machine": machine_facts(),
+    }
+
+
+def progress_line(record: dict[str, Any]) -> str:
+    resume = record["writes_resume_s"]
+    shown = f"writes resumed after {resume:.3f} s" if resume is not None else record["resume"]
+    return (
+        f"bench failover: {record['fault']} {record['role']} ({record['node']}) "
+        f"#{record['repetition'] + 1}: {shown}, longest gap "
+        f"{record['longest_gap_s']}, lost {record['lost']}, duplicates {record['duplicates']}, "
+        f"errors {record['errors']}"
+    )
+
+
+def text_lines(result: dict[str, Any]) -> list[str]:
+    """The figures as aligned lines (without --json)."""
+    lines = [f"seed {result['seed']}"]
+    lines.append(
+        f"{'fault':8} {'role':7} {'resume median':>13} {'worst':>7} {'gap median':>10} "
+        f"{'worst':>7} {'lost':>5} {'dups':>5} {'errors':>6}"
+    )
+    for fault, roles in result["cases"].items():
+        for role, case in roles.items():
+            resume, gap = case["writes_resume_s"], case["longest_gap_s"]
+            lines.append(
+                f"{fault:8} {role:7} {_shown(resume['median']):>13} {_shown(resume['worst']):>7} "
+                f"{_shown(gap['median']):>10} {_shown(gap['worst']):>7} {case['lost']!s:>5} "
+                f"{case['duplicates']!s:>5} {case['errors']!s:>6}"
+            )
+    lines.append(f"false_removals {result['false_removals']}")
+    for name, verdict in result["targets"].items():
+        lines.append(f"target {name}: {verdict['value']} ({verdict['target']}): {verdict['met']}")
+    return lines
+
+
+def _shown(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"

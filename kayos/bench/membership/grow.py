@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from kayos import limits
-from kayos.bench.membership.failover import wait_for
+from kayos.bench.membership.heal import wait_for
 from kayos.bench.membership.load import (
     Producers,
     phase_figures,

@@ -1,4 +1,4 @@
-"""The campaign's pure parts: the seeded fault schedule and the unavailability figure."""
+"""The campaign's pure parts: the seeded fault schedule and the unavailability figures."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import signal
 
 import pytest
 
-from chaos.history import Produce
+from chaos.history import Note, Produce
 from chaos.procs import faults
-from chaos.procs.campaign import longest_gaps
+from chaos.procs.campaign import FaultSpan, fault_spans, longest_gaps, longest_gaps_by_kind
 from kayos import limits
 
 pytestmark = pytest.mark.chaos
@@ -55,6 +55,47 @@ def test_longest_gaps_per_shard() -> None:
         produce("q1", 9.0),
     ]
     assert longest_gaps(produces, shard_of, 0.0, 10.0) == {"0": 6.0, "1": 9.0}
+
+
+def test_fault_spans_run_from_each_fault_note_to_its_done_note() -> None:
+    events = [
+        Note(1, "fault", {"index": 0, "kind": "kill9", "node": "a", "hold_s": 1.0}, at_s=2.0),
+        Note(2, "fault done", {"index": 0, "exit_code": -9}, at_s=3.5),
+        Note(3, "fault", {"index": 1, "kind": "pause", "node": "b", "hold_s": 0.5}, at_s=4.0),
+    ]  # the second never finished: it ends where it began
+    assert fault_spans(events) == [FaultSpan("kill9", 2.0, 3.5), FaultSpan("pause", 4.0, 4.0)]
+
+
+def test_the_unavailability_by_kind_charges_each_stretch_to_the_fault_it_began_under() -> None:
+    shard_of = {"q0": 0, "q1": 1}
+    spans = [
+        FaultSpan("kill9", 2.0, 3.0),
+        FaultSpan("stranger", 3.2, 3.3),  # struck while both shards' stretches ran on
+        FaultSpan("pause", 6.0, 6.5),
+        FaultSpan("hostile_http", 8.0, 8.1),
+    ]
+    produces = [
+        produce("q0", 0.5),
+        produce("q0", 1.9),  # the last ack before the kill ...
+        produce("q0", 3.0, "unknown"),  # (not an acknowledgement)
+        produce("q0", 4.4),  # ... the first after: 2.5 s, the kill's; the stranger fell in it
+        produce("q0", 6.1),  # 4.4 -> 6.1: the pause began during it (1.7)
+        produce("q0", 8.05),  # 6.1 -> 8.05: began under the pause (1.95)
+        produce("q0", 8.09),  # 8.05 -> 8.09 and 8.09 -> 10.0 (the phase's end) began under
+        produce("q1", 1.0),  # hostile_http: 0.04 and 1.91
+        produce("q1", 2.5),  # 1.0 -> 2.5: the kill began during it (1.5)
+        produce("q1", 3.5),  # 2.5 -> 3.5: began under the kill (1.0); the stranger fell in it
+        produce("q1", 6.2),  # 3.5 -> 6.2: the pause began during it (2.7)
+        produce("q1", 9.0),  # 6.2 -> 9.0: began under the pause (2.8); 9.0 -> 10.0: no fault
+    ]
+    found = longest_gaps_by_kind(produces, shard_of, spans, 0.0, 10.0)
+    assert found == {"hostile_http": 1.91, "kill9": 2.5, "pause": 2.8, "stranger": None}
+
+
+def test_the_unavailability_by_kind_is_short_for_a_fault_that_stops_no_write() -> None:
+    produces = [produce("q0", n / 100) for n in range(1000)]
+    found = longest_gaps_by_kind(produces, {"q0": 0}, [FaultSpan("stranger", 4.0, 4.5)], 0.0, 9.99)
+    assert found == {"stranger": 0.01}
 
 
 class _SignalLog:
