@@ -190,9 +190,9 @@ def longest_gaps_by_kind(
     """Per fault kind: the longest stretch with no acks=all produce acknowledged on a shard that
     is charged to a fault of that kind (docs/testing.md, "Reading a report"). The stretches are
     ``longest_gaps``' (on one shard, from one acknowledgement to the next, the phase's start and
-    end closing the first and last); each is charged to the first fault that overlaps it: the one
-    in progress when it began, else the first to begin during it. None for a kind none of whose
-    faults was charged a stretch (each began under an earlier fault's)."""
+    end closing the first and last). Each is charged to the fault in progress when it began, else
+    to the last fault that began before it ended (the one writes were waiting out); one that
+    ended before any fault began is charged to none. None for a kind charged nothing."""
     times: dict[int, list[float]] = {shard: [start_s, end_s] for shard in set(shard_of.values())}
     for produce in produces:
         if produce.outcome == "ok" and start_s <= produce.at_s <= end_s:
@@ -201,10 +201,20 @@ def longest_gaps_by_kind(
     for points in times.values():
         points.sort()
         for before, after in itertools.pairwise(points):
-            span = next((s for s in spans if s.start_s < after and s.end_s >= before), None)
+            span = charged_fault(spans, before, after)
             if span is not None:
                 longest[span.kind] = round(max(longest[span.kind] or 0.0, after - before), 2)
     return longest
+
+
+def charged_fault(spans: list[FaultSpan], began_s: float, ended_s: float) -> FaultSpan | None:
+    """The fault a stretch from ``began_s`` to ``ended_s`` is charged to (``spans`` in the order
+    they began): the one in progress at ``began_s``, else the last to begin before ``ended_s``."""
+    in_progress = [s for s in spans if s.start_s <= began_s <= s.end_s]
+    if in_progress:
+        return in_progress[-1]
+    begun = [s for s in spans if s.start_s < ended_s]
+    return begun[-1] if begun else None
 
 
 def check_stores(cluster: LocalCluster) -> list[dict[str, Any]]:

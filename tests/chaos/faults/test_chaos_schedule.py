@@ -66,30 +66,43 @@ def test_fault_spans_run_from_each_fault_note_to_its_done_note() -> None:
     assert fault_spans(events) == [FaultSpan("kill9", 2.0, 3.5), FaultSpan("pause", 4.0, 4.0)]
 
 
-def test_the_unavailability_by_kind_charges_each_stretch_to_the_fault_it_began_under() -> None:
+def test_the_unavailability_by_kind_charges_each_stretch_to_the_fault_it_waited_out() -> None:
     shard_of = {"q0": 0, "q1": 1}
     spans = [
         FaultSpan("kill9", 2.0, 3.0),
-        FaultSpan("stranger", 3.2, 3.3),  # struck while both shards' stretches ran on
+        FaultSpan("stranger", 3.2, 3.3),
         FaultSpan("pause", 6.0, 6.5),
         FaultSpan("hostile_http", 8.0, 8.1),
     ]
     produces = [
-        produce("q0", 0.5),
+        produce("q0", 0.5),  # 0.0 -> 0.5 and 0.5 -> 1.9 ended before any fault: charged to none
         produce("q0", 1.9),  # the last ack before the kill ...
-        produce("q0", 3.0, "unknown"),  # (not an acknowledgement)
-        produce("q0", 4.4),  # ... the first after: 2.5 s, the kill's; the stranger fell in it
-        produce("q0", 6.1),  # 4.4 -> 6.1: the pause began during it (1.7)
-        produce("q0", 8.05),  # 6.1 -> 8.05: began under the pause (1.95)
-        produce("q0", 8.09),  # 8.05 -> 8.09 and 8.09 -> 10.0 (the phase's end) began under
-        produce("q1", 1.0),  # hostile_http: 0.04 and 1.91
-        produce("q1", 2.5),  # 1.0 -> 2.5: the kill began during it (1.5)
-        produce("q1", 3.5),  # 2.5 -> 3.5: began under the kill (1.0); the stranger fell in it
-        produce("q1", 6.2),  # 3.5 -> 6.2: the pause began during it (2.7)
-        produce("q1", 9.0),  # 6.2 -> 9.0: began under the pause (2.8); 9.0 -> 10.0: no fault
+        produce("q0", 2.5, "unknown"),  # (not an acknowledgement)
+        produce("q0", 3.1),  # ... the first after: 1.2 s, the kill's
+        produce("q0", 5.9),  # 3.1 -> 5.9: no fault in progress at 3.1, the stranger began last
+        produce("q0", 6.2),  # 5.9 -> 6.2: the pause
+        produce("q0", 8.05),  # 6.2 -> 8.05: in progress under the pause at 6.2 (1.85)
+        produce("q1", 1.0),  # 8.05 -> 10.0 (the phase's end): under hostile_http (1.95)
+        produce("q1", 2.1),  # 1.0 -> 2.1: the kill (1.1)
+        produce("q1", 4.0),  # 2.1 -> 4.0: in progress under the kill (1.9), not the stranger's
+        produce("q1", 9.0),  # 4.0 -> 9.0: hostile_http began last before 9.0 (5.0)
     ]
     found = longest_gaps_by_kind(produces, shard_of, spans, 0.0, 10.0)
-    assert found == {"hostile_http": 1.91, "kill9": 2.5, "pause": 2.8, "stranger": None}
+    assert found == {"hostile_http": 5.0, "kill9": 1.9, "pause": 1.85, "stranger": 2.8}
+
+
+def test_a_stretch_after_a_fault_ended_is_charged_to_the_next_fault_writes_waited_out() -> None:
+    """Writes that stop after a fault's span ended (a killed node rejoining after its restart)
+    and stay stopped through a later pause are charged to the pause, the last fault begun before
+    they resumed, not to the harmless one begun in between."""
+    spans = [
+        FaultSpan("kill9", 1.0, 2.0),
+        FaultSpan("stranger", 2.3, 2.3),
+        FaultSpan("pause", 2.6, 6.0),
+    ]
+    produces = [produce("q0", t) for t in (0.5, 0.9, 1.5, 2.1, 6.1, 6.2)]
+    found = longest_gaps_by_kind(produces, {"q0": 0}, spans, 0.0, 6.25)
+    assert found == {"kill9": 0.6, "pause": 4.0, "stranger": None}
 
 
 def test_the_unavailability_by_kind_is_short_for_a_fault_that_stops_no_write() -> None:
