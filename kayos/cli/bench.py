@@ -42,15 +42,24 @@ def bench_storage_command(
 
 
 def _bench_report(
-    result: dict[str, object], as_json: bool, out: str | None, skip: tuple[str, ...] = ()
+    result: dict[str, object],
+    as_json: bool,
+    out: str | None,
+    skip: tuple[str, ...] = (),
+    lines: list[str] | None = None,
 ) -> None:
-    """Writes a bench's JSON to ``out`` if given; prints it as JSON or as aligned lines."""
+    """Writes a bench's JSON to ``out`` if given; prints it as JSON, or as ``lines`` if given,
+    else as aligned lines."""
     text = json.dumps(result, indent=2)
     if out:
         with open(out, "w") as handle:
             handle.write(text + "\n")
     if as_json:
         click.echo(text)
+        return
+    if lines is not None:
+        for line in lines:
+            click.echo(line)
         return
     for name, value in result.items():
         if name not in skip:
@@ -217,15 +226,7 @@ def bench_failover_command(
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     result = bench_failover(parameters, base, echo=lambda line: click.echo(line, err=True))
-    text = json.dumps(result, indent=2)
-    if out:
-        with open(out, "w") as handle:
-            handle.write(text + "\n")
-    if as_json:
-        click.echo(text)
-        return
-    for line in text_lines(result):
-        click.echo(line)
+    _bench_report(result, as_json, out, lines=text_lines(result))
 
 
 @bench.command("heal")
