@@ -427,9 +427,15 @@ def bench_failover(
         if parameters.stall_seconds > 0:
             if not session.whole(parameters.whole_timeout_s):
                 session.replace()
-            stalls = stall_phase(session, parameters, seed)
-            echo(f"bench failover: stalls {stalls['stalls']}, false_removals "
-                 f"{stalls['false_removals']}")  # fmt: skip
+            try:
+                stalls = stall_phase(session, parameters, seed)
+            except (ClusterError, KayosError, OSError) as exc:
+                stalls = {"failed": f"{type(exc).__name__}: {exc}"[:500], "false_removals": None}
+            failed = f" ({stalls['failed']})" if "failed" in stalls else ""
+            echo(
+                f"bench failover: stall phase: {stalls.get('stalls')} stalls, false_removals "
+                f"{stalls['false_removals']}{failed}"
+            )
     finally:
         session.close()
         if base is None:
