@@ -26,10 +26,12 @@ run: $(STAMP)
 
 ## The test command: lint, types, then the whole test suite (the Spark tier too: java is installed
 ## first where the machine has none, deploy/ensure-java.sh; iptables for the chaos campaign's
-## partitions where the machine runs as root, deploy/ensure-netns-tools.sh).
+## partitions where the machine runs as root, deploy/ensure-netns-tools.sh; systemd-analyze and
+## docker-compose for the checks of the deploy files, also as root, deploy/ensure-deploy-tools.sh).
 test: $(STAMP) $(SPARK_STAMP)
 	bash deploy/ensure-java.sh
 	bash deploy/ensure-netns-tools.sh
+	bash deploy/ensure-deploy-tools.sh
 	$(BIN)/ruff check kayos kestrel_compat tests chaos
 	$(BIN)/mypy
 	$(BIN)/pytest

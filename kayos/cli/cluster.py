@@ -6,10 +6,15 @@ offline)."""
 from __future__ import annotations
 
 import json
+import re
 import sys
-from typing import Any
+import tomllib
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from kayos.identity import ClusterIdentity
 
 
 @click.command()
@@ -157,6 +162,13 @@ def manager(config_path: str, member_id: str, data_dir: str, log_level: str) -> 
     metavar="ID=HOST:HTTP_PORT:BIN_PORT",
     help="A node; repeat for each (shards get rotated roles: shard i starts at node i).",
 )
+@click.option(
+    "--manager",
+    "manager_specs",
+    multiple=True,
+    metavar="ID=HOST:RAFT_PORT:HTTP_PORT",
+    help="A cluster manager member, with --node; repeat for each (three or five).",
+)
 @click.option("--replicas", default=None, type=int, help="Chain length (default: min(3, nodes)).")
 @click.option("--shards", default=None, type=int, help="Shard count (default: one per node).")
 @click.option(
@@ -164,13 +176,14 @@ def manager(config_path: str, member_id: str, data_dir: str, log_level: str) -> 
     "from_path",
     default=None,
     type=click.Path(exists=True, dir_okay=False),
-    help="Keep the nodes and shards of this topology file (one without a cluster id and "
-    "secret, say) instead of --node.",
+    help="Write this topology file again with a new cluster id and secret, keeping everything "
+    "else in it (nodes, shards, queues, [managers], [manager], comments), instead of --node.",
 )
 @click.option("--force", is_flag=True, help="Replace --out if it exists.")
 def init(
     out_path: str,
     node_specs: tuple[str, ...],
+    manager_specs: tuple[str, ...],
     replicas: int | None,
     shards: int | None,
     from_path: str | None,
@@ -178,47 +191,136 @@ def init(
 ) -> None:
     """Write a topology file for a hand-made cluster, with a new cluster id and a random shared
     secret (the nodes prove it to each other on every replication link). Copy the file to every
-    node, readable by the node's user only."""
+    node and manager member, readable by their user only."""
     import os
 
     from kayos.errors import KayosError
     from kayos.identity import ClusterIdentity, write_private
-    from kayos.topology import NodeAddr, Topology, rotated
 
     if os.path.exists(out_path) and not force:
         raise click.ClickException(f"{out_path} exists; pass --force to replace it")
     if bool(node_specs) == bool(from_path):
         raise click.UsageError("give either --node (one per node) or --from, not both")
+    if from_path is not None and (manager_specs or replicas is not None or shards is not None):
+        raise click.UsageError("--manager, --replicas and --shards go with --node, not --from")
     try:
         if from_path is not None:
-            topology = Topology.load(from_path)
+            text, identity, nodes, members = _init_from(from_path, out_path)
         else:
-            addresses = [_node_address(spec, NodeAddr) for spec in node_specs]
-            count = len(addresses)
-            topology = rotated(
-                addresses,
-                replicas=min(3, count) if replicas is None else replicas,
-                shard_count=shards,
+            text, identity, nodes, members = _init_new(
+                node_specs, manager_specs, replicas, shards, ClusterIdentity.generate()
             )
-        identity = topology.identity
-        if identity is None or identity.is_placeholder:
-            identity = ClusterIdentity.generate()
-        text = topology.with_identity(identity).dumps_toml()
     except KayosError as exc:
         raise click.ClickException(str(exc)) from exc
     write_private(out_path, text)
-    click.echo(f"wrote {out_path}: cluster {identity.cluster_id}, {len(topology.nodes)} nodes")
+    click.echo(
+        f"wrote {out_path}: cluster {identity.cluster_id}, {nodes} nodes, {members} manager members"
+    )
 
 
-def _node_address(spec: str, make: Any) -> Any:
-    node_id, _, address = spec.partition("=")
-    host, _, ports = address.rpartition(":") if address.count(":") == 2 else ("", "", "")
-    host, _, http_port = host.rpartition(":") if host else ("", "", "")
-    if not (node_id and host and http_port.isdigit() and ports.isdigit()):
-        raise click.BadParameter(
-            f"{spec!r}: expected ID=HOST:HTTP_PORT:BIN_PORT", param_hint="--node"
+def _init_new(
+    node_specs: tuple[str, ...],
+    manager_specs: tuple[str, ...],
+    replicas: int | None,
+    shards: int | None,
+    identity: ClusterIdentity,
+) -> tuple[str, ClusterIdentity, int, int]:
+    """``kayos init --node ...``: rotated shards over the nodes, the members' tables after."""
+    from kayos.manager.member.config import MemberAddr, managers_toml, parse_members
+    from kayos.topology import NodeAddr, rotated
+
+    addresses = [_address(spec, NodeAddr, "--node", "HTTP_PORT:BIN_PORT") for spec in node_specs]
+    members = [
+        _address(spec, MemberAddr, "--manager", "RAFT_PORT:HTTP_PORT") for spec in manager_specs
+    ]
+    count = len(addresses)
+    topology = rotated(
+        addresses, replicas=min(3, count) if replicas is None else replicas, shard_count=shards
+    )
+    text = topology.with_identity(identity).dumps_toml()
+    if members:
+        text += "\n" + managers_toml(members)
+    parse_members(tomllib.loads(text))  # a bad id, two members on one port, too many: refused
+    return text, identity, count, len(members)
+
+
+def _init_from(from_path: str, out_path: str) -> tuple[str, ClusterIdentity, int, int]:
+    """``kayos init --from FILE``: the file as it is, with a new identity in place of its own
+    (a real one is kept). A JSON file is written as JSON."""
+    from kayos.errors import InvalidRequest
+    from kayos.identity import ClusterIdentity
+    from kayos.manager.member.config import parse_members
+    from kayos.topology import Topology
+
+    as_json = from_path.endswith(".json")
+    if as_json != out_path.endswith(".json"):
+        raise click.UsageError("--from and --out must both end in .json, or neither")
+    try:
+        with open(from_path, encoding="utf-8") as f:
+            text = f.read()
+        data = json.loads(text) if as_json else tomllib.loads(text)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # TOMLDecodeError is a ValueError
+        raise InvalidRequest(f"cannot read topology file {from_path}: {exc}") from exc
+    topology = Topology.from_json(data)
+    members = parse_members(data)
+    identity = topology.identity
+    if identity is None or identity.is_placeholder:
+        identity = ClusterIdentity.generate()
+    if as_json:
+        fields = {"cluster_id": identity.cluster_id, "secret": identity.secret.hex()}
+        text = json.dumps(dict(data, **fields), indent=2) + "\n"
+    else:
+        text = identity_in_toml(text, identity)
+    return text, identity, len(topology.nodes), len(members)
+
+
+_IDENTITY_KEY = re.compile(r"\s*(cluster_id|secret)\s*=")
+_EPOCH_KEY = re.compile(r"\s*epoch\s*=")
+
+
+def identity_in_toml(text: str, identity: ClusterIdentity) -> str:
+    """The TOML topology ``text`` with ``identity``'s two keys in place of its ``cluster_id`` and
+    ``secret`` (after ``epoch`` when it has none), every other line as it was. The result is
+    parsed again and must equal the original with the two keys changed, or nothing is written."""
+    from kayos.errors import InvalidRequest
+
+    lines = text.splitlines(keepends=True)
+    tables = next((i for i, line in enumerate(lines) if line.lstrip().startswith("[")), len(lines))
+    kept: list[str] = []
+    at: int | None = None
+    for line in lines[:tables]:
+        if _IDENTITY_KEY.match(line):
+            at = len(kept) if at is None else at
+        else:
+            kept.append(line)
+    if at is None:
+        at = next((i + 1 for i, line in enumerate(kept) if _EPOCH_KEY.match(line)), len(kept))
+    if at > 0 and not kept[at - 1].endswith("\n"):
+        kept[at - 1] += "\n"
+    kept[at:at] = [line + "\n" for line in identity.toml_lines()]
+    written = "".join(kept + lines[tables:])
+    expected = dict(tomllib.loads(text), cluster_id=identity.cluster_id)
+    expected["secret"] = identity.secret.hex()
+    try:
+        same = tomllib.loads(written) == expected
+    except tomllib.TOMLDecodeError:
+        same = False
+    if not same:
+        raise InvalidRequest(
+            "cannot put the new cluster_id and secret in this file's text (keep both keys on "
+            "one line each, before the first table)"
         )
-    return make(node_id, host, int(http_port), int(ports))
+    return written
+
+
+def _address(spec: str, make: Any, flag: str, ports_shape: str) -> Any:
+    """``ID=HOST:PORT:PORT`` of a ``--node`` or ``--manager`` flag."""
+    node_id, _, address = spec.partition("=")
+    host, _, second = address.rpartition(":") if address.count(":") == 2 else ("", "", "")
+    host, _, first = host.rpartition(":") if host else ("", "", "")
+    if not (node_id and host and first.isdigit() and second.isdigit()):
+        raise click.BadParameter(f"{spec!r}: expected ID=HOST:{ports_shape}", param_hint=flag)
+    return make(node_id, host, int(first), int(second))
 
 
 @click.command()
