@@ -11,6 +11,8 @@ from typing import Any
 
 import click
 
+from kayos.cli.address import deprecated_option
+
 
 @click.group()
 def bench() -> None:
@@ -267,10 +269,12 @@ def bench_spark_command(
     "--cluster-ops", default=5_000, show_default=True, help="Operations per cluster scenario."
 )
 @click.option(
-    "--cluster/--memory",
+    "--local-cluster/--memory",
+    "cluster",
     default=False,
-    help="Also run the front on a local 3-node chain (default: the memory backend only).",
+    help="Also run the front on a local 3-node chain it starts (default: the memory backend only).",
 )
+@deprecated_option("--cluster", "old_cluster", is_flag=True, replacement="--local-cluster")
 @click.option("--memcached", default=None, metavar="HOST:PORT", help="memcached to compare with.")
 @click.option(
     "--workers",
@@ -287,6 +291,7 @@ def bench_kestrel_command(
     ops: int,
     cluster_ops: int,
     cluster: bool,
+    old_cluster: bool,
     memcached: str | None,
     workers: str,
     as_json: bool,
@@ -297,6 +302,7 @@ def bench_kestrel_command(
     against memcached's when one is on PATH or given."""
     from kayos.bench.kestrel.front import KestrelBenchParameters, bench_kestrel
 
+    cluster = cluster or old_cluster
     try:
         counts = tuple(int(count) for count in clients.split(","))
         parameters = KestrelBenchParameters(
