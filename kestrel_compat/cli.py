@@ -10,19 +10,25 @@ import sys
 
 import click
 
-from kayos.errors import AddressInUseError
+from kayos.cli.address import ClusterAddress, cluster_option
+from kayos.errors import AddressInUseError, KayosError
 from kestrel_compat.core.config import ConfigError, KestrelConfig, load_config
 from kestrel_compat.core.persistence import Backend
 from kestrel_compat.server import KestrelServer, check_ports
 
 
-async def _serve(config: KestrelConfig, config_path: str | None, cluster: str | None) -> None:
+async def _serve(
+    config: KestrelConfig, config_path: str | None, cluster: ClusterAddress | None
+) -> None:
     check_ports(config)  # a taken port ends the front before it contacts the cluster
     backend: Backend | None = None
     if cluster is not None:
         from kestrel_compat.backends.kayos_backend import KayosBackend
 
-        backend = await KayosBackend.connect(cluster)
+        try:
+            backend = await KayosBackend.connect(list(cluster.urls))
+        except KayosError as exc:
+            raise click.ClickException(f"{exc.code}: {exc}{cluster.hint()}") from exc
     server = KestrelServer(config, config_path=config_path, backend=backend)
     await server.start()
     loop = asyncio.get_running_loop()
@@ -52,13 +58,8 @@ async def _serve(config: KestrelConfig, config_path: str | None, cluster: str | 
     type=click.Path(exists=True, dir_okay=False),
     help="TOML file: [server], [default], [queues.<name>], [aliases.<name>].",
 )
-@click.option(
-    "--cluster",
-    default=None,
-    metavar="URL",
-    help="A Kayos node's HTTP URL: keep items on that cluster's chains (durable on every replica "
-    "before STORED). Without it items live in this process's memory.",
-)
+# Items on the named cluster's chains (durable on every replica before STORED): no default cluster.
+@cluster_option(fallback=False, without="items are kept in this process's memory")
 @click.option("--log-level", default="WARNING", show_default=True, help="Python logging level.")
 def kestrel(
     host: str | None,
@@ -68,10 +69,12 @@ def kestrel(
     no_text: bool,
     no_thrift: bool,
     config_path: str | None,
-    cluster: str | None,
+    cluster: ClusterAddress | None,
     log_level: str,
 ) -> None:
-    """Serve Kestrel 2.x clients on the memcache, text and thrift protocols."""
+    """Serve Kestrel 2.x clients on the memcache, text and thrift protocols. Items are kept on
+    the Kayos cluster that --cluster (or $KAYOS_CLUSTER) names, durable on every replica before
+    STORED; with neither, in this process's memory."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     try:
         config = load_config(config_path)

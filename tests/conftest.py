@@ -28,6 +28,10 @@ settings.register_profile("ci", derandomize=True, print_blob=True, deadline=None
 if os.environ.get("CI"):
     settings.load_profile("ci")
 
+# The tests name their clusters themselves: a KAYOS_CLUSTER exported in the shell that runs them
+# would point every `kayos` command (and a front meant to keep items in memory) elsewhere.
+os.environ.pop("KAYOS_CLUSTER", None)
+
 
 @pytest.fixture
 def clock() -> ManualClock:

@@ -11,6 +11,8 @@ from typing import Any
 
 import click
 
+from kayos.cli.address import deprecated_option
+
 
 @click.group()
 def bench() -> None:
@@ -166,13 +168,17 @@ def _load_options(command: Callable[..., None]) -> Callable[..., None]:
 
 @bench.command("failover")
 @click.option(
-    "--faults", default="kill9,sigstop", show_default=True, help="Faults, comma-separated."
+    "--kinds",
+    "faults",
+    default="kill9,sigstop",
+    show_default=True,
+    help="Fault kinds, comma-separated.",
 )
 @click.option(
     "--roles", default="head,middle,tail", show_default=True, help="Roles struck, comma-separated."
 )
 @click.option("--repeat", type=int, help="Repetitions of each fault x role.  [default: 5]")
-@click.option("--producers", type=int, help="Threads sharing one client.  [default: 4]")
+@click.option("--producers", type=int, help="Producer threads sharing one client.  [default: 4]")
 @click.option(
     "--restart", is_flag=True, help="Start a killed node again as kayos up's supervisor would."
 )
@@ -341,10 +347,12 @@ def bench_spark_command(
     "--cluster-ops", default=5_000, show_default=True, help="Operations per cluster scenario."
 )
 @click.option(
-    "--cluster/--memory",
+    "--local-cluster/--memory",
+    "cluster",
     default=False,
-    help="Also run the front on a local 3-node chain (default: the memory backend only).",
+    help="Also run the front on a local 3-node chain it starts (default: the memory backend only).",
 )
+@deprecated_option("--cluster", "old_cluster", is_flag=True, replacement="--local-cluster")
 @click.option("--memcached", default=None, metavar="HOST:PORT", help="memcached to compare with.")
 @click.option(
     "--workers",
@@ -361,6 +369,7 @@ def bench_kestrel_command(
     ops: int,
     cluster_ops: int,
     cluster: bool,
+    old_cluster: bool,
     memcached: str | None,
     workers: str,
     as_json: bool,
@@ -371,6 +380,7 @@ def bench_kestrel_command(
     against memcached's when one is on PATH or given."""
     from kayos.bench.kestrel.front import KestrelBenchParameters, bench_kestrel
 
+    cluster = cluster or old_cluster
     try:
         counts = tuple(int(count) for count in clients.split(","))
         parameters = KestrelBenchParameters(

@@ -75,7 +75,7 @@ def _host_port(text: str | None, flag: str) -> tuple[str, int] | None:
 )
 @click.option("--id", "node_id", required=True, help="This node's id in the topology.")
 @click.option("--data", "data_dir", required=True, help="This node's data directory.")
-@click.option("--log-level", default="INFO", show_default=True)
+@click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
 @click.option(
     "--listen-http",
     default=None,
@@ -128,7 +128,7 @@ def node(
 )
 @click.option("--id", "member_id", required=True, help="This member's id in [managers].")
 @click.option("--data", "data_dir", required=True, help="This member's data directory.")
-@click.option("--log-level", default="INFO", show_default=True)
+@click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
 def manager(config_path: str, member_id: str, data_dir: str, log_level: str) -> None:
     """Run one member of the cluster manager in the foreground until SIGINT/SIGTERM."""
     import asyncio
@@ -179,7 +179,7 @@ def manager(config_path: str, member_id: str, data_dir: str, log_level: str) -> 
     help="Write this topology file again with a new cluster id and secret, keeping everything "
     "else in it (nodes, shards, queues, [managers], [manager], comments), instead of --node.",
 )
-@click.option("--force", is_flag=True, help="Replace --out if it exists.")
+@click.option("--force", is_flag=True, help="Replace --out if it exists already.")
 def init(
     out_path: str,
     node_specs: tuple[str, ...],
@@ -324,7 +324,13 @@ def _address(spec: str, make: Any, flag: str, ports_shape: str) -> Any:
 
 
 @click.command()
-@click.option("--data", "data_dir", default="./kayos-data", show_default=True, help="Data root.")
+@click.option(
+    "--data",
+    "data_dir",
+    default="./kayos-data",
+    show_default=True,
+    help="The data root: the topology file, logs, and each node's and member's data directory.",
+)
 @click.option("--nodes", default=3, show_default=True, help="Node processes to start.")
 @click.option("--replicas", default=3, show_default=True, help="Chain length of every shard.")
 @click.option("--shards", default=None, type=int, help="Shard count (default: one per node).")

@@ -8,36 +8,30 @@ from typing import IO, TYPE_CHECKING
 
 import click
 
+from kayos.cli.address import ClusterAddress, cluster_option
+
 if TYPE_CHECKING:
     from kayos.client.sync import Client
     from kayos.client.types import Acks, Message
 
-# `kayos up`'s first node.
-SEED_DEFAULT = "http://127.0.0.1:7101"
 # Lines of a --file produced per request: one batch, well under limits.batch_entries_max.
 FILE_BATCH_LINES = 1000
 # One long-poll of `consume --follow`; the node caps it at limits.consume_wait_ms_max.
 FOLLOW_WAIT_S = 10.0
 
-_seed_option = click.option(
-    "--seed",
-    "seeds",
-    multiple=True,
-    default=[SEED_DEFAULT],
-    show_default=True,
-    help="A node's HTTP base URL to learn the topology from (repeatable).",
-)
+# The cluster's address; `--seed` was its name before (docs/operations.md, "Naming the cluster").
+_cluster_option = cluster_option("--seed")
 
 
-def _client(seeds: tuple[str, ...]) -> Client:
+def _client(cluster: ClusterAddress) -> Client:
     from kayos.client.sync import Client
     from kayos.errors import KayosError
 
     try:
-        return Client(list(seeds), name="kayos-cli")
+        return Client(list(cluster.urls), name="kayos-cli")
     except KayosError as exc:
         raise click.ClickException(
-            f"cannot reach the cluster at {', '.join(seeds)}: {exc}"
+            f"cannot reach the cluster at {cluster.describe()}: {exc}"
         ) from exc
 
 
@@ -81,21 +75,21 @@ def _file_items(handle: IO[str]) -> Iterator[list[tuple[str, str]]]:
     show_default=True,
     help="Answer once committed on every replica (all), durable on the head (1), or queued (0).",
 )
-@_seed_option
+@_cluster_option
 def produce(
     queue: str,
     key: str | None,
     value: str | None,
     source: IO[str] | None,
     acks: str,
-    seeds: tuple[str, ...],
+    cluster: ClusterAddress,
 ) -> None:
     """Produce KEY VALUE (or a file of them) to QUEUE; prints the seqs."""
     from kayos.errors import KayosError
 
     if (source is None) == (key is None or value is None) or (source and key is not None):
         raise click.UsageError("give KEY and VALUE, or --file F (not both)")
-    with _client(seeds) as client:
+    with _client(cluster) as client:
         try:
             if source is None:
                 assert key is not None
@@ -139,9 +133,9 @@ def _message_line(message: Message) -> str:
     "--follow", is_flag=True, help="Keep waiting for new messages (needs --commit); Ctrl-C stops."
 )
 @click.option("--page-size", default=1000, show_default=True, help="Messages per page request.")
-@_seed_option
+@_cluster_option
 def consume(
-    queue: str, group: str, commit: bool, follow: bool, page_size: int, seeds: tuple[str, ...]
+    queue: str, group: str, commit: bool, follow: bool, page_size: int, cluster: ClusterAddress
 ) -> None:
     """Print QUEUE's messages after GROUP's high-water mark, one JSON object per line.
 
@@ -150,7 +144,7 @@ def consume(
 
     if follow and not commit:
         raise click.UsageError("--follow needs --commit (the next read starts at the group's mark)")
-    with _client(seeds) as client:
+    with _client(cluster) as client:
         try:
             while True:
                 # Per shard (a queue may have several): the boundary and how many messages.

@@ -14,9 +14,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from kayos.cli.address import CLUSTER_ENV
 from kayos.local.cluster import LocalCluster, poll_interval_s
 from kayos.local.processes import (
     ClusterError,
@@ -108,7 +110,9 @@ class KestrelFront:
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            # The front's cluster is the one this runner names (--cluster) or none: never a
+            # KAYOS_CLUSTER the user's shell happens to export (the front would read it).
+            env={**_without(os.environ, CLUSTER_ENV), "PYTHONUNBUFFERED": "1"},
             start_new_session=True,
             preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )
@@ -316,3 +320,7 @@ class LocalClusterWithKestrel(LocalCluster):
             )
             lines.append(f"  try: {try_it_command(address)}")
         return lines
+
+
+def _without(environ: Mapping[str, str], name: str) -> dict[str, str]:
+    return {key: value for key, value in environ.items() if key != name}

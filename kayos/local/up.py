@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
+from kayos.cli.address import TOPOLOGY_DEFAULT
 from kayos.local.cluster import LocalCluster, poll_interval_s
 from kayos.local.processes import ClusterError, log_tail
 from kayos.local.supervisor import GiveUp, Supervisor
@@ -40,7 +41,9 @@ def example_commands(cluster: LocalCluster, queue: str = "demo") -> list[str]:
     then read a snapshot as a consumer group; with the ``kayos`` client and with curl (at the
     queue's head and tail)."""
     first = cluster.url(cluster.ids[0])
-    seed = "" if first == "http://127.0.0.1:7101" else f" --seed {first}"  # the CLI's default
+    # The CLI finds the cluster by itself from the default topology file (kayos/cli/address.py).
+    found = Path(cluster.topology_path).resolve() == Path(TOPOLOGY_DEFAULT).resolve()
+    seed = "" if found else f" --cluster {first}"
     head = cluster.url(cluster.head_of(queue))
     tail = cluster.url(cluster.tails_of(queue)[0])
     body = '{"messages": [{"key": "k1", "value": "hello"}, {"key": "k2", "value": "world"}]}'

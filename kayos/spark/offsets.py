@@ -53,7 +53,8 @@ def _bool_option(options: Mapping[str, str], name: str, default: bool) -> bool:
 
 
 def endpoints(text: str) -> list[str]:
-    """``kayos.endpoints``: comma-separated HTTP URLs or ``host:port``, as client seeds."""
+    """``kayos.cluster`` (or ``kayos.endpoints``): comma-separated HTTP URLs or ``host:port``, as
+    client seeds."""
     seeds = []
     for part in text.split(","):
         part = part.strip()
@@ -61,7 +62,7 @@ def endpoints(text: str) -> list[str]:
             continue
         seeds.append(part if "://" in part else f"http://{part}")
     if not seeds:
-        raise InvalidRequest("option kayos.endpoints names no node")
+        raise InvalidRequest("option kayos.cluster names no node")
     return seeds
 
 
@@ -85,9 +86,10 @@ class SourceOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
-        seeds_text = _option(options, "kayos.endpoints", "seeds")
+        # kayos.cluster, as the command line's --cluster; kayos.endpoints and seeds are older names.
+        seeds_text = _option(options, "kayos.cluster", "kayos.endpoints", "seeds")
         if seeds_text is None:
-            raise InvalidRequest("option kayos.endpoints is required (node URLs, comma-separated)")
+            raise InvalidRequest("option kayos.cluster is required (node URLs, comma-separated)")
         queue = _option(options, "queue")
         if queue is None:
             raise InvalidRequest("option queue is required")

@@ -107,7 +107,8 @@ class KayosBackend:
             await client.connect()
         except KayosError as exc:
             await client.close()
-            raise BackendError(f"cannot reach the Kayos cluster at {seeds}: {exc}") from exc
+            where = seeds if isinstance(seeds, str) else ", ".join(seeds)
+            raise BackendError(f"cannot reach the Kayos cluster at {where}: {exc}") from exc
         return cls(client)
 
     def _shard(self, queue: str) -> int:

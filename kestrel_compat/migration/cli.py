@@ -23,6 +23,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from kayos.cli.address import ClusterAddress, cluster_option
 from kayos.errors import KayosError
 from kestrel_compat.backends.kayos_backend import KayosBackend
 from kestrel_compat.migration.importer import (
@@ -34,19 +35,17 @@ from kestrel_compat.migration.importer import (
 )
 from kestrel_compat.migration.plan import plan
 
-DEFAULT_SEED = "http://127.0.0.1:7101"
-
 
 async def run_import(
     directory: Path,
     queues: tuple[str, ...],
-    seed: str,
+    seeds: list[str],
     dry_run: bool,
     force: bool,
     console: Console,
 ) -> tuple[list[QueueResult], list[str]]:
     chosen, warnings = plan(directory, queues)
-    backend = None if dry_run else await KayosBackend.connect(seed)
+    backend = None if dry_run else await KayosBackend.connect(seeds)
     results: list[QueueResult] = []
     try:
         existing = set() if backend is None else await existing_groups(backend)
@@ -114,11 +113,12 @@ def results_table(results: list[QueueResult]) -> Table:
     "directory", type=click.Path(exists=True, file_okay=False, path_type=Path), metavar="DIR"
 )
 @click.option("--queue", "queues", multiple=True, help="Import only this queue (repeatable).")
-@click.option("--seed", default=DEFAULT_SEED, show_default=True, help="A Kayos node's HTTP URL.")
+# The cluster to write to; `--seed` was its name before (docs/operations.md, "Naming the cluster").
+@cluster_option("--seed")
 @click.option("--dry-run", is_flag=True, help="Replay and report; write nothing.")
-@click.option("--force", is_flag=True, help="Import queues the cluster already has again.")
+@click.option("--force", is_flag=True, help="Import again the queues the cluster has already.")
 def import_kestrel(
-    directory: Path, queues: tuple[str, ...], seed: str, dry_run: bool, force: bool
+    directory: Path, queues: tuple[str, ...], cluster: ClusterAddress, dry_run: bool, force: bool
 ) -> None:
     """Import a Kestrel 2.x queue directory (its journal files) into the queues the Kayos
     Kestrel front serves: every remaining item, in order, with its expiry, with acks=all. A
@@ -126,10 +126,10 @@ def import_kestrel(
     console = Console(stderr=False)
     try:
         results, warnings = asyncio.run(
-            run_import(directory, queues, seed, dry_run, force, console)
+            run_import(directory, queues, list(cluster.urls), dry_run, force, console)
         )
     except KayosError as exc:
-        click.echo(f"Error: {exc.code}: {exc}", err=True)
+        click.echo(f"Error: {exc.code}: {exc}{cluster.hint()}", err=True)
         sys.exit(1)
     console.print(results_table(results))
     for result in results:

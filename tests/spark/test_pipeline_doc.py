@@ -35,7 +35,7 @@ def test_doc_pipeline_runs_as_written(
     produce_rows(client, "words", [(f"w{i:05d}", word) for i, word in enumerate(words)])
     namespace = {
         "spark": spark,
-        "ENDPOINTS": endpoints(cluster),
+        "CLUSTER": endpoints(cluster),
         "CHECKPOINT": str(tmp_path / "checkpoint"),
     }
     exec(compile(_pipeline_block(), str(DOC), "exec"), namespace)  # noqa: S102 - the doc's own code

@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +33,19 @@ class KestrelProcess:
     """``python -m kestrel_compat`` on loopback, every front on a free port, its log in
     ``tmp_path``; ``close`` stops it (SIGTERM, then kill)."""
 
-    def __init__(self, tmp_path: Path, *, config: str | None = None) -> None:
+    def __init__(
+        self,
+        tmp_path: Path,
+        *,
+        config: str | None = None,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """``args`` go on the command line; ``env`` is added to this process's environment."""
         self.host = "127.0.0.1"
         self.port = 0
         command = [sys.executable, "-m", "kestrel_compat", "--host", self.host, "--port", "0"]
+        command += list(args)
         # Any free ports for the text and thrift fronts too, so parallel runs never collide.
         command += ["--text-port", "0", "--thrift-port", "0"]
         if config is not None:
@@ -44,7 +54,11 @@ class KestrelProcess:
             command += ["--config", str(path)]
         self._log = open(tmp_path / "kestrel.log", "wb")  # noqa: SIM115 - closed in close()
         self.process = subprocess.Popen(
-            command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=self._log, env=dict(os.environ)
+            command,
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env={**os.environ, **(env or {})},
         )
         self.port = self._read_port()
 

@@ -66,7 +66,7 @@ def compact_summary(
             if state == "failed" or state == "unreachable":
                 problems.append(f"{node} shard {shard}: {job.get('error')}")
             elif state != "done" and waited:
-                problems.append(f"{node} shard {shard}: still {state} when --wait ran out")
+                problems.append(f"{node} shard {shard}: still {state} when --wait-timeout ran out")
     finished = [s for s in stores if s.get("state") == "done"]
     before = sum(int(s.get("bytes_before") or 0) for s in finished)
     after = sum(int(s.get("bytes_after") or 0) for s in finished)

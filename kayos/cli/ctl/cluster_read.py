@@ -9,8 +9,9 @@ from typing import Any
 from kayos.cli.ctl.status_view import NodeAnswer, summarise, unreachable
 
 
-async def fetch_summary(urls: list[str], timeout_s: float) -> dict[str, Any]:
-    """The topology from the first of ``urls`` that serves it, then every node's status at once."""
+async def fetch_summary(urls: list[str], timeout_s: float, hint: str = "") -> dict[str, Any]:
+    """The topology from the first of ``urls`` that serves it, then every node's status at once
+    (``hint``: where the URLs came from, for the message when none answers)."""
     from kayos.client.http import HttpTransport
     from kayos.errors import KayosError
     from kayos.topology import Topology
@@ -27,7 +28,7 @@ async def fetch_summary(urls: list[str], timeout_s: float) -> dict[str, Any]:
             except KayosError as exc:
                 errors.append(str(exc))
         else:
-            return unreachable(urls, "; ".join(errors))
+            return unreachable(urls, "; ".join(errors), hint)
 
         async def ask(url: str) -> NodeAnswer:
             try:

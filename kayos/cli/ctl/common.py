@@ -1,6 +1,6 @@
 """What the ``kayos ctl`` commands that reach a cluster's nodes share: their one error, where
-the seed URLs and the cluster secret come from, the live topology, one HTTP transport, one
-question to a node, and how a result is printed."""
+the cluster secret comes from, the live topology, one HTTP transport, one question to a node, and
+how a result is printed. The nodes to ask come from ``--cluster`` (kayos/cli/address.py)."""
 
 from __future__ import annotations
 
@@ -34,16 +34,6 @@ def file_topology(path: str) -> Topology | None:
         return Topology.load(path)
     except (KayosError, OSError) as exc:
         raise CtlError(f"{path}: {exc}") from exc
-
-
-def seed_urls(topology_path: str, urls: tuple[str, ...]) -> list[str]:
-    """The nodes to ask first: ``--url`` as given, else every node of the ``--topology`` file."""
-    if urls:
-        return [url.rstrip("/") for url in urls]
-    found = file_topology(topology_path)
-    if found is None:
-        raise CtlError(f"{topology_path} does not exist: pass --topology FILE or --url URL")
-    return [node.http_url for node in found.nodes.values()]
 
 
 def identity_of(topology_path: str) -> ClusterIdentity:

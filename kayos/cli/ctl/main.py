@@ -13,11 +13,11 @@ from typing import Any
 import click
 
 from kayos import limits
+from kayos.cli.address import ClusterAddress, cluster_option
 from kayos.cli.ctl.cluster_read import fetch_summary
-from kayos.cli.ctl.options import TOPOLOGY_DEFAULT, signing_topology_option
+from kayos.cli.ctl.options import nodes_option, signing_topology_option, topology_option
 from kayos.cli.ctl.queue_view import retention_policy
 from kayos.cli.ctl.status_view import render, with_manager
-from kayos.cli.data import SEED_DEFAULT
 
 
 @click.group()
@@ -26,14 +26,7 @@ def ctl() -> None:
 
 
 @ctl.command()
-@click.option(
-    "--url",
-    "urls",
-    multiple=True,
-    default=[SEED_DEFAULT],
-    show_default=True,
-    help="A node's HTTP base URL to read the topology from (repeatable: tried in turn).",
-)
+@nodes_option
 @click.option(
     "--timeout",
     "timeout_s",
@@ -42,14 +35,7 @@ def ctl() -> None:
     show_default=True,
     help="Seconds to wait for each node's reply.",
 )
-@click.option(
-    "--topology",
-    "topology_path",
-    default=TOPOLOGY_DEFAULT,
-    show_default=True,
-    help="The topology file: its [managers] members are asked for the manager's view "
-    "(skipped when the file does not exist).",
-)
+@topology_option("its [managers] are asked for the manager's view (none when it does not exist)")
 @click.option(
     "--manager",
     "manager_urls",
@@ -58,20 +44,21 @@ def ctl() -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the documented JSON schema instead.")
 def status(
-    urls: tuple[str, ...],
+    cluster: ClusterAddress,
     timeout_s: float,
     topology_path: str,
     manager_urls: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Topology, every node's reachability, every chain link's state and lag, whether each shard is
-    fully replicated, the manager's view (leader, epoch, node states) and alerts. Exits 0 when
-    healthy, 1 when degraded (any alert), 2 when no node could be reached. See
-    docs/operations.md, "kayos ctl status"."""
+    fully replicated, each replica's repair state, the manager's view (leader, epoch, node states;
+    its members from the --topology file or --manager) and alerts. Exits 0 when healthy, 1 when
+    degraded (any alert), 2 when no node could be reached. See docs/operations.md, "kayos ctl
+    status"."""
     from kayos.client.operator import fetch_manager
 
     managers = _manager_urls(topology_path, manager_urls)
-    summary = asyncio.run(fetch_summary([url.rstrip("/") for url in urls], timeout_s))
+    summary = asyncio.run(fetch_summary(list(cluster.urls), timeout_s, cluster.hint()))
     answer = asyncio.run(fetch_manager(managers, timeout_s)) if managers else None
     summary = with_manager(summary, answer, managers)
     if as_json:
@@ -88,7 +75,7 @@ def _plain(text: str, **_: Any) -> str:
 
 @ctl.command()
 @click.argument("queue")
-@click.option("--url", default=SEED_DEFAULT, show_default=True, help="A node's HTTP base URL.")
+@cluster_option("--url")
 @click.option("--max-age-ms", type=click.IntRange(min=1), help="Drop entries older than this.")
 @click.option("--max-bytes", type=click.IntRange(min=1), help="Keep at most this many bytes.")
 @click.option(
@@ -105,7 +92,7 @@ def _plain(text: str, **_: Any) -> str:
 )
 def retention(
     queue: str,
-    url: str,
+    cluster: ClusterAddress,
     max_age_ms: int | None,
     max_bytes: int | None,
     until_consumed: bool,
@@ -118,38 +105,39 @@ def retention(
     if keep_all and policy:
         raise click.UsageError("--keep-all clears the policy; give it alone")
     body = policy if (policy or keep_all) else None
-    reply = asyncio.run(_retention_call(url.rstrip("/"), queue, body, timeout_s))
+    reply = asyncio.run(_retention_call(list(cluster.urls), queue, body, timeout_s))
     click.echo(json.dumps(reply, indent=2))
 
 
 async def _retention_call(
-    url: str, queue: str, body: dict[str, Any] | None, timeout_s: float
+    urls: list[str], queue: str, body: dict[str, Any] | None, timeout_s: float
 ) -> Any:
-    """GET from the node at ``url``, or PUT at the head of the queue's shard (from the topology)."""
+    """GET from the first of ``urls`` that answers, or PUT at the head of the queue's shard (from
+    the topology the first that answers serves)."""
+    from kayos.cli.ctl.common import CtlError, live_topology, with_transport
     from kayos.client.http import HttpTransport
-    from kayos.errors import KayosError
-    from kayos.topology import Topology
+    from kayos.errors import KayosError, OperationTimeoutError, UnavailableError
 
-    transport = HttpTransport()
-    await transport.open()
-    try:
-        if body is None:
-            target = url
-            method = "GET"
-        else:
-            topology = Topology.from_json(
-                await transport.request("GET", f"{url}/v1/topology", timeout_s=timeout_s)
-            )
-            target = topology.nodes[topology.chain_for(queue).head].http_url
-            method = "PUT"
-        try:
-            return await transport.request(
-                method, f"{target}/v1/queues/{queue}/retention", timeout_s=timeout_s, body=body
-            )
-        except KayosError as exc:
-            raise click.ClickException(f"{type(exc).__name__}: {exc}") from exc
-    finally:
-        await transport.close()
+    async def call(transport: HttpTransport) -> Any:
+        path = f"/v1/queues/{queue}/retention"
+        if body is not None:
+            topology = await live_topology(transport, urls, timeout_s)
+            head = topology.nodes[topology.chain_for(queue).head].http_url
+            try:
+                return await transport.request("PUT", head + path, timeout_s=timeout_s, body=body)
+            except KayosError as exc:
+                raise CtlError(f"{type(exc).__name__}: {exc}") from exc
+        errors = []
+        for url in urls:
+            try:
+                return await transport.request("GET", url + path, timeout_s=timeout_s)
+            except (UnavailableError, OperationTimeoutError) as exc:  # the next node may answer
+                errors.append(f"{type(exc).__name__}: {exc}")
+            except KayosError as exc:
+                raise CtlError(f"{type(exc).__name__}: {exc}") from exc
+        raise CtlError("; ".join(errors))
+
+    return await with_transport(call)
 
 
 def _manager_urls(topology_path: str, given: tuple[str, ...]) -> list[str]:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from kayos import limits
+from kayos.cli.address import deprecated_option
 from kayos.cli.ctl.check_view import (
     compact_summary,
     digest_range,
@@ -26,12 +27,12 @@ from kayos.cli.ctl.common import (
     emit,
     identity_of,
     live_topology,
-    seed_urls,
     with_transport,
 )
-from kayos.cli.ctl.options import json_option, timeout_option, topology_option, url_option
+from kayos.cli.ctl.options import json_option, nodes_option, timeout_option, topology_option
 
 if TYPE_CHECKING:
+    from kayos.cli.address import ClusterAddress
     from kayos.client.http import HttpTransport
     from kayos.identity import ClusterIdentity
     from kayos.topology import Topology
@@ -47,32 +48,51 @@ if TYPE_CHECKING:
 @click.option(
     "--shard", "shards", type=int, multiple=True, help="Compact this shard only (repeatable)."
 )
-@topology_option
-@url_option
+@topology_option("its secret signs the compaction requests")
+@nodes_option
 @timeout_option
 @click.option(
-    "--wait",
+    "--no-wait",
+    "no_wait",
+    is_flag=True,
+    help="Start the compactions and return instead of following them until each is done.",
+)
+@click.option(
+    "--wait-timeout",
     "wait_s",
-    type=click.FloatRange(min=0.0),
+    type=click.FloatRange(min=0.001),
     default=limits.ctl_compact_timeout_ms_default / 1000,
     show_default=True,
-    help="Seconds to wait for every compaction to finish (0: start them and return).",
+    help="Seconds to wait for every compaction to finish while following them.",
+)
+@deprecated_option(
+    "--wait",
+    "old_wait_s",
+    type=click.FloatRange(min=0.0),
+    default=None,
+    replacement="--wait-timeout SECONDS (--no-wait for 0)",
 )
 @json_option
 def compact(
     nodes: tuple[str, ...],
     shards: tuple[int, ...],
     topology_path: str,
-    urls: tuple[str, ...],
+    cluster: ClusterAddress,
     timeout_s: float,
+    no_wait: bool,
     wait_s: float,
+    old_wait_s: float | None,
     as_json: bool,
 ) -> None:
     """Compact shard stores now: every replica of every node, or those of --node and --shard.
     Shows each store's progress, then its bytes before and after. Exits 0 when every compaction
-    finished, 1 if one failed, a node could not be reached or --wait ran out."""
+    finished, 1 if one failed, a node could not be reached or --wait-timeout ran out."""
+    if old_wait_s is not None:
+        wait_s, no_wait = old_wait_s, no_wait or old_wait_s == 0
+    if no_wait:
+        wait_s = 0.0
     identity = identity_of(topology_path)
-    seeds = seed_urls(topology_path, urls)
+    seeds = list(cluster.urls)
     echo = None if as_json else click.echo
 
     async def run(transport: HttpTransport) -> dict[str, Any]:
@@ -176,8 +196,8 @@ async def run_compactions(
 
 
 @click.command()
-@topology_option
-@url_option
+@topology_option()
+@nodes_option
 @timeout_option
 @click.option(
     "--replicas",
@@ -203,7 +223,7 @@ async def run_compactions(
 @json_option
 def check(
     topology_path: str,
-    urls: tuple[str, ...],
+    cluster: ClusterAddress,
     timeout_s: float,
     replicas: int | None,
     digest_seqs: int,
@@ -215,8 +235,7 @@ def check(
     Exits 0 when nothing is wrong, 1 naming each problem, 2 when no node could be reached."""
     from kayos.cli.ctl.cluster_read import fetch_summary
 
-    seeds = seed_urls(topology_path, urls)
-    summary = asyncio.run(fetch_summary(seeds, timeout_s))
+    summary = asyncio.run(fetch_summary(list(cluster.urls), timeout_s, cluster.hint()))
     if summary["health"] == "unreachable":
         result = judge(summary, {}, {}, replicas)
     else:

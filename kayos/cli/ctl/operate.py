@@ -36,7 +36,8 @@ _timeout = click.option(
     type=click.FloatRange(min=0.001),
     default=limits.ctl_operation_wait_ms_default / 1000,
     show_default=True,
-    help="Seconds to follow the moves before giving up following (the moves go on).",
+    help="Seconds to wait for the moves while following them (then it stops following; the "
+    "moves go on).",
 )
 _wait = click.option(
     "--wait/--no-wait",

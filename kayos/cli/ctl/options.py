@@ -2,39 +2,67 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, TypeVar
+
 import click
 
 from kayos import limits
+from kayos.cli.address import TOPOLOGY_DEFAULT, cluster_option, note_unused_cluster_env
 
-# Where `kayos up` writes the cluster's topology file (and its secret).
-TOPOLOGY_DEFAULT = "./kayos-data/cluster.toml"
+Command = TypeVar("Command", bound=Callable[..., Any])
 
-# The --topology option of a command that signs a request to the manager.
+__all__ = [
+    "TOPOLOGY_DEFAULT",
+    "cluster_nodes_option",
+    "json_option",
+    "nodes_option",
+    "signing_topology_option",
+    "timeout_option",
+    "topology_option",
+]
+
+
+def _note_env(ctx: click.Context, _param: click.Parameter, value: Any) -> Any:
+    note_unused_cluster_env(ctx, value)
+    return value
+
+
+# The --topology option of a command that only asks the cluster manager: the members' addresses
+# and the secret that signs the request are in the file, and nodes are not asked (so the command
+# takes no --cluster).
 signing_topology_option = click.option(
     "--topology",
     "topology_path",
     default=TOPOLOGY_DEFAULT,
     show_default=True,
     type=click.Path(exists=True, dir_okay=False),
-    help="The topology file: the cluster secret signs the request; its [managers] are asked.",
+    callback=_note_env,
+    help="The cluster's topology file: its secret signs the request and its [managers] are asked "
+    "(the nodes are not, so there is no --cluster).",
 )
 
-# The options of the commands that read the cluster's nodes (compact, check, queue ...).
-topology_option = click.option(
-    "--topology",
-    "topology_path",
-    default=TOPOLOGY_DEFAULT,
-    show_default=True,
-    help="The topology file: its nodes are asked for the cluster's current topology (and its "
-    "secret signs the requests that change state).",
-)
-url_option = click.option(
-    "--url",
-    "urls",
-    multiple=True,
-    help="A node's HTTP base URL to read the topology from (repeatable; default: the "
-    "--topology file's nodes, tried in turn).",
-)
+
+def topology_option(why: str = "") -> Callable[[Command], Command]:
+    """The --topology option of a command that asks the nodes (status, compact, check, queue
+    ...): without --cluster its nodes are asked; ``why`` says what else the command reads in it."""
+    return click.option(
+        "--topology",
+        "topology_path",
+        default=TOPOLOGY_DEFAULT,
+        show_default=True,
+        type=click.Path(dir_okay=False),
+        help="The cluster's topology file: without --cluster or $KAYOS_CLUSTER its nodes are "
+        f"asked{'; ' + why if why else ''}.",
+    )
+
+
+# The nodes to ask: --cluster, and --url, its name before (docs/operations.md, "Naming the
+# cluster").
+nodes_option = cluster_option("--url", topology=True)
+# The same for a command that came after --cluster (so it has no old name).
+cluster_nodes_option = cluster_option(topology=True)
+
 timeout_option = click.option(
     "--timeout",
     "timeout_s",

@@ -15,13 +15,19 @@ from kayos.cli.ctl.common import (
     ask,
     emit,
     live_topology,
-    seed_urls,
     with_transport,
 )
-from kayos.cli.ctl.options import json_option, timeout_option, topology_option, url_option
+from kayos.cli.ctl.options import (
+    cluster_nodes_option,
+    json_option,
+    nodes_option,
+    timeout_option,
+    topology_option,
+)
 from kayos.cli.ctl.queue_view import Answer, describe, render_describe, retention_policy
 
 if TYPE_CHECKING:
+    from kayos.cli.address import ClusterAddress
     from kayos.client.http import HttpTransport
     from kayos.topology import Topology
 
@@ -43,18 +49,18 @@ def _checked_name(queue: str) -> str:
 
 @queue_group.command("describe")
 @click.argument("queue")
-@topology_option
-@url_option
+@topology_option()
+@nodes_option
 @timeout_option
 @json_option
 def describe_command(
-    queue: str, topology_path: str, urls: tuple[str, ...], timeout_s: float, as_json: bool
+    queue: str, topology_path: str, cluster: ClusterAddress, timeout_s: float, as_json: bool
 ) -> None:
     """QUEUE's shards: each one's chain and head, last and committed seq (per member), consumer
     groups with their marks and lag, and retention policy and floor. Exits 0, or 1 naming each
     problem (an unknown queue, a member that did not answer)."""
     _checked_name(queue)
-    seeds = seed_urls(topology_path, urls)
+    seeds = list(cluster.urls)
 
     async def run(transport: HttpTransport) -> dict[str, Any]:
         topology = await live_topology(transport, seeds, timeout_s)
@@ -141,7 +147,8 @@ _wait_option = click.option(
 @click.option(
     "--until-consumed", is_flag=True, help="Retention: drop what every group has consumed."
 )
-@topology_option
+@topology_option("its secret signs the request to its [managers], which are asked")
+@cluster_nodes_option
 @_wait_option
 @json_option
 def create_command(
@@ -151,6 +158,7 @@ def create_command(
     max_bytes: int | None,
     until_consumed: bool,
     topology_path: str,
+    cluster: ClusterAddress,
     wait_s: float,
     as_json: bool,
 ) -> None:
@@ -158,23 +166,31 @@ def create_command(
     retention policy set on every shard. Refused for a queue the cluster already has. Exits 0 once
     every node runs it, else 1 with the reason."""
     policy = retention_policy(max_age_ms, max_bytes, until_consumed)
-    result = _change(queue, shards, topology_path, wait_s, create=True, policy=policy or None)
+    result = _change(
+        queue, shards, topology_path, cluster, wait_s, create=True, policy=policy or None
+    )
     emit(result, as_json, _render_change)
 
 
 @queue_group.command("alter")
 @click.argument("queue")
 @_shards_option
-@topology_option
+@topology_option("its secret signs the request to its [managers], which are asked")
+@cluster_nodes_option
 @_wait_option
 @json_option
 def alter_command(
-    queue: str, shards: int, topology_path: str, wait_s: float, as_json: bool
+    queue: str,
+    shards: int,
+    topology_path: str,
+    cluster: ClusterAddress,
+    wait_s: float,
+    as_json: bool,
 ) -> None:
     """Add shards to QUEUE: --shards above its count today (never fewer: refused with the
     reason). Keys move between the queue's shards: see docs/operations.md before using it on a
     queue whose per-key order matters. Exits 0 once every node runs it, else 1 with the reason."""
-    result = _change(queue, shards, topology_path, wait_s, create=False, policy=None)
+    result = _change(queue, shards, topology_path, cluster, wait_s, create=False, policy=None)
     emit(result, as_json, _render_change)
 
 
@@ -197,6 +213,7 @@ def _change(
     queue: str,
     shards: int,
     topology_path: str,
+    cluster: ClusterAddress,
     wait_s: float,
     *,
     create: bool,
@@ -216,7 +233,7 @@ def _change(
         raise CtlError(f"{topology_path}: {exc}") from exc
     if not setup.members:
         raise CtlError(f"{topology_path}: no [managers]: a queue's shards change through them")
-    seeds = [node.http_url for node in setup.topology.nodes.values()]
+    seeds = list(cluster.urls)
     found = _as_it_is(queue, seeds, create=create)
     previous = found["shard_count"]
     result = asyncio.run(post_operator(setup.identity, [m.http_url for m in setup.members], {

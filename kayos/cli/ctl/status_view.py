@@ -30,8 +30,9 @@ def _alert(severity: str, code: str, message: str, **where: Any) -> dict[str, An
     return {"severity": severity, "code": code, "message": message, **where}
 
 
-def unreachable(urls: list[str], error: str) -> dict[str, Any]:
-    """The summary when no node served the topology: exit code 2."""
+def unreachable(urls: list[str], error: str, hint: str = "") -> dict[str, Any]:
+    """The summary when no node served the topology: exit code 2. ``hint`` says where the URLs
+    came from when the user did not name them (``ClusterAddress.hint``)."""
     return {
         "schema": SCHEMA_VERSION,
         "health": "unreachable",
@@ -44,7 +45,7 @@ def unreachable(urls: list[str], error: str) -> dict[str, Any]:
             _alert(
                 "critical",
                 "cluster_unreachable",
-                f"no node answered GET /v1/topology at {', '.join(urls)}: {error}",
+                f"no node answered GET /v1/topology at {', '.join(urls)}{hint}: {error}",
             )
         ],
     }
@@ -109,7 +110,7 @@ def _shard(
         replica = statuses.get(node_id, {}).get("shards", {}).get(key)
         member: dict[str, Any] = {"node": node_id, "role": expected, "reachable": False}
         member.update(last_seq=None, committed_seq=None, catching_up=None)
-        member.update(rolled_back_entries=None, rolled_back_committed_entries=None)
+        member.update(rolled_back_entries=None, rolled_back_committed_entries=None, repair=None)
         if node_id in statuses and replica is None:
             alerts.append(
                 _alert(
@@ -125,6 +126,7 @@ def _shard(
             for name in ("last_seq", "committed_seq", "catching_up", "rolled_back_entries"):
                 member[name] = replica.get(name)
             member["rolled_back_committed_entries"] = replica.get("rolled_back_committed_entries")
+            member["repair"] = replica.get("repair")
             _member_alerts(shard_id, node_id, expected, replica, alerts)
         members.append(member)
     links = [
@@ -191,6 +193,17 @@ def _member_alerts(
                 "warning",
                 "replica_catching_up",
                 f"shard {shard_id}: node {node_id} is catching up from its upstream",
+                **where,
+            )
+        )
+    repair = replica.get("repair")
+    if isinstance(repair, dict) and repair.get("state") in ("repairing", "damaged"):
+        alerts.append(
+            _alert(
+                "warning",
+                "replica_repairing",
+                f"shard {shard_id}: node {node_id}'s store is {repair['state']} "
+                "(it re-makes the replica from its peers by itself)",
                 **where,
             )
         )
@@ -336,6 +349,8 @@ def render(summary: Mapping[str, Any], style: Style) -> str:
         for member in shard["members"]:
             if member["catching_up"]:
                 lines.append(f"  {member['node']}: {style('catching up', fg='yellow')}")
+            if member.get("repair"):
+                lines.append(f"  {member['node']}: {repair_text(member['repair'], style)}")
     lines += render_manager(summary, style)
     if alerts:
         lines.append("alerts:")
@@ -344,6 +359,19 @@ def render(summary: Mapping[str, Any], style: Style) -> str:
             tag = style(alert["severity"].upper(), fg=fg, bold=True)
             lines.append(f"  {tag} {alert['code']}: {alert['message']}")
     return "\n".join(lines)
+
+
+def repair_text(repair: Mapping[str, Any], style: Style) -> str:
+    """A replica's ``repair`` (docs/node-api.md, "Self-repair") on one line."""
+    state = str(repair.get("state"))
+    text = style(f"repair {state}", fg="green" if state == "repaired" else "yellow")
+    if repair.get("kept_seq") is not None:
+        text += f", kept seqs 1..{repair['kept_seq']}"
+    if repair.get("refetched_entries"):
+        text += f", re-fetched {repair['refetched_entries']} entries"
+    if repair.get("problem"):
+        text += f" ({repair['problem']})"
+    return text
 
 
 def _or_dash(value: Any) -> str:

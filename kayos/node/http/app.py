@@ -100,7 +100,8 @@ def _queue_routes(routes: web.RouteTableDef, node: Node) -> None:
     @routes.post("/v1/queues/{queue}/messages")
     async def produce(request: web.Request) -> web.Response:
         queue = request.match_info["queue"]
-        acks = _ACKS.get(request.query.get("acks", "1"))
+        # acks=all by default, as on every other path (docs/node-api.md, "Produce").
+        acks = _ACKS.get(request.query.get("acks", "all"))
         if acks is None:
             raise InvalidRequest("acks must be 0, 1 or all")
         if len(node.topology.shards_for(queue)) == 1:  # else the keys name the shard

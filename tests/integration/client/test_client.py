@@ -176,7 +176,7 @@ def test_node_refusals_are_not_retried(client: kayos.Client) -> None:
 
 
 def test_cli_produce_and_consume(cluster: LocalCluster, tmp_path: object) -> None:
-    seed = ["--seed", cluster.url("a")]
+    seed = ["--cluster", cluster.url("a")]
     runner = CliRunner()
     done = runner.invoke(cli, ["produce", "client-cli", "k1", "hello", *seed])
     assert done.exit_code == 0, done.output

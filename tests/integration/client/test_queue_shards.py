@@ -247,7 +247,7 @@ def test_cli_consume_commits_every_shard(cluster: LocalCluster, client: kayos.Cl
     from kayos.cli.main import cli
 
     queue = "qs-cli"
-    seed = ["--seed", cluster.url("a")]
+    seed = ["--cluster", cluster.url("a")]
     lines = "".join(f"c{i}\tv{i}\n" for i in range(12))
     done = CliRunner().invoke(cli, ["produce", queue, "--file", "-", *seed], input=lines)
     assert done.exit_code == 0, done.output

@@ -104,7 +104,7 @@ def ctl_status(cluster: LocalCluster) -> tuple[int, dict[str, Any]]:
         "ctl",
         "status",
         "--json",
-        "--url",
+        "--cluster",
         cluster.url("a"),
         "--topology",
         str(cluster.topology_path),

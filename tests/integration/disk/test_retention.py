@@ -225,12 +225,13 @@ def test_ctl_retention_sets_shows_and_clears_a_policy(
     runner = CliRunner()
     url = cluster.url(not_head)
     result = runner.invoke(
-        cli, ["ctl", "retention", "jobs", "--url", url, "--max-bytes", "1000", "--until-consumed"]
+        cli,
+        ["ctl", "retention", "jobs", "--cluster", url, "--max-bytes", "1000", "--until-consumed"],
     )
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["policy"] == {"max_bytes": 1000, "until_consumed": True}
     for node in cluster.ids:
-        shown = runner.invoke(cli, ["ctl", "retention", "jobs", "--url", cluster.url(node)])
+        shown = runner.invoke(cli, ["ctl", "retention", "jobs", "--cluster", cluster.url(node)])
         assert shown.exit_code == 0, shown.output
         assert json.loads(shown.output)["policy"] == {"max_bytes": 1000, "until_consumed": True}
         status = answered_status(cluster, node)
@@ -238,7 +239,7 @@ def test_ctl_retention_sets_shows_and_clears_a_policy(
             "max_bytes": 1000,
             "until_consumed": True,
         }
-    cleared = runner.invoke(cli, ["ctl", "retention", "jobs", "--url", url, "--keep-all"])
+    cleared = runner.invoke(cli, ["ctl", "retention", "jobs", "--cluster", url, "--keep-all"])
     assert cleared.exit_code == 0, cleared.output
     assert json.loads(cleared.output)["policy"] is None
     status, body = http_json(

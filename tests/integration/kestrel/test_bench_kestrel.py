@@ -27,7 +27,7 @@ def test_bench_kestrel_writes_its_figures(tmp_path: Path, workers: str) -> None:
         "--cluster-ops", "10", "--workers", workers, "--dir", str(tmp_path / "bench"),
     ]  # fmt: skip
     if workers == "processes":
-        arguments.append("--cluster")  # one cluster run is enough for the suite
+        arguments.append("--local-cluster")  # one cluster run is enough for the suite
     result = CliRunner().invoke(cli, arguments)
     assert result.exit_code == 0, result.output
     figures = json.loads(out.read_text())

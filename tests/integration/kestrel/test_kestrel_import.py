@@ -1,6 +1,6 @@
 """``kayos import-kestrel`` end to end, as docs/migrating-from-kestrel.md describes the move: a
 3-node cluster as ``kayos up --kestrel-port 0`` starts it (LocalCluster, no front), the import as
-a ``python -m kayos import-kestrel DIR --seed <node a>`` process, then a ``kayos kestrel
+a ``python -m kayos import-kestrel DIR --cluster <node a>`` process, then a ``kayos kestrel
 --cluster <node a>`` process serving the imported queues to a memcache client (python-memcached).
 The journals are built byte by byte from the documented format."""
 
@@ -110,9 +110,12 @@ def write_journals(directory: Path) -> dict[str, list[str]]:
     }
 
 
+IMPORT = [sys.executable, "-m", "kayos", "import-kestrel"]
+
+
 def run_import(directory: Path, seed: str, *extra: str) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
-        [sys.executable, "-m", "kayos", "import-kestrel", str(directory), "--seed", seed, *extra],
+        [*IMPORT, str(directory), "--cluster", seed, *extra],
         capture_output=True,
         text=True,
         timeout=IMPORT_TIMEOUT_S,

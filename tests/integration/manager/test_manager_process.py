@@ -169,7 +169,7 @@ def test_ctl_status_json_shows_the_managers_view(cluster: LocalCluster) -> None:
     leader = wait_until(lambda: leader_of(cluster, cluster.manager_ids), "a leader")
     done = subprocess.run(
         [sys.executable, "-m", "kayos", "ctl", "status", "--json",
-         "--url", cluster.url("a"), "--topology", str(cluster.topology_path)],
+         "--cluster", cluster.url("a"), "--topology", str(cluster.topology_path)],
         capture_output=True, timeout=60, check=False,
     )  # fmt: skip
     summary = json.loads(done.stdout)

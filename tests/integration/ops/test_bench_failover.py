@@ -58,7 +58,7 @@ def test_the_read_back_counts_a_message_written_twice_and_an_acknowledged_one_mi
 def test_bench_failover_json_has_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "failover.json"
     command = [
-        sys.executable, "-m", "kayos", "bench", "failover", "--faults", "kill9", "--roles",
+        sys.executable, "-m", "kayos", "bench", "failover", "--kinds", "kill9", "--roles",
         "tail", "--repeat", "1", "--stall-seconds", "5", "--seed", "11", "--json", "--out",
         str(out), "--dir", str(tmp_path / "bench"),
     ]  # fmt: skip

@@ -100,6 +100,6 @@ def test_check_passes_then_names_a_killed_node_and_an_unreachable_cluster(
     assert all(s["compared"]["agree"] for s in result["shards"])
 
     (port,) = free_ports(1)
-    code, result, _ = ctl("check", "--url", f"http://127.0.0.1:{port}", "--json")
+    code, result, _ = ctl("check", "--cluster", f"http://127.0.0.1:{port}", "--json")
     assert code == 2
     assert result["problems"][0]["code"] == "cluster_unreachable"

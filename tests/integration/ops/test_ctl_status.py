@@ -28,10 +28,10 @@ SLACK_S = limits.ping_interval_ms / 1000 + 10.0
 
 
 def ctl_status(url: str, *extra: str) -> tuple[int, Any]:
-    """Runs ``kayos ctl status --url URL`` (``--json`` unless ``extra`` says otherwise; the default
-    per-node timeout): its exit code and its parsed JSON (or its text)."""
+    """Runs ``kayos ctl status --cluster URL`` (``--json`` unless ``extra`` says otherwise; the
+    default per-node timeout): its exit code and its parsed JSON (or its text)."""
     args = ["--json"] if not extra else list(extra)
-    command = [sys.executable, "-m", "kayos", "ctl", "status", "--url", url, *args]
+    command = [sys.executable, "-m", "kayos", "ctl", "status", "--cluster", url, *args]
     done = subprocess.run(command, capture_output=True, text=True, timeout=WAIT_S, check=False)
     if "--json" in args:
         return done.returncode, json.loads(done.stdout)

@@ -39,7 +39,7 @@ def test_options_defaults_and_aliases() -> None:
     ("extra", "named"),
     [
         ({"queue": None}, "queue is required"),
-        ({"kayos.endpoints": None}, "kayos.endpoints"),
+        ({"kayos.endpoints": None}, "kayos.cluster is required"),
         ({"kayos.endpoints": " , "}, "names no node"),
         ({"maxRowsPerTrigger": "lots"}, "maxRowsPerTrigger"),
         ({"maxRowsPerTrigger": "0"}, "maxRowsPerTrigger"),
@@ -63,6 +63,17 @@ def test_bad_options_name_the_option(extra: dict[str, str | None], named: str) -
 
 def test_endpoints_take_urls_and_host_ports() -> None:
     assert endpoints("a:1,http://b:2") == ["http://a:1", "http://b:2"]
+
+
+def test_kayos_cluster_names_the_nodes_as_kayos_endpoints_did() -> None:
+    """``kayos.cluster`` is the command line's ``--cluster``; ``kayos.endpoints`` and ``seeds``
+    still work, and ``kayos.cluster`` wins when both are given."""
+    nodes = {"queue": "orders", "kayos.cluster": "c:3"}
+    assert SourceOptions.parse(nodes, streaming=False).seeds == ("http://c:3",)
+    both = {**BASE, "kayos.cluster": "c:3"}
+    assert SourceOptions.parse(both, streaming=False).seeds == ("http://c:3",)
+    older = {"queue": "orders", "seeds": "d:4"}
+    assert SourceOptions.parse(older, streaming=False).seeds == ("http://d:4",)
 
 
 def test_offsets_have_sorted_string_keys_and_round_trip() -> None:

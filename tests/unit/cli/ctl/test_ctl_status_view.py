@@ -189,6 +189,31 @@ def test_epoch_role_readiness_missing_replica_and_committed_rollback_alerts() ->
     }
 
 
+def test_a_repairing_store_is_a_warning_and_its_repair_state_is_shown() -> None:
+    """Each member carries its replica's ``repair`` (docs/node-api.md, "Self-repair"): null when
+    its store verified; ``repairing`` or ``damaged`` is a warning, ``repaired`` is shown only."""
+    topo = topology()
+    answers = healthy_answers(topo)
+    repairing = {"state": "repairing", "kept_seq": 40, "lost_from_offset": 4096,
+                 "problem": "bad crc", "refetched_entries": 0}  # fmt: skip
+    replica(answers, "b", 0)["repair"] = repairing
+    summary = summarise(SOURCE, topo, answers)
+    assert codes(summary) == ["replica_repairing"]
+    assert summary["alerts"][0] | {"message": ""} == {
+        "severity": "warning", "code": "replica_repairing", "message": "", "shard": 0, "node": "b",
+    }  # fmt: skip
+    members = {m["node"]: m for m in summary["shards"][0]["members"]}
+    assert members["b"]["repair"] == repairing
+    assert members["a"]["repair"] is None
+    text = render(summary, lambda text, **_: text)
+    assert "  b: repair repairing, kept seqs 1..40 (bad crc)" in text
+    replica(answers, "b", 0)["repair"] = {**repairing, "state": "repaired", "refetched_entries": 9}
+    summary = summarise(SOURCE, topo, answers)
+    assert summary["alerts"] == []
+    text = render(summary, lambda text, **_: text)
+    assert "  b: repair repaired, kept seqs 1..40, re-fetched 9 entries (bad crc)" in text
+
+
 def test_fanout_tails_each_get_a_link_from_the_last_of_the_chain() -> None:
     topo = topology(fanout=("d",))
     summary = summarise(SOURCE, topo, healthy_answers(topo))
@@ -235,7 +260,7 @@ def test_the_json_schema_keys_are_stable() -> None:
     }  # fmt: skip
     assert set(shard["members"][0]) == {
         "node", "role", "reachable", "last_seq", "committed_seq", "catching_up",
-        "rolled_back_entries", "rolled_back_committed_entries",
+        "rolled_back_entries", "rolled_back_committed_entries", "repair",
     }  # fmt: skip
     assert set(shard["links"][0]) == {
         "from", "to", "state", "last_heard_s", "lag_entries", "reported_by", "down_at"
