@@ -7,6 +7,7 @@ In-process nodes on loopback over real stores; every wait is a bounded poll."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from kayos.errors import InvalidRequest
 from kayos.node.runtime import Node
 from kayos.replication.logic.producers import meta_key, unpack_window
 from kayos.replication.shard.replica import ShardReplica
+from kayos.replication.wire import frames as fr
 from kayos.signing import sign
 from kayos.storage import Put, ShardStore
 from kayos.topology import ShardChain, Topology
@@ -210,6 +212,37 @@ async def test_bad_producers_are_refused_and_write_nothing(tmp_path: Path) -> No
         with pytest.raises(InvalidRequest, match="producer_seq_too_old"):
             await _produce(node, b"k", 1, acks=1)
         assert head.store.last_seq == last_seq
+
+
+@pytest.mark.asyncio
+async def test_a_version_6_client_is_answered_at_version_6_and_not_de_duplicated(
+    tmp_path: Path,
+) -> None:
+    """docs/replication-protocol.md, "Handshake": the node's HELLO_OK names the lower version and
+    decodes the client's 8-field PRODUCE at it."""
+    print("seed", SEED)
+    async with node_chain(tmp_path, "a") as (topology, nodes):
+        address = topology.nodes["a"]
+        reader, writer = await asyncio.open_connection(address.host, address.bin_port)
+        decoder = fr.FrameDecoder(protocol_version=6)
+        try:
+            writer.write(fr.encode(fr.Hello(6, "old-client", None, 0, "client"), 6))
+            # Nothing else until HELLO_OK (docs/replication-protocol.md, "Handshake").
+            hello_ok = decoder.feed(await asyncio.wait_for(reader.read(65536), 30))
+            assert hello_ok[0] == fr.HelloOk(6, "a", nodes["a"].epoch)
+            produce = fr.Produce(7, QUEUE, (b"k",), (b"v",), None, None, fr.ACKS_HEAD, False)
+            writer.write(
+                fr.encode(produce, 6) + fr.encode(dataclasses.replace(produce, request_id=8), 6)
+            )
+            frames: list[fr.Frame] = hello_ok[1:]
+            while len([f for f in frames if isinstance(f, fr.Produced | fr.ErrorFrame)]) < 2:
+                data = await asyncio.wait_for(reader.read(65536), 30)
+                assert data, "the node closed the connection"
+                frames += decoder.feed(data)
+        finally:
+            writer.close()
+        replies = [f for f in frames if isinstance(f, fr.Produced | fr.ErrorFrame)]
+        assert replies == [fr.Produced(7, 1, 1), fr.Produced(8, 2, 2)]  # both written
 
 
 def _entry(call: int, first: int, last: int) -> bytes:
