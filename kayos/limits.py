@@ -717,11 +717,12 @@ assert bench_queue_shards_max >= 1
 # --- idempotent producers (docs/node-api.md, "Idempotent producers") ----------------------------
 
 # Calls of one producer a shard's head de-duplicates: the window of its highest producer_seqs,
-# each with its seqs. A resend comes from a call still in flight, so the window must cover the
-# calls one client has in flight to one shard through a failover: 64 covers every thread of a
-# shared blocking Client and the Spark writer's few batches; a client with more in flight may see
-# producer_seq_too_old for a resend that fell behind (its outcome unknown, as it is). Each entry is
-# 24 bytes of the producer's metadata value, rewritten by every write of that producer.
+# each with its seqs. A resend comes from a call still in flight, so the client starts a call to
+# a shard only while the oldest one in flight there is less than this behind it
+# (kayos/client/producer.py): every resend stays within the window, and a client has at most this
+# many calls in flight per shard. 64 calls of 100 messages keep the produce benchmark's chain
+# busy, and cover every thread of a shared blocking Client. Each entry is 24 bytes of the
+# producer's metadata value, which every write of that producer rewrites.
 producer_window_entries = 64
 # Producer ids one shard's head remembers; recording one more forgets the producer written least
 # recently (its metadata key deleted in the same batch). The windows are replicated metadata,

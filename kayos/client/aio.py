@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import itertools
 import os
 import random
 import urllib.parse
@@ -25,6 +24,7 @@ from kayos.checks import check_group_name, check_u64
 from kayos.client.http import HttpTransport
 from kayos.client.paging import first_pages, snapshot_pages
 from kayos.client.policy import RetryPolicy
+from kayos.client.producer import ProducerSeqs
 from kayos.client.routing import Router
 from kayos.client.types import (
     Acks,
@@ -92,7 +92,7 @@ class AsyncClient:
         self.producer_id = os.urandom(16) if producer_id is None else producer_id
         if type(self.producer_id) is not bytes or len(self.producer_id) != 16:
             raise InvalidRequest(f"producer_id must be 16 bytes, got {self.producer_id!r}")
-        self._producer_seqs = itertools.count(1)
+        self._producer_seqs = ProducerSeqs()
         self._http = HttpTransport()
         # Reads seeds, name, policy, rng and clock from here at each use.
         self._router = Router(self, self._http)
@@ -223,7 +223,7 @@ class AsyncClient:
         """One batch whose keys all go to one shard, to that shard's head. The call takes its
         producer_seq once: every resend of it names the same one."""
         shard = self.topology.shard_for_batch(queue, columns.keys)
-        producer_seq = next(self._producer_seqs)
+        producer_seq = await self._producer_seqs.take(shard)
 
         def frame(request_id: int) -> Produce:
             return Produce(
@@ -247,7 +247,10 @@ class AsyncClient:
                 raise ProtocolError(f"node {node} answered PRODUCE with {type(reply).__name__}")
             return reply.first_seq, reply.last_seq
 
-        return await self._router.retrying(attempt)
+        try:
+            return await self._router.retrying(attempt)
+        finally:
+            self._producer_seqs.done(shard, producer_seq)
 
     @contextlib.asynccontextmanager
     async def transaction(self, queue: str, *, acks: Acks = "all") -> AsyncIterator[Transaction]:

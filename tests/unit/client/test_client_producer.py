@@ -1,8 +1,9 @@
 """The client as an idempotent producer (docs/node-api.md, "Idempotent producers"): one random
-producer id per client, one producer_seq per call, the same in every resend of that call (a
-dropped connection, ``unavailable``, a ``wrong_role`` redirect), and no producer fields to a node
-whose HELLO_OK names protocol version 6. Scripted fake nodes on loopback (port 0) that speak the
-real frames (kayos/replication/wire/frames.py)."""
+producer id per client, one producer_seq per call counted per shard, the same in every resend of
+that call (a dropped connection, ``unavailable``, a ``wrong_role`` redirect), calls kept within a
+window of the oldest one in flight, and no producer fields to a node whose HELLO_OK names
+protocol version 6. Scripted fake nodes on loopback (port 0) that speak the real frames
+(kayos/replication/wire/frames.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from aiohttp import web
 
 import kayos
 from kayos.client.policy import RetryPolicy
+from kayos.client.producer import ProducerSeqs
 from kayos.errors import InvalidRequest
 from kayos.replication.wire.frames import (
     PROTOCOL_VERSION,
@@ -207,3 +209,19 @@ def test_threads_sharing_a_client_each_call_take_their_own_producer_seq() -> Non
         runner.join(WAIT_S)
         loop.run_until_complete(cluster.__aexit__(None, None, None))
         loop.close()
+
+
+@pytest.mark.asyncio
+async def test_a_call_starts_only_within_a_window_of_the_oldest_call_in_flight() -> None:
+    seqs = ProducerSeqs(window=3)
+    assert [await seqs.take(0) for _ in range(3)] == [1, 2, 3]
+    assert await seqs.take(1) == 1  # each shard counts its own calls
+    held = asyncio.create_task(seqs.take(0))  # 4 is a window ahead of call 1, still in flight
+    await asyncio.sleep(0)  # a turn of the loop: the task parks (not a wait for time)
+    seqs.done(0, 3)
+    await asyncio.sleep(0)
+    assert not held.done()
+    assert seqs.in_flight(0) == [1, 2]
+    seqs.done(0, 1)  # the oldest ended: 4 is within a window of 2
+    assert await asyncio.wait_for(held, WAIT_S) == 4
+    assert seqs.in_flight(0) == [2, 4]
