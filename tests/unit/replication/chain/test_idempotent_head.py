@@ -32,6 +32,12 @@ P = bytes(range(16))
 QUEUE = "q"
 
 
+@pytest.fixture
+def grouped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every head write goes through the group commit, whose store commits a test can hold."""
+    monkeypatch.setattr(limits, "inline_commit_entries_max", 0)
+
+
 async def _produce(node: Node, key: bytes, call: int, *, acks: int = -1) -> tuple[int, int]:
     return await node.produce(
         QUEUE, [key], [b"v"], None, None, acks=acks, producer_id=P, producer_seq=call
@@ -84,22 +90,30 @@ async def test_a_resend_after_the_commit_answers_the_first_seqs_and_writes_nothi
         assert [key for _seq, key in _versions(nodes["c"].replicas[0])] == [b"q\x00k1", b"q\x00k2"]
 
 
+async def _resend_while_held(
+    node: Node, acks: int
+) -> tuple[ShardReplica, asyncio.Event, asyncio.Task[Any], asyncio.Task[Any]]:
+    """Call 1 of P at ``node``, its store commit held, and its resend once it reached the head:
+    the head, the event that releases the commit, the first copy's call and the resend's."""
+    head = node.replicas[0]
+    release = hold_commits(head)
+    reached = _written_before_called(head)
+    original = asyncio.create_task(_produce(node, b"k1", 1, acks=acks))
+    await until(lambda: head.progress.accepted >= 1, "the first copy taking its seq")
+    resend = asyncio.create_task(_produce(node, b"k1", 1, acks=acks))
+    await asyncio.wait_for(reached.wait(), 30)
+    return head, release, original, resend
+
+
 @pytest.mark.asyncio
+@pytest.mark.usefixtures("grouped")
 @pytest.mark.parametrize("acks", [1, -1])
 async def test_a_resend_while_the_first_commit_is_under_way_waits_for_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, acks: int
+    tmp_path: Path, acks: int
 ) -> None:
     print("seed", SEED)
-    # Every head write goes through the group commit, whose store commits the test holds.
-    monkeypatch.setattr(limits, "inline_commit_entries_max", 0)
     async with node_chain(tmp_path) as (_topology, nodes):
-        head = nodes["a"].replicas[0]
-        release = hold_commits(head)
-        reached = _written_before_called(head)
-        original = asyncio.create_task(_produce(nodes["a"], b"k1", 1, acks=acks))
-        await until(lambda: head.progress.accepted >= 1, "the first copy taking its seq")
-        resend = asyncio.create_task(_produce(nodes["a"], b"k1", 1, acks=acks))
-        await asyncio.wait_for(reached.wait(), 30)
+        head, release, original, resend = await _resend_while_held(nodes["a"], acks)
         assert head.progress.accepted == 1  # the resend took no seq
         assert not original.done()
         assert not resend.done()
@@ -110,19 +124,13 @@ async def test_a_resend_while_the_first_commit_is_under_way_waits_for_it(
 
 
 @pytest.mark.asyncio
+@pytest.mark.usefixtures("grouped")
 async def test_a_resend_of_a_first_copy_whose_commit_failed_fails_alike(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     print("seed", SEED)
-    monkeypatch.setattr(limits, "inline_commit_entries_max", 0)
     async with node_chain(tmp_path, "a") as (_topology, nodes):
-        head = nodes["a"].replicas[0]
-        release = hold_commits(head)
-        reached = _written_before_called(head)
-        original = asyncio.create_task(_produce(nodes["a"], b"k1", 1))
-        await until(lambda: head.progress.accepted >= 1, "the first copy taking its seq")
-        resend = asyncio.create_task(_produce(nodes["a"], b"k1", 1))
-        await asyncio.wait_for(reached.wait(), 30)
+        head, release, original, resend = await _resend_while_held(nodes["a"], -1)
         head.store.options.disk_reserve_bytes = 1 << 62  # the held commit fails for space
         release.set()
         results = await asyncio.wait_for(
@@ -137,11 +145,11 @@ async def test_a_resend_of_a_first_copy_whose_commit_failed_fails_alike(
 
 
 @pytest.mark.asyncio
+@pytest.mark.usefixtures("grouped")
 async def test_a_new_head_finds_a_call_the_old_head_forwarded_and_never_answered(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     print("seed", SEED)
-    monkeypatch.setattr(limits, "inline_commit_entries_max", 0)
     async with node_chain(tmp_path) as (topology, nodes):
         await _produce(nodes["a"], b"k0", 1)
         old_head = nodes["a"].replicas[0]
