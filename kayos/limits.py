@@ -713,3 +713,30 @@ chaos_sim_seeds_max = 100_000
 bench_queue_shards_max = 64
 
 assert bench_queue_shards_max >= 1
+
+# --- idempotent producers (docs/node-api.md, "Idempotent producers") ----------------------------
+
+# Calls of one producer a shard's head de-duplicates: the window of its highest producer_seqs,
+# each with its seqs. A resend comes from a call still in flight, so the client starts a call to
+# a shard only while the oldest one in flight there is less than this behind it
+# (kayos/client/producer.py): every resend stays within the window, and a client has at most this
+# many calls in flight per shard. 64 calls of 100 messages keep the produce benchmark's chain
+# busy, and cover every thread of a shared blocking Client. Each entry is 24 bytes of the
+# producer's metadata value, which every write of that producer rewrites.
+producer_window_entries = 64
+# Producer ids one shard's head remembers; recording one more forgets the producer written least
+# recently (its metadata key deleted in the same batch). The windows are replicated metadata,
+# which a link's first batch and METADATA carry whole in one frame and a store commit that
+# changes metadata rewrites whole: 1000 full windows (~1.6 MB) fit the 8 MiB of metadata room
+# frame_bytes_max leaves past a batch with room to spare for the other keys, 10,000 would not.
+producers_per_shard_max = 1_000
+
+assert producer_window_entries >= 1
+assert 1 <= producers_per_shard_max <= frame_meta_entries_max // 4, (
+    "the producer windows leave most of a frame's metadata keys to groups and retention"
+)
+# A window's key is "prod/" and 32 hex digits, its value 24 bytes per entry.
+assert (
+    producers_per_shard_max * (37 + 24 * producer_window_entries)
+    <= (frame_bytes_max - batch_bytes_max) // 4
+), "every window of a shard fits a quarter of a frame's metadata room"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import random
 import urllib.parse
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
@@ -23,6 +24,7 @@ from kayos.checks import check_group_name, check_u64
 from kayos.client.http import HttpTransport
 from kayos.client.paging import first_pages, snapshot_pages
 from kayos.client.policy import RetryPolicy
+from kayos.client.producer import ProducerSeqs
 from kayos.client.routing import Router
 from kayos.client.types import (
     Acks,
@@ -70,6 +72,7 @@ class AsyncClient:
         retries: int = limits.client_retry_attempts_max,
         rng: random.Random | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        producer_id: bytes | None = None,
     ) -> None:
         self.seeds = [seeds] if isinstance(seeds, str) else list(seeds)
         if not self.seeds:
@@ -83,6 +86,13 @@ class AsyncClient:
         # Jitter only; a caller who wants reproducible delays passes a seeded Random.
         self.rng = rng if rng is not None else random.Random()  # noqa: S311 - not for secrets
         self.clock = clock
+        # Names every produce call over the binary port, so a head writes each call once however
+        # often it is resent (docs/node-api.md, "Idempotent producers"). Drawn from the OS, never
+        # from ``rng``: two clients seeded alike must not share one. ``producer_id`` is for tests.
+        self.producer_id = os.urandom(16) if producer_id is None else producer_id
+        if type(self.producer_id) is not bytes or len(self.producer_id) != 16:
+            raise InvalidRequest(f"producer_id must be 16 bytes, got {self.producer_id!r}")
+        self._producer_seqs = ProducerSeqs()
         self._http = HttpTransport()
         # Reads seeds, name, policy, rng and clock from here at each use.
         self._router = Router(self, self._http)
@@ -210,8 +220,10 @@ class AsyncClient:
     async def _produce_part(
         self, queue: str, columns: Columns, acks_value: int, txn: bool
     ) -> tuple[int, int]:
-        """One batch whose keys all go to one shard, to that shard's head."""
+        """One batch whose keys all go to one shard, to that shard's head. The call takes its
+        producer_seq once: every resend of it names the same one."""
         shard = self.topology.shard_for_batch(queue, columns.keys)
+        producer_seq = await self._producer_seqs.take(shard)
 
         def frame(request_id: int) -> Produce:
             return Produce(
@@ -223,6 +235,8 @@ class AsyncClient:
                 columns.headers,
                 acks_value,
                 txn,
+                self.producer_id,
+                producer_seq,
             )
 
         async def attempt(redirect: str | None) -> tuple[int, int]:
@@ -233,7 +247,10 @@ class AsyncClient:
                 raise ProtocolError(f"node {node} answered PRODUCE with {type(reply).__name__}")
             return reply.first_seq, reply.last_seq
 
-        return await self._router.retrying(attempt)
+        try:
+            return await self._router.retrying(attempt)
+        finally:
+            self._producer_seqs.done(shard, producer_seq)
 
     @contextlib.asynccontextmanager
     async def transaction(self, queue: str, *, acks: Acks = "all") -> AsyncIterator[Transaction]:

@@ -104,6 +104,9 @@ class BinaryConnection:
         self._failure: KayosError | None = None
         self._reader_task: asyncio.Task[None] | None = None
         self.epoch = 0
+        # The version the node's HELLO_OK named: frames go both ways at it (an older node's
+        # PRODUCE has no producer fields).
+        self.protocol_version = PROTOCOL_VERSION
 
     @classmethod
     async def open(
@@ -147,6 +150,8 @@ class BinaryConnection:
         if not isinstance(first, HelloOk):
             raise ProtocolError(f"node {self.node} answered HELLO with {type(first).__name__}")
         self.epoch = first.epoch
+        self.protocol_version = min(PROTOCOL_VERSION, first.protocol_version)
+        self._decoder.protocol_version = self.protocol_version
         for frame in frames[1:]:  # a node may pipeline after HELLO_OK (a PING, say)
             self._dispatch(frame)
 
@@ -179,7 +184,7 @@ class BinaryConnection:
             request_id = self._table.add(future)
             try:
                 # encode() refuses an oversized frame with LimitExceeded before anything is sent.
-                self._writer.write(encode(make_frame(request_id)))
+                self._writer.write(encode(make_frame(request_id), self.protocol_version))
                 await self._drain()
                 async with asyncio.timeout(timeout_s):
                     reply = await future

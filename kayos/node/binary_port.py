@@ -55,6 +55,8 @@ class Node(Protocol):
         headers: Sequence[dict[str, bytes] | None] | None,
         *,
         acks: int,
+        producer_id: bytes | None = None,
+        producer_seq: int = 0,
     ) -> tuple[int, int]: ...
 
     async def wait_committed(self, shard: int, seq: int, timeout_ms: int) -> int: ...
@@ -131,7 +133,11 @@ class BinaryPort:
                 )
             )
             if hello.role == "client":
-                stream.send(fr.HelloOk(PROTOCOL_VERSION, self.node.node_id, self.node.epoch))
+                # The lower of both versions: the client's frames are decoded, and ours encoded,
+                # at it (a version 6 client's PRODUCE has no producer fields).
+                version = min(PROTOCOL_VERSION, hello.protocol_version)
+                stream.use_protocol_version(version)
+                stream.send(fr.HelloOk(version, self.node.node_id, self.node.epoch))
                 await self._serve_client(stream)
                 return
             replica = self.node.replicas.get(hello.shard) if hello.shard is not None else None
@@ -237,6 +243,8 @@ class BinaryPort:
                     frame.expiries_ms,
                     frame.headers,
                     acks=frame.acks,
+                    producer_id=frame.producer_id,
+                    producer_seq=frame.producer_seq,
                 )
                 reply = fr.Produced(frame.request_id, first, last)
             else:

@@ -255,19 +255,24 @@ class Node:
         headers: Sequence[dict[str, bytes] | None] | None,
         *,
         acks: int,
+        producer_id: bytes | None = None,
+        producer_seq: int = 0,
     ) -> tuple[int, int]:
         """Commits one all-or-nothing batch at the head; answers per ``acks`` (0, 1, -1). The
-        keys name the shard of a queue with several (all of them the same one)."""
+        keys name the shard of a queue with several (all of them the same one). A call naming
+        its producer is written once however often it comes (docs/node-api.md, "Idempotent
+        producers"): a resend answers the seqs the first copy got."""
         check_queue_name(queue)
         shard_id = self.topology.shard_for_batch(queue, keys)
         replica = self.replica_for(queue, want="head", shard_id=shard_id)
         columns = build_columns(queue, keys, values, expiries_ms, headers)
+        producer = None if producer_id is None else (producer_id, producer_seq)
         if acks == 0:
             # The store's checks run now, not in the task: "accepted" means the batch is valid.
             prepare_columns(*columns)
-            self.spawn(_logged(replica.commit_ops(columns)))
+            self.spawn(_logged(replica.commit_ops(columns, producer)))
             return 0, 0
-        result = await replica.commit_ops(columns)
+        result = await replica.commit_ops(columns, producer)
         if acks == -1:
             await self.await_committed(replica, result.last_seq)
         return result.first_seq, result.last_seq

@@ -67,6 +67,9 @@ class FrameStream:
         # spent not reading, on its own work or back-pressure, is not the peer's silence.
         self.reading_since: float | None = None
         self._decoder = fr.FrameDecoder(frame_bytes_max=frame_bytes_max)
+        # The protocol version frames are encoded and decoded at: the newest, unless a client
+        # connection's handshake picked an older one (``use_protocol_version``).
+        self.protocol_version = fr.PROTOCOL_VERSION
         self._ready: list[fr.Frame] = []
         # PINGs sent and not yet answered, by nonce: when each went out. Told each round trip
         # in ms when its PONG is read (a link's latency window).
@@ -117,12 +120,18 @@ class FrameStream:
         """The full ``limits.frame_bytes_max`` from now on: the handshake is done."""
         self._decoder.frame_bytes_max = limits.frame_bytes_max
 
+    def use_protocol_version(self, version: int) -> None:
+        """Frames are encoded and decoded at ``version`` from now on (the version a client
+        connection's handshake picked: docs/replication-protocol.md, "Handshake")."""
+        self._decoder.protocol_version = version
+        self.protocol_version = version
+
     def send(self, frame: fr.Frame) -> int:
         if type(frame) is fr.Ping:
             if len(self._pinged) >= _PINGS_UNANSWERED_MAX:
                 self._pinged.clear()  # a peer that answers none: nothing to measure
             self._pinged[frame.nonce] = self.clock.monotonic_s()
-        data = fr.encode(frame)
+        data = fr.encode(frame, self.protocol_version)
         self.writer.write(data)
         return len(data)
 

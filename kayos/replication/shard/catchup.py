@@ -75,6 +75,8 @@ class CatchUp:
 
         def replicated_meta(self, name: str) -> bool: ...
 
+        def forget_producers(self) -> None: ...
+
     # --- the store below the links -------------------------------------------------------------
 
     def rolled_back_to(self) -> int | None:
@@ -118,7 +120,9 @@ class CatchUp:
 
     def _restart_progress(self) -> None:
         """Progress afresh from the store (after a rollback or reset: the links restart). The
-        commit point stays what the upstream said, within what the store now holds."""
+        commit point stays what the upstream said, within what the store now holds; producer
+        windows are read from the store again when next needed."""
+        self.forget_producers()
         upstream_point = self.progress.upstream_point
         self.progress = chain.Progress(
             has_upstream=self.upstream is not None,

@@ -4,10 +4,12 @@
 (role, repair, write hold, a failed commit, disk space), the seqs it takes, the group commit of
 the batches that queue while the store is busy (``_write_loop``), and the new history a head
 starts after a commit failed; with them the timed store commits every member uses
-(``timed_commit``, ``settle``). Apart from ``kayos.replication.shard.replica`` because it is one
-seam of the replica, a queue of writes and its worker, that the rest of the replica only feeds
-through ``accept`` and ``local_commit_done``. ``kayos.replication.shard.replica.ShardReplica``
-inherits it and sets every attribute declared here.
+(``timed_commit``, ``settle``), and the producer windows that make a resend of an idempotent
+producer's call find the first one (``kayos.replication.logic.producers``). Apart from
+``kayos.replication.shard.replica`` because it is one seam of the replica, a queue of writes and
+its worker, that the rest of the replica only feeds through ``accept`` and ``local_commit_done``.
+``kayos.replication.shard.replica.ShardReplica`` inherits it and sets every attribute declared
+here.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from kayos.errors import (
     WrongRoleError,
 )
 from kayos.replication.logic import chain, timeindex
+from kayos.replication.logic.producers import ProducerTable
+from kayos.replication.shard.local_meta import ROLLED_BACK_META_KEY
 from kayos.replication.wire import frames as fr
 from kayos.storage import CommitResult, ShardStore
 from kayos.storage.engine import prepare_columns
@@ -124,6 +128,12 @@ class HeadWrites:
     _next_seq: int
     _write_failure: BaseException | None
     _commit_in_flight: asyncio.Future[CommitResult] | None
+    # The group ``_write_loop`` is committing (the writes it took off ``_writes``).
+    _committing: list[_Write]
+    progress: chain.Progress
+    # The producer windows while this replica leads; None: built from the store at the next
+    # write that names a producer (``forget_producers``).
+    producer_table: ProducerTable | None
 
     if TYPE_CHECKING:
         # The replica's methods this uses (``ShardReplica`` defines them).
@@ -203,7 +213,9 @@ class HeadWrites:
         self._next_seq = first + count
         return first, first + count - 1
 
-    async def commit_ops(self, columns: Columns) -> CommitResult:
+    async def commit_ops(
+        self, columns: Columns, producer: tuple[bytes, int] | None = None
+    ) -> CommitResult:
         """Commits one all-or-nothing batch at the head and returns its seq range once it is
         durable here.
 
@@ -211,20 +223,68 @@ class HeadWrites:
         same time. Batches that arrive while the store is busy are committed together in one
         store commit (the node's group commit: one worker thread, one fsync); each keeps its own
         consecutive seq range. ``columns`` (stored keys, values, expiries, headers) go to the
-        store and down the chain as they are, without a read-back."""
+        store and down the chain as they are, without a read-back.
+
+        ``producer`` (id, seq) names an idempotent producer's call (docs/node-api.md,
+        "Idempotent producers"): one this head holds is not written again and answers the seqs
+        it got, once durable here; a new one is recorded in the batch's metadata. The look-up
+        and the record run in this one step of the event loop, with the seqs given out."""
         self.check_head()
         self._check_writable()
         # A bad batch fails alone, before it takes seqs; the store need not check it again.
         payload = prepare_columns(*columns).payload_bytes
         if not columns[0]:
             raise InvalidRequest("a batch needs at least one entry")
+        table = None
+        if producer is not None:
+            table = self.producer_table
+            if table is None:
+                table = self._load_producers()
+            written = table.lookup(*producer)
+            if written is not None:
+                return await self.written_before(*written)
         self._check_space(payload)
         first, last = self._take_seqs(len(columns[0]))
+        meta = None
+        if table is not None and producer is not None:
+            meta = table.record(producer[0], producer[1], first, last)
         # Unchecked: prepare_columns checked the columns, and the seqs are made right here.
         batch = fr.Batch.unchecked(
-            self.shard_id, first, last, True, tuple(range(first, last + 1)), *columns, None
+            self.shard_id, first, last, True, tuple(range(first, last + 1)), *columns, meta
         )
         return await self._head_write(batch, payload)
+
+    def _load_producers(self) -> ProducerTable:
+        """The producer windows the store holds (no write of this head is in flight when the
+        table is missing: it is dropped only when none can be). Entries past a rollback that kept
+        a newer map name dropped seqs and are left out."""
+        meta = self.store.meta
+        rolled_back = meta.get(ROLLED_BACK_META_KEY)
+        seq_max = rolled_back if isinstance(rolled_back, int) else self.store.last_seq
+        self.producer_table = ProducerTable.from_meta(meta, seq_max=seq_max)
+        return self.producer_table
+
+    def forget_producers(self) -> None:
+        """The store changed under the head's table (a new history, a rollback, a reset, a
+        repair): it is built again from the store at the next write that names a producer."""
+        self.producer_table = None
+
+    async def written_before(self, first: int, last: int) -> CommitResult:
+        """A resend of a call this head wrote at ``first..last``: that range once durable here.
+        The first copy's store commit may still be under way (queued, or in the group being
+        committed): the resend waits for it and fails as it does."""
+        if self.progress.durable >= last:
+            return CommitResult(first, last, 0)
+        for write in itertools.chain(self._committing, self._writes):
+            if write.batch.first_seq == first:
+                result = await asyncio.shield(write.future)
+                return CommitResult(first, last, result.commit_no)
+        # Not reachable while the table tracks the store (a write is durable, queued or being
+        # committed); a retry finds the call durable or the table rebuilt.
+        raise UnavailableError(
+            f"shard {self.shard_id}: the first copy of this call (seqs {first}..{last}) is "
+            "neither durable nor being committed here; retry"
+        )
 
     async def commit_meta(self, meta: dict[str, Any]) -> CommitResult:
         """A metadata-only write (a consumer high-water mark) with a seq of its own, so it rides
@@ -272,6 +332,7 @@ class HeadWrites:
                 entries += len(write.batch.seqs)
                 payload += write.payload
             columns, options = commit_args([w.batch for w in group], validated=True)
+            self._committing = group
             try:
                 result = await self.timed_commit(columns, inline=not writes, **options)
             except Exception as exc:  # every batch of the group failed with it
@@ -280,6 +341,8 @@ class HeadWrites:
                     if not write.future.done():
                         write.future.set_exception(exc)
                 continue
+            finally:
+                self._committing = []
             self.last_entry_seq = max(self.last_entry_seq, group[-1].batch.last_seq)
             self.local_commit_done()
             for write in group:
@@ -298,6 +361,8 @@ class HeadWrites:
         log.error("shard %s: head commit failed: %s", self.shard_id, exc)
         self._write_failure = exc
         self.fail_queued_writes(exc)
+        # The windows record calls whose seqs are lost: the next table is the store's.
+        self.forget_producers()
         self.time_index.truncate_after(self.store.last_seq)
         self._apply_events(chain.Discarded())
         self.forget_recent()

@@ -43,6 +43,7 @@ def step_down_to_repair(replica: ShardReplica, node: str, agreed: int, point: in
     log.error("shard %s: %s; re-fetching them before it leads", replica.shard_id, reason)
     replica.repairing = True
     replica.repair_problem = reason
+    replica.forget_producers()  # the repair changes the store under them
     replica.fail_pending(
         UnavailableError(f"shard {replica.shard_id}: head {replica.node_id} is repairing: {reason}")
     )

@@ -208,6 +208,10 @@ class ShardReplica(HeadWrites, CatchUp, PersistedProgress, Visibility):
         # The store commit running in a worker thread, if any: cancelling the task that awaits it
         # does not stop it, so whoever needs the store settled waits for this (``settle``).
         self._commit_in_flight = None
+        self._committing = []
+        # The idempotent producers' windows, built from the store at the first write that names
+        # a producer (kayos.replication.logic.producers).
+        self.producer_table = None
         # Told the duration of every store commit, in seconds (the node's latency histogram).
         self.commit_observer = None
 

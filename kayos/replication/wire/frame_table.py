@@ -48,7 +48,7 @@ from kayos.replication.wire.frame_fields import (
 )
 
 # The highest protocol version this build speaks, and the lowest it still accepts in a handshake.
-PROTOCOL_VERSION: Final = 6
+PROTOCOL_VERSION: Final = 7
 PROTOCOL_VERSION_MIN: Final = 1
 # Replication links need both sides at this version or later: version 2 forwards before it
 # persists and carries the commit point down the chain, version 3 authenticates both sides of a
@@ -60,6 +60,9 @@ LINK_PROTOCOL_VERSION_MIN: Final = 5
 # Version 6 adds METADATA: an upstream sends it only to a connector at this version or later, and
 # a version 5 peer keeps the version 5 behaviour (docs/replication-protocol.md, "Compatibility").
 METADATA_PROTOCOL_VERSION_MIN: Final = 6
+# Version 7 appends producer_id and producer_seq to PRODUCE: a client connection decodes and
+# encodes at the version its handshake picked (docs/replication-protocol.md, "Handshake"), so a
+# version 6 client's PRODUCE (8 fields) still decodes, meaning "no producer".
 
 TakeoverEntry: TypeAlias = tuple[bytes, int]
 Headers: TypeAlias = dict[str, bytes]
@@ -319,7 +322,9 @@ class SnapshotEnd(_FrameBase):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Produce(_FrameBase):
-    """A client appends items to a queue at the shard's head."""
+    """A client appends items to a queue at the shard's head; with a ``producer_id`` the head
+    writes each ``(producer_id, producer_seq)`` once (docs/node-api.md, "Idempotent
+    producers")."""
 
     request_id: int
     queue: str
@@ -329,8 +334,12 @@ class Produce(_FrameBase):
     headers: tuple[Headers | None, ...] | None
     acks: int
     txn: bool
+    producer_id: bytes | None = None
+    producer_seq: int = 0
 
     def _relation_problem(self) -> str | None:
+        if self.producer_id is None and self.producer_seq:
+            return "producer_seq without a producer_id"
         return _columns_problem(
             keys=self.keys, values=self.values, expiries_ms=self.expiries_ms, headers=self.headers
         )
@@ -450,6 +459,7 @@ def _f(name: str, wire: WireType) -> FieldSpec:
 _OPT_U32: Final = optional(U32)
 _OPT_U64: Final = optional(U64)
 _OPT_STR: Final = optional(STR)
+_OPT_UUID: Final = optional(UUID)
 
 # The declared table. Released rows are frozen: fields are only ever appended, with a new
 # since_version and a default (docs/replication-protocol.md, "Compatibility").
@@ -556,6 +566,8 @@ FRAME_TABLE: Final[tuple[FrameSpec, ...]] = (
         _f("headers", optional(HEADERS_COLUMN)),
         _f("acks", ACKS),
         _f("txn", BOOL),
+        FieldSpec("producer_id", _OPT_UUID, 7),
+        FieldSpec("producer_seq", U64, 7),
     )),
     FrameSpec(33, "PRODUCED", Produced, "head -> client", 1, (
         _f("request_id", U64),
@@ -585,6 +597,33 @@ FIELD_NAMES_BY_TYPE: Final[dict[type, tuple[str, ...]]] = {
 BUDGET_BY_KIND: Final = {spec.kind: (spec.arrays_max, spec.maps_max) for spec in FRAME_TABLE}
 
 
+def _field_counts(spec: FrameSpec) -> tuple[int, ...]:
+    """The fields ``spec``'s frame has at each protocol version 0..PROTOCOL_VERSION (0: the kind
+    does not exist yet)."""
+    return tuple(
+        sum(1 for field in spec.fields if field.since_version <= version)
+        if version >= spec.since_version
+        else 0
+        for version in range(PROTOCOL_VERSION + 1)
+    )
+
+
+# Indexed by protocol version: what a frame holds on a connection at that version.
+FIELD_COUNTS_BY_KIND: Final[dict[int, tuple[int, ...]]] = {
+    spec.kind: _field_counts(spec) for spec in FRAME_TABLE
+}
+# Each field's fixed default (dataclasses.MISSING for a field every version has): what a frame
+# decoded at an older version holds in the fields appended since.
+DEFAULTS_BY_KIND: Final[dict[int, tuple[object, ...]]] = {
+    spec.kind: tuple(field.default for field in dataclasses.fields(spec.frame_type))
+    for spec in FRAME_TABLE
+}
+
+
+# Kinds 32-47 are client frames (docs/replication-protocol.md, "Frame table").
+_CLIENT_KINDS_MIN: Final = 32
+
+
 def _check_table() -> None:
     """State the table's invariants once at import, so a bad edit fails before any frame moves."""
     assert len(SPEC_BY_KIND) == len(FRAME_TABLE), "kind numbers are unique"
@@ -600,6 +639,15 @@ def _check_table() -> None:
         assert spec.since_version <= versions[0]
         assert versions[-1] <= PROTOCOL_VERSION
         assert spec.arrays_max <= limits.batch_entries_max
+        defaults = DEFAULTS_BY_KIND[spec.kind]
+        for field, default in zip(spec.fields, defaults, strict=True):
+            if field.since_version > spec.since_version:
+                assert default is not dataclasses.MISSING, f"{spec.name}.{field.name}: a default"
+                # Link frames are decoded in their newest form (only client connections decode
+                # at an older version): a field appended to one must predate every link.
+                assert spec.kind >= _CLIENT_KINDS_MIN or (
+                    field.since_version <= LINK_PROTOCOL_VERSION_MIN
+                ), f"{spec.name}.{field.name}: links would meet two field counts"
 
 
 _check_table()

@@ -40,6 +40,8 @@ from kayos.replication.wire.frame_fields import (
 )
 from kayos.replication.wire.frame_table import (
     BUDGET_BY_KIND,
+    DEFAULTS_BY_KIND,
+    FIELD_COUNTS_BY_KIND,
     FIELD_NAMES_BY_TYPE,
     FRAME_TABLE,
     LINK_PROTOCOL_VERSION_MIN,
@@ -140,14 +142,19 @@ _FRAME_BYTES_MIN: Final = 2
 # --- encoding ------------------------------------------------------------------------------------
 
 
-def encode(frame: Frame) -> bytes:
-    """The bytes of one frame: length prefix, kind and msgpack body.
+def encode(frame: Frame, version: int = PROTOCOL_VERSION) -> bytes:
+    """The bytes of one frame at protocol ``version`` (the connection's): length prefix, kind and
+    msgpack body of the fields that version has. Fields appended after ``version`` are left out:
+    an older peer knows nothing of them (a ``PRODUCE``'s producer id, to a version 6 node).
 
     Raises ``LimitExceeded`` when the frame is larger than ``limits.frame_bytes_max``: the peer
-    would refuse it, so the caller must send less (split the batch) instead.
+    would refuse it, so the caller must send less (split the batch) instead; ``InvalidRequest``
+    for a frame kind ``version`` does not have.
     """
     spec = SPEC_BY_TYPE[type(frame)]
     names = FIELD_NAMES_BY_TYPE[type(frame)]
+    if version != PROTOCOL_VERSION:
+        names = names[: _field_count(spec, version, InvalidRequest)]
     body = msgpack.packb([getattr(frame, name) for name in names], use_bin_type=True)
     length = len(body) + 1
     if length > limits.frame_bytes_max:
@@ -155,6 +162,18 @@ def encode(frame: Frame) -> bytes:
             f"{spec.name}: frame of {length} bytes is over frame_bytes_max={limits.frame_bytes_max}"
         )
     return _PREFIX.pack(length, spec.kind) + body
+
+
+def _field_count(spec: FrameSpec, version: int, error: type[Exception]) -> int:
+    """How many fields ``spec``'s frame has at ``version``; ``error`` if it has none."""
+    if not PROTOCOL_VERSION_MIN <= version <= PROTOCOL_VERSION:
+        raise error(
+            f"protocol version {version} outside {PROTOCOL_VERSION_MIN}..{PROTOCOL_VERSION}"
+        )
+    count = FIELD_COUNTS_BY_KIND[spec.kind][version]
+    if not count:
+        raise error(f"{spec.name} does not exist in protocol version {version}")
+    return count
 
 
 # --- decoding ------------------------------------------------------------------------------------
@@ -188,10 +207,13 @@ class _ContainerBudget:
         return value
 
 
-def _decode_body(kind: int, body: memoryview) -> Frame:
+def _decode_body(kind: int, body: memoryview, version: int) -> Frame:
     spec = SPEC_BY_KIND.get(kind)
     if spec is None:
         raise ProtocolError(f"unknown frame kind {kind}")
+    expected = FIELD_COUNTS_BY_KIND[kind][version]
+    if not expected:
+        raise ProtocolError(f"{spec.name} does not exist in protocol version {version}")
     arrays_max, maps_max = BUDGET_BY_KIND[kind]
     budget = _ContainerBudget(spec.name, arrays_max, maps_max)
     try:
@@ -211,8 +233,13 @@ def _decode_body(kind: int, body: memoryview) -> Frame:
         raise ProtocolError(f"{spec.name}: body is not one msgpack value: {detail}") from error
     if type(fields) is not tuple:
         raise ProtocolError(f"{spec.name}: body is {describe(fields)}, not an array")
-    if len(fields) != len(spec.fields):
-        raise ProtocolError(f"{spec.name}: {len(fields)} fields, expected {len(spec.fields)}")
+    if len(fields) != expected:
+        raise ProtocolError(
+            f"{spec.name}: {len(fields)} fields, expected {expected} at protocol version {version}"
+        )
+    if expected < len(spec.fields):
+        # An older version's frame: the fields appended since hold their fixed defaults.
+        fields += DEFAULTS_BY_KIND[kind][expected:]
     try:
         return spec.frame_type(*fields)
     except InvalidRequest as error:
@@ -227,15 +254,36 @@ class FrameDecoder:
     ``ProtocolError`` the decoder is dead: every later ``feed`` raises, because nothing after bad
     bytes can be trusted to start on a frame boundary. Frames decoded earlier in the same ``feed``
     call as the error are dropped with the connection. ``feed`` raises only ``ProtocolError``.
+
+    Frames are decoded at ``protocol_version``, the newest unless the connection's handshake
+    picked an older one: a frame then has exactly that version's fields, and those appended
+    since hold their defaults.
     """
 
-    __slots__ = ("_buffer", "_failure", "_frame_bytes_max")
+    __slots__ = ("_buffer", "_failure", "_frame_bytes_max", "_version")
 
-    def __init__(self, *, frame_bytes_max: int = limits.frame_bytes_max) -> None:
+    def __init__(
+        self,
+        *,
+        frame_bytes_max: int = limits.frame_bytes_max,
+        protocol_version: int = PROTOCOL_VERSION,
+    ) -> None:
         assert _FRAME_BYTES_MIN <= frame_bytes_max <= limits.frame_bytes_max
+        assert PROTOCOL_VERSION_MIN <= protocol_version <= PROTOCOL_VERSION
         self._buffer = bytearray()
         self._failure: str | None = None
         self._frame_bytes_max = frame_bytes_max
+        self._version = protocol_version
+
+    @property
+    def protocol_version(self) -> int:
+        return self._version
+
+    @protocol_version.setter
+    def protocol_version(self, value: int) -> None:
+        """Decodes frames not yet begun at ``value`` (the version a handshake picked)."""
+        assert PROTOCOL_VERSION_MIN <= value <= PROTOCOL_VERSION
+        self._version = value
 
     @property
     def frame_bytes_max(self) -> int:
@@ -286,16 +334,22 @@ class FrameDecoder:
                 if frame_end > end:
                     break
                 kind = buffer[position + _LENGTH_BYTES]
-                frames.append(_decode_body(kind, view[position + _LENGTH_BYTES + 1 : frame_end]))
+                # The body's view is never named: a view left alive would pin the buffer.
+                frames.append(
+                    _decode_body(
+                        kind, view[position + _LENGTH_BYTES + 1 : frame_end], self._version
+                    )
+                )
                 position = frame_end
         if position:
             del buffer[:position]
         return frames
 
 
-def decode(data: bytes) -> list[Frame]:
-    """Decode bytes that hold whole frames only; a trailing partial frame is a ``ProtocolError``."""
-    decoder = FrameDecoder()
+def decode(data: bytes, version: int = PROTOCOL_VERSION) -> list[Frame]:
+    """Decode bytes that hold whole frames only, at protocol ``version``; a trailing partial frame
+    is a ``ProtocolError``."""
+    decoder = FrameDecoder(protocol_version=version)
     frames = decoder.feed(data)
     if decoder.buffered_bytes:
         raise ProtocolError(f"{decoder.buffered_bytes} bytes of an incomplete frame at the end")

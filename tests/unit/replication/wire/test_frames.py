@@ -8,6 +8,7 @@ else (the fuzz contract of the sans-IO codecs, style rule 1).
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from typing import Any
 
@@ -110,8 +111,11 @@ GOLDEN: list[tuple[f.Frame, str]] = [
             headers=None,
             acks=f.ACKS_ALL,
             txn=False,
+            producer_id=UUID_A,
+            producer_seq=5,
         ),
-        "0000001d 20 98 08 a66f7264657273 92 c4026b31 c4026b32 92 c4027631 c0 c0 c0 ff c2",
+        "00000030 20 9a 08 a66f7264657273 92 c4026b31 c4026b32 92 c4027631 c0 c0 c0 ff c2"
+        " c410000102030405060708090a0b0c0d0e0f 05",
     ),
     (f.Produced(request_id=8, first_seq=101, last_seq=102), "00000005 21 93 08 65 66"),
     (
@@ -227,7 +231,11 @@ def test_table_matches_protocol_document() -> None:
         }
         assert spec.since_version == since.get(spec.name, 1)
         # Fields appended to a released frame, with the version that added them.
-        appended = {("SUBSCRIBE", "commit_point"): 5}
+        appended = {
+            ("SUBSCRIBE", "commit_point"): 5,
+            ("PRODUCE", "producer_id"): 7,
+            ("PRODUCE", "producer_seq"): 7,
+        }
         for field in spec.fields:
             assert field.since_version == appended.get((spec.name, field.name), spec.since_version)
 
@@ -352,11 +360,14 @@ def batches(draw: st.DrawFn) -> f.Batch:
 
 @st.composite
 def produces(draw: st.DrawFn) -> f.Produce:
+    producer_id = draw(st.none() | st.binary(min_size=16, max_size=16))
     return f.Produce(
         request_id=draw(u64),
         queue=draw(text),
         acks=draw(st.sampled_from([f.ACKS_NONE, f.ACKS_HEAD, f.ACKS_ALL])),
         txn=draw(st.booleans()),
+        producer_id=producer_id,
+        producer_seq=0 if producer_id is None else draw(u64),
         **draw(columns(draw(st.integers(0, 12)))),
     )
 
@@ -464,6 +475,7 @@ BAD_VALUES: dict[str, list[Any]] = {
     "u64 | nil": [-1, True, "9", b""],
     "str": [b"node", 5, None, True],
     "uuid": [UUID_A[:15], UUID_A + b"\x00", "0123456789abcdef", None, 16],
+    "uuid | nil": [b"", UUID_A[:15], UUID_A + b"\x00", UUID_A.hex(), 16, False],
     "nonce": [b"\x00" * 31, b"\x00" * 33, "a" * 32, None, [0] * 32],
     "mac": [b"\x00" * 31, b"\x00" * 33, "m" * 32, None, 0],
     "str | nil": [b"node", 5, False],
@@ -576,14 +588,23 @@ def test_empty_batch_covers_a_range() -> None:
 @pytest.mark.parametrize(
     ("kind", "fields", "match"),
     [
-        (32, [1, "q", [b"a", b"b"], [b"v"], None, None, 1, False], "PRODUCE: columns differ"),
-        (32, [1, "q", [b"a"], [b"v"], [0, 0], None, 1, False], "PRODUCE: columns differ"),
+        (
+            32,
+            [1, "q", [b"a", b"b"], [b"v"], None, None, 1, False, None, 0],
+            "PRODUCE: columns differ",
+        ),
+        (32, [1, "q", [b"a"], [b"v"], [0, 0], None, 1, False, None, 0], "PRODUCE: columns differ"),
         (33, [1, 0, 5], "PRODUCED: range 0..5"),
         (33, [1, 6, 5], "PRODUCED: range 6..5"),
         (16, [1, 0, [], 0], "SUBSCRIBE: from_seq must be at least 1"),
         (1, [0, "n", None, 0, "client"], "HELLO: protocol_version 0"),
         (2, [0, "n", 0], "HELLO_OK: protocol_version 0"),
         (27, [7, 5, {"hwm/c1": None}], "METADATA: a whole map deletes no key"),
+        (
+            32,
+            [1, "q", [b"a"], [b"v"], None, None, 1, False, None, 5],
+            "PRODUCE: producer_seq without a producer_id",
+        ),
     ],
 )
 def test_other_relations(kind: int, fields: list[Any], match: str) -> None:
@@ -669,6 +690,82 @@ def test_frames_before_an_error_in_the_same_feed_are_dropped() -> None:
         decoder.feed(GOLDEN_STREAM + raw_frame(0, raw_body([])))
     assert decoder.failed
     assert decoder.buffered_bytes == 0
+
+
+# --- frames at an older protocol version (docs/replication-protocol.md, "Compatibility") --------
+
+PRODUCE_V7 = GOLDEN_FRAMES[14]
+# The same PRODUCE at version 6 (docs/replication-protocol.md, PRODUCE): 8 fields, no producer.
+PRODUCE_V6_HEX = "0000001d 20 98 08 a66f7264657273 92 c4026b31 c4026b32 92 c4027631 c0 c0 c0 ff c2"
+
+
+def at_version(frame: f.Frame, version: int) -> f.Frame:
+    """``frame`` as a peer at ``version`` sees it: the fields appended since hold defaults."""
+    spec = spec_of(frame)
+    defaults = {
+        field.name: default
+        for field, default in zip(spec.fields, f.DEFAULTS_BY_KIND[spec.kind], strict=True)
+        if field.since_version > version
+    }
+    return dataclasses.replace(frame, **defaults)  # type: ignore[type-var]
+
+
+def test_a_produce_at_version_6_has_no_producer_fields() -> None:
+    assert isinstance(PRODUCE_V7, f.Produce)
+    assert f.encode(PRODUCE_V7, 6).hex() == bytes.fromhex(PRODUCE_V6_HEX).hex()
+    (old,) = f.decode(bytes.fromhex(PRODUCE_V6_HEX), 6)
+    assert old == dataclasses.replace(PRODUCE_V7, producer_id=None, producer_seq=0)
+
+
+def test_a_decoder_expects_exactly_the_fields_of_its_version() -> None:
+    # Rule 5: never a guess from the field count.
+    with pytest.raises(ProtocolError, match="PRODUCE: 8 fields, expected 10 at protocol version 7"):
+        f.decode(bytes.fromhex(PRODUCE_V6_HEX))
+    with pytest.raises(ProtocolError, match="PRODUCE: 10 fields, expected 8 at protocol version 6"):
+        f.decode(bytes.fromhex(GOLDEN[14][1]), 6)
+
+
+@pytest.mark.parametrize("version", range(f.PROTOCOL_VERSION_MIN, f.PROTOCOL_VERSION + 1))
+def test_every_version_decodes_what_it_encodes(version: int) -> None:
+    for frame in GOLDEN_FRAMES:
+        spec = spec_of(frame)
+        if spec.since_version > version:
+            with pytest.raises(
+                InvalidRequest, match=f"{spec.name} does not exist in protocol version {version}"
+            ):
+                f.encode(frame, version)
+            decode_fails_at = f.FrameDecoder(protocol_version=version)
+            with pytest.raises(ProtocolError, match=f"{spec.name} does not exist in protocol"):
+                decode_fails_at.feed(f.encode(frame))
+            continue
+        assert f.decode(f.encode(frame, version), version) == [at_version(frame, version)]
+
+
+@pytest.mark.parametrize("version", [0, f.PROTOCOL_VERSION + 1])
+def test_a_version_outside_the_protocols_is_refused(version: int) -> None:
+    with pytest.raises(InvalidRequest, match=f"protocol version {version} outside"):
+        f.encode(PRODUCE_V7, version)
+
+
+def test_a_decoder_switches_version_for_the_frames_after() -> None:
+    # A node's binary port decodes a client's frames at the version its HELLO_OK picked.
+    decoder = f.FrameDecoder()
+    hello = f.Hello(6, "client", None, 0, "client")
+    data = f.encode(hello) + bytes.fromhex(PRODUCE_V6_HEX)
+    assert decoder.feed(data[: len(f.encode(hello))]) == [hello]
+    decoder.protocol_version = 6
+    (produce,) = decoder.feed(data[len(f.encode(hello)) :])
+    assert isinstance(produce, f.Produce)
+    assert produce.producer_id is None
+
+
+def test_a_local_produce_checks_its_producer() -> None:
+    with pytest.raises(InvalidRequest, match=r"PRODUCE\.producer_id: expected uuid \| nil"):
+        f.Produce(1, "q", (b"a",), (b"v",), None, None, 1, False, b"short", 1)
+    with pytest.raises(InvalidRequest, match="producer_seq without a producer_id"):
+        f.Produce(1, "q", (b"a",), (b"v",), None, None, 1, False, None, 1)
+    with pytest.raises(InvalidRequest, match=r"PRODUCE\.producer_seq: expected u64"):
+        f.Produce(1, "q", (b"a",), (b"v",), None, None, 1, False, UUID_A, -1)
 
 
 # --- local construction and encoding -------------------------------------------------------------
