@@ -224,18 +224,18 @@ class Router:
         task.add_done_callback(_retrieve_error)
 
     async def install(self, topology: Topology) -> None:
-        """Makes ``topology`` the client's if it is newer: requests in flight to a node that
-        left the role they were sent for are abandoned (their retry sends them again at once),
-        connections to nodes that moved or left are closed, waiters for a newer topology wake,
-        and the watch follows the new node list. An older or equal epoch changes nothing."""
+        """Makes ``topology`` the client's unless it is older. If it is newer, requests in
+        flight to a node that left the role they were sent for are abandoned (their retry sends
+        them again at once), waiters for a newer topology wake, and the watch follows the new
+        node list; either way connections to nodes that moved or left are closed."""
         old = self.current
         if old is not None and topology.epoch < old.epoch:
             return  # an older view from a lagging node never replaces a newer one
-        self._current_at_s = self.settings.clock.monotonic_s()
-        if old is not None and topology.epoch == old.epoch:
-            return
         self.current = topology
-        self._abandon(old, topology)
+        self._current_at_s = self.settings.clock.monotonic_s()
+        newer = old is None or topology.epoch > old.epoch
+        if newer:
+            self._abandon(old, topology)
         for node, connection in list(self._connections.items()):
             if old is None or topology.nodes.get(node) != old.nodes.get(node):
                 del self._connections[node]  # moved or gone: its address is stale
@@ -244,9 +244,10 @@ class Router:
                     failure="abandoned",
                 )
                 await connection.close(error)
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
-        self.watch.follow()
+        if newer:
+            changed, self._changed = self._changed, asyncio.Event()
+            changed.set()
+            self.watch.follow()
 
     def _abandon(self, old: Topology | None, new: Topology) -> None:
         gave_up = 0

@@ -130,7 +130,8 @@ class Watch:
                 )
                 topology = Topology.from_json(body)
                 outcome = "newer" if topology.epoch > after else "same"
-                await self._follower.install(topology)
+                if outcome == "newer":
+                    await self._follower.install(topology)
             except KayosError as exc:
                 if failures == 0:
                     log.debug("topology watch of %s: %s", url, exc)
