@@ -585,6 +585,10 @@ topology_watch_wait_ms_max = 30_000
 # per node it watches): each holds a socket and a small handler task, so 4,096 of them are a few
 # MiB and well under the descriptors a node process is given; one more is answered 503 at once.
 topology_watchers_max = 4_096
+# ... and a waiting request whose asker hung up (a client closed, a short-lived command) is let go
+# within this, so a burst of clients that come and go does not fill the bound above for a whole
+# wait; a check per waiter per second costs nothing.
+topology_watch_hangup_check_ms = 1_000
 
 assert latency_window_ms >= manager_slow_window_ms
 assert latency_samples_max >= 100
@@ -593,6 +597,7 @@ assert latency_bucket_top_max >= 1
 assert 0 < topology_peer_query_ms_max < handshake_ms_max
 assert topology_watch_wait_ms_max > 0
 assert topology_watchers_max >= 1
+assert 0 < topology_watch_hangup_check_ms < topology_watch_wait_ms_max
 
 # --- client (kayos/client/) ----------------------------------------------------------------------
 

@@ -88,7 +88,12 @@ def _cluster_routes(routes: web.RouteTableDef, node: Node) -> None:
         if wait_ms is not None and after is None:
             raise InvalidRequest("wait_ms needs after=<epoch>: it waits for a newer topology")
         if after is not None and wait_ms:
-            await node.reconfigure.watch.wait_past(lambda: node.epoch, after, wait_ms / 1000)
+            await node.reconfigure.watch.wait_past(
+                lambda: node.epoch,
+                after,
+                wait_ms / 1000,
+                gone=lambda: request.transport is None or request.transport.is_closing(),
+            )
         payload = node.topology.to_json()
         message = node.reconfigure.message
         if message is not None:  # the MAC it came with (the secret never leaves the node)

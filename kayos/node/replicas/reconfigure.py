@@ -246,9 +246,17 @@ class TopologyWatch:
         self.closed = True
         self._changed.set()
 
-    async def wait_past(self, epoch: Callable[[], int], after: int, wait_s: float) -> None:
-        """Returns once ``epoch()`` is above ``after``, ``wait_s`` has passed or the node
-        stops; ``UnavailableError`` at once when ``waiters_max`` requests wait already."""
+    async def wait_past(
+        self,
+        epoch: Callable[[], int],
+        after: int,
+        wait_s: float,
+        gone: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """Returns once ``epoch()`` is above ``after``, ``wait_s`` has passed, the node stops
+        or ``gone()`` (the asker hung up: looked at every
+        ``limits.topology_watch_hangup_check_ms``); ``UnavailableError`` at once when
+        ``waiters_max`` requests wait already."""
         if epoch() > after or wait_s <= 0 or self.closed:
             return
         if self.waiting >= self.waiters_max:
@@ -256,10 +264,13 @@ class TopologyWatch:
                 f"{self.waiting} topology watchers wait here already; ask again later"
             )
         self.waiting += 1
+        check_s = limits.topology_watch_hangup_check_ms / 1000
         try:
             async with asyncio.timeout(wait_s):
-                while epoch() <= after and not self.closed:
-                    await self._changed.wait()
+                while epoch() <= after and not self.closed and not gone():
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(check_s):
+                            await self._changed.wait()
         except TimeoutError:
             pass
         finally:

@@ -172,3 +172,15 @@ async def test_watchers_past_the_bound_get_503_and_a_stopping_node_answers_the_o
         answers = await asyncio.wait_for(asyncio.gather(*waiting), WAIT_S)
         assert [(status, body["epoch"]) for status, body in answers] == [(200, 1), (200, 1)]
         assert loop.time() - started < WAIT_S / 2, "the watchers did not hold the stop up"
+
+
+@pytest.mark.asyncio
+async def test_a_watcher_that_hangs_up_is_let_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(limits, "topology_watch_hangup_check_ms", 20)
+    async with served_node(tmp_path) as (_, node, url, _), aiohttp.ClientSession() as s:
+        waiting = asyncio.create_task(get(s, f"{url}/v1/topology?after=1&wait_ms=30000"))
+        await until(lambda: node.reconfigure.watch.waiting == 1, "the watcher waiting")
+        waiting.cancel()  # the client closes its connection
+        await until(lambda: node.reconfigure.watch.waiting == 0, "the waiter let go", WAIT_S)
