@@ -2,9 +2,10 @@
 
 Produce and WAIT_COMMITTED go over each node's binary port (one persistent, pipelined
 connection per node); consume, group commits and the topology go over HTTP with msgpack.
-Each method says what its request is and checks its answer; ``kayos.client.routing`` says where
-it goes and retries it (the cached topology, redirects, backoff), and ``kayos.client.paging``
-orders a consumer snapshot's page requests.
+Each method says what its request is, and for what role (``Purpose``: a shard's head or a tail),
+and checks its answer; ``kayos.client.routing`` says where it goes and retries it (the topology,
+kept current by a watch; redirects; requests sent again when their node leaves the role; backoff),
+and ``kayos.client.paging`` orders a consumer snapshot's page requests.
 """
 
 from __future__ import annotations
