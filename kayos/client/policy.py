@@ -15,7 +15,7 @@ import random
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NamedTuple
 
 from kayos import errors, limits
 from kayos.errors import KayosError, RetentionGapError, WrongRoleError, error_from_code
@@ -191,10 +191,10 @@ def newest_topology(
 # --- following the cluster ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Purpose:
+class Purpose(NamedTuple):
     """The role a request was sent to a node for: the head of ``shard`` (a produce, a group
-    commit) or one of its tails (a ``WAIT_COMMITTED``, a consume page)."""
+    commit) or one of its tails (a ``WAIT_COMMITTED``, a consume page). A named tuple: one is
+    made per request sent."""
 
     shard: int
     role: Literal["head", "tail"]
