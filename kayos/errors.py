@@ -8,6 +8,8 @@ in wire error replies and in the HTTP API (``{"error": code, "message": ...}``).
 
 from __future__ import annotations
 
+from typing import Literal
+
 
 class KayosError(Exception):
     """Base of every error Kayos raises on purpose."""
@@ -120,9 +122,20 @@ class OperationTimeoutError(KayosError):
 
 
 class UnavailableError(KayosError):
-    """No node that can serve the request is reachable right now; retry later."""
+    """No node that can serve the request is reachable right now; retry later.
+
+    ``failure`` tells a client's retry loop what happened (docs/node-api.md, "Clients"): None, a
+    node said so (or none could be asked); ``"lost"``, the connection to the node failed, could
+    not be opened or fell silent with the request on it; ``"abandoned"``, the client gave the
+    request up because the node left the role it was sent for."""
 
     code = "unavailable"
+
+    def __init__(
+        self, message: str = "", *, failure: Literal["lost", "abandoned"] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.failure = failure
 
 
 class StaleEpochError(KayosError):

@@ -577,11 +577,27 @@ latency_buckets = 12
 # batches); past it, the smallest kept sample, at or above the p99.
 latency_bucket_top_max = 256
 
+# GET /v1/topology?after=E&wait_ms=W waits at most this long for a newer topology: a watcher asks
+# again as soon as it is answered, so a quiet cluster costs each watcher one request per 30 s, and
+# a request that outlives a proxy's idle bound (commonly 60 s) is answered before it is cut.
+topology_watch_wait_ms_max = 30_000
+# Requests waiting in GET /v1/topology?after= at one node at once (each connected client keeps one
+# per node it watches): each holds a socket and a small handler task, so 4,096 of them are a few
+# MiB and well under the descriptors a node process is given; one more is answered 503 at once.
+topology_watchers_max = 4_096
+# ... and a waiting request whose asker hung up (a client closed, a short-lived command) is let go
+# within this, so a burst of clients that come and go does not fill the bound above for a whole
+# wait; a check per waiter per second costs nothing.
+topology_watch_hangup_check_ms = 1_000
+
 assert latency_window_ms >= manager_slow_window_ms
 assert latency_samples_max >= 100
 assert latency_bucket_ms * latency_buckets >= manager_slow_window_ms
 assert latency_bucket_top_max >= 1
 assert 0 < topology_peer_query_ms_max < handshake_ms_max
+assert topology_watch_wait_ms_max > 0
+assert topology_watchers_max >= 1
+assert 0 < topology_watch_hangup_check_ms < topology_watch_wait_ms_max
 
 # --- client (kayos/client/) ----------------------------------------------------------------------
 
@@ -610,6 +626,18 @@ client_topology_max_age_ms = 10_000
 client_in_flight_requests_max = connection_in_flight_requests_max
 # HTTP connections the client's session keeps open to all nodes together.
 client_http_connections_max = 64
+# A client's connection with requests outstanding that has heard nothing from its node (no reply,
+# no PING: nodes ping every ping_interval_ms) for this long is given up as lost, and its requests
+# are sent again once the topology changes (docs/node-api.md, "Clients"). One manager detection
+# window: a node silent that long is one the manager is splicing out, so a shorter bound would give
+# up on nodes the manager keeps (a stall), and a longer one would leave requests on a frozen node
+# after the cluster moved on. Also how long a request whose connection failed waits for the
+# manager's new topology before it is sent again anyway.
+client_silence_ms = manager_detection_window_ms
+# Nodes (and seeds) one client's watch long-polls at once (GET /v1/topology?after=): any live node
+# gives a new topology as soon as it adopts it, and the manager sends it to every node, so a few
+# watched nodes suffice; a client of a large cluster holds no more than this many requests open.
+client_topology_watch_nodes_max = 16
 
 # --- kayos ctl (kayos/cli/ctl/) -------------------------------------------------------------------
 
@@ -632,6 +660,9 @@ assert client_retry_attempts_max >= 1
 assert 0 < client_retry_delay_ms_min <= client_retry_delay_ms_max
 assert client_request_timeout_ms > produce_commit_timeout_ms
 assert client_in_flight_requests_max <= connection_in_flight_requests_max
+assert client_silence_ms >= 3 * ping_interval_ms, "one lost or late PING never trips it"
+assert client_silence_ms < client_request_timeout_ms
+assert client_topology_watch_nodes_max >= 1
 assert 0 < ping_interval_ms * 3 <= peer_silence_ms_max
 assert peer_silence_ms_max < produce_commit_timeout_ms
 assert 0 < ctl_status_timeout_ms_default < client_request_timeout_ms

@@ -2,9 +2,10 @@
 
 Produce and WAIT_COMMITTED go over each node's binary port (one persistent, pipelined
 connection per node); consume, group commits and the topology go over HTTP with msgpack.
-Each method says what its request is and checks its answer; ``kayos.client.routing`` says where
-it goes and retries it (the cached topology, redirects, backoff), and ``kayos.client.paging``
-orders a consumer snapshot's page requests.
+Each method says what its request is, and for what role (``Purpose``: a shard's head or a tail),
+and checks its answer; ``kayos.client.routing`` says where it goes and retries it (the topology,
+kept current by a watch; redirects; requests sent again when their node leaves the role; backoff),
+and ``kayos.client.paging`` orders a consumer snapshot's page requests.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from kayos import limits
 from kayos.checks import check_group_name, check_u64
 from kayos.client.http import HttpTransport
 from kayos.client.paging import first_pages, snapshot_pages
-from kayos.client.policy import RetryPolicy
+from kayos.client.policy import Purpose, RetryPolicy
 from kayos.client.producer import ProducerSeqs
 from kayos.client.routing import Router
 from kayos.client.types import (
@@ -106,6 +107,7 @@ class AsyncClient:
         await self._http.open()
         if self._router.current is None:
             await self._router.retrying(lambda _redirect: self.refresh_topology())
+        await self._router.start()  # the topology watch and the silence checks
 
     async def close(self) -> None:
         await self._router.close()
@@ -241,8 +243,7 @@ class AsyncClient:
 
         async def attempt(redirect: str | None) -> tuple[int, int]:
             node = redirect or self.topology.shards[shard].head
-            connection = await self._router.connection(node)
-            reply = await connection.request(frame, self.timeout_s)
+            reply = await self._router.send(node, Purpose(shard, "head"), frame, self.timeout_s)
             if not isinstance(reply, Produced):
                 raise ProtocolError(f"node {node} answered PRODUCE with {type(reply).__name__}")
             return reply.first_seq, reply.last_seq
@@ -289,8 +290,9 @@ class AsyncClient:
     async def _wait_once(self, shard: int, seq: int, wait_ms: int) -> int:
         async def attempt(redirect: str | None) -> int:
             node = redirect or self._router.tail(shard)
-            connection = await self._router.connection(node)
-            reply = await connection.request(
+            reply = await self._router.send(
+                node,
+                Purpose(shard, "tail"),
                 lambda request_id: WaitCommitted(request_id, shard, seq, wait_ms),
                 wait_ms / 1000 + self.timeout_s,
             )
@@ -352,12 +354,13 @@ class AsyncClient:
     async def _page(self, queue: str, shard: int, params: dict[str, str], wait_s: float) -> Page:
         async def attempt(redirect: str | None) -> Page:
             node = redirect or self._router.tail(shard)
-            body = await self._http.request(
+            request = self._http.request(
                 "GET",
                 f"{self._router.url(node)}/v1/queues/{queue}/consume",
                 params=dict(params, **self._shard_params(queue, shard)),
                 timeout_s=wait_s + self.timeout_s,
             )
+            body = await self._router.call(node, Purpose(shard, "tail"), request)
             page = page_from_reply(body)
             if page.shard != shard:
                 raise ProtocolError(
@@ -391,13 +394,14 @@ class AsyncClient:
 
         async def attempt(redirect: str | None) -> CommitInfo:
             node = redirect or self.topology.shards[shard_id].head
-            reply = await self._http.request(
+            request = self._http.request(
                 "POST",
                 f"{self._router.url(node)}/v1/queues/{queue}/groups/{_quoted(group)}/commit",
                 params=self._shard_params(queue, shard_id),
                 body=body,
                 timeout_s=self.timeout_s,
             )
+            reply = await self._router.call(node, Purpose(shard_id, "head"), request)
             try:
                 return CommitInfo(int(reply["hwm"]), int(reply["seq"]))
             except (KeyError, TypeError, ValueError) as exc:
@@ -555,13 +559,14 @@ class AsyncClient:
 
         async def attempt(redirect: str | None) -> tuple[int, int]:
             node = redirect or self.topology.shards[shard].head
-            reply = await self._http.request(
+            request = self._http.request(
                 "POST",
                 f"{self._router.url(node)}/v1/queues/{queue}/messages",
                 params={"acks": acks_param(acks)},
                 body=body,
                 timeout_s=self.timeout_s,
             )
+            reply = await self._router.call(node, Purpose(shard, "head"), request)
             try:
                 return int(reply["first_seq"]), int(reply["last_seq"])
             except (KeyError, TypeError, ValueError) as exc:

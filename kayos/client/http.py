@@ -79,7 +79,9 @@ class HttpTransport:
         except TimeoutError as exc:
             raise OperationTimeoutError(f"{method} {url}: no reply in {timeout_s}s") from exc
         except (aiohttp.ClientError, OSError) as exc:
-            raise UnavailableError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+            raise UnavailableError(
+                f"{method} {url}: {type(exc).__name__}: {exc}", failure="lost"
+            ) from exc
         decoded = decode_body(content_type, raw)
         if status >= 400:
             raise error_from_http(status, decoded)

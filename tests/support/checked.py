@@ -41,32 +41,53 @@ class Producer:
     stop: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
 
-    def start(self) -> None:
-        self.thread = threading.Thread(target=self._run, name=f"producer-{self.index}")
+    def start(self, client: Client | None = None) -> None:
+        """Produces from a thread of its own, on ``client`` (a ``kayos.Client`` other threads
+        share) or else on a client of its own."""
+        self.thread = threading.Thread(
+            target=self._run, args=(client,), name=f"producer-{self.index}"
+        )
         self.thread.start()
 
-    def _run(self) -> None:
+    def _run(self, shared: Client | None) -> None:
+        if shared is not None:
+            self._produce_until_stopped(shared)
+            return
         with Client(self.urls, name=f"producer-{self.index}") as client:
-            n = 0
-            while not self.stop.is_set():
-                key = f"p{self.index}-{n:05d}"
-                value = f"v-{key}"
-                n += 1
-                op = self.index * 1_000_000 + n
-                began = time.monotonic()
-                try:
-                    seq = client.produce(PRODUCER_QUEUE, key, value, acks="all")
-                except KayosError as exc:
-                    item = ((key, value),)
-                    self.history.append(
-                        Produce(op, PRODUCER_QUEUE, item, False, "all", "unknown", error=str(exc))
-                    )
-                    continue
-                self.history.append(
-                    Produce(op, PRODUCER_QUEUE, ((key, value),), False, "all", "ok", seq, seq)
-                )
-                self.acked_at.append(time.monotonic())
-                self.invoked_at.append(began)
+            self._produce_until_stopped(client)
+
+    def _produce_until_stopped(self, client: Client) -> None:
+        n = 0
+        while not self.stop.is_set():
+            key, value, op = self.call(n)
+            n += 1
+            began = time.monotonic()
+            try:
+                seq = client.produce(PRODUCER_QUEUE, key, value, acks="all")
+            except KayosError as exc:
+                self.failed(op, key, value, exc)
+                continue
+            self.acked(op, key, value, seq, began)
+
+    def call(self, n: int) -> tuple[str, str, int]:
+        """The key, value and history op of this producer's call number ``n`` (from 0)."""
+        key = f"p{self.index}-{n:05d}"
+        return key, f"v-{key}", self.index * 1_000_000 + n + 1
+
+    def failed(self, op: int, key: str, value: str, error: KayosError) -> None:
+        """Records a call that raised: its outcome is unknown."""
+        item = ((key, value),)
+        self.history.append(
+            Produce(op, PRODUCER_QUEUE, item, False, "all", "unknown", error=str(error))
+        )
+
+    def acked(self, op: int, key: str, value: str, seq: int, began: float) -> None:
+        """Records an acknowledged call, begun at ``began`` (time.monotonic())."""
+        self.history.append(
+            Produce(op, PRODUCER_QUEUE, ((key, value),), False, "all", "ok", seq, seq)
+        )
+        self.acked_at.append(time.monotonic())
+        self.invoked_at.append(began)
 
     def finish(self) -> None:
         self.stop.set()

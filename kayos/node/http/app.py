@@ -66,6 +66,12 @@ def make_app(node: Node) -> web.Application:
         return web.Response(body=generate_latest(node.registry), content_type="text/plain")
 
     node.registry.register(Collector(node))
+
+    async def answer_watchers(app: web.Application) -> None:
+        # Before the runner waits for handlers to end: a watcher must not hold a stop up.
+        node.reconfigure.watch.close()
+
+    app.on_shutdown.append(answer_watchers)
     app.on_cleanup.append(_close_session)
     app.add_routes(routes)
     app.add_routes(operator_routes(node, read_body, int_param))
@@ -77,6 +83,17 @@ def _cluster_routes(routes: web.RouteTableDef, node: Node) -> None:
 
     @routes.get("/v1/topology")
     async def topology(request: web.Request) -> web.Response:
+        after = int_param(request.query, "after", None)
+        wait_ms = int_param(request.query, "wait_ms", None, high=limits.topology_watch_wait_ms_max)
+        if wait_ms is not None and after is None:
+            raise InvalidRequest("wait_ms needs after=<epoch>: it waits for a newer topology")
+        if after is not None and wait_ms:
+            await node.reconfigure.watch.wait_past(
+                lambda: node.epoch,
+                after,
+                wait_ms / 1000,
+                gone=lambda: request.transport is None or request.transport.is_closing(),
+            )
         payload = node.topology.to_json()
         message = node.reconfigure.message
         if message is not None:  # the MAC it came with (the secret never leaves the node)

@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -224,6 +225,58 @@ def newest(
 # --- the driver ----------------------------------------------------------------------------------
 
 
+class TopologyWatch:
+    """Requests waiting for the node to adopt a topology newer than an epoch (``GET
+    /v1/topology?after=E&wait_ms=W``, docs/node-api.md "Topology changes"): at most
+    ``waiters_max`` at once, all woken by each adoption and by the node's stop."""
+
+    def __init__(self, waiters_max: int = limits.topology_watchers_max) -> None:
+        self.waiters_max = waiters_max
+        self.waiting = 0
+        self.closed = False
+        self._changed = asyncio.Event()  # set, and replaced, at each adoption
+
+    def adopted(self) -> None:
+        """The node runs a new topology: every waiter looks again."""
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def close(self) -> None:
+        """The node is stopping: every waiter answers now, and later ones do not wait."""
+        self.closed = True
+        self._changed.set()
+
+    async def wait_past(
+        self,
+        epoch: Callable[[], int],
+        after: int,
+        wait_s: float,
+        gone: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """Returns once ``epoch()`` is above ``after``, ``wait_s`` has passed, the node stops
+        or ``gone()`` (the asker hung up: looked at every
+        ``limits.topology_watch_hangup_check_ms``); ``UnavailableError`` at once when
+        ``waiters_max`` requests wait already."""
+        if epoch() > after or wait_s <= 0 or self.closed:
+            return
+        if self.waiting >= self.waiters_max:
+            raise UnavailableError(
+                f"{self.waiting} topology watchers wait here already; ask again later"
+            )
+        self.waiting += 1
+        check_s = limits.topology_watch_hangup_check_ms / 1000
+        try:
+            async with asyncio.timeout(wait_s):
+                while epoch() <= after and not self.closed and not gone():
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(check_s):
+                            await self._changed.wait()
+        except TimeoutError:
+            pass
+        finally:
+            self.waiting -= 1
+
+
 class Reconfigurer:
     """Opens, re-makes and closes a node's replicas as topologies arrive. One change at a time
     (a lock): two topologies arriving together are applied one after the other, and one whose
@@ -242,6 +295,8 @@ class Reconfigurer:
         # Per shard this node heads, a write hold: the head changed, and the old head may still
         # hold a lease (``lease.write_holds``; the leader may shorten it, ``release_hold``).
         self.write_holds: dict[int, WriteHold] = {}
+        # Requests waiting for this node to adopt a newer topology (GET /v1/topology?after=).
+        self.watch = TopologyWatch()
 
     def held_until_s(self, shard_id: int) -> float:
         hold = self.write_holds.get(shard_id)
@@ -293,6 +348,7 @@ class Reconfigurer:
         )
         node.topology = topology
         self.message = message
+        self.watch.adopted()
 
     async def offer(self, message: Any) -> tuple[int, bool]:
         """``POST /v1/admin/topology``: ``(epoch after, applied)``."""
@@ -346,6 +402,7 @@ class Reconfigurer:
         node.lease.adopted(new.epoch)
         node.topology = new
         self.message = message
+        self.watch.adopted()
         # A learner of a shard this node now is a member of closes first: the member's replica
         # opens the same store and goes on from what it copied. The others follow the epoch.
         await learners.follow_topology(node, new)

@@ -1,5 +1,8 @@
 """The client's pure decisions (kayos/client/policy.py): which Kayos error a wire or HTTP reply
-means (docs/node-api.md, "Errors"), and when to redirect, back off or give up."""
+means (docs/node-api.md, "Errors"), and when to redirect, back off or give up; and how it follows
+the cluster (docs/node-api.md, "Clients"): which requests a newer topology abandons, what a lost
+or abandoned request does next, when a connection is silent, which nodes the watch polls and how
+it goes on after each answer."""
 
 from __future__ import annotations
 
@@ -10,15 +13,26 @@ import pytest
 from kayos import errors, limits
 from kayos.client.policy import (
     Action,
+    Purpose,
     RetryPolicy,
     RetryState,
+    Step,
+    abandoned,
     action_for,
+    check_counts,
     error_from_code,
     error_from_frame,
     error_from_http,
+    holds_role,
+    manager_urls,
+    next_poll,
+    report_due,
+    silent,
+    watch_urls,
 )
 from kayos.errors import KayosError, WrongRoleError
 from kayos.replication.wire.frames import ErrorFrame
+from kayos.topology import NodeAddr, ShardChain, Topology
 
 pytestmark = pytest.mark.unit
 
@@ -104,6 +118,8 @@ def test_http_status_without_a_kayos_body(status: int, cls: type[KayosError]) ->
     [
         (WrongRoleError("x", redirect="a", epoch=1), Action.REDIRECT),
         (errors.UnavailableError("x"), Action.BACKOFF),
+        (errors.UnavailableError("x", failure="lost"), Action.AWAIT_TOPOLOGY),
+        (errors.UnavailableError("x", failure="abandoned"), Action.RESEND),
         (errors.InvalidRequest("x"), Action.FAIL),
         (errors.LimitExceeded("x"), Action.FAIL),
         (errors.ProtocolError("x"), Action.FAIL),
@@ -149,9 +165,9 @@ def test_backoff_attempts_are_bounded() -> None:
     policy = RetryPolicy(attempts_max=4)
     state = RetryState(policy, random.Random(SEED))
     unavailable = errors.UnavailableError("down")
-    delays = [state.next_delay_s(unavailable) for _ in range(3)]
-    assert all(d is not None and d > 0 for d in delays)
-    assert state.next_delay_s(unavailable) is None, "4 attempts in all, then the caller's"
+    steps = [state.next_step(unavailable, managed=True) for _ in range(3)]
+    assert all(s is not None and s.action is Action.BACKOFF and s.delay_s > 0 for s in steps)
+    assert state.next_step(unavailable, managed=True) is None, "4 attempts, then the caller's"
     assert state.attempts == 4
 
 
@@ -159,9 +175,9 @@ def test_redirects_are_bounded_and_immediate() -> None:
     policy = RetryPolicy(redirects_max=2)
     state = RetryState(policy, random.Random(SEED))
     wrong = WrongRoleError("no", redirect="b", epoch=1)
-    assert state.next_delay_s(wrong) == 0.0
-    assert state.next_delay_s(wrong) == 0.0
-    assert state.next_delay_s(wrong) is None
+    assert state.next_step(wrong, managed=False) == Step(Action.REDIRECT, 0.0)
+    assert state.next_step(wrong, managed=False) == Step(Action.REDIRECT, 0.0)
+    assert state.next_step(wrong, managed=False) is None
 
 
 @pytest.mark.parametrize(
@@ -175,7 +191,7 @@ def test_redirects_are_bounded_and_immediate() -> None:
 )
 def test_never_retried(error: KayosError) -> None:
     state = RetryState(RetryPolicy(), random.Random(SEED))
-    assert state.next_delay_s(error) is None
+    assert state.next_step(error, managed=True) is None
     assert state.attempts == 1
 
 
@@ -184,3 +200,133 @@ def test_policy_refuses_nonsense_bounds() -> None:
         RetryPolicy(attempts_max=0)
     with pytest.raises(errors.InvalidRequest):
         RetryPolicy(delay_ms_min=100, delay_ms_max=10)
+
+
+# --- following the cluster ---------------------------------------------------------------------
+
+
+def test_an_abandoned_request_is_sent_again_at_once_within_the_attempt_budget() -> None:
+    state = RetryState(RetryPolicy(attempts_max=3), random.Random(SEED))
+    gone = errors.UnavailableError("a left the head", failure="abandoned")
+    assert state.next_step(gone, managed=False) == Step(Action.RESEND, 0.0)
+    assert state.next_step(gone, managed=True) == Step(Action.RESEND, 0.0)
+    assert state.next_step(gone, managed=True) is None, "3 attempts in all"
+
+
+def test_a_lost_request_waits_a_window_for_the_manager_or_its_backoff_without_one() -> None:
+    print(f"seed={SEED}")
+    lost = errors.UnavailableError("reset", failure="lost")
+    managed = RetryState(RetryPolicy(), random.Random(SEED))
+    assert managed.next_step(lost, managed=True) == Step(
+        Action.AWAIT_TOPOLOGY, limits.client_silence_ms / 1000
+    )
+    policy = RetryPolicy(delay_ms_min=10, delay_ms_max=40)
+    alone = RetryState(policy, random.Random(SEED))
+    step = alone.next_step(lost, managed=False)
+    assert step is not None
+    assert step.action is Action.AWAIT_TOPOLOGY
+    assert step.delay_s == policy.delay_s(1, random.Random(SEED))
+    assert (managed.attempts, alone.attempts) == (2, 2), "each counts as an attempt"
+
+
+def three_nodes(epoch: int, chain: tuple[str, ...], fanout: tuple[str, ...] = ()) -> Topology:
+    nodes = {n: NodeAddr(n, "127.0.0.1", 7100 + i, 7200 + i) for i, n in enumerate("abcd")}
+    return Topology(epoch, nodes, {0: ShardChain(0, chain, fanout), 1: ShardChain(1, ("c", "b"))})
+
+
+def test_roles_are_held_by_the_head_and_by_every_tail() -> None:
+    topology = three_nodes(1, ("a", "b"), ("c", "d"))
+    head, tail = Purpose(0, "head"), Purpose(0, "tail")
+    assert [holds_role(topology, n, head) for n in "abcd"] == [True, False, False, False]
+    assert [holds_role(topology, n, tail) for n in "abcd"] == [False, False, True, True]
+    assert not holds_role(topology, "a", Purpose(7, "head")), "no such shard"
+
+
+def test_a_newer_topology_abandons_the_requests_whose_node_left_the_role() -> None:
+    old = three_nodes(1, ("a", "b", "c"))
+    new = three_nodes(2, ("b", "c"))  # a spliced out: b heads shard 0
+    sent = [
+        ("a", Purpose(0, "head")),  # the old head: abandoned
+        ("c", Purpose(0, "tail")),  # still the tail
+        ("c", Purpose(1, "head")),  # another shard, unchanged
+        ("b", Purpose(1, "tail")),  # unchanged
+        ("b", Purpose(0, "tail")),  # b is not shard 0's tail (sent by a redirect): abandoned
+        ("a", Purpose(5, "head")),  # a shard the new topology lacks: abandoned
+    ]
+    assert abandoned(old, new, sent) == [0, 4, 5]
+    assert abandoned(new, new, sent) == [], "the same epoch abandons nothing"
+    assert abandoned(new, old, sent) == [], "nor does an older one"
+    assert abandoned(None, new, sent) == [0, 4, 5]
+
+
+def test_the_tail_leaving_abandons_waits_and_pages_there_only() -> None:
+    old = three_nodes(3, ("a", "b", "c"))
+    new = three_nodes(4, ("a", "b"))
+    sent = [("c", Purpose(0, "tail")), ("a", Purpose(0, "head")), ("b", Purpose(0, "head"))]
+    assert abandoned(old, new, sent) == [0, 2]
+
+
+def test_managers_come_from_the_topology_and_none_without_them() -> None:
+    assert manager_urls(None) == []
+    assert manager_urls(three_nodes(1, ("a",))) == []
+
+
+def test_a_connection_is_silent_after_the_bound_from_its_last_sound_or_its_first_request() -> None:
+    assert not silent(last_heard_s=10.0, busy_since_s=5.0, now_s=10.5, silence_s=0.7)
+    assert silent(last_heard_s=10.0, busy_since_s=5.0, now_s=10.75, silence_s=0.7)
+    # Idle long before its request: counted from the request.
+    assert not silent(last_heard_s=1.0, busy_since_s=10.0, now_s=10.6, silence_s=0.7)
+    assert silent(last_heard_s=1.0, busy_since_s=10.0, now_s=10.8, silence_s=0.7)
+
+
+def test_a_late_silence_check_judges_nobody() -> None:
+    assert check_counts(due_s=10.0, now_s=10.0, interval_s=0.2)
+    assert check_counts(due_s=10.0, now_s=10.2, interval_s=0.2)
+    assert not check_counts(due_s=10.0, now_s=10.25, interval_s=0.2), "the loop was held up"
+
+
+def test_a_lost_node_is_reported_once_per_interval() -> None:
+    assert report_due(None, 5.0, 1.0)
+    assert not report_due(5.0, 5.9, 1.0)
+    assert report_due(5.0, 6.0, 1.0)
+
+
+def test_the_watch_polls_seeds_then_nodes_once_each_within_its_bound() -> None:
+    topology = three_nodes(1, ("a", "b"))
+    urls = {n: f"http://127.0.0.1:{7100 + i}" for i, n in enumerate("abcd")}
+    seeds = [urls["b"] + "/", "http://seed:1", "http://seed:1"]
+    watched = watch_urls(seeds, topology, salt=1, most=16)
+    assert watched[:2] == [urls["b"], "http://seed:1"]
+    assert sorted(watched[2:]) == sorted(urls[n] for n in "acd")
+    assert len(set(watched)) == len(watched) == 5
+    assert watch_urls(seeds, topology, salt=1, most=3) == watched[:3]
+    assert watch_urls(seeds, None, salt=1, most=16) == [urls["b"], "http://seed:1"]
+    orders = {tuple(watch_urls([], topology, salt=s, most=16)) for s in range(50)}
+    assert len(orders) > 1, "clients spread over a large cluster's nodes"
+
+
+def test_a_watch_goes_on_at_once_after_an_answer_and_backs_off_after_failures() -> None:
+    print(f"seed={SEED}")
+    policy = RetryPolicy(delay_ms_min=10, delay_ms_max=80)
+    rng = random.Random(SEED)
+    assert next_poll(3, "newer", 0.01, 30.0, policy, rng) == (0, 0.0)
+    assert next_poll(3, "same", 30.0, 30.0, policy, rng) == (0, 0.0), "it waited: again at once"
+    failures, pause_s = next_poll(0, "failed", 0.0, 30.0, policy, rng)
+    assert failures == 1
+    assert 0.005 <= pause_s <= 0.01
+    pauses = []
+    for _ in range(6):
+        failures, pause_s = next_poll(failures, "failed", 0.0, 30.0, policy, rng)
+        pauses.append(pause_s)
+    assert failures == 7
+    assert max(pauses) <= 0.08
+    assert pauses[-1] >= 0.04
+
+
+def test_a_node_that_does_not_wait_is_asked_again_only_after_the_refresh_age() -> None:
+    policy = RetryPolicy()
+    rng = random.Random(SEED)
+    assert next_poll(0, "same", 0.002, 30.0, policy, rng) == (
+        0,
+        limits.client_topology_max_age_ms / 1000,
+    )
