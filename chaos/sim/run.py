@@ -120,14 +120,7 @@ class Report:
             "commits": self.commits,
             "events": self.events,
             "sim_ms": round(self.sim_ms, 1),
-            "manager": {
-                "splices": self.splices,
-                "catch_ups": self.catch_ups,
-                "node_gone": self.node_gone,
-                "node_gone_alive": self.node_gone_alive,
-            },
-            "resends": self.resends,
-            "window_hits": self.window_hits,
+            **counts_json(self),
             "violations": self.violations,
             "replay": self.replay(),
         }
@@ -425,14 +418,7 @@ class Summary:
             "failed_seeds": self.failed[:50],
             "failed": len(self.failed),
             "faults": self.faults,
-            "manager": {
-                "splices": self.splices,
-                "catch_ups": self.catch_ups,
-                "node_gone": self.node_gone,
-                "node_gone_alive": self.node_gone_alive,
-            },
-            "resends": self.resends,
-            "window_hits": self.window_hits,
+            **counts_json(self),
             "acked": self.acked,
             "lost": self.lost,
             "violations": self.violations,
@@ -440,6 +426,20 @@ class Summary:
             "seeds_per_s": round(self.seeds / self.seconds, 1) if self.seconds else None,
             "first_failure": self.first_failure.to_json() if self.first_failure else None,
         }
+
+
+def counts_json(counts: Report | Summary) -> dict[str, Any]:
+    """The manager's moves and the producers' resends of a run or of a series of runs."""
+    return {
+        "manager": {
+            "splices": counts.splices,
+            "catch_ups": counts.catch_ups,
+            "node_gone": counts.node_gone,
+            "node_gone_alive": counts.node_gone_alive,
+        },
+        "resends": counts.resends,
+        "window_hits": counts.window_hits,
+    }
 
 
 def run_seeds(
