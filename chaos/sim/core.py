@@ -7,11 +7,14 @@ scheduled, so a seed always replays the same run.
 
 The network (docs/testing.md, "The simulator"): a replication link is a pair of FIFO queues (a TCP
 connection): messages on it arrive in order, each after its own delay, or not at all once the link
-is closed. Links are closed by a crash of either end (the peer notices at once: the kernel resets
-the connection), by a reset fault, and by silence: an end that cannot hear the other (a partition,
-a paused process) for ``peer_silence_ms`` closes it. Messages that are not on a link (heartbeats,
-the manager's orders, client requests and replies) are datagrams: each may be lost, and a
-partition drops them.
+is closed. A link ends with a cause its ends see: ``reset`` (a crash of either end: the kernel
+resets the connection; a reset fault; a partition of kind ``reject``), ``refused`` (opened to a
+dead process or across a ``reject`` partition), ``silence`` (an end that cannot hear the other, a
+``drop`` partition or a paused process, for ``peer_silence_ms``) or ``closed`` (an end closed it).
+Messages that are not on a link (heartbeats, the manager's orders, client requests and replies)
+are datagrams: each may be lost, and a partition of either kind drops them; a request sent with a
+``refused`` callback hears of a dead process or a ``reject`` partition at once, as a TCP client
+would.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ class Link:
     downstream: str
     shard: int
     open: bool = True
+    cause: str = ""  # why it ended: reset, refused, silence, closed
+    delivered: int = 0  # messages delivered on it (none: a connection never made)
     # The time the last message in each direction is due: a later one never overtakes it.
     due: dict[str, float] = field(default_factory=dict)
     # Messages a partition holds back (TCP retransmits them once it heals), by send order.
@@ -74,7 +79,8 @@ class World:
         self._heap: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = []
         self._order = 0
         self.endpoints: dict[str, Endpoint] = {}
-        self.cut: set[frozenset[str]] = set()
+        # Partitions: each cut pair and its kind, "drop" (silence) or "reject" (resets).
+        self.cut: dict[frozenset[str], str] = {}
         self.links: dict[int, Link] = {}
         self._link_ids = 0
         self.delay_ms = delay_ms
@@ -85,6 +91,9 @@ class World:
         self.events_run = 0
         # Called when a link closes, once per end that is a node: (node, link).
         self.on_link_closed: Callable[[str, Link], None] = lambda node, link: None
+        # Called when a node crashes (node), and when a pair is cut (a, b, kind).
+        self.on_crash: list[Callable[[str], None]] = []
+        self.on_cut: list[Callable[[str, str, str], None]] = []
 
     # --- the clock -------------------------------------------------------------------------------
 
@@ -110,6 +119,19 @@ class World:
     def is_cut(self, a: str, b: str) -> bool:
         return bool(self.cut) and frozenset((a, b)) in self.cut
 
+    def cut_kind(self, a: str, b: str) -> str | None:
+        """The kind of the partition between ``a`` and ``b`` (None: none)."""
+        return self.cut.get(frozenset((a, b))) if self.cut else None
+
+    def refuses(self, src: str, dst: str) -> bool:
+        """Whether a connection from ``src`` to ``dst`` is refused at once: ``dst`` is a dead
+        process, or a ``reject`` partition lies between them."""
+        return self.cut_kind(src, dst) == "reject" or not self.endpoints[dst].reachable()
+
+    def delay(self) -> float:
+        """One message's delay."""
+        return self._delay()
+
     def _delay(self) -> float:
         rng = self.rng
         if rng.random() < self.slow_share:
@@ -122,12 +144,40 @@ class World:
             return
         self.at(self._delay(), self._arrive, src, dst, None, fn, args)
 
+    def request(
+        self, src: str, dst: str, refused: Callable[[], None], fn: Callable[..., None], *args: Any
+    ) -> None:
+        """A request on a TCP connection: as a datagram, but a dead process or a ``reject``
+        partition answers it with a reset, which ``refused()`` hears one round trip later."""
+        if self.cut_kind(src, dst) == "reject":
+            self.at(2 * self._delay(), refused)
+            return
+        if self.is_cut(src, dst) or self.rng.random() < self.datagram_loss:
+            return
+        self.at(self._delay(), self._arrive_request, src, dst, refused, fn, args)
+
+    def _arrive_request(
+        self,
+        src: str,
+        dst: str,
+        refused: Callable[[], None],
+        fn: Callable[..., None],
+        args: tuple[Any, ...],
+    ) -> None:
+        if self.refuses(src, dst):
+            self.at(self._delay(), refused)
+            return
+        self._arrive(src, dst, None, fn, args)
+
     def open_link(self, upstream: str, downstream: str, shard: int) -> Link:
         self._link_ids += 1
         link = Link(self._link_ids, upstream, downstream, shard)
         self.links[link.id] = link
-        if self.is_cut(upstream, downstream):
-            self.at(self.peer_silence_ms, self.close_link, link)
+        kind = self.cut_kind(upstream, downstream)
+        if kind == "reject":
+            self.at(2 * self._delay(), self.close_link, link, "refused")
+        elif kind is not None:
+            self.at(self.peer_silence_ms, self.close_link, link, "silence")
         return link
 
     def send_on(self, link: Link, src: str, fn: Callable[..., None], *args: Any) -> None:
@@ -168,16 +218,20 @@ class World:
         endpoint = self.endpoints[dst]
         if not endpoint.reachable():
             if link is not None:
-                self.close_link(link)  # a connection to a dead process is reset
+                # A connection to a dead process is refused (never made) or reset.
+                self.close_link(link, "reset" if link.delivered else "refused")
             return
-        if link is not None and endpoint.paused:
-            self.at(self.peer_silence_ms, self._silence_paused, link, endpoint)
+        if link is not None:
+            link.delivered += 1
+            if endpoint.paused:
+                self.at(self.peer_silence_ms, self._silence_paused, link, endpoint)
         endpoint.deliver(fn, args)
 
-    def close_link(self, link: Link) -> None:
+    def close_link(self, link: Link, cause: str = "closed") -> None:
         if not link.open:
             return
         link.open = False
+        link.cause = cause
         self.links.pop(link.id, None)
         for end in (link.upstream, link.downstream):
             self.on_link_closed(end, link)
@@ -185,28 +239,35 @@ class World:
     def links_of(self, node: str) -> list[Link]:
         return [link for link in self.links.values() if node in (link.upstream, link.downstream)]
 
-    def partition(self, a: str, b: str) -> None:
+    def partition(self, a: str, b: str, kind: str = "drop") -> None:
+        """Cuts ``a`` from ``b``: ``drop`` silences their links (closed after
+        ``peer_silence_ms``), ``reject`` resets them at once."""
         pair = frozenset((a, b))
         if pair in self.cut:
             return
-        self.cut.add(pair)
-        for link in list(self.links.values()):
+        self.cut[pair] = kind
+        for link in sorted(self.links.values(), key=lambda link: link.id):
             if {link.upstream, link.downstream} == set(pair):
-                self.at(self.peer_silence_ms, self._silence, link, pair)
+                if kind == "reject":
+                    self.at(self._delay(), self._silence, link, pair, "reset")
+                else:
+                    self.at(self.peer_silence_ms, self._silence, link, pair, "silence")
+        for hook in self.on_cut:
+            hook(a, b, kind)
 
-    def _silence(self, link: Link, pair: frozenset[str]) -> None:
+    def _silence(self, link: Link, pair: frozenset[str], cause: str) -> None:
         if pair in self.cut:
-            self.close_link(link)
+            self.close_link(link, cause)
 
     def _silence_paused(self, link: Link, endpoint: Endpoint) -> None:
         if endpoint.paused:
-            self.close_link(link)
+            self.close_link(link, "silence")
 
     def heal(self, a: str, b: str) -> None:
         pair = frozenset((a, b))
         if pair not in self.cut:
             return
-        self.cut.discard(pair)
+        del self.cut[pair]
         for link in list(self.links.values()):
             if {link.upstream, link.downstream} == set(pair) and link.held:
                 held, link.held = sorted(link.held, key=lambda h: h[0]), []

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from chaos.sim.core import Link
-from kayos.manager.member import holds
+from chaos.sim.evidence import Proofs, hold_after_proof
 
 # chaos/sim/node.py and chaos/sim/replica.py import this module: their Node and Replica are not
 # imported back (no cycle).
@@ -99,19 +99,22 @@ def released(replica: Replica, epoch: int, hold_ms: float) -> None:
 
 class Holds:
     """The manager leader's memory for write holds (kayos/manager/member/holds.py): its election
-    time, per (node, shard) the arrival time of the latest granted heartbeat at each shard epoch,
-    each shard's heads since it began to lead, and the releases still to deliver."""
+    time, per (node, shard) the arrival time of the latest granted heartbeat at each shard epoch
+    and the incarnation it answered, each shard's heads since it began to lead, and the releases
+    still to deliver."""
 
     def __init__(self, now: float, heads: list[tuple[int, str]], lease_ms: float) -> None:
         self.lease_ms = lease_ms
         self.elected = now
-        self.grants: dict[int, dict[str, dict[int, float]]] = {}  # shard, node, epoch: at
+        # shard, node, epoch: (at, incarnation)
+        self.grants: dict[int, dict[str, dict[int, tuple[float, int]]]] = {}
         self.heads: list[list[tuple[int, str]]] = [[head] for head in heads]
         self.pending: dict[int, tuple[str, int]] = {}
 
-    def granted(self, node: str, shard: int, epoch: int, at: float) -> None:
+    def granted(self, node: str, shard: int, epoch: int, at: float, incarnation: int) -> None:
         times = self.grants.setdefault(shard, {}).setdefault(node, {})
-        times[epoch] = max(at, times.get(epoch, at))
+        if epoch not in times or at >= times[epoch][0]:
+            times[epoch] = (at, incarnation)
 
     def spliced(self, shard: int, chain: tuple[str, ...], epoch: int) -> bool:
         """Records the shard's chain at ``epoch``; True if its head changed."""
@@ -122,10 +125,21 @@ class Holds:
             self.pending[shard] = (chain[0], epoch)
         return changed
 
-    def hold_ms(self, shard: int, new_head: str, now: float) -> float:
+    def hold_ms(
+        self,
+        shard: int,
+        new_head: str,
+        now: float,
+        proven: Proofs,
+        incarnations: dict[str, int],
+    ) -> float:
+        """What the leader tells the new head (``hold_after_proof``: a head proven dead holds no
+        lease)."""
         heads: list[tuple[int, str | None]] = list(self.heads[shard])
         grants = self.grants.get(shard, {})
-        return holds.hold_ms(new_head, heads, grants, self.elected, now, self.lease_ms)
+        return hold_after_proof(
+            new_head, heads, grants, proven, incarnations, self.elected, now, self.lease_ms
+        )
 
 
 def writes_held(replica: Replica) -> bool:

@@ -34,6 +34,8 @@ class Host(Protocol):
     slow_disk_until: float
     failing_syncs: int
     restart_after_ms: float
+    window_entries: int
+    window_hits: int
 
     def peer(self, node_id: str) -> Host: ...
 

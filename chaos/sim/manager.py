@@ -1,6 +1,7 @@
 """The simulated cluster manager's leader: the real ``kayos.manager.decide`` fed the nodes'
 heartbeats and reports, its actions (splices, catch-up orders, published topologies) carried out
-as messages, and the head leases it grants (chaos/sim/lease.py).
+as messages, the head leases it grants (chaos/sim/lease.py) and its evidence of death
+(chaos/sim/evidence.py: watches, probes, reports, ``NodeGone``).
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from typing import Any
 
 from chaos.sim import lease
 from chaos.sim.client import Client
+from chaos.sim.config import SimConfig
 from chaos.sim.core import MANAGER, Endpoint, World
+from chaos.sim.evidence import Evidence, node_gone
 from chaos.sim.node import Node
 from kayos.manager import (
     CatchUpDone,
@@ -23,6 +26,7 @@ from kayos.manager import (
     TimerTick,
     decide,
 )
+from kayos.manager.events import Action
 from kayos.manager.events import Event as ManagerEvent
 from kayos.manager.view import ManagerView
 
@@ -35,18 +39,21 @@ class Manager(Endpoint):
         world: World,
         nodes: dict[str, Node],
         view: ManagerView,
-        tick_ms: float,
+        config: SimConfig,
         client: Client,
+        plant: str | None,
     ) -> None:
         self.id = MANAGER
         self.world = world
         self.nodes = nodes
         self.view = view
-        self.tick_ms = tick_ms
+        self.tick_ms = tick_ms = config.tick_ms
         self.client = client
         self.heard: list[tuple[str, int]] = []
-        # (node, nonce, arrival) heard since the last tick
-        self.lease_asks: list[tuple[str, int, float]] = []
+        # (node, incarnation, nonce, arrival) heard since the last tick
+        self.lease_asks: list[tuple[str, int, int, float]] = []
+        self.evidence = Evidence(world, config, plant, self.node_gone)
+        client.report_to = self.on_suspect
         self.lease_ms = next(iter(nodes.values())).lease.lease_ms if nodes else 0.0
         self.holds = lease.Holds(0.0, self._heads(), self.lease_ms)
         self.splices = 0
@@ -68,18 +75,28 @@ class Manager(Endpoint):
         """Answers the heartbeats this tick applied (the sim's committed round): per shard, its
         epoch and whether the node is a live member (chaos/sim/lease.py)."""
         asks, self.lease_asks = self.lease_asks, []
-        for node_id, nonce, at in asks:
+        for node_id, incarnation, nonce, at in asks:
             state = self.view.node(node_id)
             live = state is not None and state.state not in ("down", "removed")
             grants = tuple((s.epoch, live and node_id in s.chain) for s in self.view.shards)
             for shard, (epoch, member) in enumerate(grants):
                 if member:
-                    self.holds.granted(node_id, shard, epoch, at)
+                    self.holds.granted(node_id, shard, epoch, at, incarnation)
             endpoint = self.nodes[node_id]
             self.world.send(MANAGER, node_id, endpoint.on_lease, nonce, grants)
 
     def decide(self, event: ManagerEvent) -> None:
-        self.view, actions = decide(self.view, event)
+        self.apply(*decide(self.view, event))
+
+    def node_gone(self, node: str) -> bool:
+        """``NodeGone`` logged (chaos/sim/evidence.py, ``node_gone``: modelled until the
+        product's ``decide`` has it). True if it made a live node down."""
+        state = self.view.node(node)
+        self.apply(*node_gone(self.view, node))
+        return state is not None and state != self.view.node(node)
+
+    def apply(self, view: ManagerView, actions: list[Action]) -> None:
+        self.view = view
         for action in actions:
             if isinstance(action, SpliceChain):
                 self.splices += 1
@@ -93,9 +110,12 @@ class Manager(Endpoint):
                 self.catch_ups += 1
                 self.order_catch_up(action.node, action.shard, action.upstream, action.rollback_to)
             elif isinstance(action, PublishTopology):
+                # The producers' watch installs it once a node adopted it; consumers learn it
+                # client_topology_lag_ms late.
                 chains = tuple(s.chain for s in self.view.shards)
-                self.client.chains = chains
-                self.world.at(self.client.config.client_topology_lag_ms, self.client.learn, chains)
+                world, client = self.world, self.client
+                world.at(world.delay() + world.delay(), client.install, self.view.epoch, chains)
+                world.at(client.config.client_topology_lag_ms, client.learn, chains)
 
     def order_catch_up(self, node: str, shard: int, upstream: str, rollback: int | None) -> None:
         """Each order is numbered; a ``CatchUpDone`` answering an older one is dropped (a late
@@ -108,12 +128,23 @@ class Manager(Endpoint):
                 MANAGER, target, endpoint.on_catch_up, shard, node, upstream, rollback, self.orders
             )
 
+    def on_suspect(self, reporter: str, node: str, cause: str) -> None:
+        """A member's or a client's report that ``node``'s connection was reset or refused, or
+        silent (``POST /v1/manager/suspect``). Nothing to prove of a node already down."""
+        state = self.view.node(node)
+        if state is not None and state.state not in ("down", "removed"):
+            self.evidence.report(reporter, node, cause)
+
     def inbox(self, kind: str, node: str, at: float, args: tuple[Any, ...]) -> None:
+        if kind == "suspect":
+            self.on_suspect(node, *args)
+            return
         if kind in ("heartbeat", "returned"):
-            reports = args[0]
+            reports, incarnation = args[0], args[1]
             self.heard.append((node, int(at)))
+            self.evidence.heard_from(node, incarnation)
             if kind == "heartbeat":
-                self.lease_asks.append((node, args[1], at))
+                self.lease_asks.append((node, incarnation, args[2], at))
             state = self.view.node(node)
             if kind == "returned" or (state is not None and state.state in ("down", "slow")):
                 shard_reports = tuple(
@@ -151,7 +182,8 @@ class Manager(Endpoint):
                 return
             del self.holds.pending[shard]
         endpoint = self.nodes[head]
-        hold = self.holds.hold_ms(shard, head, self.world.now)
+        evidence = self.evidence
+        hold = self.holds.hold_ms(shard, head, self.world.now, evidence.proven, evidence.heard)
         self.world.send(MANAGER, head, endpoint.on_write_hold, shard, epoch, hold)
 
     def anti_entropy(self, node: str, reports: tuple[Any, ...]) -> None:
@@ -177,4 +209,5 @@ class Manager(Endpoint):
         # A new leader: it knows no grant of the old one, only that each ends before its
         # election plus the lease (sim/lease.py, ``Holds``).
         self.holds = lease.Holds(self.world.now, self._heads(), self.lease_ms)
+        self.evidence.failover()
         self.decide(ManagerLeaderChanged(self.now()))

@@ -19,6 +19,9 @@ PLANTS = (
     "head_counts_no_ack",
     "no_lease",
     "mark_past_point",
+    "no_producer_window",
+    "refused_skips_hold",
+    "trust_reported_refusal",
 )
 
 
@@ -35,8 +38,11 @@ class Node(Endpoint):
         heartbeat_ms: float,
         heads: dict[tuple[int, int], set[str]],
         lease_ms: float,
+        window_entries: int = 64,
     ) -> None:
         self.world = world
+        self.window_entries = window_entries
+        self.window_hits = 0  # resends the producer window answered without writing again
         self.id = node_id
         self.plant = plant
         self.sync_ms = sync_ms
@@ -92,7 +98,7 @@ class Node(Endpoint):
             replica.reset()
             if replica.store.chain:
                 replica.apply_role()
-        self.to_manager("returned", self.reports())
+        self.to_manager("returned", self.reports(), self.incarnation)
         self.heartbeat()
 
     def crash(self) -> None:
@@ -106,7 +112,9 @@ class Node(Endpoint):
             replica.store.crash()
             replica.reset()
         for link in self.world.links_of(self.id):
-            self.world.close_link(link)
+            self.world.close_link(link, "reset")
+        for hook in self.world.on_crash:
+            hook(self.id)
 
     def pause(self) -> None:
         if not self.up or self.paused:
@@ -117,7 +125,7 @@ class Node(Endpoint):
     def _silence(self, incarnation: int) -> None:
         if self.paused and incarnation == self.incarnation:
             for link in self.world.links_of(self.id):
-                self.world.close_link(link)
+                self.world.close_link(link, "silence")
 
     def resume(self) -> None:
         if not self.up or not self.paused:
@@ -133,6 +141,10 @@ class Node(Endpoint):
     # --- messages (each runs on the receiving node) ---------------------------------------------
 
     def link_closed(self, link: Link) -> None:
+        if link.cause in ("reset", "refused"):
+            # A neighbour's link reset or refused: the manager is told (it probes the node).
+            peer = link.downstream if link.upstream == self.id else link.upstream
+            self.to_manager("suspect", peer, link.cause)
         if 0 <= link.shard < len(self.replicas):
             self.replicas[link.shard].link_closed(link)
 
@@ -187,7 +199,8 @@ class Node(Endpoint):
         )
 
     def heartbeat(self) -> None:
-        self.to_manager("heartbeat", self.reports(), self.lease.ask(self.world.now))
+        nonce = self.lease.ask(self.world.now)
+        self.to_manager("heartbeat", self.reports(), self.incarnation, nonce)
         for replica in self.replicas:
             if replica.catch_up is not None and replica.done_sent:
                 # Again: a datagram may be lost.
@@ -203,14 +216,19 @@ class Node(Endpoint):
         self,
         shard: int,
         op: int,
+        attempt: int,
         items: tuple[tuple[str, str | None, str, int], ...],
-        reply: Callable[[int, bool, int, int], None],
+        producer: str,
+        pseq: int,
+        reply: Callable[[int, int, str, int, int], None],
     ) -> None:
-        def answer(ok: bool, first: int, last: int) -> None:
-            self.world.send(self.id, CLIENT, reply, op, ok, first, last)
+        """A client's produce (or group commit), attempt ``attempt`` of its call ``op``:
+        answered ``reply(op, attempt, status, first, last)``."""
 
-        if not self.replicas[shard].produce(op, items, answer):
-            self.world.send(self.id, CLIENT, reply, op, False, 0, 0)
+        def answer(status: str, first: int, last: int) -> None:
+            self.world.send(self.id, CLIENT, reply, op, attempt, status, first, last)
+
+        self.replicas[shard].produce(items, producer, pseq, answer)
 
     def on_snapshot(
         self,

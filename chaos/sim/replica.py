@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from chaos.sim import lease
+from chaos.sim import lease, producers
 from chaos.sim.core import Link
 from chaos.sim.links import Host, LinkSides
 from chaos.sim.store import Batch, Entry, Store
@@ -33,7 +33,7 @@ class Replica(LinkSides):
     def __init__(self, node: Host, shard: int) -> None:
         self.node = node
         self.shard = shard
-        self.store = Store()
+        self.store = Store(node.window_entries)
         self.reset()
 
     def reset(self) -> None:
@@ -232,7 +232,7 @@ class Replica(LinkSides):
         write. Any other member stops (a process that cannot sync exits) and is started again.
         Returns whether the replica goes on."""
         self.syncing = False
-        self.store.pending = []
+        self.store.drop_pending(0)
         if not self.is_head():
             self.node.crash()
             self.node.world.at(self.node.restart_after_ms, self.node.start_if_down)
@@ -245,7 +245,7 @@ class Replica(LinkSides):
         return True
 
     def write(self, batch: Batch) -> None:
-        self.store.pending.append(batch)
+        self.store.add_pending(batch)
         if not self.syncing:
             self.start_sync()
 
@@ -264,7 +264,7 @@ class Replica(LinkSides):
         kept = self.sync_size if self.syncing else 0
         if self.progress is None or len(store.pending) <= kept:
             return
-        del store.pending[kept:]
+        store.drop_pending(kept)
         self.step(chain.Discarded())
         self.close_down()
 
@@ -375,33 +375,59 @@ class Replica(LinkSides):
 
     def produce(
         self,
-        op: int,
         items: tuple[tuple[str, str | None, str, int], ...],
-        reply: Callable[[bool, int, int], None],
-    ) -> bool:
-        """Appends a batch as head; ``reply`` is called once it is committed. False: refused."""
+        producer: str,
+        pseq: int,
+        reply: Callable[[str, int, int], None],
+    ) -> None:
+        """Appends a batch as head and calls ``reply("ok", first, last)`` once it is committed
+        (``"failed"``: it may not be). A call of an idempotent producer (``producer`` set) whose
+        producer seq is in the window is not written again: it is answered with the recorded
+        seqs once they are committed. Refused at once: ``"refused"`` (not a head taking
+        writes), ``"too_old"`` (below the producer's full window)."""
         p = self.progress
         if p is None or p.has_upstream or not self.head_ready or self.catch_up is not None:
-            return False
+            reply("refused", 0, 0)
+            return
         if lease.writes_held(self):
-            return False
+            reply("refused", 0, 0)
+            return
+        if producer and self.node.plant != "no_producer_window":
+            window = self.store.producers.get(producer)
+            decision, found = producers.window_decision(window, pseq, self.store.window_entries)
+            if decision == "too_old":
+                reply("too_old", 0, 0)
+                return
+            if found is not None:
+                self.node.window_hits += 1
+                self.answer_when_committed(found[0], found[1], reply)
+                return
         self.node.heads_seen(self.shard, self.store.epoch)
         first = self.store.last() + 1
         batch = tuple(
-            Entry(first + i, key, value, group, hwm)
+            Entry(first + i, key, value, group, hwm, producer, pseq)
             for i, (key, value, group, hwm) in enumerate(items)
         )
         self.write(batch)
         self.step(chain.Accepted(batch[-1].seq))
-        first_seq = first
-
-        def answer(ok: bool, last: int, _point: int) -> None:
-            reply(ok, first_seq, last)
-
-        self.waiters.append((batch[-1].seq, answer))
+        self.answer_when_committed(first, batch[-1].seq, reply)
         for link in list(self.down.values()):
             self.pump(link)
-        return True
+
+    def answer_when_committed(
+        self, first: int, last: int, reply: Callable[[str, int, int], None]
+    ) -> None:
+        """``reply("ok", first, last)`` once ``last`` is committed here (at once if it is),
+        ``reply("failed", ...)`` if this head gives up waiting (``fail_waiters``)."""
+
+        def answer(ok: bool, _last: int, _point: int) -> None:
+            reply("ok" if ok else "failed", first, last)
+
+        p = self.progress
+        if p is not None and last <= p.commit_point:
+            answer(True, last, p.commit_point)
+        else:
+            self.waiters.append((last, answer))
 
     def snapshot(self, group: str) -> tuple[int, int, list[Entry]] | None:
         """(hwm, boundary, latest version of each key in (hwm, boundary]) served by a tail; None

@@ -23,6 +23,7 @@ from typing import Any
 
 from chaos import checker
 from chaos.history import Commit, Event, Note, Produce
+from chaos.sim import producers
 from chaos.sim.client import Client
 from chaos.sim.config import SimConfig
 from chaos.sim.core import CLIENT, MANAGER, World
@@ -43,8 +44,9 @@ FAULT_KINDS = (
     "fsync_error",
     "manager_failover",
     "partition_pair",
+    "partition_nodes",
 )
-SIM_PROPERTIES = ("split_brain", "liveness")
+SIM_PROPERTIES = ("split_brain", "liveness", *producers.PROPERTIES)
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,8 @@ class Fault:
     hold_ms: float = 0.0
     holds: tuple[float, ...] = ()
     pick: float = 0.0
+    # A partition's kind: "drop" (silence) or "reject" (resets, refusals).
+    cut: str = "drop"
 
 
 def schedule(seed: int, config: SimConfig) -> list[Fault]:
@@ -68,7 +72,9 @@ def schedule(seed: int, config: SimConfig) -> list[Fault]:
         node = rng.choice(nodes)
         hold = rng.uniform(*config.hold_ms)
         holds = tuple(rng.uniform(*config.hold_ms) for _ in nodes)
-        faults.append(Fault(at, kind, node, hold, holds, rng.random()))
+        pick = rng.random()
+        cut = "reject" if rng.random() < config.reject_share else "drop"
+        faults.append(Fault(at, kind, node, hold, holds, pick, cut))
         at += rng.uniform(*config.fault_gap_ms)
     return faults
 
@@ -90,6 +96,10 @@ class Report:
     sim_ms: float
     splices: int = 0  # SpliceChain orders the manager gave (chain changes, shard by shard)
     catch_ups: int = 0  # StartCatchUp orders (returned nodes sent to copy from a tail)
+    node_gone: int = 0  # NodeGone the manager logged (proofs of death)
+    node_gone_alive: int = 0  # of them, of a process in fact alive
+    resends: int = 0  # producer requests sent again (same producer id and producer seq)
+    window_hits: int = 0  # of them, answered from a head's producer window (not written again)
     history: list[Event] = field(default_factory=list, repr=False)
 
     def replay(self) -> str:
@@ -110,7 +120,7 @@ class Report:
             "commits": self.commits,
             "events": self.events,
             "sim_ms": round(self.sim_ms, 1),
-            "manager": {"splices": self.splices, "catch_ups": self.catch_ups},
+            **counts_json(self),
             "violations": self.violations,
             "replay": self.replay(),
         }
@@ -142,6 +152,7 @@ class Sim:
                 heartbeat_ms=config.heartbeat_ms,
                 lease_ms=config.lease_ms,
                 heads=self.heads,
+                window_entries=config.producer_window_entries,
             )
             for node_id in ids
         }
@@ -157,7 +168,7 @@ class Sim:
             min_replicas=config.min_replicas,
         )
         view = ManagerView.bootstrap(mconfig, ids, chains)
-        self.manager = Manager(self.world, self.nodes, view, config.tick_ms, self.client)
+        self.manager = Manager(self.world, self.nodes, view, config, self.client, plant)
         self.world.endpoints[MANAGER] = self.manager
         self.world.endpoints[CLIENT] = self.client
         for node in self.nodes.values():
@@ -183,7 +194,12 @@ class Sim:
             Note(
                 self.client.next_op(),
                 "fault",
-                {"kind": fault.kind, "node": fault.node, "hold_ms": round(fault.hold_ms, 1)},
+                {
+                    "kind": fault.kind,
+                    "node": fault.node,
+                    "hold_ms": round(fault.hold_ms, 1),
+                    "cut": fault.cut if fault.kind.startswith("partition") else "",
+                },
                 self.client.last_tick,
                 self.client.last_tick,
                 world.now / 1000,
@@ -195,24 +211,12 @@ class Sim:
         elif fault.kind == "pause":
             node.pause()
             world.at(fault.hold_ms, node.resume)
-        elif fault.kind == "partition":
-            others = [n for n in self.nodes if n != node.id] + [MANAGER]
-            for other in others:
-                world.partition(node.id, other)
-            world.at(fault.hold_ms, self.heal_node, node.id)
-        elif fault.kind == "partition_pair":
-            # Two nodes (this one and the next by id) cut from the rest and the manager, not from
-            # each other nor the clients: a chain's tail and its upstream may keep their link.
-            ids = sorted(self.nodes)
-            pair = (node.id, ids[(ids.index(node.id) + 1) % len(ids)])
-            for cut in pair:
-                for other in [n for n in self.nodes if n not in pair] + [MANAGER]:
-                    world.partition(cut, other)
-                world.at(fault.hold_ms, self.heal_node, cut)
+        elif fault.kind.startswith("partition"):
+            self.partition(fault)
         elif fault.kind == "reset":
             links = sorted(world.links.values(), key=lambda link: link.id)
             if links:
-                world.close_link(links[int(fault.pick * len(links))])
+                world.close_link(links[int(fault.pick * len(links))], "reset")
         elif fault.kind == "power_loss":
             for each, hold in zip(self.nodes.values(), fault.holds, strict=True):
                 each.crash()
@@ -223,6 +227,23 @@ class Sim:
             node.failing_syncs += 1
         elif fault.kind == "manager_failover":
             self.manager.failover()
+
+    def partition(self, fault: Fault) -> None:
+        """``partition``: the node from the other nodes and the manager; ``partition_pair``: it
+        and the next one by id from the third and the manager, not from each other (a chain's
+        tail and its upstream may keep their link); ``partition_nodes``: the node from the other
+        nodes only (the manager still reaches it). Never from the clients."""
+        ids = sorted(self.nodes)
+        cut = [fault.node]
+        if fault.kind == "partition_pair":
+            cut.append(ids[(ids.index(fault.node) + 1) % len(ids)])
+        others = [n for n in ids if n not in cut]
+        if fault.kind != "partition_nodes":
+            others.append(MANAGER)
+        for node_id in cut:
+            for other in others:
+                self.world.partition(node_id, other, fault.cut)
+            self.world.at(fault.hold_ms, self.heal_node, node_id)
 
     def restart(self, node: Node) -> None:
         if not node.up:
@@ -309,6 +330,7 @@ class Sim:
                         "detail": {"shard": shard_id, "epoch": epoch, "heads": sorted(heads)},
                     }
                 )
+        violations += producers.check_logs(self.final_logs(), self.client.records)
         events = self.client.events
         verdict = checker.check(events)
         violations = [v.to_json() for v in verdict.violations] + violations
@@ -329,8 +351,19 @@ class Sim:
             sim_ms=world.now,
             splices=self.manager.splices,
             catch_ups=self.manager.catch_ups,
+            node_gone=self.manager.evidence.node_gone,
+            node_gone_alive=self.manager.evidence.node_gone_alive,
+            resends=self.client.resends,
+            window_hits=sum(node.window_hits for node in self.nodes.values()),
             history=events,
         )
+
+    def final_logs(self) -> dict[int, list[tuple[int, str, int]]]:
+        """Each shard's log as its head (by the manager's view) holds it at the end."""
+        return {
+            shard.id: self.nodes[shard.chain[0]].replicas[shard.id].store.log()
+            for shard in self.manager.view.shards
+        }
 
     def _settled(self) -> bool:
         return self.converged() and not self.client.pending_produces()
@@ -368,6 +401,10 @@ class Summary:
     splices: int
     catch_ups: int
     first_failure: Report | None
+    node_gone: int = 0
+    node_gone_alive: int = 0
+    resends: int = 0
+    window_hits: int = 0
 
     @property
     def ok(self) -> bool:
@@ -381,7 +418,7 @@ class Summary:
             "failed_seeds": self.failed[:50],
             "failed": len(self.failed),
             "faults": self.faults,
-            "manager": {"splices": self.splices, "catch_ups": self.catch_ups},
+            **counts_json(self),
             "acked": self.acked,
             "lost": self.lost,
             "violations": self.violations,
@@ -389,6 +426,20 @@ class Summary:
             "seeds_per_s": round(self.seeds / self.seconds, 1) if self.seconds else None,
             "first_failure": self.first_failure.to_json() if self.first_failure else None,
         }
+
+
+def counts_json(counts: Report | Summary) -> dict[str, Any]:
+    """The manager's moves and the producers' resends of a run or of a series of runs."""
+    return {
+        "manager": {
+            "splices": counts.splices,
+            "catch_ups": counts.catch_ups,
+            "node_gone": counts.node_gone,
+            "node_gone_alive": counts.node_gone_alive,
+        },
+        "resends": counts.resends,
+        "window_hits": counts.window_hits,
+    }
 
 
 def run_seeds(
@@ -402,7 +453,8 @@ def run_seeds(
     faults: Counter[str] = Counter()
     violations: Counter[str] = Counter()
     failed: list[int] = []
-    acked = lost = count = splices = catch_ups = 0
+    acked = lost = count = splices = catch_ups = resends = window_hits = 0
+    node_gone = node_gone_alive = 0
     first: Report | None = None
     for seed in seeds:
         report = run_seed(seed, plant=plant, config=config)
@@ -412,6 +464,10 @@ def run_seeds(
         lost += report.lost
         splices += report.splices
         catch_ups += report.catch_ups
+        node_gone += report.node_gone
+        node_gone_alive += report.node_gone_alive
+        resends += report.resends
+        window_hits += report.window_hits
         for violation in report.violations:
             violations[violation["property"]] += 1
         if not report.ok:
@@ -432,4 +488,8 @@ def run_seeds(
         splices=splices,
         catch_ups=catch_ups,
         first_failure=first,
+        node_gone=node_gone,
+        node_gone_alive=node_gone_alive,
+        resends=resends,
+        window_hits=window_hits,
     )

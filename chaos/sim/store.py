@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from chaos.sim.producers import Window, record
 from kayos.replication.logic.chain import TakeoverTable
 
 
@@ -17,6 +18,9 @@ class Entry:
     value: str | None
     group: str = ""
     hwm: int = 0
+    # The idempotent producer's id (hex) and producer seq of the call that wrote it ("": none).
+    producer: str = ""
+    pseq: int = 0
 
 
 Batch = tuple[Entry, ...]
@@ -25,11 +29,15 @@ Batch = tuple[Entry, ...]
 class Store:
     """What survives a crash: synced batches, the takeover table, the persisted commit point and
     the node's record of the shard's chain and of the catch-up followers it counts in its
-    commit (recorded as they change, like the chain). ``pending`` is written but not synced."""
+    commit (recorded as they change, like the chain). ``pending`` is written but not synced.
+    ``producers`` is each producer's window over the log written so far (chaos/sim/producers.py),
+    rebuilt from the log whenever writes are lost."""
 
-    def __init__(self) -> None:
+    def __init__(self, window_entries: int = 64) -> None:
         self.batches: list[Batch] = []
         self.pending: list[Batch] = []
+        self.window_entries = window_entries
+        self.producers: dict[str, Window] = {}
         self.table: TakeoverTable = []
         self.commit_point = 0
         self.chain: tuple[str, ...] = ()
@@ -47,7 +55,33 @@ class Store:
         return self.pending[-1][-1].seq if self.pending else self.durable_last()
 
     def crash(self) -> None:
-        self.pending = []
+        self.drop_pending(0)
+
+    def add_pending(self, batch: Batch) -> None:
+        """A write (not yet synced)."""
+        self.pending.append(batch)
+        self._index(batch)
+
+    def drop_pending(self, kept: int) -> None:
+        """Loses the writes not yet synced past the first ``kept``."""
+        if len(self.pending) > kept:
+            del self.pending[kept:]
+            self._reindex()
+
+    def _index(self, batch: Batch) -> None:
+        for entry in batch:
+            if entry.producer:
+                window = self.producers.setdefault(entry.producer, {})
+                record(window, entry.pseq, entry.seq, self.window_entries)
+
+    def log(self) -> list[tuple[int, str, int]]:
+        """(seq, producer id, producer seq) of every entry written, in order."""
+        return [(e.seq, e.producer, e.pseq) for b in self.batches + self.pending for e in b]
+
+    def _reindex(self) -> None:
+        self.producers = {}
+        for batch in self.batches + self.pending:
+            self._index(batch)
 
     def batches_from(self, seq: int) -> list[Batch]:
         """Every batch holding seqs from ``seq`` on, the first cut to start at ``seq``."""
@@ -70,6 +104,7 @@ class Store:
         if seq == 0:
             self.table = []
             self.marks = {}
+        self._reindex()
 
     def marks_upto(self, seq: int) -> dict[str, int]:
         """Each group's last mark in the log through ``seq``."""

@@ -72,6 +72,29 @@ def test_a_planted_bug_is_found_within_1000_seeds(plant: str) -> None:
     assert run_seed(seed, plant=plant).to_json() == report.to_json()
 
 
+# A reject partition cuts n3, the sole member of shard 0 (head and tail) holding a lease, from
+# the manager and the other nodes, not from the clients; the manager's probe is refused, and
+# n1, just caught up, becomes head. Voiding n3's lease (no hold) lets n1 commit a group's mark
+# while n3 still serves snapshots from below it (docs/campaigns.md, "Found by the simulator").
+REFUSAL_SEED = 166
+REFUSAL_FINDS = {"order", "hwm"}
+
+
+@pytest.mark.parametrize("plant", ["trust_reported_refusal", "refused_skips_hold"])
+def test_a_refusal_taken_as_the_end_of_a_lease_is_found_at_its_seed(plant: str) -> None:
+    report = run_seed(REFUSAL_SEED, plant=plant)
+    print(f"{plant}: {report.replay()}", [v["property"] for v in report.violations])
+    assert not report.ok
+    assert {v["property"] for v in report.violations} == REFUSAL_FINDS
+
+
+def test_a_refused_probe_splices_but_keeps_the_hold_at_the_same_seed() -> None:
+    report = run_seed(REFUSAL_SEED)
+    print(report.replay(), report.to_json()["manager"])
+    assert report.ok, report.violations
+    assert report.node_gone_alive > 0  # the reject partition's live node was spliced out
+
+
 def test_an_unknown_plant_is_refused() -> None:
     with pytest.raises(InvalidRequest, match="unknown plant"):
         run_seed(1, plant="no_such_bug")

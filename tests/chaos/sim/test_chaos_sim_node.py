@@ -70,10 +70,11 @@ def world_of(seed: int) -> tuple[World, Node]:
 def produce(node: Node, op: int, value: str) -> Replies:
     replies: Replies = []
 
-    def reply(ok: bool, first: int, last: int) -> None:
-        replies.append((ok, first, last))
+    def reply(status: str, first: int, last: int) -> None:
+        assert status != "refused"
+        replies.append((status == "ok", first, last))
 
-    assert node.replicas[0].produce(op, (("k", value, "", 0),), reply)
+    node.replicas[0].produce((("k", value, "", 0),), "", 0, reply)
     return replies
 
 
