@@ -93,6 +93,9 @@ class UpstreamLink:
         # The last seq of the current link's first batch with a map (the upstream's whole one).
         self._first_batch_last: int | None = None
         self.connected = asyncio.Event()
+        # Told (peer, error) when a session fails: the node reports a neighbour whose link was
+        # reset, refused or ended to the cluster manager (kayos/node/reports.py).
+        self.on_failure: Callable[[str, BaseException], None] | None = None
 
     def stop(self) -> None:
         self._stopped = True
@@ -113,6 +116,8 @@ class UpstreamLink:
             except (OSError, KayosError, EOFError) as exc:
                 if not self.done.is_set():
                     log.info("shard %s: link to %s failed: %s", replica.shard_id, self.peer, exc)
+                    if self.on_failure is not None and not self.stopping:
+                        self.on_failure(self.peer, exc)
             if self.stopping:
                 break
             jitter = 0.5 + replica.rng.random()
