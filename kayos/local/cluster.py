@@ -370,18 +370,25 @@ class LocalCluster:
 
     def stop(self) -> dict[str, int]:
         """SIGTERM to every node, SIGKILL to any still running after ``stop_timeout_s``;
-        returns each node's exit code."""
-        for process in self.processes.values():
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.stop_timeout_s
+        returns each node's exit code. The manager members stop first: a node stopping cleanly
+        says goodbye to the leader, which would splice each out in turn (docs/manager.md), while
+        a whole cluster stopping should keep its chains for its next start."""
         codes: dict[str, int] = {}
-        for node, process in list(self.processes.items()):
-            codes[node] = stop_process(
-                process, None, max(0.0, deadline - time.monotonic()), self.stop_timeout_s
-            )
-            del self.processes[node]
-            self._close_log(node)
+        managers = [m for m in self.processes if m in self.manager_ids]
+        others = [m for m in self.processes if m not in self.manager_ids]
+        for group in (managers, others):
+            for member in group:
+                with contextlib.suppress(ProcessLookupError):
+                    self.processes[member].send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + self.stop_timeout_s
+            for member in group:
+                codes[member] = stop_process(
+                    self.processes.pop(member),
+                    None,
+                    max(0.0, deadline - time.monotonic()),
+                    self.stop_timeout_s,
+                )
+                self._close_log(member)
         self.release_root()
         return codes
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from types import FrameType
 
 from kayos.local.cluster import LocalCluster, poll_interval_s
+from kayos.local.exits import report_exit
 from kayos.local.processes import ClusterError, log_tail
 from kayos.local.supervisor import GiveUp, Supervisor
 
@@ -92,12 +93,25 @@ def supervise(
     clock: Callable[[], float] = time.monotonic,
 ) -> int:
     """Until ``stop``: starts again, after a backoff (``kayos.local.supervisor``), each member of
-    ``cluster`` that dies. Returns 0, or 1 once a member died too often in a row."""
+    ``cluster`` that dies; a node's exit is first reported to the manager members (signed,
+    ``kayos.local.exits``). Returns 0, or 1 once a member died too often in a row."""
     supervisor = Supervisor()
     for member in cluster.members():
         supervisor.started(member, clock())
     while not stop.wait(poll_interval_s * 10):
-        died = [(member, f"exited with code {code}") for member, code in cluster.exited().items()]
+        exits = cluster.exited()
+        died = [(member, f"exited with code {code}") for member, code in exits.items()]
+        for member, code in exits.items():
+            if member in cluster.topology.nodes and cluster.manager_members:
+                # Before it runs again: the manager splices the dead process out at once.
+                outcome = report_exit(
+                    cluster.identity,
+                    cluster.manager_urls,
+                    member,
+                    str(cluster.data_dir(member)),
+                    code,
+                )
+                echo(f"kayos up: {member}'s exit {outcome}")
         for member in supervisor.due(clock()):
             if stop.is_set():
                 break

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import random
 import socket
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from kayos import limits
 from kayos.checks import check_expiries, check_group_name, check_item_keys
 from kayos.clock import Clock, SystemClock
+from kayos.datadir import write_incarnation
 from kayos.errors import (
     CorruptionError,
     InvalidRequest,
@@ -62,9 +62,6 @@ from kayos.topology import Topology, check_queue_name
 log = logging.getLogger("kayos.node")
 
 HWM_META = "hwm/"
-# The file in a node's data directory that names the running process's incarnation (written at
-# start): the supervisor that runs the node names the process that exited with it.
-INCARNATION_FILE = "incarnation"
 GROUP_STATE_META = "gstate/"
 # Worker threads for blocking store work: each shard's head write loop and replica apply (one
 # commit at a time each), metadata commits, link read-backs and consume pages. A busy node uses a
@@ -149,7 +146,7 @@ class Node:
                 "replication link; run `kayos init` (or `kayos up`) to write them",
                 self.node_id,
             )
-        await asyncio.to_thread(self._write_incarnation)
+        await asyncio.to_thread(write_incarnation, self.data_dir, self.incarnation)
         # The newest topology this node can verify: its file's, DATA/topology.json, its peers'.
         await self.reconfigure.choose_at_start()
         self.spawn(self.hosts.prime(node.host for node in self.topology.nodes.values()))
@@ -208,13 +205,6 @@ class Node:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
-
-    def _write_incarnation(self) -> None:
-        """``DATA/incarnation``: this process's incarnation, one line (replaced whole)."""
-        path = os.path.join(self.data_dir, INCARNATION_FILE)
-        with open(path + ".tmp", "w") as f:
-            f.write(self.incarnation + "\n")
-        os.replace(path + ".tmp", path)
 
     async def goodbye(self) -> None:
         """The start of a clean stop: the lease ends (held false from now on, no grant extends
