@@ -89,6 +89,7 @@ class Driver:
     heads_epoch: int = 0
     grant_times: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
     releases: dict[int, tuple[str, int]] = field(default_factory=dict)
+    releasing: dict[int, asyncio.Lock] = field(default_factory=dict)
     # Lease grants on their way, one per node at most (``_grant``).
     granting: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     # Status polls on their way, one per node at most (``_collect``), and the last answers.
@@ -246,8 +247,19 @@ class Driver:
     async def _release(self, view: ManagerView, shard: int, answers: Mapping[str, Answer]) -> None:
         """Tells the shard's new head how long it must still hold writes (``holds.hold_ms``),
         once it holds the change; until then, each round again (it holds the whole
-        ``head_lease_ms`` meanwhile, so a lost message costs time, never safety)."""
+        ``head_lease_ms`` meanwhile, so a lost message costs time, never safety). One at a time
+        per shard: a round and a proof of death may both want to send it, and the second goes
+        (if still needed) once the first is answered."""
+        async with self.releasing.setdefault(shard, asyncio.Lock()):
+            if shard in self.releases:
+                await self._release_once(view, shard, answers)
+
+    async def _release_once(
+        self, view: ManagerView, shard: int, answers: Mapping[str, Answer]
+    ) -> None:
         node, epoch = self.releases[shard]
+        if view.epoch < epoch:
+            return  # a view older than the change (an entry logged beside it): the next round
         shard_view = view.shard(shard)
         if self.changes is None or shard_view is None or shard_view.chain[0] != node:
             self.releases.pop(shard, None)  # headed by another node now: a newer release

@@ -453,6 +453,9 @@ class Reconfigurer:
             node.links.append(link)
             self._link_tasks[shard.id] = (link, node.spawn(link.run()))
         node.replicas[shard.id] = replica
+        # The leader's word on the hold may have come while the replica opened (and found no
+        # replica to shorten): it takes the hold as it stands now.
+        replica.writes_held_until_s = self.held_until_s(shard.id)
         return replica
 
     async def close_replica(self, replica: ShardReplica) -> None:
