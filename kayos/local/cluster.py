@@ -26,6 +26,7 @@ from typing import IO, Any
 from kayos.datadir import DirectoryLock
 from kayos.errors import DirectoryInUseError, KayosError
 from kayos.identity import ClusterIdentity, write_private
+from kayos.local.exits import report_exit
 from kayos.local.http import http_json
 from kayos.local.managers import manager_command, manager_ids, members_on, wait_leader
 from kayos.local.ports import free_ports
@@ -391,6 +392,15 @@ class LocalCluster:
                 self._close_log(member)
         self.release_root()
         return codes
+
+    def report_exit(self, member: str, code: int) -> str | None:
+        """Reports a node process's exit to the manager members (``kayos.local.exits``) and
+        says how it went; None for a member that is no node, or without managers."""
+        if member not in self.topology.nodes or not self.manager_members:
+            return None
+        return report_exit(
+            self.identity, self.manager_urls, member, str(self.data_dir(member)), code
+        )
 
     def running(self, node: str) -> bool:
         process = self.processes.get(node)

@@ -17,7 +17,6 @@ from pathlib import Path
 from types import FrameType
 
 from kayos.local.cluster import LocalCluster, poll_interval_s
-from kayos.local.exits import report_exit
 from kayos.local.processes import ClusterError, log_tail
 from kayos.local.supervisor import GiveUp, Supervisor
 
@@ -102,15 +101,9 @@ def supervise(
         exits = cluster.exited()
         died = [(member, f"exited with code {code}") for member, code in exits.items()]
         for member, code in exits.items():
-            if member in cluster.topology.nodes and cluster.manager_members:
-                # Before it runs again: the manager splices the dead process out at once.
-                outcome = report_exit(
-                    cluster.identity,
-                    cluster.manager_urls,
-                    member,
-                    str(cluster.data_dir(member)),
-                    code,
-                )
+            # Before it runs again: the manager splices the dead process out at once.
+            outcome = cluster.report_exit(member, code)
+            if outcome is not None:
                 echo(f"kayos up: {member}'s exit {outcome}")
         for member in supervisor.due(clock()):
             if stop.is_set():
