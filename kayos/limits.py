@@ -568,7 +568,7 @@ assert manager_change_history_epochs >= 1
 # healthy head's lease lapse. A head serves confirmations (and its own snapshots) only while it
 # holds one; a head that took a shard over from another node holds its writes at most this long
 # after adopting the change (the old head's lease ends first; the leader shortens it to what may
-# be left, 0 when the old head is gone with proof, docs/manager.md).
+# be left, 0 when the old head's lease is proven over, docs/manager.md).
 head_lease_ms = manager_detection_window_ms // 2
 # A node hands out a new lease nonce (GET /v1/status "lease_nonce") at most this often, reusing
 # the newest one in between: an older nonce starts the lease earlier, never later, so reuse is

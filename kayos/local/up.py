@@ -97,7 +97,9 @@ def supervise(
     supervisor = Supervisor()
     for member in cluster.members():
         supervisor.started(member, clock())
-    while not stop.wait(poll_interval_s * 10):
+    # Every poll interval (50 ms): a node's exit is reported to the managers that soon, and its
+    # report ends the dead process's lease at its successor (docs/manager.md).
+    while not stop.wait(poll_interval_s):
         exits = cluster.exited()
         died = [(member, f"exited with code {code}") for member, code in exits.items()]
         for member, code in exits.items():

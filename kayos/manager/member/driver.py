@@ -89,6 +89,9 @@ class Driver:
     heads_epoch: int = 0
     grant_times: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
     releases: dict[int, tuple[str, int]] = field(default_factory=dict)
+    # Releases answered within the last ``head_lease_ms`` (shard -> head, epoch, when): sent again
+    # when a lease is later proven over (a supervisor's exit report after the refused probe).
+    released: dict[int, tuple[str, int, int]] = field(default_factory=dict)
     releasing: dict[int, asyncio.Lock] = field(default_factory=dict)
     # Lease grants on their way, one per node at most (``_grant``).
     granting: dict[str, asyncio.Task[None]] = field(default_factory=dict)
@@ -143,6 +146,8 @@ class Driver:
             if isinstance(incarnation, str):
                 self.evidence.heard(node, incarnation)
         beats = self.evidence.take_beats()
+        if self.evidence.take_ended():
+            self._again_released()
         plan = plan_round(
             view, by_node, self.clock_ms(), self.memory, beats, self.evidence.incarnations
         )
@@ -203,14 +208,29 @@ class Driver:
     async def log_gone(self, event: NodeGone) -> None:
         """Proof that a node is gone (a watch's probe, a goodbye, a supervisor's report): logged
         as an entry of its own at once, then its actions carried out (the new topology to every
-        live node), then each new head told its write hold (0 for a head gone with proof)."""
+        live node), then each new head told its write hold (0 for a head whose lease is proven over:
+        a goodbye, an exit report), and the holds told lately told again if its lease is."""
         after, actions = await self.submit([event])
         log.info("logged %s: epoch %d", event, after.epoch)
         self._note_heads(after)
+        if self.evidence.take_ended():
+            self._again_released()
         await self.carry_out(after, actions)
         await asyncio.gather(
             *(self._release(after, shard, self.last_answers) for shard in sorted(self.releases))
         )
+
+    def _again_released(self) -> None:
+        """A lease was proven over: every write hold told within the last ``head_lease_ms`` is
+        told again (it can only be shortened: 0 once every head it waited for is gone)."""
+        now = self.clock_ms()
+        self.released = {
+            shard: told
+            for shard, told in self.released.items()
+            if now - told[2] < limits.head_lease_ms
+        }
+        for shard, (node, epoch, _) in self.released.items():
+            self.releases.setdefault(shard, (node, epoch))
 
     def suspect(self, node: str) -> bool:
         """A report that ``node``'s connection was reset or refused: probe it (rate limited);
@@ -288,6 +308,7 @@ class Driver:
         held = reply.get("held_ms") if isinstance(reply, dict) else None
         if (held is not None or adopted) and self.releases.get(shard) == (node, epoch):
             del self.releases[shard]
+            self.released[shard] = (node, epoch, self.clock_ms())
 
     async def _send_followers(self, note: FollowersNote) -> None:
         body = {"epoch": note.epoch, "shard": note.shard, "followers": list(note.followers)}

@@ -1,7 +1,8 @@
 """What the leader's watches and probes prove (docs/manager.md, "Evidence and proof of death"),
-pure: the lines of a watch, the incarnations heard, the probes' rate limit, and which outcome is
-proof that a node's process is gone. ``kayos.manager.member.watch`` does the I/O; times come in
-as arguments.
+pure: the lines of a watch, the incarnations heard, the probes' rate limit, which outcome is
+proof that a node's process is gone (a refusal, a goodbye, an exit report), and which proof also
+ends its lease (a goodbye, an exit report, a successor heard; never a refusal, which a firewall
+gives a live node too). ``kayos.manager.member.watch`` does the I/O; times come in as arguments.
 
 The memory is the leader's own (lost on a leader change: a new leader opens its watches again and
 counts older leaders' grants by its election, docs/manager.md "The new head's write hold").
@@ -51,18 +52,32 @@ class Outcome:
     line: Line | None = None
 
 
+# Proof that ends a process's lease too: its own goodbye (it ended its lease first) and its
+# supervisor's report of its exit. A refused probe splices the node out but ends no lease: a
+# firewall rejecting connections refuses a live node exactly as a dead one (docs/manager.md).
+LEASE_ENDING_CAUSES = ("stopped", "exited")
+
+
 @dataclass(slots=True)
 class Evidence:
     """The leader's memory of the nodes' processes: the incarnation last heard from each, the
-    incarnations proven gone (``dead``, with the node), the nodes whose last heard incarnation is
-    proven gone (``gone``, until a new one is heard), when each node was last probed, and the
-    watch beats heard since the last round."""
+    incarnations whose lease is proven over (``dead``, with the node: gone by a goodbye, an exit
+    report or a successor heard), the nodes whose last heard incarnation is so (``gone``, until a
+    new one is heard), when each node was last probed, the watch beats heard since the last
+    round, and whether a lease was proven over since ``take_ended`` was last asked (the write
+    holds told since may be shortened again)."""
 
     incarnations: dict[str, str] = field(default_factory=dict)
     dead: set[tuple[str, str]] = field(default_factory=set)
     gone: set[str] = field(default_factory=set)
     probed_ms: dict[str, int] = field(default_factory=dict)
     beats: dict[str, int] = field(default_factory=dict)
+    ended: bool = False
+
+    def take_ended(self) -> bool:
+        """Whether a lease was proven over since the last call."""
+        ended, self.ended = self.ended, False
+        return ended
 
     def heard(self, node: str, incarnation: str) -> bool:
         """The node answered under ``incarnation`` ("" from a node that names none). A new one
@@ -74,6 +89,7 @@ class Evidence:
         self.gone.discard(node)
         if known:
             self.dead.add((node, known))
+            self.ended = True
             return True
         return False
 
@@ -100,15 +116,20 @@ class Evidence:
         """The ``NodeGone`` to log for proof of ``cause`` (``refused``: the leader's own probe
         found nothing listening, about whatever process answered before; ``stopped``,
         ``exited``: about the process ``incarnation``), or None when the proof is about a process
-        the leader has since heard replaced (stale: the node runs another one now)."""
+        the leader has since heard replaced (stale: the node runs another one now). A goodbye or
+        an exit report also ends the process's lease (``dead``, ``gone``); a refusal does not."""
         known = self.incarnations.get(node, "")
         name = known if cause == "refused" else incarnation
+        ends_lease = cause in LEASE_ENDING_CAUSES
         if name and known and name != known:
-            self.dead.add((node, name))
+            if ends_lease:
+                self.dead.add((node, name))
             return None
-        if name:
-            self.dead.add((node, name))
-        self.gone.add(node)
+        if ends_lease:
+            if name:
+                self.dead.add((node, name))
+            self.gone.add(node)
+            self.ended = True
         return NodeGone(node, now_ms, cause, name)
 
 

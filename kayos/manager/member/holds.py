@@ -11,10 +11,11 @@ heads the shard. So only this leader's grants at epochs below the change count, 
 an older leader's grant ends before this leader's election plus ``head_lease_ms`` (that grant's
 entry was committed before the election). ``hold_ms`` is what is left of the latest of those.
 
-A head gone with proof (docs/manager.md, "Evidence and proof of death") holds no lease at all: a
-dead process confirms nothing, and a stopped one ended its lease before its goodbye. So the
+A head whose lease is proven over (docs/manager.md, "Evidence and proof of death") holds nothing
+back: a process its supervisor saw exit confirms nothing, and one that said goodbye ended its
+lease first (a refused probe is no such proof: a firewall refuses a live node too). So the
 leader keeps its grants per incarnation (``record_incarnation_grants``), counts none of an
-incarnation proven gone (``counted_grants``), and a head whose last process is proven gone counts
+incarnation whose lease is over (``counted_grants``), and a head whose last process is so counts
 neither its grants nor older leaders' (``hold_ms``'s ``gone``).
 """
 
@@ -128,8 +129,8 @@ def hold_ms(
     ended. ``heads``: the shard's head per epoch since the leader began (``shard_heads``; None:
     unknown, so the whole ``lease_ms``). A head X that gave way at epoch C counts with its latest
     grant at an epoch below C; every older leader's grant counts as ``elected_ms``; a head in
-    ``gone`` (its last process proven gone) counts not at all, and when every earlier head is
-    gone nothing is held. (The simulator passes its own, scaled ``lease_ms``.)"""
+    ``gone`` (its last process's lease proven over) counts not at all, and when every earlier
+    head is gone nothing is held. (The simulator passes its own, scaled ``lease_ms``.)"""
     if heads is None:
         return lease_ms
     earlier = [

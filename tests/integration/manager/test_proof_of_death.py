@@ -4,15 +4,17 @@
 Real node processes and three real manager members over TCP on 127.0.0.1. kill -9 of a head:
 the leader's watch ends, its probe is refused, and the head is spliced out far within the
 detection window; an acks=all write begun after the kill is acknowledged at the new head soon
-after (the new head's write hold is 0: the old head is gone with proof). A clean stop (SIGTERM)
-is spliced out at once too (its goodbye). A node stopped for 300 ms every ~2 s for 20 s is never
-removed. A node killed and restarted on its data by ``kayos up``'s supervisor comes back, and a
-late report of its predecessor's exit does not splice it out again."""
+after (a refused probe ends no lease: the new head holds what may be left of the dead head's, at
+most ``head_lease_ms``; a supervisor's exit report ends it at once). A clean stop (SIGTERM) is
+spliced out at once too (its goodbye; its hold is 0). A node stopped for 300 ms every ~2 s for
+20 s is never removed. A node killed and restarted on its data by ``kayos up``'s supervisor comes
+back, and a late report of its predecessor's exit does not splice it out again."""
 
 from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import threading
 import time
@@ -69,6 +71,16 @@ def members_logged(cluster: LocalCluster, text: str) -> bool:
     return any(text in cluster.log_path(m).read_text(errors="replace") for m in cluster.manager_ids)
 
 
+def holds_told(cluster: LocalCluster, node: str) -> list[int]:
+    """The ``hold_ms`` values the manager members logged telling ``node`` (shard 0)."""
+    told = []
+    for member in cluster.manager_ids:
+        text = cluster.log_path(member).read_text(errors="replace")
+        pattern = rf"write hold of shard 0 at {node}: .*'hold_ms': (\d+)"
+        told += [int(ms) for ms in re.findall(pattern, text)]
+    return told
+
+
 def write_until_acknowledged(cluster: LocalCluster, alive: list[str]) -> float:
     """Writes (acks=all) at the shard's head as a live node's topology names it, again and again
     until one is acknowledged; returns when (monotonic)."""
@@ -122,6 +134,11 @@ def test_a_killed_head_is_spliced_out_by_proof_and_writes_resume_soon(tmp_path: 
         assert members_logged(cluster, "a is gone (refused"), "spliced by the probe's proof"
         assert spliced_s < WINDOW_S, "far within the detection window"
         assert acked_s < WRITE_AFTER_DEATH_S
+        # A refusal ends no lease: b was told what may be left of a's, at most one lease.
+        told = holds_told(cluster, "b")
+        print("holds told b:", told)
+        assert told
+        assert told[0] <= limits.head_lease_ms
         status = wait_until(lambda: manager_status(cluster), "status")
         assert status["epoch"] == epoch + 1
         assert node_states(cluster)["a"][1] == "down"
@@ -142,6 +159,7 @@ def test_a_cleanly_stopped_head_is_spliced_out_at_once(tmp_path: Any) -> None:
         assert cluster.wait_exit("a") == 0
         assert members_logged(cluster, "a is gone (stopped"), "spliced by its goodbye"
         assert spliced_s < WINDOW_S
+        assert wait_until(lambda: holds_told(cluster, "b"), "b told its hold")[:1] == [0]
         acked_s = write_until_acknowledged(cluster, ["b", "c"]) - stopped
         print(f"a write begun after the stop acknowledged after {acked_s:.3f} s")
         assert acked_s < WRITE_AFTER_DEATH_S
@@ -206,6 +224,10 @@ def test_a_restarted_node_is_not_spliced_out_for_its_predecessors_death(tmp_path
                 "the supervisor's exit report",
                 30,
             )
+            # The supervisor's report ends the dead process's lease: b is told a hold of 0.
+            told = wait_until(lambda: 0 in holds_told(cluster, "b") and holds_told(cluster, "b"),
+                              "b told its hold is over", 30)  # fmt: skip
+            print("holds told b:", told)
             # Restarted on its data by the supervisor: it returns, catches up and rejoins.
             wait_until(lambda: chain(cluster) == ["b", "c", "a"], "a rejoined as tail", 120)
             second = wait_until(lambda: cluster.status("a"), "a's status")["incarnation"]

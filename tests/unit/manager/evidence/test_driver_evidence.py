@@ -32,16 +32,25 @@ def test_only_a_watch_line_naming_an_incarnation_counts() -> None:
         assert parse_line(junk) is None, junk
 
 
-def test_refused_is_proof_about_the_process_heard_last() -> None:
+def test_refused_splices_the_process_heard_last_but_ends_no_lease() -> None:
+    """A firewall rejecting the leader's connections refuses a live node as a dead one is
+    refused: the node is logged gone (spliced out), its lease still counts (simulator seed 166,
+    docs/campaigns.md)."""
     evidence = Evidence()
     evidence.beat("a", A1, 100)
     event = evidence.proof("a", "refused", 150)
     assert event == NodeGone("a", 150, "refused", A1)
+    assert evidence.dead == set()
+    assert evidence.gone == set()
+    assert not evidence.take_ended()
+    # A node never heard: refused names no incarnation.
+    assert evidence.proof("b", "refused", 160) == NodeGone("b", 160, "refused", "")
+    # The supervisor's report of the same death ends the lease: the holds are told again.
+    assert evidence.proof("a", "exited", 200, A1) == NodeGone("a", 200, "exited", A1)
     assert ("a", A1) in evidence.dead
     assert "a" in evidence.gone
-    # A node never heard: refused still proves whatever answered before is gone.
-    assert evidence.proof("b", "refused", 160) == NodeGone("b", 160, "refused", "")
-    assert "b" in evidence.gone
+    assert evidence.take_ended()
+    assert not evidence.take_ended()
 
 
 def test_a_goodbye_or_exit_of_a_replaced_process_is_stale() -> None:
@@ -49,6 +58,7 @@ def test_a_goodbye_or_exit_of_a_replaced_process_is_stale() -> None:
     evidence.beat("a", A1, 100)
     assert evidence.beat("a", A2, 200)  # a restart: the process before is gone
     assert ("a", A1) in evidence.dead
+    assert evidence.take_ended()  # its lease with it
     assert "a" not in evidence.gone  # the node runs: a new process
     assert evidence.proof("a", "exited", 250, A1) is None  # stale: logged as nothing
     assert evidence.proof("a", "stopped", 260, A2) == NodeGone("a", 260, "stopped", A2)

@@ -1,7 +1,7 @@
-"""The new head's write hold when the old head is gone with proof (kayos/manager/member/holds.py;
-docs/manager.md, "The new head's write hold"): grants are kept per incarnation, none of a
-process proven gone counts, and a head whose last process is gone holds nothing back, not even
-older leaders' grants."""
+"""The new head's write hold when the old head's lease is proven over
+(kayos/manager/member/holds.py; docs/manager.md, "The new head's write hold"): grants are kept
+per incarnation, none of a process whose lease is over counts, and a head whose last process's
+lease is over holds nothing back, not even older leaders' grants."""
 
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ def test_only_grants_of_processes_not_proven_gone_count() -> None:
 
 
 def test_a_head_gone_with_proof_costs_no_hold() -> None:
-    # The leader was elected at 900 and began at epoch 4; a (head) was granted at 1_000, killed
-    # and proven gone (refused) at 1_050; b heads from epoch 5, told at 1_100.
+    # The leader was elected at 900 and began at epoch 4; a (head) was granted at 1_000, killed,
+    # and its supervisor reported the exit at 1_050; b heads from epoch 5, told at 1_100.
     heads = [(4, "a"), (5, "b")]
     grants = {"a": {4: 1_000.0}}
     assert hold_ms("b", heads, grants, 900, 1_100) == 1_000 + LEASE_MS - 1_100  # no proof
