@@ -49,9 +49,7 @@ watch_join_timeout_s = 10.0
 def takers(view: dict[str, Any]) -> list[str]:
     """The nodes that may take a replica: up and not draining, by id."""
     draining = set(view.get("draining", ()))
-    return sorted(
-        str(n) for n, state, *_ in view["nodes"] if state == "up" and n not in draining
-    )
+    return sorted(str(n) for n, state, *_ in view["nodes"] if state == "up" and n not in draining)
 
 
 def settled(view: dict[str, Any], replicas: int) -> bool:
