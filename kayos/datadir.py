@@ -19,6 +19,29 @@ from kayos import limits
 from kayos.errors import DirectoryInUseError, KayosError
 
 LOCK_FILE_NAME = "LOCK"
+# The file in a node's data directory naming the running (or last) process's incarnation, one
+# line of 16 hex digits written at its start (docs/node-api.md, "Incarnation and the manager's
+# watch"): the supervisor that runs the node names the process that exited with it.
+INCARNATION_FILE_NAME = "incarnation"
+
+
+def write_incarnation(directory: str, incarnation: str) -> None:
+    """Replaces ``directory``'s incarnation file whole (no fsync: it names a process, which a
+    power loss ends anyway)."""
+    path = os.path.join(directory, INCARNATION_FILE_NAME)
+    with open(path + ".tmp", "w") as handle:
+        handle.write(incarnation + "\n")
+    os.replace(path + ".tmp", path)
+
+
+def read_incarnation(directory: str) -> str | None:
+    """The incarnation ``directory``'s file names, or None (no file, or not 16 hex digits)."""
+    try:
+        with open(os.path.join(directory, INCARNATION_FILE_NAME), "rb") as handle:
+            text = handle.read(64).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return text if len(text) == 16 and not text.strip("0123456789abcdef") else None
 
 
 def read_holder_pid(lock_path: str) -> int | None:

@@ -180,10 +180,13 @@ host_resolve_interval_ms_min = 5_000
 node_id_bytes_max = 128
 # Every connection past its handshake is pinged this often, and a peer heard from (any bytes) not
 # for peer_silence_ms_max is marked down and its connection closed: a paused or partitioned chain
-# member is noticed within seconds instead of blocking producers unseen, and a dead client socket
-# is freed. Six pings fit in the silence bound, so one lost or late PONG never trips it.
-ping_interval_ms = 500
-peer_silence_ms_max = 3_000
+# member is noticed within half a second instead of blocking producers unseen, its neighbours'
+# links to it close (and they report it to the manager) before the manager's detection window
+# ends, and a dead client socket is freed. Three pings fit in the silence bound, so one late PONG
+# never trips it; a 300 ms stall of the peer (manager_stall_ms_tolerated) is 450 ms of silence at
+# most (the stall after one unanswered ping interval), still under the bound.
+ping_interval_ms = 150
+peer_silence_ms_max = 500
 # The HTTP port closes a connection idle this long: between keep-alive requests, and from the
 # connection's start until a request's headers are complete (aiohttp's keepalive_timeout covers
 # both), so half-sent requests and idle keep-alive sockets are dropped within this bound.
@@ -428,10 +431,18 @@ assert node_restarts_max >= 1
 
 # --- cluster manager (kayos/manager/, docs/manager.md) -------------------------------------------
 
-# A node not heard from (no heartbeat) for this long is declared down and spliced out of every
-# chain. Twice the link's own silence bound: a node whose links just timed out has had one more
-# bound to say it is alive, so a brief pause is not a removal, and a dead node is gone in ~6 s.
-manager_detection_window_ms = 2 * peer_silence_ms_max
+# A stall any healthy node may have now and then, in ms: a collection pause, a busy shared machine
+# (two cores, several processes), a page swapped back in. The chaos schedule stalls nodes this long
+# every few seconds, and no such stall may remove a node (docs/manager.md, "Evidence and proof of
+# death").
+manager_stall_ms_tolerated = 300
+# A node not heard from (no poll answer, no watch beat) for this long is declared down and spliced
+# out of every chain: the freeze bound, since a dead process is found at once by proof (the
+# manager's watch and probe, docs/manager.md). More than twice the tolerated stall plus one poll
+# interval (a stall begins up to one beat after the last one heard, and the node's answers after it
+# may wait for the next round), so a stall is never a removal, and a node frozen for good is out in
+# ~0.8 s. Above the link silence bound: its neighbours' links to it close (and report) first.
+manager_detection_window_ms = 700
 # A node silent this long is marked suspect (shown in status, nothing removed): half the window.
 manager_suspect_after_ms = manager_detection_window_ms // 2
 # A node whose p99 produce-path latency, as measured by a chain neighbour, stays above this over a
@@ -454,20 +465,39 @@ manager_nodes_max = 1_000
 manager_shards_max = 10_000
 
 assert 0 < manager_suspect_after_ms < manager_detection_window_ms
-assert manager_detection_window_ms > peer_silence_ms_max
+assert manager_detection_window_ms > peer_silence_ms_max, "links to a frozen node close first"
 assert 0 < manager_slow_p99_ms < manager_slow_window_ms
 assert manager_slow_buckets_min >= 2
 assert manager_min_replicas_default >= 1
 
 # --- the manager process (kayos/manager/member/, docs/manager.md "Running it")  -------------------
 
-# How often the leader polls every node's GET /v1/status: one Raft entry per round, so 5 entries
-# a second (pysyncobj commits far more asynchronously); a dead node is found within the detection
-# window plus one interval.
-manager_poll_interval_ms = 200
-# One status poll or admin message to a node: a node slower than this is not heard that round.
-# Well below the suspect bound, so one slow answer never makes a node suspect.
-manager_request_timeout_ms = 500
+# How often the leader polls every node's GET /v1/status: one Raft entry per round, so 10 entries
+# a second (pysyncobj commits far more asynchronously); a silent node is found within the
+# detection window plus one interval. A round waits this long for answers, not for the slowest.
+manager_poll_interval_ms = 100
+# One status poll or admin message to a node: a node slower than this is not heard by that poll.
+# Below the suspect bound, so one slow answer never makes a node suspect; a watch probe that gets
+# no answer within it leaves the node to the window.
+manager_request_timeout_ms = 300
+# The node's beat on the manager's watch (GET /v1/admin/watch, docs/node-api.md): each line counts
+# as the node heard, so a frozen node's silence is measured from at most one beat before it froze.
+# One a round: a line of ~60 bytes per node per 100 ms.
+manager_watch_beat_ms = 100
+# The least time between two probes of one node by the leader (a watch that ended, a report from a
+# node or client): reports are unsigned, and must not make the leader flood a node with connects.
+manager_probe_interval_ms_min = 50
+# Watches one node serves at once (GET /v1/admin/watch): the leader keeps one; a leader replaced
+# while frozen may hold another until its connection dies, and a few leader changes in a row a few
+# more. Each costs a task and a line per beat. One past it is answered 503.
+node_watchers_max = 16
+# A node reports a chain neighbour whose link was reset, refused or closed (POST
+# /v1/manager/suspect) at most this often: a link that fails again and again as it retries must
+# not flood the managers (each report is one probe at most, and probes are bounded too).
+node_suspect_report_interval_ms_min = 100
+# A stopping node waits at most this long for its watches to take their goodbye line before it
+# stops its HTTP port: a watcher that does not read (a frozen leader) must not hold the stop.
+node_goodbye_ms_max = 500
 # Raft election timeouts (pysyncobj raftMinTimeout/raftMaxTimeout). Measured on this machine with
 # pysyncobj 0.3.17: 0.15-0.45 s gives leader failover in 0.6-0.8 s (defaults 0.4-1.4 s: 1.3-1.8 s).
 manager_raft_min_timeout_ms = 150
@@ -514,6 +544,14 @@ manager_node_host_chars_max = 253
 
 assert 0 < manager_request_timeout_ms < manager_suspect_after_ms
 assert 0 < manager_poll_interval_ms < manager_suspect_after_ms
+assert manager_detection_window_ms >= 2 * manager_stall_ms_tolerated + manager_poll_interval_ms, (
+    "a tolerated stall, even two back to back, and the round after it is not a removal"
+)
+assert 0 < manager_watch_beat_ms * 3 <= manager_suspect_after_ms, "several beats per suspect bound"
+assert 0 < manager_probe_interval_ms_min <= manager_poll_interval_ms
+assert node_watchers_max > manager_members_max, "every member may have led once"
+assert 0 < node_suspect_report_interval_ms_min <= manager_poll_interval_ms
+assert 0 < node_goodbye_ms_max < http_shutdown_ms_max
 assert 0 < manager_raft_heartbeat_ms * 3 < manager_raft_min_timeout_ms  # pysyncobj requires it
 assert manager_raft_min_timeout_ms < manager_raft_max_timeout_ms
 assert manager_members_max >= 3
@@ -523,14 +561,15 @@ assert manager_change_history_epochs >= 1
 # --- head leases (docs/manager.md "Head leases", docs/replication-protocol.md "Confirming") ------
 
 # A node holds a read lease for this long from the local monotonic time it answered a manager
-# poll, once the leader's Raft-committed answer to that poll names an epoch the node holds. A third
-# of the detection window: measured from before the leader heard the node, a lease ends at least
-# 4 s before the manager can call the node down, far more than any clock rate drift could eat; and
-# ten poll rounds long, so a few slow rounds do not let a healthy head's lease lapse. A head serves
-# confirmations (and its own snapshots) only while it holds one; a head that took a shard over
-# from another node holds its writes at most this long after adopting the change (the old head's
-# lease ends first; the leader shortens it to what may be left, docs/manager.md).
-head_lease_ms = manager_detection_window_ms // 3
+# poll, once the leader's Raft-committed answer to that poll names an epoch the node holds. Half
+# the detection window: measured from before the leader heard the node, a lease ends 350 ms before
+# the manager can call a silent node down, far more than any clock rate drift could eat (a
+# factor of two); and three and a half poll rounds long, so one or two slow rounds do not let a
+# healthy head's lease lapse. A head serves confirmations (and its own snapshots) only while it
+# holds one; a head that took a shard over from another node holds its writes at most this long
+# after adopting the change (the old head's lease ends first; the leader shortens it to what may
+# be left, 0 when the old head's lease is proven over, docs/manager.md).
+head_lease_ms = manager_detection_window_ms // 2
 # A node hands out a new lease nonce (GET /v1/status "lease_nonce") at most this often, reusing
 # the newest one in between: an older nonce starts the lease earlier, never later, so reuse is
 # safe, and a flood of status requests cannot push the leader's nonce out of the table below.
@@ -543,7 +582,7 @@ lease_nonces_max = 64
 link_confirms_pending_max = 64
 
 assert 0 < head_lease_ms < manager_detection_window_ms - 2 * manager_poll_interval_ms
-assert head_lease_ms > 5 * manager_poll_interval_ms
+assert head_lease_ms > 3 * manager_poll_interval_ms, "a lease outlives two lost grant rounds"
 assert lease_nonces_max * lease_nonce_interval_ms > head_lease_ms
 assert link_confirms_pending_max >= 1
 

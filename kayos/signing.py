@@ -1,6 +1,6 @@
 """Signed admin messages: what the cluster manager sends to nodes (a new topology, a catch-up
 order) and what operators send to the manager (remove a node; add a node, drain, move, rebalance:
-purpose ``operator``).
+purpose ``operator``; a supervisor's report that a node process exited: purpose ``exited``).
 
 Anyone can reach an HTTP port, so a message that changes the topology must prove that its sender
 holds the cluster secret (kayos/identity.py). The proof is an HMAC-SHA256 under the secret over a
@@ -34,6 +34,7 @@ PURPOSES: Final = frozenset(
         "followers",
         "lease",
         "write-hold",
+        "exited",
     }
 )
 

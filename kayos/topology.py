@@ -95,6 +95,9 @@ class Topology:
     # cluster default and per-queue entries. The defaults mean one shard per queue.
     queue_shards: int = 1
     queues: dict[str, int] = field(default_factory=dict)
+    # The cluster manager members' HTTP base URLs (docs/node-api.md, "Topology changes"), where
+    # nodes and clients report a lost neighbour; empty: none known.
+    managers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.epoch < 1:
@@ -118,6 +121,16 @@ class Topology:
                 raise InvalidRequest(f"{name}: a queue's shard count must be 1 .. {count}")
         for name in self.queues:
             check_queue_name(name)
+        if len(self.managers) > MANAGER_URLS_MAX:
+            raise InvalidRequest(f"a topology names at most {MANAGER_URLS_MAX} manager members")
+        for url in self.managers:
+            if not (
+                isinstance(url, str)
+                and url.startswith(("http://", "https://"))
+                and len(url) <= MANAGER_URL_CHARS_MAX
+                and url.isprintable()
+            ):
+                raise InvalidRequest(f"managers: {url!r:.80} is not an http(s) URL")
 
     def shard_for(self, queue: str) -> int:
         """The queue's home shard, a stable hash of its name: its only shard when it has one."""
@@ -200,6 +213,8 @@ class Topology:
             data["queue_shards"] = self.queue_shards
         if self.queues:
             data["queues"] = {name: {"shards": count} for name, count in self.queues.items()}
+        if self.managers:
+            data["managers"] = list(self.managers)
         return data
 
     @classmethod
@@ -223,7 +238,8 @@ class Topology:
             identity = ClusterIdentity.from_data(data)
             queue_shards = data.get("queue_shards", 1)
             queues = {str(name): entry["shards"] for name, entry in data.get("queues", {}).items()}
-            return cls(int(data["epoch"]), nodes, shards, identity, queue_shards, queues)
+            managers = manager_urls(data.get("managers", ()))
+            return cls(int(data["epoch"]), nodes, shards, identity, queue_shards, queues, managers)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InvalidRequest(f"bad topology: {exc!r}") from exc
 
@@ -239,7 +255,13 @@ class Topology:
 
     def with_identity(self, identity: ClusterIdentity | None) -> Topology:
         return Topology(
-            self.epoch, self.nodes, self.shards, identity, self.queue_shards, self.queues
+            self.epoch,
+            self.nodes,
+            self.shards,
+            identity,
+            self.queue_shards,
+            self.queues,
+            self.managers,
         )
 
     def dumps_toml(self) -> str:
@@ -265,6 +287,23 @@ class Topology:
         for name, count in self.queues.items():
             lines += [f'[queues."{name}"]', f"shards = {count}", ""]
         return "\n".join(lines)
+
+
+# A topology names at most this many manager members (limits.manager_members_max, checked again
+# by the members' own tables), each URL at most this long.
+MANAGER_URLS_MAX = limits.manager_members_max
+MANAGER_URL_CHARS_MAX = 300
+
+
+def manager_urls(raw: Any) -> tuple[str, ...]:
+    """The members' URLs from a topology's ``managers``: a list of URLs (a signed topology), or
+    the file's ``[managers."<id>"]`` tables (``host``, ``http_port``), read as
+    ``http://host:http_port`` in id order."""
+    if isinstance(raw, dict):
+        return tuple(
+            f"http://{table['host']}:{int(table['http_port'])}" for _, table in sorted(raw.items())
+        )
+    return tuple(str(url) for url in raw)
 
 
 def rotated(

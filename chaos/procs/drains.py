@@ -49,9 +49,7 @@ watch_join_timeout_s = 10.0
 def takers(view: dict[str, Any]) -> list[str]:
     """The nodes that may take a replica: up and not draining, by id."""
     draining = set(view.get("draining", ()))
-    return sorted(
-        str(n) for n, state, _heard in view["nodes"] if state == "up" and n not in draining
-    )
+    return sorted(str(n) for n, state, *_ in view["nodes"] if state == "up" and n not in draining)
 
 
 def settled(view: dict[str, Any], replicas: int) -> bool:
@@ -228,7 +226,7 @@ def room(cluster: LocalCluster) -> dict[str, Any] | None:
         return {"error": f"not settled within {moves.settle_timeout_s:.0f} s"}
     if len(takers(view)) > cluster.replicas:
         return None
-    known = {str(n) for n, _state, _heard in view["nodes"]}
+    known = {str(n) for n, *_ in view["nodes"]}
     fresh = [n for n in REPLACEMENTS if n not in cluster.ids and n not in known]
     if not fresh:
         return {"error": f"every replacement ({', '.join(REPLACEMENTS)}) already added"}

@@ -65,7 +65,7 @@ def emptied(view: dict[str, Any]) -> set[str]:
 def all_up(view: dict[str, Any]) -> bool:
     """Every node in the view up, but the ones drained for good."""
     gone = emptied(view)
-    return all(state == "up" for n, state, _heard in view["nodes"] if n not in gone)
+    return all(state == "up" for n, state, *_ in view["nodes"] if n not in gone)
 
 
 def wait_for(condition: Callable[[], Any], what: str, timeout_s: float) -> Any:
@@ -86,7 +86,7 @@ def spliced_out(cluster: LocalCluster, node: str) -> bool:
     view = manager_view(cluster)
     if view is None:
         return False
-    down = any(n == node and state == "down" for n, state, _heard in view["nodes"])
+    down = any(n == node and state == "down" for n, state, *_ in view["nodes"])
     return down and all(node not in chain or chain == [node] for chain in chains(view).values())
 
 

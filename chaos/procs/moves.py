@@ -83,7 +83,7 @@ def movable(view: dict[str, Any], replicas: int) -> dict[int, list[str]]:
     the chain at full length with no move and no catch-up pending."""
     if not all_up(view):
         return {}
-    states = {str(n): str(state) for n, state, _heard in view["nodes"]}
+    states = {str(n): str(state) for n, state, *_ in view["nodes"]}
     draining = set(view.get("draining", ()))
     found: dict[int, list[str]] = {}
     for shard in view["shards"]:
@@ -240,7 +240,7 @@ def operator_request(cluster: LocalCluster, body: dict[str, Any]) -> dict[str, A
 
 
 def node_state(view: dict[str, Any], node: str) -> str | None:
-    return next((str(s) for n, s, _heard in view["nodes"] if n == node), None)
+    return next((str(s) for n, s, *_ in view["nodes"] if n == node), None)
 
 
 def wait_view(cluster: LocalCluster, condition: Any, timeout_s: float) -> dict[str, Any] | None:

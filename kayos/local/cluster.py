@@ -26,6 +26,7 @@ from typing import IO, Any
 from kayos.datadir import DirectoryLock
 from kayos.errors import DirectoryInUseError, KayosError
 from kayos.identity import ClusterIdentity, write_private
+from kayos.local.exits import report_exit
 from kayos.local.http import http_json
 from kayos.local.managers import manager_command, manager_ids, members_on, wait_leader
 from kayos.local.ports import free_ports
@@ -370,20 +371,36 @@ class LocalCluster:
 
     def stop(self) -> dict[str, int]:
         """SIGTERM to every node, SIGKILL to any still running after ``stop_timeout_s``;
-        returns each node's exit code."""
-        for process in self.processes.values():
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.stop_timeout_s
+        returns each node's exit code. The manager members stop first: a node stopping cleanly
+        says goodbye to the leader, which would splice each out in turn (docs/manager.md), while
+        a whole cluster stopping should keep its chains for its next start."""
         codes: dict[str, int] = {}
-        for node, process in list(self.processes.items()):
-            codes[node] = stop_process(
-                process, None, max(0.0, deadline - time.monotonic()), self.stop_timeout_s
-            )
-            del self.processes[node]
-            self._close_log(node)
+        managers = [m for m in self.processes if m in self.manager_ids]
+        others = [m for m in self.processes if m not in self.manager_ids]
+        for group in (managers, others):
+            for member in group:
+                with contextlib.suppress(ProcessLookupError):
+                    self.processes[member].send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + self.stop_timeout_s
+            for member in group:
+                codes[member] = stop_process(
+                    self.processes.pop(member),
+                    None,
+                    max(0.0, deadline - time.monotonic()),
+                    self.stop_timeout_s,
+                )
+                self._close_log(member)
         self.release_root()
         return codes
+
+    def report_exit(self, member: str, code: int) -> str | None:
+        """Reports a node process's exit to the manager members (``kayos.local.exits``) and
+        says how it went; None for a member that is no node, or without managers."""
+        if member not in self.topology.nodes or not self.manager_members:
+            return None
+        return report_exit(
+            self.identity, self.manager_urls, member, str(self.data_dir(member)), code
+        )
 
     def running(self, node: str) -> bool:
         process = self.processes.get(node)

@@ -95,12 +95,21 @@ def supervise(
     clock: Callable[[], float] = time.monotonic,
 ) -> int:
     """Until ``stop``: starts again, after a backoff (``kayos.local.supervisor``), each member of
-    ``cluster`` that dies. Returns 0, or 1 once a member died too often in a row."""
+    ``cluster`` that dies; a node's exit is first reported to the manager members (signed,
+    ``kayos.local.exits``). Returns 0, or 1 once a member died too often in a row."""
     supervisor = Supervisor()
     for member in cluster.members():
         supervisor.started(member, clock())
-    while not stop.wait(poll_interval_s * 10):
-        died = [(member, f"exited with code {code}") for member, code in cluster.exited().items()]
+    # Every poll interval (50 ms): a node's exit is reported to the managers that soon, and its
+    # report ends the dead process's lease at its successor (docs/manager.md).
+    while not stop.wait(poll_interval_s):
+        exits = cluster.exited()
+        died = [(member, f"exited with code {code}") for member, code in exits.items()]
+        for member, code in exits.items():
+            # Before it runs again: the manager splices the dead process out at once.
+            outcome = cluster.report_exit(member, code)
+            if outcome is not None:
+                echo(f"kayos up: {member}'s exit {outcome}")
         for member in supervisor.due(clock()):
             if stop.is_set():
                 break

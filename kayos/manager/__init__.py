@@ -28,6 +28,7 @@ from kayos.manager.events import (
     LatencyReport,
     ManagerLeaderChanged,
     MoveReplica,
+    NodeGone,
     NodeReturned,
     OperatorEvent,
     PublishTopology,
@@ -40,6 +41,7 @@ from kayos.manager.events import (
     StartCatchUp,
     TimerTick,
     check_event,
+    check_incarnation,
 )
 from kayos.manager.placement import plan_rebalance
 from kayos.manager.view import (
@@ -70,6 +72,7 @@ __all__ = [
     "ManagerView",
     "MoveReplica",
     "NodeAddress",
+    "NodeGone",
     "NodeReturned",
     "NodeView",
     "OperatorEvent",
@@ -84,6 +87,7 @@ __all__ = [
     "StartCatchUp",
     "TimerTick",
     "check_event",
+    "check_incarnation",
     "decide",
     "plan_rebalance",
     "view_hash",

@@ -7,9 +7,12 @@ event always give the same outcome, and a member that restarts from a snapshot o
 decides exactly as the one before it.
 
 Rules (the reasons are in docs/manager.md):
-- a node silent for ``detection_window_ms`` is down; an operator-removed node is removed: both
-  are spliced out of every chain (head: the next member leads; middle: its neighbours are linked;
-  tail: the previous member is the tail), except that a shard's last member is never spliced out;
+- a node silent for ``detection_window_ms`` is down, and so at once is a node the leader has proof
+  is gone (NodeGone), unless the proof names an incarnation other than the one the view holds (a
+  restarted node is not spliced out for its predecessor's death); an operator-removed node is
+  removed: both are spliced out of every chain (head: the next member leads; middle: its
+  neighbours are linked; tail: the previous member is the tail), except that a shard's last
+  member is never spliced out;
 - a node whose neighbour reports a p99 above ``slow_p99_ms`` over at least ``slow_window_ms`` is
   slow and spliced out the same way, unless that would leave the shard with fewer than
   ``min_replicas`` members: then it stays, with a ``slow_node_kept`` alert;
@@ -49,6 +52,7 @@ from kayos.manager.events import (
     LatencyReport,
     ManagerLeaderChanged,
     MoveReplica,
+    NodeGone,
     NodeReturned,
     PublishTopology,
     Rebalance,
@@ -86,7 +90,10 @@ def _apply(view: ManagerView, event: Event, out: list[Action]) -> ManagerView:
     if isinstance(event, Heartbeat):
         return _heard(view, event.node, event.at_ms)
     if isinstance(event, TimerTick):
+        view = _incarnations(view, event.incarnations)
         return _tick(_heard_all(view, event.heard, event.now_ms))
+    if isinstance(event, NodeGone):
+        return _gone(view, event)
     if isinstance(event, LatencyReport):
         return _latency(view, event)
     if isinstance(event, HeadTookOver):
@@ -250,6 +257,28 @@ def _heard_all(view: ManagerView, heard: tuple[tuple[str, int], ...], now_ms: in
     ids = {n.id for n in view.nodes}
     known = [at for node_id, at in latest.items() if node_id in ids]
     return replace(view, nodes=nodes, now_ms=max([view.now_ms, now_ms, *known]))
+
+
+def _incarnations(view: ManagerView, seen: tuple[tuple[str, str], ...]) -> ManagerView:
+    """Records the incarnation each node was heard running (the last one named wins)."""
+    latest = dict(seen)
+    if not latest:
+        return view
+    nodes = tuple(replace(n, incarnation=latest[n.id]) if n.id in latest else n for n in view.nodes)
+    return replace(view, nodes=nodes)
+
+
+def _gone(view: ManagerView, event: NodeGone) -> ManagerView:
+    """Proof of death: the node is down at once (rule 2 splices it out), unless the proof names
+    an incarnation other than the one the view holds (a stale report: that process is not the
+    one running now), or the node is down or removed already."""
+    node = view.node(event.node)
+    if node is None or node.state in ("down", "removed"):
+        return view
+    if node.incarnation and event.incarnation and node.incarnation != event.incarnation:
+        return view
+    view = replace(view, now_ms=max(view.now_ms, event.at_ms))
+    return view.with_node(replace(node, state="down"))
 
 
 def _tick(view: ManagerView) -> ManagerView:

@@ -30,10 +30,31 @@ class Heartbeat:
 class TimerTick:
     """Time has reached ``now_ms``: silences are measured against it. ``heard`` carries the
     heartbeats the leader received since its last tick, (node, at_ms) pairs applied first, so the
-    log holds one entry per tick rather than one per heartbeat."""
+    log holds one entry per tick rather than one per heartbeat. ``incarnations``: (node,
+    incarnation) for each heard node whose incarnation differs from the one the view holds."""
 
     now_ms: int
     heard: tuple[tuple[str, int], ...] = ()
+    incarnations: tuple[tuple[str, str], ...] = ()
+
+
+# The causes of a NodeGone: the leader's own probe found nothing listening on the node's port,
+# the node said goodbye on its watch (a clean stop), its supervisor saw the process exit.
+GONE_CAUSES = ("refused", "stopped", "exited")
+# An incarnation: 64 random bits as 16 lowercase hex digits ("" in a view: none heard yet).
+INCARNATION_CHARS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class NodeGone:
+    """The leader has proof that ``node``'s process ``incarnation`` is gone at ``at_ms``
+    (``cause``, one of ``GONE_CAUSES``; docs/manager.md, "Evidence and proof of death"): the node
+    is down at once, unless the view holds another incarnation for it (the report is stale)."""
+
+    node: str
+    at_ms: int
+    cause: str
+    incarnation: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +180,7 @@ Event: TypeAlias = (
     | HeadTookOver
     | NodeReturned
     | DiskFull
+    | NodeGone
     | CatchUpDone
     | ManagerLeaderChanged
     | RemoveNode
@@ -241,10 +263,18 @@ def check_event(event: Event) -> Event:
     if isinstance(event, Heartbeat):
         times, nodes = [event.at_ms], [event.node]
     elif isinstance(event, TimerTick):
-        if len(event.heard) > limits.manager_nodes_max:
+        if max(len(event.heard), len(event.incarnations)) > limits.manager_nodes_max:
             raise InvalidRequest(f"a tick carries at most {limits.manager_nodes_max} heartbeats")
         times = [event.now_ms, *(at for _, at in event.heard)]
-        nodes = [node for node, _ in event.heard]
+        nodes = [node for node, _ in (*event.heard, *event.incarnations)]
+        for _, incarnation in event.incarnations:
+            check_incarnation(incarnation)
+    elif isinstance(event, NodeGone):
+        times, nodes = [event.at_ms], [event.node]
+        if event.cause not in GONE_CAUSES:
+            raise InvalidRequest(f"a node_gone cause is one of {', '.join(GONE_CAUSES)}")
+        if event.incarnation:
+            check_incarnation(event.incarnation)
     elif isinstance(event, LatencyReport):
         nodes = [event.reporter, event.node]
         if event.p99_ms < 0 or event.window_ms <= 0:
@@ -299,6 +329,18 @@ def check_event(event: Event) -> Event:
     for node in nodes:
         check_node_id(node)
     return event
+
+
+def check_incarnation(incarnation: str) -> str:
+    """Refuses anything but 16 lowercase hex digits (a node's incarnation) with
+    ``InvalidRequest``; returns it so it chains."""
+    if (
+        not isinstance(incarnation, str)
+        or len(incarnation) != INCARNATION_CHARS
+        or incarnation.strip("0123456789abcdef")
+    ):
+        raise InvalidRequest(f"an incarnation is {INCARNATION_CHARS} lowercase hex digits")
+    return incarnation
 
 
 def _check_entries(entries: TakeoverEntries) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Literal, TypeAlias, cast
 
 from kayos import limits
 from kayos.errors import InvalidRequest
+from kayos.manager.events import check_incarnation
 from kayos.topology import check_node_id
 
 NodeState: TypeAlias = Literal["up", "suspect", "down", "slow", "full", "removed"]
@@ -32,10 +33,11 @@ ALERT_KINDS = (BELOW_MIN_REPLICAS, SLOW_KEPT, NO_LIVE_MEMBER, DRAIN_BLOCKED, MEM
 # 2: catch-up order numbers (ShardView.orders, ManagerView.orders_issued);
 # 3: 2 and pending moves, draining nodes and added nodes' addresses (docs/manager.md, "The view");
 # 4: 3 and each queue's shard count set by an operator (``queues``);
-# 5: 4 and the node state ``full`` with its alert ``member_disk_full`` (rule 9).
+# 5: 4 and the node state ``full`` with its alert ``member_disk_full`` (rule 9);
+# 6: 5 and each node's incarnation, as last heard (``NodeView.incarnation``; proof of death).
 # An older snapshot still reads: the fields it lacks are empty (see ``from_data``).
-VIEW_FORMAT = 5
-_FORMATS_READ = (1, 2, 3, 4, 5)
+VIEW_FORMAT = 6
+_FORMATS_READ = (1, 2, 3, 4, 5, 6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,9 +76,13 @@ class Config:
 
 @dataclass(frozen=True, slots=True)
 class NodeView:
+    """One node: its state, when it was last heard (the leader's clock) and the incarnation of
+    the process last heard running it ("" when none was heard yet)."""
+
     id: str
     state: NodeState
     last_heard_ms: int
+    incarnation: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +209,7 @@ class ManagerView:
             },
             "epoch": self.epoch,
             "now_ms": self.now_ms,
-            "nodes": [[n.id, n.state, n.last_heard_ms] for n in self.nodes],
+            "nodes": [[n.id, n.state, n.last_heard_ms, n.incarnation] for n in self.nodes],
             "shards": [
                 {
                     "id": s.id,
@@ -239,10 +245,18 @@ class ManagerView:
 
             config = Config(**{k: int(v) for k, v in data["config"].items()}).validate()
             nodes = []
-            for node_id, state, heard in data["nodes"]:
+            for entry in data["nodes"]:
+                if fmt >= 6:
+                    node_id, state, heard, incarnation = entry
+                    if incarnation:
+                        check_incarnation(incarnation)
+                else:
+                    (node_id, state, heard), incarnation = entry, ""
                 if state not in NODE_STATES or (state == "full" and fmt < 5):
                     raise InvalidRequest(f"bad node state {state!r}")
-                nodes.append(NodeView(str(node_id), cast(NodeState, state), int(heard)))
+                nodes.append(
+                    NodeView(str(node_id), cast(NodeState, state), int(heard), str(incarnation))
+                )
             shards = tuple(
                 ShardView(
                     int(s["id"]),

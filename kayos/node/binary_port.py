@@ -20,6 +20,7 @@ from kayos import limits
 from kayos.clock import Clock
 from kayos.errors import KayosError, ProtocolError, UnavailableError, WrongRoleError
 from kayos.node.replicas.learners import Learner
+from kayos.node.reports import SuspectReports
 from kayos.replication.link.downstream import serve_downstream
 from kayos.replication.link.handshake import HostAddresses, accept_peer, shown
 from kayos.replication.link.liveness import keep_alive
@@ -42,6 +43,7 @@ class Node(Protocol):
     hosts: HostAddresses
     replicas: dict[int, ShardReplica]
     learners: dict[int, Learner]
+    reports: SuspectReports
 
     @property
     def epoch(self) -> int: ...
@@ -97,6 +99,7 @@ class BinaryPort:
             reader, writer, self.node.clock, frame_bytes_max=limits.handshake_frame_bytes_max
         )
         pinger: asyncio.Task[None] | None = None
+        hello: fr.Hello | None = None
         if self.handshaking >= limits.handshake_connections_max:
             # Closed at once, logged once per burst: the bound exists for floods.
             if not self.handshakes_refused:
@@ -156,8 +159,10 @@ class BinaryPort:
             with contextlib.suppress(Exception):
                 stream.send(error_frame(exc, None, self.node.epoch))
                 await stream.drain()
-        except (OSError, EOFError, asyncio.IncompleteReadError):
-            pass
+        except (OSError, EOFError, asyncio.IncompleteReadError) as exc:
+            if hello is not None and hello.role in ("middle", "tail"):
+                # A chain neighbour's link below this node was reset or ended: the manager hears.
+                self.node.reports.peer_lost(hello.node_id, exc)
         except asyncio.CancelledError:
             # Shutdown cancels connection handlers; asyncio's stream callback would log it as an
             # error, so a handler ends quietly instead of re-raising.

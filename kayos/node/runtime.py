@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from kayos import limits
 from kayos.checks import check_expiries, check_group_name, check_item_keys
 from kayos.clock import Clock, SystemClock
+from kayos.datadir import write_incarnation
 from kayos.errors import (
     CorruptionError,
     InvalidRequest,
@@ -44,9 +45,11 @@ from kayos.node.pages import lag_seconds as lag_seconds
 from kayos.node.pages import read_page as read_page
 from kayos.node.replicas import learners
 from kayos.node.replicas.reconfigure import Reconfigurer
+from kayos.node.reports import SuspectReports
 from kayos.node.retention import RetentionDriver, check_floor, retention_floors
 from kayos.node.status import link_status as link_status
 from kayos.node.status import neighbour_latency, node_status
+from kayos.node.watch import Watches
 from kayos.replication.link.handshake import HostAddresses
 from kayos.replication.link.upstream import UpstreamLink
 from kayos.replication.logic.lease import NodeLease, unconfirmed
@@ -85,6 +88,15 @@ class Node:
         self.data_dir = data_dir
         self.clock = clock or SystemClock()
         self.rng = rng or random.Random()  # noqa: S311 (backoff jitter and tail choice)
+        # This process's incarnation: 64 random bits, new at every start (docs/node-api.md).
+        self.incarnation = f"{self.rng.getrandbits(64):016x}"
+        # The manager's watch (GET /v1/admin/watch) and the reports of lost neighbours, sent to
+        # the members the topology names (else those of the file the node started from).
+        self.watches = Watches(self.incarnation)
+        started_with = topology.managers
+        self.reports = SuspectReports(
+            node_id, lambda: self.topology.managers or started_with, self.clock, self.spawn
+        )
         # The read lease from the cluster manager (``managed``: the topology file names manager
         # members; without them the lease always holds). docs/manager.md, "Head leases".
         self.lease = NodeLease(managed=managed, epoch=topology.epoch, clock=self.clock)
@@ -134,6 +146,7 @@ class Node:
                 "replication link; run `kayos init` (or `kayos up`) to write them",
                 self.node_id,
             )
+        await asyncio.to_thread(write_incarnation, self.data_dir, self.incarnation)
         # The newest topology this node can verify: its file's, DATA/topology.json, its peers'.
         await self.reconfigure.choose_at_start()
         self.spawn(self.hosts.prime(node.host for node in self.topology.nodes.values()))
@@ -193,6 +206,13 @@ class Node:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    async def goodbye(self) -> None:
+        """The start of a clean stop: the lease ends (held false from now on, no grant extends
+        it), then every watch gets its goodbye line, so the manager leader splices this node out
+        at once and its successor need not wait for its lease (docs/manager.md)."""
+        self.lease.end()
+        await self.watches.goodbye()
+
     async def stop(self) -> None:
         self.ready = False
         for link in self.links:
@@ -211,6 +231,7 @@ class Node:
             await replica.persist_time_index(force=True)
             replica.close()
         self.hosts.close()
+        await self.reports.close()
 
     # --- routing -------------------------------------------------------------------------------
 

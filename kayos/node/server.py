@@ -153,5 +153,7 @@ async def _serve(
     try:
         await stop.wait()
     finally:
+        # The lease ends and the manager's watches get their goodbye before the port closes.
+        await node.goodbye()
         await runner.cleanup()
         await node.stop()

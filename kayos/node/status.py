@@ -29,6 +29,7 @@ class Node(Protocol):
     """What the report reads of ``kayos.node.runtime.Node`` (which imports this module)."""
 
     node_id: str
+    incarnation: str
     data_dir: str
     ready: bool
     clock: Clock
@@ -47,6 +48,7 @@ def node_status(node: Node) -> dict[str, Any]:
     each shard it holds, as a member of its chain or as a learner."""
     return {
         "node": node.node_id,
+        "incarnation": node.incarnation,
         "epoch": node.epoch,
         "ready": node.ready,
         # The manager leader answers this nonce once its round is committed (lease_api).

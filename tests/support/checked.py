@@ -129,7 +129,7 @@ def chain_of(cluster: LocalCluster, shard: int) -> list[str] | None:
 
 def node_states(cluster: LocalCluster) -> dict[str, str]:
     """Each node's state in the leader's view, once the leader answers."""
-    return {n: s for n, s, _ in answered_view(cluster)["view"]["nodes"]}
+    return {n: s for n, s, *_ in answered_view(cluster)["view"]["nodes"]}
 
 
 def check_nothing_lost(

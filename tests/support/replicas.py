@@ -104,6 +104,24 @@ def grant(node: Node) -> None:
     assert node.lease.granted(node.lease.ask(), node.epoch, True)
 
 
+@contextlib.asynccontextmanager
+async def granting(node: Node) -> AsyncIterator[None]:
+    """The head's lease granted now and again every manager round while the block runs, as the
+    leader does: a snapshot that waits for a commit point may outlast one lease."""
+
+    async def grant_every_round() -> None:
+        while True:
+            grant(node)
+            await asyncio.sleep(limits.manager_poll_interval_ms / 1000)
+
+    task = asyncio.create_task(grant_every_round())
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 async def snapshot(node: Node) -> list[int]:
     """The seqs of a new snapshot of ``QUEUE`` for group g at ``node``."""
     page = await node.consume(QUEUE, "g", after=None, upto=None, limit=10, wait_ms=0)

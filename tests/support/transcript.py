@@ -17,7 +17,9 @@ Commands (one per line in a block):
 - ``config min= detect= suspect= slow-p99= slow-window=`` (before the layout)
 - ``add-nodes a b c``; then ``shards N replicas R`` (rotated: shard i starts at node i) or
   ``chains a>b b>c>d`` (one chain per shard)
-- ``heartbeat a b t=``; ``tick t= [heard=a@1.5,b@1.7]``
+- ``heartbeat a b t=``; ``tick t= [heard=a@1.5,b@1.7] [inc=a:<16 hex>,b:<16 hex>]`` (the nodes'
+  incarnations heard, shown in the view as ``a=up:<incarnation>``)
+- ``gone NODE t= cause=refused|stopped|exited [inc=<16 hex>]`` (NodeGone: proof of death)
 - ``latency reporter= node= p99= window=``
 - ``takeover shard= node= id=<hex> seq=``
 - ``return NODE t= [report=SHARD:LAST:ID@SEQ,ID@SEQ ...]``; ``catch-up-done NODE shard= [order=N]``
@@ -54,6 +56,7 @@ from kayos.manager import (
     ManagerLeaderChanged,
     ManagerView,
     MoveReplica,
+    NodeGone,
     NodeReturned,
     PublishTopology,
     Rebalance,
@@ -145,7 +148,12 @@ def format_action(action: Action) -> str:
 
 def format_view(view: ManagerView) -> list[str]:
     lines = [f"view epoch={view.epoch} now={_secs(view.now_ms)}"]
-    lines.append("  nodes: " + " ".join(f"{n.id}={n.state}" for n in view.nodes))
+    lines.append(
+        "  nodes: "
+        + " ".join(
+            f"{n.id}={n.state}" + (f":{n.incarnation}" if n.incarnation else "") for n in view.nodes
+        )
+    )
     for shard in view.shards:
         line = f"  shard {shard.id}: {'>'.join(shard.chain)} epoch={shard.epoch}"
         if shard.departed:
@@ -227,7 +235,15 @@ class Interpreter:
                     item.split("@") for item in keys.get("heard", "").split(",") if item
                 )
             )
-            events = [TimerTick(_ms(keys["t"]), heard)]
+            incarnations = tuple(
+                (node, incarnation)
+                for node, incarnation in (
+                    item.split(":") for item in keys.get("inc", "").split(",") if item
+                )
+            )
+            events = [TimerTick(_ms(keys["t"]), heard, incarnations)]
+        elif name == "gone":
+            events = [NodeGone(positional[0], _ms(keys["t"]), keys["cause"], keys.get("inc", ""))]
         elif name == "latency":
             events = [
                 LatencyReport(keys["reporter"], keys["node"], int(keys["p99"]), _ms(keys["window"]))

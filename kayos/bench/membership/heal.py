@@ -144,7 +144,7 @@ def _chain(cluster: LocalCluster) -> list[str] | None:
 
 def _node_state(cluster: LocalCluster, node: str) -> str | None:
     view = _manager_view(cluster)
-    states = {} if view is None else {n: s for n, s, _ in view["nodes"]}
+    states = {} if view is None else {n: s for n, s, *_ in view["nodes"]}
     return states.get(node)
 
 

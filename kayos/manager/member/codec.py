@@ -27,6 +27,7 @@ from kayos.manager import (
     LatencyReport,
     ManagerLeaderChanged,
     MoveReplica,
+    NodeGone,
     NodeReturned,
     PublishTopology,
     Rebalance,
@@ -67,7 +68,13 @@ def event_to_data(event: Event) -> list[Any]:
     if isinstance(event, Heartbeat):
         return ["heartbeat", {"node": event.node, "at_ms": event.at_ms}]
     if isinstance(event, TimerTick):
-        return ["tick", {"now_ms": event.now_ms, "heard": [list(h) for h in event.heard]}]
+        tick: dict[str, Any] = {"now_ms": event.now_ms, "heard": [list(h) for h in event.heard]}
+        if event.incarnations:  # only when some: a tick without keeps the bytes it had
+            tick["inc"] = [list(pair) for pair in event.incarnations]
+        return ["tick", tick]
+    if isinstance(event, NodeGone):
+        fields = {"node": event.node, "at_ms": event.at_ms, "cause": event.cause}
+        return ["node_gone", {**fields, "incarnation": event.incarnation}]
     if isinstance(event, LatencyReport):
         fields = {"reporter": event.reporter, "node": event.node}
         return ["latency", {**fields, "p99_ms": event.p99_ms, "window_ms": event.window_ms}]
@@ -121,7 +128,12 @@ def event_from_data(data: Any) -> Event:
             event = Heartbeat(_str(f["node"]), _int(f["at_ms"]))
         elif kind == "tick":
             heard = tuple((_str(n), _int(a)) for n, a in f["heard"])
-            event = TimerTick(_int(f["now_ms"]), heard)
+            incarnations = tuple((_str(n), _str(i)) for n, i in f.get("inc", ()))
+            event = TimerTick(_int(f["now_ms"]), heard, incarnations)
+        elif kind == "node_gone":
+            event = NodeGone(
+                _str(f["node"]), _int(f["at_ms"]), _str(f["cause"]), _str(f["incarnation"])
+            )
         elif kind == "latency":
             event = LatencyReport(
                 _str(f["reporter"]), _str(f["node"]), _int(f["p99_ms"]), _int(f["window_ms"])

@@ -1,8 +1,10 @@
 """The manager members' HTTP face (docs/manager.md, "HTTP endpoints").
 
 ``GET /v1/manager/status`` and ``GET /v1/manager/changes`` on any member;
-``POST /v1/manager/remove-node`` (signed, purpose ``remove-node``) and ``POST /v1/manager/operator``
-(signed, purpose ``operator``: add-node, drain, move-shard, rebalance) on the leader, a follower
+``POST /v1/manager/remove-node`` (signed, purpose ``remove-node``), ``POST /v1/manager/operator``
+(signed, purpose ``operator``: add-node, drain, move-shard, rebalance), ``POST
+/v1/manager/suspect`` (unsigned: a report that makes the leader probe a node) and ``POST
+/v1/manager/exited`` (signed, purpose ``exited``: a supervisor's report) on the leader, a follower
 answering 421 ``not_leader`` with the leader's URL.
 Errors are the node API's error body: ``{"error": {"code", "message", "redirect"}}``.
 """
@@ -18,7 +20,7 @@ import msgpack
 from aiohttp import web
 
 from kayos import limits
-from kayos.errors import InvalidRequest, KayosError, NotLeaderError
+from kayos.errors import InvalidRequest, KayosError, NotLeaderError, UnavailableError
 from kayos.manager import (
     Action,
     AddNode,
@@ -31,6 +33,7 @@ from kayos.manager import (
     RemoveNode,
     SetQueueShards,
     check_event,
+    check_incarnation,
 )
 from kayos.manager.member.config import ManagerSetup
 from kayos.signing import check_signed
@@ -64,6 +67,11 @@ class MemberState:
     # at once, without waiting for it (the leader's driver, ``Member.send_actions``); the
     # driver's next polling round would send them otherwise.
     send_actions: Callable[[ManagerView, tuple[Action, ...]], None] = lambda _view, _actions: None
+    # The leading driver's probe of a reported node (whether one was started) and its logging of
+    # a supervisor's exit report (the view after it); None on a member whose driver is not
+    # running (a follower, or a leader between two drivers).
+    suspect: Callable[[str], bool | None] = lambda _node: None
+    exited: Callable[[str, str], Awaitable[ManagerView] | None] = lambda _node, _inc: None
 
 
 def status_body(state: MemberState) -> dict[str, Any]:
@@ -140,8 +148,65 @@ def make_app(state: MemberState) -> web.Application:
             reply["shards"] = queue_shard_count(view, state.setup.topology, event.queue)
         return web.json_response(reply)
 
+    _report_routes(routes, state)
     app.add_routes(routes)
     return app
+
+
+def _report_routes(routes: web.RouteTableDef, state: MemberState) -> None:
+    """Reports that a node may be gone: anyone's (``suspect``: the leader probes) and a
+    supervisor's signed exit report (``exited``: proof, logged at once)."""
+
+    @routes.post("/v1/manager/suspect")
+    async def suspect(request: web.Request) -> web.Response:
+        try:
+            node = _reported_node(await _json_body(request), state)
+            _check_leader(state)
+            probed = state.suspect(node)
+            if probed is None:
+                raise UnavailableError("the leader's driver is starting; report again")
+        except KayosError as exc:
+            return error_response(exc)
+        return web.json_response({"node": node, "probe": probed}, status=202)
+
+    @routes.post("/v1/manager/exited")
+    async def exited(request: web.Request) -> web.Response:
+        try:
+            body = await _signed_body(request, state, "exited")
+            node = _reported_node(body, state)
+            incarnation = body.get("incarnation")
+            if not isinstance(incarnation, str):
+                raise InvalidRequest("exited: incarnation must be a string")
+            check_incarnation(incarnation)
+            _check_leader(state)
+            logged = state.exited(node, incarnation)
+            if logged is None:
+                raise UnavailableError("the leader's driver is starting; report again")
+            view = await logged
+        except KayosError as exc:
+            return error_response(exc)
+        found = view.node(node)
+        return web.json_response(
+            {"node": node, "state": found.state if found else None, "epoch": view.epoch}
+        )
+
+
+def _reported_node(body: Any, state: MemberState) -> str:
+    """The node a report names: one the view holds."""
+    node = body.get("node") if isinstance(body, dict) else None
+    if not isinstance(node, str) or state.view()[0].node(node) is None:
+        raise InvalidRequest(f"unknown node {node!r:.80}")
+    return node
+
+
+async def _json_body(request: web.Request) -> Any:
+    try:
+        raw = await request.read()
+        return json.loads(raw)
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise InvalidRequest(f"a request is at most {REQUEST_BYTES_MAX} bytes") from exc
+    except (ValueError, TypeError) as exc:
+        raise InvalidRequest(f"not a JSON body: {exc}") from exc
 
 
 def progress(view: ManagerView) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from kayos.manager import (
     StartCatchUp,
     TimerTick,
 )
+from kayos.manager.member.evidence import tick_incarnations
 from kayos.signing import sign
 from kayos.topology import NodeAddr, ShardChain, Topology
 
@@ -282,14 +283,27 @@ def _late_answers(
 
 
 def plan_round(
-    view: ManagerView, answers: Mapping[str, Answer], now_ms: int, memory: Memory
+    view: ManagerView,
+    answers: Mapping[str, Answer],
+    now_ms: int,
+    memory: Memory,
+    beats: Mapping[str, int] | None = None,
+    incarnations: Mapping[str, str] | None = None,
 ) -> Plan:
-    """One round: ``answers`` holds every node the view knows (status None: no answer)."""
+    """One round: ``answers`` holds every node the view knows (status None: no answer);
+    ``beats`` the last watch line heard from each node since the last round (its time), which
+    counts as the node heard as an answer does; ``incarnations`` the incarnation the leader last
+    heard from each node (docs/manager.md, "Evidence and proof of death")."""
     states = {n.id: n.state for n in view.nodes}
     answered = {n for n, a in answers.items() if a.status is not None and n in states}
-    heard = tuple(sorted((n, answers[n].at_ms) for n in answered))
+    times = {n: answers[n].at_ms for n in answered}
+    for node, at_ms in (beats or {}).items():
+        if node in states:
+            times[node] = max(at_ms, times.get(node, at_ms))
+    heard = tuple(sorted(times.items()))
     late = _late_answers(view, answers, now_ms, memory)
-    events: list[Event] = [TimerTick(now_ms, heard)]
+    seen = tick_incarnations(view, times, incarnations or {})
+    events: list[Event] = [TimerTick(now_ms, heard, seen)]
     node_events, fast = _node_events(view, answers, answered, late, memory)
     events += node_events
     events += _takeovers(view, answers)
@@ -435,14 +449,18 @@ def topology_of(
     view: ManagerView, nodes: Mapping[str, NodeAddr], base: Topology | None = None
 ) -> Topology:
     """The topology the view describes: its epoch and chains, the node addresses (the file's and
-    the added nodes', so every node learns a new node's address from the signed topology), and
-    the file's (``base``) queue shard counts overlaid by the view's, which win (docs/node-api.md,
-    "Queues over several shards")."""
+    the added nodes', so every node learns a new node's address from the signed topology), the
+    file's (``base``) queue shard counts overlaid by the view's, which win (docs/node-api.md,
+    "Queues over several shards"), and the file's manager members' URLs (``managers``)."""
     shards = {s.id: ShardChain(s.id, s.chain) for s in view.shards}
     addresses = node_addresses(view, nodes)
     queues = {**(base.queues if base is not None else {}), **dict(view.queues)}
     default = base.queue_shards if base is not None else 1
-    return Topology(view.epoch, addresses, shards, queue_shards=default, queues=queues)
+    # The members' URLs (the file's [managers] tables): where nodes and clients report.
+    managers = base.managers if base is not None else ()
+    return Topology(
+        view.epoch, addresses, shards, queue_shards=default, queues=queues, managers=managers
+    )
 
 
 def signed(identity: ClusterIdentity, purpose: str, body: Any) -> dict[str, Any]:

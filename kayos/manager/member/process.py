@@ -9,6 +9,7 @@ import json
 import logging
 import signal
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 import aiohttp
@@ -140,7 +141,21 @@ class Member:
             self.log.ready,
             self.submit,
             self.send_actions,
+            self.suspect,
+            self.exited,
         )
+
+    def suspect(self, node: str) -> bool | None:
+        """The leading driver probes ``node`` (None: no driver runs here now)."""
+        driver = self._driver
+        return None if driver is None or not self.log.is_leader() else driver.suspect(node)
+
+    def exited(self, node: str, incarnation: str) -> Awaitable[ManagerView] | None:
+        """The leading driver logs a supervisor's exit report (None: no driver runs here)."""
+        driver = self._driver
+        if driver is None or not self.log.is_leader():
+            return None
+        return driver.exited(node, incarnation)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until ``stop``: serves HTTP; drives while leading."""

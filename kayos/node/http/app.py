@@ -205,7 +205,8 @@ def _read_routes(routes: web.RouteTableDef, node: Node) -> None:
 
 
 def _manager_routes(routes: web.RouteTableDef, node: Node) -> None:
-    """The cluster manager's signed orders: catch-ups, leases, write holds, followers."""
+    """The cluster manager's signed orders (catch-ups, leases, write holds, followers) and its
+    watch."""
 
     @routes.post("/v1/admin/catch-up")
     async def catch_up(request: web.Request) -> web.Response:
@@ -222,6 +223,10 @@ def _manager_routes(routes: web.RouteTableDef, node: Node) -> None:
         message = await read_body(request)
         release = node.reconfigure.release_hold
         return reply(request, apply_write_hold(node.topology.identity, release, message))
+
+    @routes.get("/v1/admin/watch")
+    async def watch(request: web.Request) -> web.StreamResponse:
+        return await node.watches.serve(request)
 
     @routes.post("/v1/admin/followers")
     async def followers(request: web.Request) -> web.Response:

@@ -42,6 +42,12 @@ from kayos.signing import check_signed
 from kayos.topology import Role, ShardChain, Topology
 
 
+class LostReporter(Protocol):
+    """Where a link's failure goes (``kayos.node.reports.SuspectReports``)."""
+
+    def peer_lost(self, peer: str, error: BaseException | None = None) -> None: ...
+
+
 class Node(Protocol):
     """What the driver needs of ``kayos.node.runtime.Node`` (which imports this module)."""
 
@@ -56,6 +62,9 @@ class Node(Protocol):
     links: list[UpstreamLink]
     learners: dict[int, learners.Learner]
     lease: NodeLease
+
+    @property
+    def reports(self) -> LostReporter: ...
 
     @property
     def epoch(self) -> int: ...
@@ -497,9 +506,13 @@ class Reconfigurer:
             await learners.repair_then_lead(replica, None)
         else:
             link = UpstreamLink(replica)
+            link.on_failure = node.reports.peer_lost
             node.links.append(link)
             self._link_tasks[shard.id] = (link, node.spawn(link.run()))
         node.replicas[shard.id] = replica
+        # The leader's word on the hold may have come while the replica opened (and found no
+        # replica to shorten): it takes the hold as it stands now.
+        replica.writes_held_until_s = self.held_until_s(shard.id)
         return replica
 
     async def close_replica(self, replica: ShardReplica) -> None:

@@ -93,6 +93,11 @@ class UpstreamLink:
         # The last seq of the current link's first batch with a map (the upstream's whole one).
         self._first_batch_last: int | None = None
         self.connected = asyncio.Event()
+        # Whether the current session got as far as being linked (``connected`` set).
+        self.linked = False
+        # Told (peer, error) when a session fails: the node reports a neighbour whose link was
+        # reset, refused or ended to the cluster manager (kayos/node/reports.py).
+        self.on_failure: Callable[[str, BaseException], None] | None = None
 
     def stop(self) -> None:
         self._stopped = True
@@ -105,14 +110,22 @@ class UpstreamLink:
         replica = self.replica
         delay_ms = limits.link_retry_delay_ms_min
         while not self._stopped:
+            self.linked = False
             try:
                 await self.attempt()
                 delay_ms = limits.link_retry_delay_ms_min
             except asyncio.CancelledError:
                 raise
             except (OSError, KayosError, EOFError) as exc:
+                if self.linked:
+                    # A link that was up and broke starts its backoff over: the upstream may
+                    # just be re-making its replica (a chain change), and a delay doubled by
+                    # failures before the link came up would keep the chain down a second.
+                    delay_ms = limits.link_retry_delay_ms_min
                 if not self.done.is_set():
                     log.info("shard %s: link to %s failed: %s", replica.shard_id, self.peer, exc)
+                    if self.on_failure is not None and not self.stopping:
+                        self.on_failure(self.peer, exc)
             if self.stopping:
                 break
             jitter = 0.5 + replica.rng.random()
@@ -248,6 +261,7 @@ class UpstreamLink:
             # (docs/replication-protocol.md, "Counting a catch-up follower").
             stream.send(fr.Ack(replica.shard_id, replica.store.last_seq))
         self.connected.set()
+        self.linked = True
 
     async def _subscribe(self, stream: FrameStream) -> tuple[fr.Subscribed, int]:
         """The upstream's SUBSCRIBED without a rollback, and the from_seq it answers."""

@@ -27,6 +27,7 @@ from kayos.topology import Topology
 
 __all__ = [
     "Asked",
+    "Ended",
     "EpochAdopted",
     "Granted",
     "LeaseEvent",
@@ -47,13 +48,15 @@ class LeaseState:
     """``managed``: a manager can splice this node's chains (else the lease always holds);
     ``epoch``: the topology epoch the node holds; ``until_s``: the lease's end on the node's
     monotonic clock (None: no lease); ``asks``: nonces handed out, oldest first, with their
-    times; ``nonce``: the last nonce handed out."""
+    times; ``nonce``: the last nonce handed out; ``ended``: the node is stopping, and holds no
+    lease from then on, whatever the manager answers."""
 
     managed: bool
     epoch: int
     until_s: float | None = None
     asks: tuple[tuple[int, float], ...] = ()
     nonce: int = 0
+    ended: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +83,13 @@ class EpochAdopted:
     epoch: int
 
 
-LeaseEvent = Asked | Granted | EpochAdopted
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """The node begins a clean stop: its lease ends for good, before it says goodbye to the
+    manager's watch (docs/manager.md, "Evidence and proof of death")."""
+
+
+LeaseEvent = Asked | Granted | EpochAdopted | Ended
 
 
 def decide(state: LeaseState, event: LeaseEvent) -> tuple[LeaseState, tuple[str, ...]]:
@@ -94,6 +103,11 @@ def decide(state: LeaseState, event: LeaseEvent) -> tuple[LeaseState, tuple[str,
         return dataclasses.replace(state, asks=asks, nonce=nonce), ()
     if isinstance(event, EpochAdopted):
         return dataclasses.replace(state, epoch=max(state.epoch, event.epoch)), ()
+    if isinstance(event, Ended):
+        notes = ("lease ended: the node is stopping",) if state.until_s is not None else ()
+        return dataclasses.replace(state, until_s=None, asks=(), ended=True), notes
+    if state.ended:
+        return state, ()  # a stopping node takes no grant
     sent = next((at for nonce, at in state.asks if nonce == event.nonce), None)
     if sent is None:
         return state, ()  # a nonce never handed out, or one too old to be remembered
@@ -117,7 +131,7 @@ def holds(state: LeaseState, now_s: float) -> bool:
     """Whether the node holds a lease at ``now_s``."""
     if not state.managed:
         return True
-    return state.until_s is not None and now_s < state.until_s
+    return not state.ended and state.until_s is not None and now_s < state.until_s
 
 
 class NodeLease:
@@ -145,6 +159,10 @@ class NodeLease:
 
     def adopted(self, epoch: int) -> None:
         self._apply(EpochAdopted(epoch))
+
+    def end(self) -> None:
+        """The node is stopping: no lease from now on (``Ended``)."""
+        self._apply(Ended())
 
     def holds(self) -> bool:
         return holds(self.state, self.clock.monotonic_s())

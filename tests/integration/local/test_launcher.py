@@ -351,6 +351,9 @@ class _NeverStarts:
     def log_path(self, member: str) -> pathlib.Path:
         return pathlib.Path("/nonexistent/kestrel.log")
 
+    def report_exit(self, member: str, code: int) -> str | None:
+        return None  # no node, no manager to report to
+
 
 class _FakeTimeStop:
     """A stop that is never asked for; each wait moves a fake clock on by 100 s (time passes only

@@ -18,6 +18,7 @@ from kayos.manager import (
     LatencyReport,
     ManagerLeaderChanged,
     MoveReplica,
+    NodeGone,
     NodeReturned,
     Rebalance,
     RemoveNode,
@@ -44,7 +45,20 @@ EVENTS: list[Event] = [
     Drain("a"),
     Rebalance(),
     SetQueueShards("orders", 3),
+    TimerTick(110, (("a", 105),), (("a", "00000000000000a2"),)),
+    NodeGone("a", 120, "refused", "00000000000000a2"),
+    NodeGone("b", 121, "exited", ""),
 ]
+
+
+def test_a_tick_without_incarnations_keeps_its_encoding() -> None:
+    """Entries logged before incarnations existed decode as they did, and a tick that names none
+    is written as before (its ``inc`` key left out)."""
+    body = json.loads(encode_entry([TimerTick(100, (("a", 90),))]))
+    assert body["events"] == [["tick", {"now_ms": 100, "heard": [["a", 90]]}]]
+    body = json.loads(encode_entry([NodeGone("a", 7, "stopped", "00000000000000a1")]))
+    fields = {"node": "a", "at_ms": 7, "cause": "stopped", "incarnation": "00000000000000a1"}
+    assert body["events"] == [["node_gone", fields]]
 
 
 def test_every_event_survives_its_encoding_in_order() -> None:
@@ -64,6 +78,23 @@ def test_an_entry_is_plain_json_with_a_version() -> None:
         json.dumps({"v": ENTRY_VERSION + 1, "events": [["remove_node", {"node": "c"}]]}).encode(),
         json.dumps({"v": ENTRY_VERSION, "events": []}).encode(),
         json.dumps({"v": ENTRY_VERSION, "events": [["nonsense", {}]]}).encode(),
+        json.dumps(
+            {"v": ENTRY_VERSION, "events": [["node_gone", {"node": "a", "at_ms": 1}]]}
+        ).encode(),
+        json.dumps(
+            {
+                "v": ENTRY_VERSION,
+                "events": [
+                    ["node_gone", {"node": "a", "at_ms": 1, "cause": "x", "incarnation": ""}]
+                ],
+            }
+        ).encode(),
+        json.dumps(
+            {
+                "v": ENTRY_VERSION,
+                "events": [["tick", {"now_ms": 1, "heard": [], "inc": [["a", "nothex"]]}]],
+            }
+        ).encode(),
         json.dumps({"v": ENTRY_VERSION, "events": [["remove_node", {}]]}).encode(),
         json.dumps({"v": ENTRY_VERSION, "events": [["remove_node", {"node": ""}]]}).encode(),
         json.dumps(

@@ -24,6 +24,7 @@ from kayos.manager import (
     ManagerLeaderChanged,
     ManagerView,
     MoveReplica,
+    NodeGone,
     NodeReturned,
     Rebalance,
     RemoveNode,
@@ -103,9 +104,11 @@ GOLDEN_EVENTS: list[Event] = [
     Drain("c"),
     SetQueueShards("orders", 2),
     DiskFull("d"),
+    TimerTick(6_100, (("b", 6_100),), (("b", "0123456789abcdef"),)),
+    NodeGone("d", 6_200, "refused", ""),
 ]
-# view format 5, the default Config (slow window 1.5 s)
-GOLDEN_HASH = "1627ffb6e7b286ca31279a190bec0df2da6520db00a3f7700c09b476b92e2bb4"
+# view format 6, the default Config (window 0.7 s, slow window 1.5 s)
+GOLDEN_HASH = "bc009e495a84db3b2577b08640797c9e1b34be2cc8e8ba401b58ea9a2b74137a"
 
 
 def run(view: ManagerView, events: list[Event]) -> ManagerView:
@@ -141,8 +144,10 @@ def test_the_view_round_trips_through_its_encoding() -> None:
 @pytest.mark.parametrize(
     "breakage",
     [
-        lambda d: d.update(format=6),
+        lambda d: d.update(format=7),
         lambda d: d.update(format=4, nodes=[["a", "full", 0]]),  # format 5 added "full"
+        lambda d: d["nodes"].append(["e", "up", 0]),  # format 6 names each incarnation
+        lambda d: d["nodes"][0].__setitem__(3, "not-hex-at-all!!"),
         lambda d: d.update(format=0),
         lambda d: d.pop("orders_issued"),  # format 3 holds every field
         lambda d: d.pop("draining"),
@@ -150,7 +155,7 @@ def test_the_view_round_trips_through_its_encoding() -> None:
         lambda d: d["shards"][0].pop("orders"),
         lambda d: d.pop("queues"),  # format 4 holds every field
         lambda d: d.pop("shards"),
-        lambda d: d["nodes"].append(["e", "sleepy", 0]),
+        lambda d: d["nodes"].append(["e", "sleepy", 0, ""]),
         lambda d: d["shards"][0].update(takeover=[["zz", 0]]),
         lambda d: d["config"].update(min_replicas=0),
     ],
@@ -170,7 +175,11 @@ def random_event(rng: random.Random, now_ms: int, view: ManagerView) -> Event:
         return Heartbeat(node, now_ms - rng.randrange(0, 2_000))
     if kind == 3:
         heard = tuple((n, now_ms - rng.randrange(0, 500)) for n in NODES if rng.random() < 0.7)
-        return TimerTick(now_ms, heard)
+        # Now and then a node heard under a new incarnation (one of two per node).
+        incarnations = tuple(
+            (n, f"{rng.randrange(2):016x}") for n, _ in heard if rng.random() < 0.1
+        )
+        return TimerTick(now_ms, heard, incarnations)
     if kind == 4:
         return LatencyReport(other, node, rng.choice([50, 300, 900]), rng.choice([1_000, 10_000]))
     if kind == 5:
@@ -200,6 +209,10 @@ def random_event(rng: random.Random, now_ms: int, view: ManagerView) -> Event:
         return RemoveNode(node)
     if pick < 0.3:
         return DiskFull(node)
+    if pick < 0.6:
+        # Proof of death, naming the incarnation heard, another (stale) or none.
+        incarnation = rng.choice(["", f"{0:016x}", f"{1:016x}"])
+        return NodeGone(node, now_ms, rng.choice(["refused", "stopped", "exited"]), incarnation)
     return ManagerLeaderChanged(now_ms)
 
 
@@ -247,6 +260,11 @@ def test_random_logs_keep_the_invariants_and_members_agree(run_index: int) -> No
         NodeReturned("a", 0, (ShardReport(0, 1, ((b"\xaa", 0),) * 65),)),
         ManagerLeaderChanged(-1),
         RemoveNode("x" * 200),
+        NodeGone("a", -1, "refused", ""),
+        NodeGone("a", 0, "vanished", ""),
+        NodeGone("a", 0, "refused", "ABCDEF0123456789"),
+        NodeGone("a", 0, "refused", "0123"),
+        TimerTick(5, (("a", 1),), (("a", "zz"),)),
     ],
 )
 def test_check_event_refuses_malformed_events(bad: Event) -> None:
@@ -269,6 +287,9 @@ def _older(view: ManagerView, fmt: int) -> dict[str, object]:
     lacks only the queues' shard counts."""
     data = json.loads(json.dumps(view.to_data()))
     data["format"] = fmt
+    data["nodes"] = [node[:3] for node in data["nodes"]]
+    if fmt == 5:
+        return data  # type: ignore[no-any-return]
     del data["queues"]
     if fmt == 3:
         return data  # type: ignore[no-any-return]
@@ -291,6 +312,14 @@ def test_format_1_2_and_3_snapshots_still_read() -> None:
     assert returned.orders_issued > 0
     assert ManagerView.from_data(_older(returned, 2)) == returned
     assert ManagerView.from_data(_older(returned, 3)) == returned, "format 3: no queues"
+
+
+def test_a_format_5_snapshot_reads_with_no_incarnations() -> None:
+    heard = run(fresh(), [TimerTick(100, (("a", 100),), (("a", "00000000000000a1"),))])
+    assert [n.incarnation for n in heard.nodes] == ["00000000000000a1", "", "", ""]
+    read = ManagerView.from_data(_older(heard, 5))
+    assert [n.incarnation for n in read.nodes] == ["", "", "", ""]
+    assert read == run(fresh(), [TimerTick(100, (("a", 100),))])
 
 
 def test_a_format_1_snapshot_numbers_its_catching_up_nodes() -> None:

@@ -71,7 +71,7 @@ def test_an_epoch_the_node_holds_grants_a_newer_one_extends_nothing() -> None:
     # Granted at an older epoch than the node's: the node adopted the later change, which came
     # after the grant's entry in the log; granted.
     older, _ = run(LeaseState(managed=True, epoch=5), [Asked(1.0), Granted(1, 4, True)])
-    assert holds(older, 1.5)
+    assert holds(older, 1.0 + LEASE_S / 2)
     # The manager is past the node's epoch: the node may have left a chain and come back in
     # between. The answer extends nothing; the lease held ends on time.
     state, notes = run(

@@ -42,8 +42,11 @@ def test_a_new_head_holds_the_whole_lease_until_the_leader_says_less() -> None:
     assert holds == {0: WriteHold(2, 10.0 + LEASE_S)}
     # The old head was silent: nothing of its lease is left.
     assert release(holds, 0, 2, 0, 10.3) == {0: WriteHold(2, 10.3, told=True)}
-    # A slow old head answered 500 ms ago: what is left of its lease from then.
-    assert release(holds, 0, 2, 1_500, 10.3) == {0: WriteHold(2, 11.8, told=True)}
+    # A slow old head answered 100 ms ago: what is left of its lease from then.
+    left_ms = LEASE_MS - 100
+    assert release(holds, 0, 2, left_ms, 10.05) == {
+        0: WriteHold(2, 10.05 + left_ms / 1000, told=True)
+    }
     # A release never lengthens a hold.
     assert release(holds, 0, 2, LEASE_MS, 10.5) == {0: WriteHold(2, 10.0 + LEASE_S, told=True)}
 
@@ -98,8 +101,8 @@ def test_a_slow_head_that_still_answers_costs_at_most_the_lease() -> None:
     assert hold_ms("b", [(4, "a"), (5, "b")], grants, 0, 7_000) == LEASE_MS - 100
     # Grants at the change's epoch or later extend nothing at a that has not adopted it (and a
     # that has adopted it heads nothing): they do not count.
-    grants = record_grants(grants, [("a", 5, 7_100), ("a", 6, 7_300)], 7_300)
-    assert hold_ms("b", [(4, "a"), (5, "b")], grants, 0, 7_400) == 6_900 + LEASE_MS - 7_400
+    grants = record_grants(grants, [("a", 5, 7_050), ("a", 6, 7_100)], 7_100)
+    assert hold_ms("b", [(4, "a"), (5, "b")], grants, 0, 7_150) == 6_900 + LEASE_MS - 7_150
 
 
 def test_a_new_leader_counts_its_election_for_older_grants() -> None:
@@ -112,13 +115,13 @@ def test_a_new_leader_counts_its_election_for_older_grants() -> None:
 def test_every_head_in_between_counts_and_unknown_history_holds_the_whole_lease() -> None:
     # a -> c (epoch 5) -> b (epoch 6), between two rounds: c may hold a lease from a grant as a
     # middle at epoch 4, so it counts as well as a.
-    grants = record_grants({}, [("a", 4, 1_000), ("c", 4, 1_500)], 1_500)
+    grants = record_grants({}, [("a", 4, 1_000), ("c", 4, 1_200)], 1_200)
     heads = [(4, "a"), (5, "c"), (6, "b")]
-    assert hold_ms("b", heads, grants, 0, 2_000) == 1_500 + LEASE_MS - 2_000
+    assert hold_ms("b", heads, grants, 0, 1_300) == 1_200 + LEASE_MS - 1_300
     # b itself headed before: its own lease is no reason to hold.
-    grants = record_grants(grants, [("b", 5, 1_900)], 1_900)
+    grants = record_grants(grants, [("b", 5, 1_250)], 1_250)
     assert (
-        hold_ms("b", [(4, "b"), (5, "a"), (6, "b")], grants, 0, 2_000) == 1_000 + LEASE_MS - 2_000
+        hold_ms("b", [(4, "b"), (5, "a"), (6, "b")], grants, 0, 1_300) == 1_000 + LEASE_MS - 1_300
     )
     assert hold_ms("b", None, grants, 0, 10_000) == LEASE_MS
 

@@ -27,6 +27,7 @@ from tests.support.replicas import (
     QUEUE,
     SEED,
     cut_middle,
+    granting,
     managed_chain,
     mark_2_held,
     snapshot,
@@ -54,9 +55,11 @@ async def test_a_mark_only_durable_at_the_tail_starts_no_snapshot(tmp_path: Path
         assert not chain.mark_servable(tail.progress, written_at)
         assert not held.commit.done()
         # Before the fix the tail served hwm 2 here (and the chain confirmed: the head holds
-        # its lease, every link is up).
+        # its lease, every link is up). The lease is granted every round meanwhile, as the
+        # leader does: the snapshot waits for the commit point longer than one lease lasts.
         with pytest.raises(UnavailableError, match="may not be committed yet"):
-            await snapshot(nodes["c"])
+            async with granting(nodes["a"]):
+                await snapshot(nodes["c"])
 
         # The middle loses its upstream: its commit of the mark never begins, it discards the
         # batch and the tail rolls back to what the middle holds (seq 3).
@@ -93,8 +96,11 @@ async def test_a_rolled_back_tail_serves_the_mark_the_chain_commits_again(
 async def test_a_mark_is_served_once_the_commit_point_covers_it(tmp_path: Path) -> None:
     print("seed", SEED)
     async with managed_chain(tmp_path, "abc") as (_, nodes), mark_2_held(nodes) as held:
+        # The head holds its lease (the leader grants it every round) through the snapshot's
+        # wait for the commit point.
         with pytest.raises(UnavailableError, match="may not be committed yet"):
-            await snapshot(nodes["c"])
+            async with granting(nodes["a"]):
+                await snapshot(nodes["c"])
         held.release.set()
         assert await held.commit > 0  # the chain committed it: acknowledged
         assert await served_mark(nodes["c"]) == 2
