@@ -183,6 +183,13 @@ def _load_options(command: Callable[..., None]) -> Callable[..., None]:
     "--restart", is_flag=True, help="Start a killed node again as kayos up's supervisor would."
 )
 @click.option(
+    "--exit-report/--no-exit-report",
+    default=True,
+    show_default=True,
+    help="kill9 without --restart: report the killed node's exit to the managers, as a "
+    "supervisor that does not restart it would (else the manager has only its own probe).",
+)
+@click.option(
     "--bound-s",
     type=float,
     help="A case not resumed this long after the fault is recorded null.  [default: 10]",
@@ -199,6 +206,7 @@ def bench_failover_command(
     repeat: int | None,
     producers: int | None,
     restart: bool,
+    exit_report: bool,
     bound_s: float | None,
     margin_s: float | None,
     stall_seconds: float | None,
@@ -222,6 +230,7 @@ def bench_failover_command(
         "repeat": repeat,
         "producers": producers,
         "restart": restart or None,
+        "exit_report": exit_report,
         "bound_s": bound_s,
         "margin_s": margin_s,
         "stall_seconds": stall_seconds,

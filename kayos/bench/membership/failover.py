@@ -69,6 +69,10 @@ class FailoverBenchParameters:
     repeat: int = 5
     producers: int = 4
     restart: bool = False  # kill9: kayos up's supervisor starts the node again during the case
+    # kill9 without restart: the killed node's exit is reported to the managers as a supervisor
+    # that does not restart reports it (systemd's ExecStopPost, docs/deploy.md); False leaves the
+    # manager only its own probe, so the new head holds writes for what may be left of the lease.
+    exit_report: bool = True
     bound_s: float = 10.0  # a case not resumed this long after the fault is recorded as not
     margin_s: float = 1.0  # the case runs on this long after every thread resumed
     warmup_s: float = 1.0
@@ -217,9 +221,17 @@ def _strike(
     """``strike_and_watch``, with ``kayos up``'s supervisor running on this thread meanwhile when
     ``restart`` is asked for (its lines go in ``record["supervisor"]``)."""
     if not parameters.restart:
+        reporter = None
+        if fault == "kill9" and parameters.exit_report:
+            reporter = threading.Thread(
+                target=report_when_exited, args=(cluster, node, record), daemon=True
+            )
+            reporter.start()
         times = strike_and_watch(cluster, producers, fault, node, parameters)
         if fault == "kill9":
             cluster.wait_exit(node)
+        if reporter is not None:
+            reporter.join()
         return times
     stop = StopSignal()
     lines: list[str] = []
@@ -245,6 +257,14 @@ def _strike(
     if isinstance(result, BaseException):
         raise result
     return result
+
+
+def report_when_exited(cluster: LocalCluster, node: str, record: dict[str, Any]) -> None:
+    """Waits for ``node``'s process to end and reports its exit to the managers, as a supervisor
+    that does not restart it would; what the report came to goes in ``record["exit_report"]``."""
+    process = cluster.processes[node]
+    code = process.wait()
+    record["exit_report"] = cluster.report_exit(node, code)
 
 
 def run_case(
