@@ -192,6 +192,42 @@ def remove_node(node: str, topology_path: str, timeout_s: float, as_json: bool) 
     sys.exit(0 if result["ok"] else 1)
 
 
+@ctl.command("node-exited")
+@click.argument("node")
+@signing_topology_option
+@click.option(
+    "--data",
+    "data_dir",
+    required=True,
+    help="The node's data directory (its process wrote its incarnation there).",
+)
+@click.option(
+    "--code",
+    default="-1",
+    show_default=True,
+    help="The process's exit status as its supervisor saw it (systemd's $EXIT_STATUS: a number, "
+    "or a signal's name, reported as -1).",
+)
+def node_exited(node: str, topology_path: str, data_dir: str, code: str) -> None:
+    """Tell the manager that NODE's process has exited, as a supervisor that saw it exit does
+    (systemd's ExecStopPost, docs/deploy.md): the leader takes it as proof of death, so the new
+    head of each shard NODE led takes writes at once (docs/manager.md, "Evidence and proof of
+    death"). Exits 0 once the leader took it, 1 if no member did."""
+    from kayos.errors import KayosError
+    from kayos.local.exits import report_exit
+    from kayos.manager.member.config import load
+
+    try:
+        setup = load(topology_path)
+    except KayosError as exc:
+        raise click.ClickException(f"{topology_path}: {exc}") from exc
+    urls = [member.http_url for member in setup.members]
+    status = int(code) if code.lstrip("-").isdigit() else -1
+    outcome = report_exit(setup.identity, urls, node, data_dir, status)
+    click.echo(f"node-exited {node}: {outcome}")
+    sys.exit(0 if outcome.startswith("reported") else 1)
+
+
 async def _remove(urls: list[str], message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     """Tries each member; a follower's ``not_leader`` names the leader, asked next."""
     from kayos.client.http import HttpTransport

@@ -57,6 +57,7 @@ NO_CLUSTER: dict[str, str] = {
     "init": "writes a topology file",
     "check": "verifies a store on disk, offline",
     "ctl remove-node": MANAGER_ONLY,
+    "ctl node-exited": MANAGER_ONLY,
     "ctl add-node": MANAGER_ONLY,
     "ctl drain": MANAGER_ONLY,
     "ctl move-shard": MANAGER_ONLY,
