@@ -183,6 +183,15 @@ def _load_options(command: Callable[..., None]) -> Callable[..., None]:
     "--restart", is_flag=True, help="Start a killed node again as kayos up's supervisor would."
 )
 @click.option(
+    "--client",
+    "client_kind",
+    type=click.Choice(["sync", "async"]),
+    default="sync",
+    show_default=True,
+    help="The producers' shared client: threads sharing one kayos.Client, or calls in flight as "
+    "tasks of one kayos.AsyncClient.",
+)
+@click.option(
     "--exit-report/--no-exit-report",
     default=True,
     show_default=True,
@@ -206,6 +215,7 @@ def bench_failover_command(
     repeat: int | None,
     producers: int | None,
     restart: bool,
+    client_kind: str,
     exit_report: bool,
     bound_s: float | None,
     margin_s: float | None,
@@ -231,6 +241,7 @@ def bench_failover_command(
         "producers": producers,
         "restart": restart or None,
         "exit_report": exit_report,
+        "client": client_kind,
         "bound_s": bound_s,
         "margin_s": margin_s,
         "stall_seconds": stall_seconds,

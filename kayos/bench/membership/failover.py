@@ -41,7 +41,14 @@ from kayos.bench.membership.failover_figures import (
     targets,
     writes_resume_s,
 )
-from kayos.bench.membership.failover_load import SharedProducers, marker, read_back
+from kayos.bench.membership.failover_load import (
+    LoopClient,
+    Produce,
+    SharedProducers,
+    marker,
+    read_back,
+    sync_produce,
+)
 from kayos.bench.produce import machine_facts
 from kayos.client.sync import Client
 from kayos.errors import KayosError
@@ -69,6 +76,9 @@ class FailoverBenchParameters:
     repeat: int = 5
     producers: int = 4
     restart: bool = False  # kill9: kayos up's supervisor starts the node again during the case
+    # The producers' shared client: "sync" (threads sharing one kayos.Client) or "async" (calls
+    # in flight at once as tasks of one long-lived kayos.AsyncClient on its own event loop).
+    client: str = "sync"
     # kill9 without restart: the killed node's exit is reported to the managers as a supervisor
     # that does not restart reports it (systemd's ExecStopPost, docs/deploy.md); False leaves the
     # manager only its own probe, so the new head holds writes for what may be left of the lease.
@@ -84,6 +94,8 @@ class FailoverBenchParameters:
     value_bytes: int = 100
 
     def __post_init__(self) -> None:
+        if self.client not in ("sync", "async"):
+            raise ValueError("client must be sync or async")
         if not self.faults or not set(self.faults) <= set(FAULTS):
             raise ValueError(f"faults must be some of {', '.join(FAULTS)}")
         if not self.roles or not set(self.roles) <= set(ROLES):
@@ -113,11 +125,13 @@ class Session:
     """The cluster the cases run on and the one client their producers share, made once per
     cluster; ``replace`` starts a fresh cluster (and client) in place of one that is not whole."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, client_kind: str = "sync") -> None:
         self.root = root
+        self.client_kind = client_kind
         self.clusters = 0
         self.cluster: LocalCluster | None = None
-        self.client: Client | None = None
+        self.client: Client | None = None  # markers and read-backs; the producers' too if sync
+        self.loop_client: LoopClient | None = None  # the producers' with client "async"
 
     def open(self) -> None:
         self.clusters += 1
@@ -131,9 +145,20 @@ class Session:
         cluster.start_all()
         self.cluster = cluster
         self.client = Client(list(cluster.urls.values()), name="bench-failover")
+        if self.client_kind == "async":
+            self.loop_client = LoopClient(list(cluster.urls.values()), "bench-failover-async")
+
+    def produce(self) -> Produce:
+        """The producers' shared call (one client for every case on this cluster)."""
+        if self.loop_client is not None:
+            return self.loop_client.produce
+        return sync_produce(self.parts()[1])
 
     def close(self) -> None:
         client, cluster, self.client, self.cluster = self.client, self.cluster, None, None
+        loop_client, self.loop_client = self.loop_client, None
+        if loop_client is not None:
+            loop_client.close()
         if client is not None:
             client.close()
         if cluster is not None:
@@ -278,7 +303,9 @@ def run_case(
     record: dict[str, Any] = {"fault": fault, "role": role, "repetition": repetition}
     record.update(node=node, chain_before=chain, epoch_before=epoch, cluster=session.clusters)
     start_seq = marker(client, queue, "start")
-    producers = SharedProducers(client, queue, parameters.producers, parameters.value_bytes)
+    producers = SharedProducers(
+        session.produce(), queue, parameters.producers, parameters.value_bytes
+    )
     producers.start()
     began = time.monotonic()
     try:
@@ -373,7 +400,9 @@ def stall_phase(session: Session, parameters: FailoverBenchParameters, seed: int
     )  # fmt: skip
     queue = "failover-stalls"
     start_seq = marker(client, queue, "start")
-    producers = SharedProducers(client, queue, parameters.producers, parameters.value_bytes)
+    producers = SharedProducers(
+        session.produce(), queue, parameters.producers, parameters.value_bytes
+    )
     producers.start()
     try:
         wait_until(producers.acked_by_every_thread, parameters.bound_s)
@@ -433,7 +462,7 @@ def bench_failover(
         seed = random.SystemRandom().randrange(2**32)
     echo(f"bench failover: seed {seed} (--seed {seed} replays the stall schedule)")
     root = base or tempfile.mkdtemp(prefix="kayos-bench-failover-")
-    session = Session(root)
+    session = Session(root, parameters.client)
     runs: list[dict[str, Any]] = []
     stalls: dict[str, Any] | None = None
     try:

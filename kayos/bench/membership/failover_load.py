@@ -7,9 +7,11 @@ figures themselves are ``failover_figures``' pure functions.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from kayos import limits
@@ -20,6 +22,7 @@ from kayos.bench.membership.failover_figures import (
     read_back_figures,
     unread_seqs,
 )
+from kayos.client.aio import AsyncClient
 from kayos.client.sync import Client
 from kayos.errors import OperationTimeoutError
 
@@ -33,13 +36,56 @@ POLL_S = 0.05
 EXAMPLES_MAX = 10
 
 
-class SharedProducers:
-    """``count`` threads producing through one shared ``client``: each sends its next message
-    (``value_bytes`` bytes, key ``p<thread>-<n>``) with acks=all once the last call returned, and
-    records every call. A call that raises is recorded as not acknowledged."""
+# One acks=all produce call: (queue, key, value) -> seq.
+Produce = Callable[[str, str, bytes], int]
 
-    def __init__(self, client: Client, queue: str, count: int, value_bytes: int) -> None:
-        self.client = client
+
+class LoopClient:
+    """One long-lived ``kayos.AsyncClient`` on an event loop of its own (a thread), shared by the
+    producers' calls: each call is a coroutine on that loop, so the calls in flight at once are
+    tasks of one AsyncClient, as in an asyncio application."""
+
+    def __init__(self, seeds: list[str], name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self.thread.start()
+        self.client = AsyncClient(seeds, name=name)
+        self.call(self.client.connect())
+
+    def call(self, coroutine: Any) -> Any:
+        """Runs ``coroutine`` on the client's loop and waits for its result (or error)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def produce(self, queue: str, key: str, value: bytes) -> int:
+        return int(self.call(self.client.produce(queue, key, value, acks="all")))
+
+    def close(self) -> None:
+        try:
+            self.call(self.client.close())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=10.0)
+            if not self.thread.is_alive():
+                self.loop.close()
+
+
+def sync_produce(client: Client) -> Produce:
+    """The producers' call through a shared ``kayos.Client``."""
+
+    def produce(queue: str, key: str, value: bytes) -> int:
+        return client.produce(queue, key, value, acks="all")
+
+    return produce
+
+
+class SharedProducers:
+    """``count`` threads producing through one shared client (``produce``: a ``kayos.Client``'s,
+    or a ``LoopClient``'s): each sends its next message (``value_bytes`` bytes, key
+    ``p<thread>-<n>``) with acks=all once the last call returned, and records every call. A call
+    that raises is recorded as not acknowledged."""
+
+    def __init__(self, produce: Produce, queue: str, count: int, value_bytes: int) -> None:
+        self.produce = produce
         self.queue = queue
         self.count = count
         self.value_bytes = value_bytes
@@ -65,7 +111,7 @@ class SharedProducers:
             value = key.encode().ljust(self.value_bytes, b".")
             sent = time.monotonic()
             try:
-                self.client.produce(self.queue, key, value, acks="all")
+                self.produce(self.queue, key, value)
                 ok = True
             except Exception as exc:  # any call that raises is an error, whatever it raised
                 ok = False
