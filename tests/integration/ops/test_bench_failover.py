@@ -107,3 +107,27 @@ def test_bench_failover_json_has_every_figure(tmp_path: Path) -> None:
     }
     for name, verdict in written["targets"].items():
         assert verdict["met"] in (True, False), name
+
+
+@pytest.mark.slow
+def test_bench_failover_with_an_async_client_reports_the_killed_head_and_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "failover.json"
+    command = [
+        sys.executable, "-m", "kayos", "bench", "failover", "--client", "async", "--kinds",
+        "kill9", "--roles", "head", "--repeat", "1", "--stall-seconds", "0", "--seed", "12",
+        "--json", "--out", str(out), "--dir", str(tmp_path / "bench"),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=540, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    written = json.loads(out.read_text())
+    assert written["parameters"]["client"] == "async"
+    [run] = written["runs"]
+    assert (run["fault"], run["role"]) == ("kill9", "head")
+    # The killed node's exit went to the managers, as its supervisor's would.
+    assert run["exit_report"].startswith("reported to the manager"), run["exit_report"]
+    assert run["writes_resume_s"] is not None, run["resume"]
+    case = written["cases"]["kill9"]["head"]
+    assert (case["lost"], case["duplicates"]) == (0, 0)
+    assert case["acks"] > 0
