@@ -24,6 +24,7 @@ import pytest
 
 from chaos.history import Produce
 from kayos import limits
+from kayos.client.sync import Client
 from kayos.local.cluster import LocalCluster
 from kayos.manager import Config
 from tests.support import checked as heals
@@ -63,7 +64,8 @@ class Producer(heals.Producer):
     errors: list[tuple[float, int, str]] = field(default_factory=list)  # (ended at, status, what)
     sent_bytes: int = 0
 
-    def _run(self) -> None:
+    def _run(self, shared: Client | None = None) -> None:
+        """Over HTTP to the head: a shared ``kayos.Client`` is not used."""
         n = 0
         while not self.stop.is_set() and self.sent_bytes < PRODUCE_BYTES_MAX:
             items = tuple((f"p{self.index}-{n + i:06d}", VALUE) for i in range(BATCH))
