@@ -43,11 +43,9 @@ from kayos.bench.membership.failover_figures import (
 )
 from kayos.bench.membership.failover_load import (
     LoopClient,
-    Produce,
     SharedProducers,
     marker,
     read_back,
-    sync_produce,
 )
 from kayos.bench.produce import machine_facts
 from kayos.client.sync import Client
@@ -148,11 +146,9 @@ class Session:
         if self.client_kind == "async":
             self.loop_client = LoopClient(list(cluster.urls.values()), "bench-failover-async")
 
-    def produce(self) -> Produce:
-        """The producers' shared call (one client for every case on this cluster)."""
-        if self.loop_client is not None:
-            return self.loop_client.produce
-        return sync_produce(self.parts()[1])
+    def producers_client(self) -> Client | LoopClient:
+        """The client every case's producers share on this cluster."""
+        return self.loop_client or self.parts()[1]
 
     def close(self) -> None:
         client, cluster, self.client, self.cluster = self.client, self.cluster, None, None
@@ -304,7 +300,7 @@ def run_case(
     record.update(node=node, chain_before=chain, epoch_before=epoch, cluster=session.clusters)
     start_seq = marker(client, queue, "start")
     producers = SharedProducers(
-        session.produce(), queue, parameters.producers, parameters.value_bytes
+        session.producers_client(), queue, parameters.producers, parameters.value_bytes
     )
     producers.start()
     began = time.monotonic()
@@ -401,7 +397,7 @@ def stall_phase(session: Session, parameters: FailoverBenchParameters, seed: int
     queue = "failover-stalls"
     start_seq = marker(client, queue, "start")
     producers = SharedProducers(
-        session.produce(), queue, parameters.producers, parameters.value_bytes
+        session.producers_client(), queue, parameters.producers, parameters.value_bytes
     )
     producers.start()
     try:

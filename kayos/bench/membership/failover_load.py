@@ -11,8 +11,10 @@ import asyncio
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Coroutine
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, TypeVar
 
 from kayos import limits
 from kayos.bench.membership.failover_figures import (
@@ -26,6 +28,8 @@ from kayos.client.aio import AsyncClient
 from kayos.client.sync import Client
 from kayos.errors import OperationTimeoutError
 
+T = TypeVar("T")
+
 # Seqs read one by one to find superseded versions (duplicates): past this the count is unknown.
 PROBE_SEQS_MAX = 10_000
 # A page of the read-back that ends below the end marker came from a tail whose commit point is
@@ -36,32 +40,24 @@ POLL_S = 0.05
 EXAMPLES_MAX = 10
 
 
-# One acks=all produce call: (queue, key, value) -> seq.
-Produce = Callable[[str, str, bytes], int]
-
-
 class LoopClient:
-    """One long-lived ``kayos.AsyncClient`` on an event loop of its own (a thread), shared by the
-    producers' calls: each call is a coroutine on that loop, so the calls in flight at once are
-    tasks of one AsyncClient, as in an asyncio application."""
+    """One long-lived ``kayos.AsyncClient`` on an event loop of its own (a thread), for producers
+    that are tasks of that loop (``SharedProducers``), as in an asyncio application."""
 
     def __init__(self, seeds: list[str], name: str) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self.thread.start()
         self.client = AsyncClient(seeds, name=name)
-        self.call(self.client.connect())
+        self.submit(self.client.connect()).result()
 
-    def call(self, coroutine: Any) -> Any:
-        """Runs ``coroutine`` on the client's loop and waits for its result (or error)."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
-
-    def produce(self, queue: str, key: str, value: bytes) -> int:
-        return int(self.call(self.client.produce(queue, key, value, acks="all")))
+    def submit(self, coroutine: Coroutine[Any, Any, T]) -> Future[T]:
+        """Runs ``coroutine`` on the client's loop; its future."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
 
     def close(self) -> None:
         try:
-            self.call(self.client.close())
+            self.submit(self.client.close()).result()
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(timeout=10.0)
@@ -69,55 +65,74 @@ class LoopClient:
                 self.loop.close()
 
 
-def sync_produce(client: Client) -> Produce:
-    """The producers' call through a shared ``kayos.Client``."""
-
-    def produce(queue: str, key: str, value: bytes) -> int:
-        return client.produce(queue, key, value, acks="all")
-
-    return produce
-
-
 class SharedProducers:
-    """``count`` threads producing through one shared client (``produce``: a ``kayos.Client``'s,
-    or a ``LoopClient``'s): each sends its next message (``value_bytes`` bytes, key
-    ``p<thread>-<n>``) with acks=all once the last call returned, and records every call. A call
+    """``count`` producers sharing one client: threads sharing a ``kayos.Client``, or tasks of a
+    ``LoopClient``'s ``kayos.AsyncClient``. Each sends its next message (``value_bytes`` bytes,
+    key ``p<n>-<i>``) with acks=all once its last call returned, and records every call. A call
     that raises is recorded as not acknowledged."""
 
-    def __init__(self, produce: Produce, queue: str, count: int, value_bytes: int) -> None:
-        self.produce = produce
+    def __init__(
+        self, client: Client | LoopClient, queue: str, count: int, value_bytes: int
+    ) -> None:
+        self.client = client
         self.queue = queue
         self.count = count
         self.value_bytes = value_bytes
         self.stop = threading.Event()
-        # One list per thread, appended to by that thread alone.
+        # One list per producer, appended to by that producer alone.
         self.calls: list[list[Call]] = [[] for _ in range(count)]
         self.error_kinds: Counter[str] = Counter()
         self.lock = threading.Lock()
-        self.threads = [
-            threading.Thread(target=self._run, args=(n,), name=f"bench-failover-p{n}", daemon=True)
-            for n in range(count)
-        ]
+        self.threads: list[threading.Thread] = []
+        self.tasks: list[Future[None]] = []
+        if isinstance(client, Client):
+            self.threads = [
+                threading.Thread(
+                    target=self._run, args=(client, n), name=f"bench-failover-p{n}", daemon=True
+                )
+                for n in range(count)
+            ]
 
     def start(self) -> None:
+        client = self.client
+        if isinstance(client, LoopClient):
+            self.tasks = [client.submit(self._task(client.client, n)) for n in range(self.count)]
         for thread in self.threads:
             thread.start()
 
-    def _run(self, thread: int) -> None:
+    def _message(self, producer: int, n: int) -> tuple[str, bytes]:
+        key = key_of(producer, n)
+        return key, key.encode().ljust(self.value_bytes, b".")
+
+    def _record(self, producer: int, n: int, sent: float, error: Exception | None) -> None:
+        if error is not None:
+            with self.lock:
+                self.error_kinds[type(error).__name__] += 1
+        self.calls[producer].append(Call(producer, n, sent, time.monotonic(), error is None))
+
+    def _run(self, client: Client, producer: int) -> None:
         n = 0
         while not self.stop.is_set():
             n += 1
-            key = key_of(thread, n)
-            value = key.encode().ljust(self.value_bytes, b".")
-            sent = time.monotonic()
+            key, value = self._message(producer, n)
+            sent, error = time.monotonic(), None
             try:
-                self.produce(self.queue, key, value)
-                ok = True
+                client.produce(self.queue, key, value, acks="all")
             except Exception as exc:  # any call that raises is an error, whatever it raised
-                ok = False
-                with self.lock:
-                    self.error_kinds[type(exc).__name__] += 1
-            self.calls[thread].append(Call(thread, n, sent, time.monotonic(), ok))
+                error = exc
+            self._record(producer, n, sent, error)
+
+    async def _task(self, client: AsyncClient, producer: int) -> None:
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+            key, value = self._message(producer, n)
+            sent, error = time.monotonic(), None
+            try:
+                await client.produce(self.queue, key, value, acks="all")
+            except Exception as exc:  # any call that raises is an error, whatever it raised
+                error = exc
+            self._record(producer, n, sent, error)
 
     def recorded(self) -> list[Call]:
         """Every call recorded so far."""
@@ -127,13 +142,19 @@ class SharedProducers:
         return all(any(call.ok for call in list(calls)) for calls in self.calls)
 
     def finish(self, timeout_s: float) -> int:
-        """Stops the threads (each ends the call it is in); returns how many did not end within
+        """Stops the producers (each ends the call it is in); returns how many did not end within
         ``timeout_s`` in all."""
         self.stop.set()
         deadline = time.monotonic() + timeout_s
         for thread in self.threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        return sum(1 for thread in self.threads if thread.is_alive())
+        stuck = sum(1 for thread in self.threads if thread.is_alive())
+        for task in self.tasks:
+            try:
+                task.result(max(0.0, deadline - time.monotonic()))
+            except FutureTimeout:
+                stuck += 1
+        return stuck
 
 
 def marker(client: Client, queue: str, name: str) -> int:
