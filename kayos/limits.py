@@ -577,6 +577,10 @@ lease_nonce_interval_ms = 50
 # Nonces a node remembers (with the time each was handed out): at one per interval this covers
 # 3.2 s, past a whole lease, so the leader's answer always finds its nonce.
 lease_nonces_max = 64
+# Lease answers at epochs a node has not adopted yet that it keeps until it does (the newest):
+# the answer of the round that logged a change races the change's topology to the node, and one
+# kept answer is enough to bridge that; a few cover answers of rounds logged back to back.
+lease_early_grants_max = 4
 # A member answers at most this many CONFIRMs of one downstream link at a time; past it, a CONFIRM
 # is answered "not held" at once (a downstream sends one per wave of snapshot requests).
 link_confirms_pending_max = 64
@@ -585,6 +589,7 @@ assert 0 < head_lease_ms < manager_detection_window_ms - 2 * manager_poll_interv
 assert head_lease_ms > 3 * manager_poll_interval_ms, "a lease outlives two lost grant rounds"
 assert lease_nonces_max * lease_nonce_interval_ms > head_lease_ms
 assert link_confirms_pending_max >= 1
+assert lease_early_grants_max >= 1
 
 # --- topology changes (docs/node-api.md, "Topology changes") -----------------------------------
 

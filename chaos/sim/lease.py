@@ -4,8 +4,9 @@ docs/replication-protocol.md, "Confirming a snapshot").
 The model follows the real rules on the simulated clock: a node hands out a nonce with each
 heartbeat; the manager answers it after its next tick has applied that heartbeat (the sim's
 "committed round") with each shard's epoch and whether the node is a member; an answer at an
-epoch the replica holds extends its lease to the nonce's time plus ``lease_ms``, one saying it is
-no member ends it. A head that takes a shard over from another node takes no write for
+epoch the replica holds extends its lease to the nonce's time plus ``lease_ms``, one at a later
+epoch is kept and counts once the replica adopts that epoch, one saying it is no member ends it.
+A head that takes a shard over from another node takes no write for
 ``lease_ms``, or for what the manager says is left of the old heads' leases (``Holds``).
 A snapshot below the head is served only once a CONFIRM travelled up, link by link, to a head
 whose lease holds, and the answer came back.
@@ -34,6 +35,9 @@ Replica = Any
 # Nonces a node remembers, and CONFIRMs a replica waits on at once (both bounded).
 NONCES_MAX = 64
 CONFIRMS_MAX = 64
+# Lease answers at epochs a replica has not adopted yet that it keeps
+# (limits.lease_early_grants_max).
+EARLY_MAX = 4
 
 Done = Callable[[bool], None]
 
@@ -65,10 +69,25 @@ def granted(node: Node, nonce: int, grants: tuple[tuple[int, bool], ...]) -> Non
         return
     node.lease.asks = {n: t for n, t in node.lease.asks.items() if n > nonce}
     for replica, (epoch, member) in zip(node.replicas, grants, strict=True):
+        until = at + node.lease.lease_ms
         if not member:
             replica.lease_until = -math.inf
+            replica.early_grants = []
         elif epoch <= replica.store.epoch:
-            replica.lease_until = max(replica.lease_until, at + node.lease.lease_ms)
+            replica.lease_until = max(replica.lease_until, until)
+        else:
+            # Kept until the replica adopts ``epoch`` (``adopted``): the lease the answer gives
+            # had it come just after the topology.
+            replica.early_grants = [*replica.early_grants, (epoch, until)][-EARLY_MAX:]
+
+
+def adopted(replica: Replica) -> None:
+    """``replica`` now holds its store's epoch: the answers kept for epochs up to it count."""
+    epoch = replica.store.epoch
+    for at, until in replica.early_grants:
+        if at <= epoch:
+            replica.lease_until = max(replica.lease_until, until)
+    replica.early_grants = [(at, u) for at, u in replica.early_grants if at > epoch]
 
 
 def hold_writes(replica: Replica, members: tuple[str, ...], epoch: int) -> None:

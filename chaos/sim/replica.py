@@ -68,6 +68,8 @@ class Replica(LinkSides):
         self.when_idle: list[Callable[[], None]] = []
         # The head lease, the write hold after a lost member and CONFIRMs waiting (sim/lease.py).
         self.lease_until = -float("inf")
+        # Answers at shard epochs not yet adopted, as (epoch, lease end): counted on adoption.
+        self.early_grants: list[tuple[int, float]] = []
         self.writes_held_until = -float("inf")
         self.hold_epoch = 0  # the epoch whose adoption started the write hold (0: none)
         self.confirm_token = 0
@@ -290,6 +292,7 @@ class Replica(LinkSides):
             # and was answered by the commit of another write at its seq (seed 3756).
             self.fail_waiters()
         self.store.chain, self.store.epoch = members, epoch
+        lease.adopted(self)
         self.followers -= set(members)
         self.set_counted(set())  # the manager's new chain ends every count
         if self.node.id in members:

@@ -74,6 +74,7 @@ class AsyncClient:
         rng: random.Random | None = None,
         clock: Clock = SYSTEM_CLOCK,
         producer_id: bytes | None = None,
+        follow: bool = True,
     ) -> None:
         self.seeds = [seeds] if isinstance(seeds, str) else list(seeds)
         if not self.seeds:
@@ -82,6 +83,10 @@ class AsyncClient:
             raise InvalidRequest("timeout_s must be > 0")
         self.seeds = [seed.rstrip("/") for seed in self.seeds]
         self.name = name
+        # Long-polls the cluster for topology changes (docs/node-api.md, "Clients"); False: the
+        # topology is learned again only when a node redirects, refuses or is lost, or when it
+        # is older than ``client_topology_max_age_ms`` (a short-lived tool, a test of that path).
+        self.follow = follow
         self.timeout_s = timeout_s
         self.policy = RetryPolicy(attempts_max=retries)
         # Jitter only; a caller who wants reproducible delays passes a seeded Random.

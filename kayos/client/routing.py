@@ -52,6 +52,7 @@ class Settings(WatchSettings, Protocol):
     """What the router reads of its client, at each use (a caller may change them meanwhile)."""
 
     name: str
+    follow: bool
 
 
 class Connection(Protocol):
@@ -127,9 +128,10 @@ class Router:
     async def start(self) -> None:
         """Starts following the cluster (once the topology is known): the watch and the
         silence checks, until ``close``."""
-        if self.closed or self.watch.running:
+        if self.closed or self.watch.running or self._silence_task is not None:
             return
-        await self.watch.start()
+        if self.settings.follow:
+            await self.watch.start()
         self._silence_task = asyncio.create_task(self._check_silence(), name="kayos-silence")
 
     async def close(self) -> None:

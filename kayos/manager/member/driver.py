@@ -11,7 +11,7 @@ import asyncio
 import functools
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +99,8 @@ class Driver:
     polling: dict[str, asyncio.Task[Answer]] = field(default_factory=dict)
     poll_sent: dict[str, int] = field(default_factory=dict)
     last_answers: dict[str, Answer] = field(default_factory=dict)
+    # Sends (topology, catch-up orders) a round or a proof stopped waiting for (``_send_all``).
+    sending: set[asyncio.Task[None]] = field(default_factory=set)
     # What the watches and probes proved (kayos/manager/member/evidence.py), and the watches.
     evidence: Evidence = field(default_factory=Evidence)
     watches: Watches | None = None
@@ -130,7 +132,7 @@ class Driver:
                 spent = self.clock_ms() - started
                 await asyncio.sleep(max(0, limits.manager_poll_interval_ms - spent) / 1000)
         finally:
-            for task in [*self.granting.values(), *self.polling.values()]:
+            for task in [*self.granting.values(), *self.polling.values(), *self.sending]:
                 task.cancel()
             await self.watches.close()
 
@@ -348,7 +350,20 @@ class Driver:
             order_body = {"epoch": view.epoch, "shard": order.shard, "upstream": order.upstream}
             message = signed(self.identity, "catch-up", order_body)
             jobs.append(self._send(order.node, "/v1/admin/catch-up", message))
-        await asyncio.gather(*jobs)
+        await self._send_all(jobs)
+
+    async def _send_all(self, jobs: list[Coroutine[Any, Any, None]]) -> None:
+        """Waits for the sends at most half a poll interval; the rest go on in the background
+        (cancelled when leadership ends). A paused node answers only when it runs again: a
+        round that waited its whole request bound on it came round too late to renew the other
+        nodes' leases (a healthy head's lease lapsed while a frozen one was spliced out)."""
+        tasks = [asyncio.create_task(job) for job in jobs]
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=limits.manager_poll_interval_ms / 2000)
+        self.sending |= pending
+        for task in pending:
+            task.add_done_callback(self.sending.discard)
 
     async def _send(self, node: str, path: str, message: dict[str, Any]) -> None:
         address = node_addresses(self.view(), self.nodes).get(node)

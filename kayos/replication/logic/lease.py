@@ -7,7 +7,10 @@ with the view's epoch and whether the node is still a chain member (``POST /v1/a
 Such an answer extends the lease to the local time the nonce was handed out plus
 ``limits.head_lease_ms``, but only if its epoch is one the node holds (a later epoch may have
 spliced the node out and back in: such an answer extends nothing), and an answer saying the
-node is in no chain ends the lease at once. The argument is in docs/manager.md,
+node is in no chain ends the lease at once. An answer at an epoch the node has not adopted yet
+is kept (the newest few) and counts once the node adopts that epoch or a later one: the same
+lease the answer would have given had it arrived just after the topology, which it may as well
+have (the two travel on separate requests). The argument is in docs/manager.md,
 "Head leases". Without a manager (static chains) the lease always holds: nothing can splice the
 chain.
 
@@ -49,7 +52,8 @@ class LeaseState:
     ``epoch``: the topology epoch the node holds; ``until_s``: the lease's end on the node's
     monotonic clock (None: no lease); ``asks``: nonces handed out, oldest first, with their
     times; ``nonce``: the last nonce handed out; ``ended``: the node is stopping, and holds no
-    lease from then on, whatever the manager answers."""
+    lease from then on, whatever the manager answers; ``early``: answers at epochs above
+    ``epoch`` as (epoch, lease end), oldest first, kept until the node adopts their epoch."""
 
     managed: bool
     epoch: int
@@ -57,6 +61,7 @@ class LeaseState:
     asks: tuple[tuple[int, float], ...] = ()
     nonce: int = 0
     ended: bool = False
+    early: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,10 +107,10 @@ def decide(state: LeaseState, event: LeaseEvent) -> tuple[LeaseState, tuple[str,
         asks = (*state.asks, (nonce, event.at_s))[-limits.lease_nonces_max :]
         return dataclasses.replace(state, asks=asks, nonce=nonce), ()
     if isinstance(event, EpochAdopted):
-        return dataclasses.replace(state, epoch=max(state.epoch, event.epoch)), ()
+        return _adopted(state, event.epoch), ()
     if isinstance(event, Ended):
         notes = ("lease ended: the node is stopping",) if state.until_s is not None else ()
-        return dataclasses.replace(state, until_s=None, asks=(), ended=True), notes
+        return dataclasses.replace(state, until_s=None, asks=(), ended=True, early=()), notes
     if state.ended:
         return state, ()  # a stopping node takes no grant
     sent = next((at for nonce, at in state.asks if nonce == event.nonce), None)
@@ -115,16 +120,30 @@ def decide(state: LeaseState, event: LeaseEvent) -> tuple[LeaseState, tuple[str,
     if not event.member:
         why = f"the manager's view at epoch {event.epoch} has this node in no chain"
         notes = (f"lease ended: {why}",) if state.until_s is not None else ()
-        return dataclasses.replace(state, until_s=None, asks=later), notes
+        return dataclasses.replace(state, until_s=None, asks=later, early=()), notes
+    until = sent + limits.head_lease_ms / 1000
     if event.epoch > state.epoch:
         # A member at an epoch this node has not adopted yet (its topology is on its way): the
-        # node may have left a chain and come back in between, so this answer extends nothing;
-        # the lease it holds ends on time (a new head of its shards holds writes until then).
-        return dataclasses.replace(state, asks=later), ()
-    until = sent + limits.head_lease_ms / 1000
+        # node may have left a chain and come back in between, so this answer extends nothing
+        # now; it is kept, and counts once the node holds that epoch (``_adopted``). Until then
+        # the lease held ends on time (a new head of its shards holds writes until then).
+        early = (*state.early, (event.epoch, until))[-limits.lease_early_grants_max :]
+        return dataclasses.replace(state, asks=later, early=early), ()
     if state.until_s is not None:
         until = max(until, state.until_s)
     return dataclasses.replace(state, until_s=until, asks=later), ()
+
+
+def _adopted(state: LeaseState, epoch: int) -> LeaseState:
+    """The node holds topology ``epoch`` (or a later one it already held): the answers kept for
+    epochs up to it extend the lease as if they arrived now."""
+    epoch = max(state.epoch, epoch)
+    due = [until for at, until in state.early if at <= epoch]
+    if not due or state.ended:
+        return dataclasses.replace(state, epoch=epoch)
+    until = max([*due, *([state.until_s] if state.until_s is not None else [])])
+    early = tuple((at, u) for at, u in state.early if at > epoch)
+    return dataclasses.replace(state, epoch=epoch, until_s=until, early=early)
 
 
 def holds(state: LeaseState, now_s: float) -> bool:

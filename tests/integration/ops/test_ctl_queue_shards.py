@@ -80,11 +80,12 @@ def test_create_and_alter_through_the_manager(
         {"max_age_ms": 3_600_000}
     ] * 2
 
-    # A queue in use (the default: one shard), and a client that keeps the topology it read now.
+    # A queue in use (the default: one shard), and clients that keep the topology they read now
+    # (they do not follow the cluster's changes: the paths for a stale topology are tested).
     clock = ManualClock()
     with (
-        kayos.Client(urls, rng=random.Random(SEED)) as stale,
-        kayos.Client(urls, rng=random.Random(SEED), clock=clock) as consumer,
+        kayos.Client(urls, rng=random.Random(SEED), follow=False) as stale,
+        kayos.Client(urls, rng=random.Random(SEED), clock=clock, follow=False) as consumer,
     ):
         stale.produce_sharded("grow", [(f"old{i}", f"v{i}") for i in range(30)])
         assert stale.topology.shards_for("grow") == (stale.topology.shard_for("grow"),)

@@ -417,3 +417,19 @@ async def test_the_router_starts_its_watch_and_silence_checks_and_close_stops_th
     assert f.router.watch.urls == []
     with pytest.raises(UnavailableError):
         await asyncio.wait_for(produce, WAIT_S)
+
+
+@pytest.mark.asyncio
+async def test_a_client_that_does_not_follow_starts_no_watch() -> None:
+    f = Fixture()
+    f.settings.follow = False
+    await f.router.start()
+    assert not f.router.watch.running
+    assert f.router.watch.urls == []
+    assert f.http.requests == []  # no long poll went out
+    produce = f.produce()
+    await f.until(lambda: "a" in f.connections and f.last("a").in_flight == 1, "sent to a")
+    f.last("a").answer(produced)
+    await asyncio.wait_for(produce, WAIT_S)
+    assert f.http.requests == []  # still no long poll: the produce needed none
+    await f.router.close()

@@ -14,6 +14,7 @@ from kayos.manager import Config, ManagerView, TimerTick, decide
 from kayos.manager.member.plan import Answer, lease_grants
 from kayos.replication.logic.lease import (
     Asked,
+    Ended,
     EpochAdopted,
     Granted,
     LeaseEvent,
@@ -81,9 +82,42 @@ def test_an_epoch_the_node_holds_grants_a_newer_one_extends_nothing() -> None:
     assert notes == []
     assert state.until_s == 1.0 + LEASE_S
     assert not holds(state, 1.0 + LEASE_S)
-    # Once the node adopts epoch 5, the next answer extends it again.
-    state, _ = run(state, [EpochAdopted(5), Asked(2.0), Granted(3, 5, True)])
+    # Once the node adopts epoch 5, the answer kept counts, and the next one extends it again.
+    state, _ = run(state, [EpochAdopted(5)])
+    assert state.until_s == 1.5 + LEASE_S
+    assert state.early == ()
+    state, _ = run(state, [Asked(2.0), Granted(3, 5, True)])
     assert state.until_s == 2.0 + LEASE_S
+
+
+def test_an_answer_that_beats_its_topology_counts_once_the_node_adopts_it() -> None:
+    # The round that logged epoch 6 answers before the node has the epoch-6 topology: kept.
+    state, _ = run(
+        LeaseState(managed=True, epoch=5),
+        [Asked(1.0), Granted(1, 5, True), Asked(1.2), Granted(2, 6, True)],
+    )
+    assert state.until_s == 1.0 + LEASE_S
+    assert state.early == ((6, 1.2 + LEASE_S),)
+    # Adopting an epoch below it does not count it; adopting it (or a later one) does.
+    state, _ = run(state, [EpochAdopted(5)])
+    assert state.until_s == 1.0 + LEASE_S
+    adopted, _ = run(state, [EpochAdopted(6)])
+    assert adopted.until_s == 1.2 + LEASE_S
+    assert holds(adopted, 1.0 + LEASE_S + 0.1)
+    later, _ = run(state, [EpochAdopted(8)])
+    assert later.until_s == 1.2 + LEASE_S
+    # An answer saying the node is in no chain, or a clean stop, drops what was kept.
+    removed, _ = run(state, [Asked(1.3), Granted(3, 6, False), EpochAdopted(6)])
+    assert removed.until_s is None
+    stopping, _ = run(state, [Ended(), EpochAdopted(6)])
+    assert not holds(stopping, 1.2)
+    # Only the newest few are kept.
+    many: list[LeaseEvent] = []
+    for i in range(limits.lease_early_grants_max + 2):
+        many += [Asked(2.0 + i * 2 * STEP_S), Granted(3 + i, 7 + i, True)]
+    crowded, _ = run(state, many)
+    assert len(crowded.early) == limits.lease_early_grants_max
+    assert crowded.early[0][0] == 9
 
 
 def test_removed_while_slow_the_lease_ends_at_the_first_answer() -> None:
