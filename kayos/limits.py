@@ -420,6 +420,11 @@ node_restart_delay_ms_min = 250
 node_restart_delay_ms_max = 30_000
 # A node that ran this long before it died was healthy: its next restart waits the min again.
 node_restart_healthy_ms = 60_000
+# A write that comes while its shard's replica is being re-made on this node (a topology change
+# closes and opens it) waits this long for it before it is answered ``unavailable``: a re-make
+# takes tens of milliseconds (one store close and open, a takeover entry's fsync), a few hundred
+# on a busy disk; past that the client's own retry takes over.
+node_change_wait_ms = 1_000
 # Deaths in a row (each within node_restart_healthy_ms of its start) after which `kayos up` stops
 # restarting and stops the cluster: with the delays above, about two minutes of trying, long
 # enough for a full disk or a held port to clear and short enough that a broken node is reported.

@@ -144,15 +144,20 @@ class RetryState:
         self.attempts = 1  # the first try is under way
         self.redirects = 0
 
-    def next_step(self, error: BaseException, *, managed: bool) -> Step | None:
+    def next_step(self, error: BaseException, *, managed: bool, epoch: int = 0) -> Step | None:
         """The step after ``error``; None gives it to the caller. Redirects count against
         ``redirects_max``, every other retry against ``attempts_max``. ``managed``: the topology
         names manager members, so a lost node is spliced out within ``client_silence_ms`` and a
         lost request waits that long for the new topology; else only its backoff (no one may
-        change the topology, and the node may come back where it was)."""
+        change the topology, and the node may come back where it was). ``epoch``: the client's
+        topology's; a ``wrong_role`` from a node at an older epoch backs off instead of
+        following its redirect (the node has not adopted the change yet, and names the holder
+        of the role before it: often a dead node)."""
         action = action_for(error)
         if action is Action.FAIL:
             return None
+        if isinstance(error, WrongRoleError) and error.epoch < epoch:
+            action = Action.BACKOFF
         if action is Action.REDIRECT:
             if self.redirects >= self._policy.redirects_max:
                 return None

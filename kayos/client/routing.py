@@ -317,11 +317,16 @@ class Router:
             try:
                 return await attempt(redirect)
             except KayosError as error:
-                step = state.next_step(error, managed=bool(manager_urls(self.current)))
+                step = state.next_step(
+                    error,
+                    managed=bool(manager_urls(self.current)),
+                    epoch=self.current.epoch if self.current is not None else 0,
+                )
+                log.debug("attempt at epoch %s failed (%s); next: %s", epoch, error, step)
                 if step is None or self.closed:
                     raise
                 redirect = None
-                if isinstance(error, WrongRoleError):
+                if step.action is Action.REDIRECT and isinstance(error, WrongRoleError):
                     with contextlib.suppress(UnavailableError):
                         await self.refresh_topology(error.epoch)
                     redirect = self.node_named(error.redirect)

@@ -61,6 +61,8 @@ class Node(Protocol):
         self, queue: str, *, want: str, shard_id: int | None = None
     ) -> ShardReplica: ...
 
+    async def head_replica(self, queue: str, shard_id: int | None = None) -> ShardReplica: ...
+
     async def await_committed(self, replica: ShardReplica, seq: int) -> None: ...
 
 
@@ -247,7 +249,7 @@ class RetentionDriver:
         holds it."""
         policy = parse_policy(raw)
         node = self.node
-        replica = node.replica_for(queue, want="head", shard_id=shard_id)
+        replica = await node.head_replica(queue, shard_id)
         result = await replica.commit_meta({POLICY_META + queue: encode_policy(policy)})
         await node.await_committed(replica, result.last_seq)
         return {

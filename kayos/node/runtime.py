@@ -262,6 +262,15 @@ class Node:
             raise UnavailableError(f"shard {shard.id} is repairing its store on {self.node_id}")
         return replica
 
+    async def head_replica(self, queue: str, shard_id: int | None = None) -> ShardReplica:
+        """``replica_for(want="head")`` for a write: one that comes while the shard's replica is
+        being re-made here (a topology change) waits for it, at most
+        ``limits.node_change_wait_ms`` (docs/node-api.md, "Writes after a head change")."""
+        check_queue_name(queue)
+        shard = self.topology.shards[self.topology.queue_shard(queue, shard_id)]
+        await self.reconfigure.changing.wait(shard.id, limits.node_change_wait_ms / 1000)
+        return self.replica_for(queue, want="head", shard_id=shard_id)
+
     def _wrong_role(self, why: str, node: str) -> WrongRoleError:
         return WrongRoleError(f"{self.node_id}: {why}", redirect=node, epoch=self.epoch)
 
@@ -285,7 +294,7 @@ class Node:
         producers"): a resend answers the seqs the first copy got."""
         check_queue_name(queue)
         shard_id = self.topology.shard_for_batch(queue, keys)
-        replica = self.replica_for(queue, want="head", shard_id=shard_id)
+        replica = await self.head_replica(queue, shard_id)
         columns = build_columns(queue, keys, values, expiries_ms, headers)
         producer = None if producer_id is None else (producer_id, producer_seq)
         if acks == 0:
@@ -312,7 +321,7 @@ class Node:
         """Commits a consumer group's high-water mark (of one shard of the queue) at the head;
         returns once every member holds it (so it survives the loss of any one replica)."""
         check_group_name(group)
-        replica = self.replica_for(queue, want="head", shard_id=shard_id)
+        replica = await self.head_replica(queue, shard_id)
         if hwm < 0 or hwm > replica.durable:
             raise InvalidRequest(f"hwm must be in [0, {replica.durable}]")
         meta: dict[str, Any] = {f"{HWM_META}{queue}/{group}": hwm}
@@ -327,7 +336,7 @@ class Node:
     async def delete_group(self, queue: str, group: str, shard_id: int | None = None) -> int:
         """Forgets a consumer group (its high-water mark and state) on every member."""
         check_group_name(group)
-        replica = self.replica_for(queue, want="head", shard_id=shard_id)
+        replica = await self.head_replica(queue, shard_id)
         meta: dict[str, Any] = {
             f"{HWM_META}{queue}/{group}": None,
             f"{GROUP_STATE_META}{queue}/{group}": None,

@@ -122,7 +122,7 @@ def _queue_routes(routes: web.RouteTableDef, node: Node) -> None:
         if acks is None:
             raise InvalidRequest("acks must be 0, 1 or all")
         if len(node.topology.shards_for(queue)) == 1:  # else the keys name the shard
-            node.replica_for(queue, want="head")  # wrong role before reading a large body
+            await node.head_replica(queue)  # wrong role before reading a large body
         keys, values, expiries, headers = await read_body(request, parse_produce)
         first, last = await node.produce(queue, keys, values, expiries, headers, acks=acks)
         shard = node.topology.shard_for_batch(queue, keys)
@@ -164,7 +164,7 @@ def _queue_routes(routes: web.RouteTableDef, node: Node) -> None:
     async def set_retention(request: web.Request) -> web.Response:
         queue = request.match_info["queue"]
         shard_id = shard_query(request.query)
-        node.replica_for(queue, want="head", shard_id=shard_id)  # wrong role before the body
+        await node.head_replica(queue, shard_id)  # wrong role before the body
         body = await read_body(request)
         return reply(request, await node.retention.set_policy(queue, body, shard_id))
 

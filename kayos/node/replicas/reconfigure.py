@@ -35,6 +35,7 @@ from kayos.errors import InvalidRequest, KayosError, Unauthenticated, Unavailabl
 from kayos.identity import ClusterIdentity
 from kayos.node.replicas import learners
 from kayos.node.replicas import repair as peer_repair
+from kayos.node.replicas.changing import ShardsChanging
 from kayos.replication.link.upstream import UpstreamLink
 from kayos.replication.logic.lease import NodeLease, WriteHold, adopt_holds, release
 from kayos.replication.shard.replica import ShardReplica
@@ -299,8 +300,9 @@ class Reconfigurer:
         self._link_tasks: dict[int, tuple[UpstreamLink | None, asyncio.Task[None]]] = {}
         # The signed message the node's topology came in (None: the command line's file).
         self.message: dict[str, Any] | None = None
-        # Shards whose replica is being re-made: requests for them get ``unavailable``.
-        self.changing: set[int] = set()
+        # Shards whose replica is being re-made: writes wait for it (bounded), other requests
+        # get ``unavailable``.
+        self.changing = ShardsChanging()
         # Per shard this node heads, a write hold: the head changed, and the old head may still
         # hold a lease (``lease.write_holds``; the leader may shorten it, ``release_hold``).
         self.write_holds: dict[int, WriteHold] = {}

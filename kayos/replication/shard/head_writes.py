@@ -118,7 +118,9 @@ class HeadWrites:
     store: ShardStore
     role: str | None
     repairing: bool
-    writes_held_until_s: float
+    # The write hold's end (``writes_held_until_s``) and the writes waiting for it.
+    _held_until_s: float
+    _hold_waiters: list[asyncio.Future[None]]
     disk_full: bool
     last_entry_seq: int
     time_index: timeindex.TimeIndex
@@ -158,6 +160,40 @@ class HeadWrites:
         def close_downstream_links(self) -> None: ...
 
     # --- writes at the head --------------------------------------------------------------------
+
+    @property
+    def writes_held_until_s(self) -> float:
+        """The end of the head's write hold on the shard (monotonic s; -inf: none)."""
+        return self._held_until_s
+
+    @writes_held_until_s.setter
+    def writes_held_until_s(self, until_s: float) -> None:
+        self._held_until_s = until_s
+        waiters, self._hold_waiters = self._hold_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    @property
+    def writes_waiting_for_hold(self) -> int:
+        """Writes waiting for the write hold to end (``wait_out_hold``)."""
+        return sum(1 for waiter in self._hold_waiters if not waiter.done())
+
+    async def wait_out_hold(self) -> None:
+        """A write that finds the hold in force waits here for its end (docs/node-api.md,
+        "Writes after a head change"): as long as the hold had left when it came, or until the
+        hold changes (the leader's word shortens it), and again after a change that leaves some.
+        ``check_head`` then judges the write as it stands."""
+        while self.role == "head":
+            held_s = self._held_until_s - self.clock.monotonic_s()
+            if held_s <= 0:
+                return
+            waiter = asyncio.get_running_loop().create_future()
+            self._hold_waiters.append(waiter)
+            try:
+                await asyncio.wait_for(waiter, held_s)
+            except TimeoutError:
+                return
 
     def check_head(self) -> None:
         if self.role != "head":
@@ -229,6 +265,7 @@ class HeadWrites:
         "Idempotent producers"): one this head holds is not written again and answers the seqs
         it got, once durable here; a new one is recorded in the batch's metadata. The look-up
         and the record run in this one step of the event loop, with the seqs given out."""
+        await self.wait_out_hold()
         self.check_head()
         self._check_writable()
         # A bad batch fails alone, before it takes seqs; the store need not check it again.
@@ -289,6 +326,7 @@ class HeadWrites:
     async def commit_meta(self, meta: dict[str, Any]) -> CommitResult:
         """A metadata-only write (a consumer high-water mark) with a seq of its own, so it rides
         the replication stream like any other commit."""
+        await self.wait_out_hold()
         self.check_head()
         self._check_writable()
         self._check_space(64 * len(meta))

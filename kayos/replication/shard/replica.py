@@ -182,6 +182,7 @@ class ShardReplica(HeadWrites, CatchUp, PersistedProgress, Visibility):
         self.lease_holds: Callable[[], bool] = _always
         # A head that just took the shard over takes no write before this (monotonic s): the old
         # head's lease ends first (docs/manager.md, "Head leases").
+        self._hold_waiters = []
         self.writes_held_until_s = -math.inf
         # A COMMIT_POINT came on the current upstream link (a tail serves only then: see
         # holds_upstream_point).

@@ -180,6 +180,25 @@ def test_redirects_are_bounded_and_immediate() -> None:
     assert state.next_step(wrong, managed=False) is None
 
 
+def test_a_wrong_role_from_a_node_behind_the_client_backs_off_instead_of_redirecting() -> None:
+    # The client holds epoch 2 (b heads the shard); b has not adopted it yet and names the head
+    # of epoch 1, a dead node. The client asks b again after a backoff, not a.
+    print(f"seed={SEED}")
+    state = RetryState(RetryPolicy(attempts_max=3), random.Random(SEED))
+    behind = WrongRoleError("b: not the head", redirect="a", epoch=1)
+    step = state.next_step(behind, managed=True, epoch=2)
+    assert step is not None
+    assert step.action is Action.BACKOFF
+    assert step.delay_s > 0
+    assert (state.redirects, state.attempts) == (0, 2)  # counted as a retry, bounded as one
+    # A node at the client's epoch or past it redirects as before.
+    assert state.next_step(behind, managed=True, epoch=1) == Step(Action.REDIRECT, 0.0)
+    ahead = WrongRoleError("c: not the head", redirect="b", epoch=3)
+    assert state.next_step(ahead, managed=True, epoch=2) == Step(Action.REDIRECT, 0.0)
+    assert state.next_step(behind, managed=True, epoch=2) is not None
+    assert state.next_step(behind, managed=True, epoch=2) is None, "3 attempts, then the caller's"
+
+
 @pytest.mark.parametrize(
     "error",
     [
