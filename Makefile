@@ -26,8 +26,9 @@ run: $(STAMP)
 
 ## The test command: lint, types, the documentation site (docs), then the whole test suite (the
 ## Spark tier too: java is installed first where the machine has none, deploy/ensure-java.sh;
-## iptables for the chaos campaign's partitions where the machine runs as root, deploy/ensure-netns-tools.sh; systemd-analyze and
-## docker-compose for the checks of the deploy files, also as root, deploy/ensure-deploy-tools.sh).
+## iptables for the chaos campaign's partitions where the machine runs as root,
+## deploy/ensure-netns-tools.sh; systemd-analyze and docker-compose for the checks of the deploy
+## files, also as root, deploy/ensure-deploy-tools.sh).
 test: $(STAMP) $(SPARK_STAMP)
 	bash deploy/ensure-java.sh
 	bash deploy/ensure-netns-tools.sh

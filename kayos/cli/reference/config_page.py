@@ -31,31 +31,69 @@ from kestrel_compat.core.config import QueueConfig, ServerConfig
 # (key, default, meaning) of the topology file, outside the [manager] table. A key path uses
 # "<id>" and "<name>" for the names a table is keyed by.
 TOPOLOGY_KEYS: list[tuple[str, str, str]] = [
-    ("epoch", "required", "The topology's version: a node adopts a topology only with a higher "
-     "epoch. `kayos up` and `kayos init` write 1."),
-    ("cluster_id", "none", "The cluster's id; goes with `secret`. Recorded in each data "
-     "directory: a node never joins another cluster's chains with its data."),
-    ("secret", "none", "The cluster secret (hex) that authenticates replication links and signs "
-     "operator messages; the all-zero placeholder is refused. `kayos init` writes both keys."),
-    ("queue_shards", "1", "The number of shards every queue is spread over, 1 to the number of "
-     "shards (docs/node-api.md, \"Queues over several shards\")."),
+    (
+        "epoch",
+        "required",
+        "The topology's version: a node adopts a topology only with a higher "
+        "epoch. `kayos up` and `kayos init` write 1.",
+    ),
+    (
+        "cluster_id",
+        "none",
+        "The cluster's id; goes with `secret`. Recorded in each data "
+        "directory: a node never joins another cluster's chains with its data.",
+    ),
+    (
+        "secret",
+        "none",
+        "The cluster secret (hex) that authenticates replication links and signs "
+        "operator messages; the all-zero placeholder is refused. `kayos init` writes both keys.",
+    ),
+    (
+        "queue_shards",
+        "1",
+        "The number of shards every queue is spread over, 1 to the number of "
+        'shards (docs/node-api.md, "Queues over several shards").',
+    ),
     ('nodes."<id>".host', "required", "The host the node's ports listen on and peers reach."),
-    ('nodes."<id>".http_port', "required", "The node's HTTP port (clients, operators, the "
-     "manager, /metrics)."),
-    ('nodes."<id>".bin_port', "required", "The node's binary port (replication links and the "
-     "binary client protocol)."),
+    (
+        'nodes."<id>".http_port',
+        "required",
+        "The node's HTTP port (clients, operators, the manager, /metrics).",
+    ),
+    (
+        'nodes."<id>".bin_port',
+        "required",
+        "The node's binary port (replication links and the binary client protocol).",
+    ),
     ("shards[].id", "required", "The shard's number."),
-    ("shards[].chain", "required", "The shard's chain, head first (a one-node chain is head and "
-     "tail at once)."),
+    (
+        "shards[].chain",
+        "required",
+        "The shard's chain, head first (a one-node chain is head and tail at once).",
+    ),
     ("shards[].fanout", "[]", "Extra tails fed by the chain's last member (not with a manager)."),
-    ('queues."<name>".shards', "queue_shards", "The shard count of one queue; wins over "
-     "`queue_shards`."),
-    ('managers."<id>".host', "none", "Where the manager member's two ports listen; a file "
-     "without `[managers]` tables runs without a manager."),
-    ('managers."<id>".raft_port', "required with the member", "The member's Raft port (members "
-     "only)."),
-    ('managers."<id>".http_port', "required with the member", "The member's HTTP face "
-     "(`kayos ctl`, nodes' reports)."),
+    (
+        'queues."<name>".shards',
+        "queue_shards",
+        "The shard count of one queue; wins over `queue_shards`.",
+    ),
+    (
+        'managers."<id>".host',
+        "none",
+        "Where the manager member's two ports listen; a file "
+        "without `[managers]` tables runs without a manager.",
+    ),
+    (
+        'managers."<id>".raft_port',
+        "required with the member",
+        "The member's Raft port (members only).",
+    ),
+    (
+        'managers."<id>".http_port',
+        "required with the member",
+        "The member's HTTP face (`kayos ctl`, nodes' reports).",
+    ),
 ]
 
 # "- ``a``: text" and "- ``a`` / ``b``: text" bullets of a docstring.
@@ -143,7 +181,7 @@ def render() -> str:
         "`Topology.from_json` (kayos/topology.py) and, for the manager's tables, by "
         "kayos/manager/member/config.py; an unknown key in `[managers]` or `[manager]` is "
         "refused. The file explained with an example: "
-        "[HTTP API, \"Topology file\"](../node-api.md#topology-file).",
+        '[HTTP API, "Topology file"](../node-api.md#topology-file).',
         table(["key", "default", "meaning"], topology),
         "### `[manager]`: the manager's decision bounds",
         "Optional; read by manager members only. Defaults from kayos/limits.py "
@@ -153,22 +191,22 @@ def render() -> str:
         "TOML, read by `kayos kestrel --config FILE` (kestrel_compat/core/config.py); unknown "
         "tables and keys are errors. `[server]` is read at start only; `reload` re-reads "
         "`[default]`, `[queues]` and `[aliases]`. A queue's settings are inherited as in "
-        "Kestrel 2.3.4: built-in defaults, then `[default]`, then `[queues.\"<name>\"]` (a "
+        'Kestrel 2.3.4: built-in defaults, then `[default]`, then `[queues."<name>"]` (a '
         "fanout queue `m+c` inherits from `m`). What each queue setting does: "
         "[Kestrel compatibility, section 9](../kestrel-compat.md#9-queue-semantics-3-5-8-9).",
         "### `[server]`",
         table(["key", "default", "meaning"], kestrel_rows(ServerConfig, "server")),
-        "### `[default]` and `[queues.\"<name>\"]`",
+        '### `[default]` and `[queues."<name>"]`',
         "The same keys in both; `[default]` overrides the built-in defaults shown here.",
-        table(["key", "default", "meaning"], kestrel_rows(QueueConfig, "queues.\"<name>\"")),
-        "### `[aliases.\"<name>\"]`",
+        table(["key", "default", "meaning"], kestrel_rows(QueueConfig, 'queues."<name>"')),
+        '### `[aliases."<name>"]`',
         table(
             ["key", "default", "meaning"],
             [[code("destination_queues"), "[]", "The queues a `set` to the alias writes to."]],
         ),
         "## Bounds (kayos/limits.py)",
         "Every bound Kayos keeps, with the reason for its value; code reads `limits.<name>`, "
-        "never a literal (CONTRIBUTING.md, \"Adding a limit\"). The unit is the last word of the "
+        'never a literal (CONTRIBUTING.md, "Adding a limit"). The unit is the last word of the '
         "name before its kind (`_max`, `_min`, `_default`, `_target`).",
         limits_page.render("kayos.limits", "###"),
         "## Kestrel front bounds (kestrel_compat/limits.py)",

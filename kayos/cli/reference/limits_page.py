@@ -106,9 +106,7 @@ def bounds(module_name: str) -> list[Bound]:
             if isinstance(target, ast.Name):
                 value = getattr(module, target.id)
                 unit = unit_of(target.id, value)
-                found.append(
-                    Bound(target.id, section, expression or "", value, unit, reason)
-                )
+                found.append(Bound(target.id, section, expression or "", value, unit, reason))
     return found
 
 

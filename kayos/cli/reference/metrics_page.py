@@ -64,16 +64,24 @@ class Metric:
     source: str
 
 
+def strings(items: list[ast.expr]) -> tuple[str, ...] | None:
+    """The values of a list of string literals; None if any item is something else."""
+    values = [i.value for i in items if isinstance(i, ast.Constant)]
+    if len(values) != len(items) or not all(isinstance(v, str) for v in values):
+        return None
+    return tuple(str(v) for v in values)
+
+
 def label_lists(function: ast.AST) -> dict[str, tuple[str, ...]]:
     """Names assigned a literal list of strings in ``function`` (``labels = ["shard", "role"]``)."""
     found: dict[str, tuple[str, ...]] = {}
     for node in ast.walk(function):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.List | ast.Tuple):
-            items = node.value.elts
-            if all(isinstance(i, ast.Constant) and isinstance(i.value, str) for i in items):
+            items = strings(node.value.elts)
+            if items is not None:
                 for target in node.targets:
                     if isinstance(target, ast.Name):
-                        found[target.id] = tuple(str(i.value) for i in items)  # type: ignore[attr-defined]
+                        found[target.id] = items
     return found
 
 
@@ -84,15 +92,16 @@ def labels_argument(call: ast.Call) -> ast.expr | None:
     return call.args[2] if len(call.args) > 2 else None
 
 
-def literal_labels(node: ast.expr | None, named: dict[str, tuple[str, ...]]) -> tuple[str, ...] | None:
+def literal_labels(
+    node: ast.expr | None, named: dict[str, tuple[str, ...]]
+) -> tuple[str, ...] | None:
     """The label names ``node`` gives: a literal list, or a name bound to one; None if neither."""
     if node is None:
         return ()
     if isinstance(node, ast.Name):
         return named.get(node.id)
     if isinstance(node, ast.List | ast.Tuple):
-        if all(isinstance(i, ast.Constant) and isinstance(i.value, str) for i in node.elts):
-            return tuple(str(i.value) for i in node.elts)  # type: ignore[attr-defined]
+        return strings(node.elts)
     return None
 
 

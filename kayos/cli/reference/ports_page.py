@@ -99,7 +99,11 @@ def render() -> str:
         ],
     ]
     names = {"port": "memcache", "text": "text", "thrift": "thrift"}
-    flags = {"port": "--kestrel-port", "text": "--kestrel-text-port", "thrift": "--kestrel-thrift-port"}
+    flags = {
+        "port": "--kestrel-port",
+        "text": "--kestrel-text-port",
+        "thrift": "--kestrel-thrift-port",
+    }
     for key, (up_default, alone_default) in kestrel.items():
         rows.append(
             [
@@ -120,7 +124,7 @@ def render() -> str:
         "127.0.0.1. `kayos node --listen-http HOST:PORT` / `--listen-bin HOST:PORT` bind "
         "elsewhere than the topology's address (a proxy in front). Every process binds all "
         "its ports before it contacts any peer, and a port in use ends it with one line naming "
-        "the port and the flag that moves it ([HTTP API, \"Owners, locks and ports\"]"
+        'the port and the flag that moves it ([HTTP API, "Owners, locks and ports"]'
         "(../node-api.md#owners-locks-and-ports)).",
         table(["port", "set by", "who connects", "default (`kayos up`)", "moved by"], rows),
         "A firewall between hosts must let nodes reach each other's binary and HTTP ports, "
