@@ -6,16 +6,16 @@ STAMP  := $(VENV)/.installed
 # The Spark extra (pyspark, pyarrow: about 700 MB) is installed for the tests only.
 SPARK_STAMP := $(VENV)/.installed-spark
 
-.PHONY: dev run test test-fast lint typecheck bench bench-produce bench-spark clean
+.PHONY: dev run test test-fast lint typecheck docs bench bench-produce bench-spark clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,docs]'
 	touch $(STAMP)
 
 $(SPARK_STAMP): $(STAMP) pyproject.toml
-	$(BIN)/pip install --quiet -e '.[dev,spark]'
+	$(BIN)/pip install --quiet -e '.[dev,docs,spark]'
 	touch $(SPARK_STAMP)
 
 dev: $(STAMP)
@@ -24,16 +24,18 @@ dev: $(STAMP)
 run: $(STAMP)
 	$(BIN)/kayos up
 
-## The test command: lint, types, then the whole test suite (the Spark tier too: java is installed
-## first where the machine has none, deploy/ensure-java.sh; iptables for the chaos campaign's
-## partitions where the machine runs as root, deploy/ensure-netns-tools.sh; systemd-analyze and
-## docker-compose for the checks of the deploy files, also as root, deploy/ensure-deploy-tools.sh).
+## The test command: lint, types, the documentation site (docs), then the whole test suite (the
+## Spark tier too: java is installed first where the machine has none, deploy/ensure-java.sh;
+## iptables for the chaos campaign's partitions where the machine runs as root,
+## deploy/ensure-netns-tools.sh; systemd-analyze and docker-compose for the checks of the deploy
+## files, also as root, deploy/ensure-deploy-tools.sh).
 test: $(STAMP) $(SPARK_STAMP)
 	bash deploy/ensure-java.sh
 	bash deploy/ensure-netns-tools.sh
 	bash deploy/ensure-deploy-tools.sh
 	$(BIN)/ruff check kayos kestrel_compat tests chaos
 	$(BIN)/mypy
+	$(MAKE) docs
 	$(BIN)/pytest
 
 ## The fast tier, for the edit loop (CONTRIBUTING.md): lint, types and the unit tier (pure and
@@ -50,6 +52,12 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+## The documentation site (docs/index.md): site/ from docs/ and mkdocs.yml. Strict: a warning (a
+## broken link or anchor, a page missing from the nav, a docstring that cannot be read) fails it.
+## NO_MKDOCS_2_WARNING silences the Material theme's notice about MkDocs 2.0 on every build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 bench: $(STAMP)
 	$(BIN)/kayos bench storage --json
 
@@ -62,4 +70,4 @@ bench-spark: $(SPARK_STAMP)
 	$(BIN)/kayos bench spark --json
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build site *.egg-info .pytest_cache .mypy_cache .ruff_cache
