@@ -86,6 +86,7 @@ class Report:
     snapshots: int = 0
     unavailability_s: dict[str, float] = field(default_factory=dict)
     unavailability_by_kind_s: dict[str, float | None] = field(default_factory=dict)
+    unavailability_alone_by_kind_s: dict[str, float | None] = field(default_factory=dict)
     violations: list[dict[str, Any]] = field(default_factory=list)
     base_dir: str = ""
     history: str = ""
@@ -122,6 +123,7 @@ class Report:
             "snapshots": self.snapshots,
             "longest_unavailability_s": self.unavailability_s,
             "longest_unavailability_by_kind_s": self.unavailability_by_kind_s,
+            "longest_unavailability_alone_by_kind_s": self.unavailability_alone_by_kind_s,
             "violations": self.violations,
             "base_dir": self.base_dir,
             "history": self.history,
@@ -186,13 +188,18 @@ def longest_gaps_by_kind(
     spans: list[FaultSpan],
     start_s: float,
     end_s: float,
+    *,
+    alone: bool = False,
 ) -> dict[str, float | None]:
     """Per fault kind: the longest stretch with no acks=all produce acknowledged on a shard that
     is charged to a fault of that kind (docs/testing.md, "Reading a report"). The stretches are
     ``longest_gaps``' (on one shard, from one acknowledgement to the next, the phase's start and
     end closing the first and last). Each is charged to the fault in progress when it began, else
     to the last fault that began before it ended (the one writes were waiting out); one that
-    ended before any fault began is charged to none. None for a kind charged nothing."""
+    ended before any fault began is charged to none. None for a kind charged nothing.
+    ``alone``: only stretches no other fault was in progress in, or in the ``ALONE_MARGIN_S``
+    before (what a fault leaves behind, a killed node rejoining, outlasts its span): what one
+    fault costs by itself."""
     times: dict[int, list[float]] = {shard: [start_s, end_s] for shard in set(shard_of.values())}
     for produce in produces:
         if produce.outcome == "ok" and start_s <= produce.at_s <= end_s:
@@ -202,9 +209,24 @@ def longest_gaps_by_kind(
         points.sort()
         for before, after in itertools.pairwise(points):
             span = charged_fault(spans, before, after)
+            if alone and span is not None:
+                others = touching(spans, before - ALONE_MARGIN_S, after)
+                if any(other is not span for other in others):
+                    continue
             if span is not None:
                 longest[span.kind] = round(max(longest[span.kind] or 0.0, after - before), 2)
     return longest
+
+
+# A stretch counts as one fault's alone only if no other fault was in progress this long before
+# it began (``longest_gaps_by_kind``): a node killed or paused rejoins within about a second of
+# its span's end.
+ALONE_MARGIN_S = 1.0
+
+
+def touching(spans: list[FaultSpan], began_s: float, ended_s: float) -> list[FaultSpan]:
+    """The faults in progress at some moment from ``began_s`` to ``ended_s``."""
+    return [s for s in spans if s.start_s <= ended_s and s.end_s >= began_s]
 
 
 def charged_fault(spans: list[FaultSpan], began_s: float, ended_s: float) -> FaultSpan | None:
@@ -380,6 +402,9 @@ def _judge(
     report.unavailability_s = longest_gaps(produces, shard_of, *phase)
     spans = fault_spans(events)
     report.unavailability_by_kind_s = longest_gaps_by_kind(produces, shard_of, spans, *phase)
+    report.unavailability_alone_by_kind_s = longest_gaps_by_kind(
+        produces, shard_of, spans, *phase, alone=True
+    )
 
 
 def _wind_down(

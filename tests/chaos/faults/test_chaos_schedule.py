@@ -89,6 +89,11 @@ def test_the_unavailability_by_kind_charges_each_stretch_to_the_fault_it_waited_
     ]
     found = longest_gaps_by_kind(produces, shard_of, spans, 0.0, 10.0)
     assert found == {"hostile_http": 5.0, "kill9": 1.9, "pause": 1.85, "stranger": 2.8}
+    # Alone: only stretches no other fault was in progress in or in the second before. The kill
+    # alone: 1.9 -> 3.1 (1.2) and 1.0 -> 2.1; 3.1 -> 5.9 follows the kill's end by 0.1 s, and
+    # 2.1 -> 4.0 has the stranger in it: neither counts; 6.2 -> 8.05 and 4.0 -> 9.0 hold two.
+    alone = longest_gaps_by_kind(produces, shard_of, spans, 0.0, 10.0, alone=True)
+    assert alone == {"hostile_http": 1.95, "kill9": 1.2, "pause": 0.3, "stranger": None}
 
 
 def test_a_stretch_after_a_fault_ended_is_charged_to_the_next_fault_writes_waited_out() -> None:
