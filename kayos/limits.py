@@ -332,6 +332,17 @@ json_depth_max = 32
 # Entries a group's lag reply scans (this queue's entries in (hwm, boundary], counted in a worker
 # thread): ~0.5 s at the storage bench's scan rate. Past it the reply says the count is a floor.
 group_lag_scan_entries_max = 1_000_000
+# Consumer groups one shard holds (each a high-water mark and perhaps a state blob in the shard's
+# replicated metadata, which a link's METADATA frame carries whole, at most frame_meta_entries_max
+# keys): a commit that would add one more is refused. It also bounds the series a scrape of
+# /metrics and the groups GET /v1/status?groups=1 report per shard.
+groups_per_shard_max = 1_000
+# Entries one computation of every group's lag on a node looks at, over all its groups (a scrape of
+# /metrics, GET /v1/status?groups=1), in a worker thread: ~0.1 s at the storage bench's scan rate
+# (the 2 M entries/s group_lag_scan_entries_max assumes), so a 15 s scrape interval costs under 1%
+# of a core. Groups closest to their boundary are counted first; past it a group's figures are
+# estimates that err high (docs/node-api.md, "Metrics").
+group_lag_metrics_scan_entries_max = 200_000
 # A replica's time index (lag in seconds, kayos/replication/logic/timeindex.py) notes the first
 # seq it accepts in each interval of this many ms: a group's lag_seconds is at most this much too
 # old, and the produce path pays one compare per batch in between.
@@ -820,3 +831,9 @@ assert (
     producers_per_shard_max * (37 + 24 * producer_window_entries)
     <= (frame_bytes_max - batch_bytes_max) // 4
 ), "every window of a shard fits a quarter of a frame's metadata room"
+# A group takes two metadata keys (its mark and its state): every group and producer window of a
+# shard fit a frame's metadata keys with half of them left to retention and the store's own.
+assert 2 * groups_per_shard_max + producers_per_shard_max <= frame_meta_entries_max // 2, (
+    "a shard's groups and producer windows fit half of a METADATA frame's keys"
+)
+assert group_lag_metrics_scan_entries_max <= group_lag_scan_entries_max

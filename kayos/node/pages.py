@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
 from operator import and_, itemgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from kayos import limits
 from kayos.replication.shard.replica import ShardReplica, queue_prefix
@@ -77,18 +77,32 @@ class Page:
         )
 
 
-def count_unread(replica: ShardReplica, queue: str, hwm: int) -> tuple[int, int, bool, int | None]:
-    """``(boundary, lag, complete, oldest)``: the entries of ``queue`` in ``(hwm, boundary]`` as
-    of the boundary (the member's commit point), as ``read_page`` would return them; ``complete``
-    is False when ``limits.group_lag_scan_entries_max`` entries were looked at first; ``oldest``
-    is the seq of the first of them (None when there is none)."""
+class Unread(NamedTuple):
+    """A group's unread entries as ``scan_unread`` found them: ``lag`` entries of the queue in
+    ``(hwm, boundary]`` among those looked at, ``complete`` False when it stopped early (then
+    ``through`` is the last seq looked at, and the seqs of ``(through, boundary]`` are unread
+    but not looked at), ``oldest`` the seq of the first of them (None: none found), ``scanned``
+    the entries of every queue looked at."""
+
+    boundary: int
+    lag: int
+    complete: bool
+    oldest: int | None
+    through: int
+    scanned: int
+
+
+def scan_unread(replica: ShardReplica, queue: str, hwm: int, scan_max: int) -> Unread:
+    """The entries of ``queue`` in ``(hwm, boundary]`` as of the boundary (the member's commit
+    point), as ``read_page`` would return them, looking at about ``scan_max`` entries at most
+    (whole store pages: it stops after the page that reaches it)."""
     prefix = queue_prefix(queue)
     lag = scanned = 0
     oldest: int | None = None
     with replica.store.snapshot() as snap:
         boundary = min(snap.boundary, replica.commit_point)
         if hwm >= boundary:
-            return boundary, 0, True, None
+            return Unread(boundary, 0, True, None, boundary, 0)
         for entries in snap.pages(hwm, boundary, as_of=boundary):
             scanned += len(entries)
             mine: Iterator[bool] = map(
@@ -100,9 +114,17 @@ def count_unread(replica: ShardReplica, queue: str, hwm: int) -> tuple[int, int,
                     oldest = entries[flags.index(True)].seq
                 mine = iter(flags)
             lag += sum(mine)
-            if scanned >= limits.group_lag_scan_entries_max:
-                return boundary, lag, False, oldest
-    return boundary, lag, True, oldest
+            if scanned >= scan_max and entries and entries[-1].seq < boundary:
+                return Unread(boundary, lag, False, oldest, entries[-1].seq, scanned)
+    return Unread(boundary, lag, True, oldest, boundary, scanned)
+
+
+def count_unread(replica: ShardReplica, queue: str, hwm: int) -> tuple[int, int, bool, int | None]:
+    """``(boundary, lag, complete, oldest)`` of ``scan_unread``, looking at no more than
+    ``limits.group_lag_scan_entries_max`` entries (``complete`` is False when it stopped
+    there)."""
+    found = scan_unread(replica, queue, hwm, limits.group_lag_scan_entries_max)
+    return found.boundary, found.lag, found.complete, found.oldest
 
 
 def lag_seconds(replica: ShardReplica, oldest: int | None, now_s: float) -> float | None:

@@ -11,6 +11,7 @@ Reading a consume page out of a store is ``kayos.node.pages``; the status docume
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import random
@@ -37,6 +38,8 @@ from kayos.errors import (
 )
 from kayos.identity import check_data_dir
 from kayos.node.binary_port import BinaryPort
+from kayos.node.lag import HWM_META as HWM_META  # `x as x`: importable from here still
+from kayos.node.lag import marks_of
 from kayos.node.marks import committed_mark
 from kayos.node.pages import Message as Message  # `x as x`: importable from here still
 from kayos.node.pages import Page as Page
@@ -61,7 +64,6 @@ from kayos.topology import Topology, check_queue_name
 
 log = logging.getLogger("kayos.node")
 
-HWM_META = "hwm/"
 GROUP_STATE_META = "gstate/"
 # Worker threads for blocking store work: each shard's head write loop and replica apply (one
 # commit at a time each), metadata commits, link read-backs and consume pages. A busy node uses a
@@ -120,6 +122,12 @@ class Node:
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
         )
         self.retention = RetentionDriver(self, self.registry)
+        # Messages per shard this node accepted for produce (at a head; an acks=0 batch once
+        # queued) and served in consume pages, since it started: one add per batch or page.
+        self.produced: collections.Counter[int] = collections.Counter()
+        self.served: collections.Counter[int] = collections.Counter()
+        # When the process started, in seconds since the Unix epoch (the node's clock).
+        self.started_s = self.clock.now_s()
 
     @property
     def epoch(self) -> int:
@@ -301,8 +309,10 @@ class Node:
             # The store's checks run now, not in the task: "accepted" means the batch is valid.
             prepare_columns(*columns)
             self.spawn(_logged(replica.commit_ops(columns, producer)))
+            self.produced[shard_id] += len(keys)
             return 0, 0
         result = await replica.commit_ops(columns, producer)
+        self.produced[shard_id] += len(keys)
         if acks == -1:
             await self.await_committed(replica, result.last_seq)
         return result.first_seq, result.last_seq
@@ -324,7 +334,13 @@ class Node:
         replica = await self.head_replica(queue, shard_id)
         if hwm < 0 or hwm > replica.durable:
             raise InvalidRequest(f"hwm must be in [0, {replica.durable}]")
-        meta: dict[str, Any] = {f"{HWM_META}{queue}/{group}": hwm}
+        key = f"{HWM_META}{queue}/{group}"
+        if key not in replica.store.meta and len(marks_of(replica)) >= limits.groups_per_shard_max:
+            raise LimitExceeded(
+                f"shard {replica.shard_id} holds {limits.groups_per_shard_max} consumer groups "
+                "already (limits.groups_per_shard_max); delete one first"
+            )
+        meta: dict[str, Any] = {key: hwm}
         if state is not None:
             if len(state) > limits.group_state_bytes_max:
                 raise LimitExceeded(f"group state over {limits.group_state_bytes_max} bytes")
@@ -352,12 +368,10 @@ class Node:
             raise InvalidRequest(f"node {self.node_id} holds no replica of shard {shard}")
         if replica.repairing:  # its marks are an older state's, as in replica_for
             raise UnavailableError(f"shard {shard} is repairing its store on {self.node_id}")
-        groups = []
-        for name, value in sorted(replica.store.meta.items()):
-            if name.startswith(HWM_META) and isinstance(value, int):
-                queue, _, group = name[len(HWM_META) :].partition("/")
-                groups.append({"queue": queue, "group": group, "hwm": value})
-        return groups
+        return [
+            {"queue": queue, "group": group, "hwm": hwm}
+            for queue, group, hwm in sorted(marks_of(replica))
+        ]
 
     async def group_info(
         self, queue: str, group: str, shard_id: int | None = None
@@ -444,6 +458,7 @@ class Node:
             # queues or of high-water marks move the boundary but bring nothing to read).
             remaining = deadline - loop.time()
             if page.seqs or upto is not None or remaining <= 0:
+                self.served[replica.shard_id] += len(page.seqs)
                 return page
             await replica.wait_visible_past(page.boundary, remaining)
 

@@ -9,9 +9,12 @@ from typing import Any
 from kayos.cli.ctl.status_view import NodeAnswer, summarise, unreachable
 
 
-async def fetch_summary(urls: list[str], timeout_s: float, hint: str = "") -> dict[str, Any]:
+async def fetch_summary(
+    urls: list[str], timeout_s: float, hint: str = "", *, groups: bool = False
+) -> dict[str, Any]:
     """The topology from the first of ``urls`` that serves it, then every node's status at once
-    (``hint``: where the URLs came from, for the message when none answers)."""
+    (``hint``: where the URLs came from, for the message when none answers; ``groups``: with
+    each tail's consumer groups and their lag, ``GET /v1/status?groups=1``)."""
     from kayos.client.http import HttpTransport
     from kayos.errors import KayosError
     from kayos.topology import Topology
@@ -32,7 +35,8 @@ async def fetch_summary(urls: list[str], timeout_s: float, hint: str = "") -> di
 
         async def ask(url: str) -> NodeAnswer:
             try:
-                answer = await transport.request("GET", f"{url}/v1/status", timeout_s=timeout_s)
+                path = f"{url}/v1/status" + ("?groups=1" if groups else "")
+                answer = await transport.request("GET", path, timeout_s=timeout_s)
             except KayosError as exc:
                 return f"{type(exc).__name__}: {exc}"
             return answer if isinstance(answer, dict) else f"not a status reply: {answer!r:.80}"

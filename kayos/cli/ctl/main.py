@@ -51,14 +51,16 @@ def status(
     as_json: bool,
 ) -> None:
     """Topology, every node's reachability, every chain link's state and lag, whether each shard is
-    fully replicated, each replica's repair state, the manager's view (leader, epoch, node states;
+    fully replicated, each replica's repair state, each consumer group's lag in messages and
+    seconds, the manager's view (leader, epoch, node states;
     its members from the --topology file or --manager) and alerts. Exits 0 when healthy, 1 when
     degraded (any alert), 2 when no node could be reached. See docs/operations.md, "kayos ctl
     status"."""
     from kayos.client.operator import fetch_manager
 
     managers = _manager_urls(topology_path, manager_urls)
-    summary = asyncio.run(fetch_summary(list(cluster.urls), timeout_s, cluster.hint()))
+    urls = list(cluster.urls)
+    summary = asyncio.run(fetch_summary(urls, timeout_s, cluster.hint(), groups=True))
     answer = asyncio.run(fetch_manager(managers, timeout_s)) if managers else None
     summary = with_manager(summary, answer, managers)
     if as_json:

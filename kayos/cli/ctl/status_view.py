@@ -170,7 +170,21 @@ def _shard(
         "in_sync": in_sync,
         "members": members,
         "links": links,
+        "groups": _groups(shard.tails, key, statuses),
     }
+
+
+def _groups(
+    tails: tuple[str, ...], key: str, statuses: Mapping[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The shard's consumer groups and their lag as its first tail that reported them counts it
+    (``GET /v1/status?groups=1``; a tail counts what consumers would read there), each with the
+    ``node`` that answered."""
+    for tail in tails:
+        found = statuses.get(tail, {}).get("shards", {}).get(key, {}).get("groups")
+        if isinstance(found, list):
+            return [{**group, "node": tail} for group in found if isinstance(group, dict)]
+    return []
 
 
 def _member_alerts(
@@ -346,6 +360,7 @@ def render(summary: Mapping[str, Any], style: Style) -> str:
                 f"  {link['from']} -> {link['to']}  {shown}  heard {_seconds(link)}  "
                 f"lag {_or_dash(link['lag_entries'])} entries"
             )
+        lines += [f"  {_group_text(group)}" for group in shard.get("groups", ())]
         for member in shard["members"]:
             if member["catching_up"]:
                 lines.append(f"  {member['node']}: {style('catching up', fg='yellow')}")
@@ -359,6 +374,17 @@ def render(summary: Mapping[str, Any], style: Style) -> str:
             tag = style(alert["severity"].upper(), fg=fg, bold=True)
             lines.append(f"  {tag} {alert['code']}: {alert['message']}")
     return "\n".join(lines)
+
+
+def _group_text(group: Mapping[str, Any]) -> str:
+    """A group's lag on one line: ``group orders/billing: mark 120, lag 30 messages, 4.2 s``."""
+    about = "" if group.get("lag_exact", True) else "about "
+    seconds = group.get("lag_seconds")
+    age = "age unknown" if seconds is None else f"{seconds:.1f} s"
+    return (
+        f"group {group.get('queue')}/{group.get('group')}: mark {group.get('hwm')}, "
+        f"lag {about}{group.get('lag_messages')} messages, {age} (at {group.get('node')})"
+    )
 
 
 def repair_text(repair: Mapping[str, Any], style: Style) -> str:

@@ -31,8 +31,9 @@ from kayos.node.http.bodies import (
     shard_query,
 )
 from kayos.node.http.lease_api import apply_lease, apply_write_hold
-from kayos.node.http.metrics import Collector
+from kayos.node.http.metrics import Collector, Labelled, cluster_label
 from kayos.node.http.operator_api import routes as operator_routes
+from kayos.node.lag import group_lags
 from kayos.node.replicas import learners
 from kayos.node.runtime import Node
 
@@ -61,11 +62,15 @@ def make_app(node: Node) -> web.Application:
     _read_routes(routes, node)
     _manager_routes(routes, node)
 
+    collector = Collector(node)
+    node.registry.register(collector)
+
     @routes.get("/metrics")
     async def metrics(request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(node.registry), content_type="text/plain")
-
-    node.registry.register(Collector(node))
+        await collector.refresh()
+        labels = {"node": node.node_id, "cluster": cluster_label(node.topology)}
+        body = generate_latest(Labelled(node.registry, labels))
+        return web.Response(body=body, content_type="text/plain")
 
     async def answer_watchers(app: web.Application) -> None:
         # Before the runner waits for handlers to end: a watcher must not hold a stop up.
@@ -108,7 +113,15 @@ def _cluster_routes(routes: web.RouteTableDef, node: Node) -> None:
 
     @routes.get("/v1/status")
     async def status(request: web.Request) -> web.Response:
-        return web.json_response(node.status())
+        document = node.status()
+        if request.query.get("groups") == "1":
+            # The groups' lag takes a scan: only when asked (kayos ctl status), never in the
+            # manager's polls.
+            for lag in await group_lags(node.replicas, node.clock.now_s()):
+                shard = document["shards"].get(str(lag.shard))
+                if shard is not None:
+                    shard.setdefault("groups", []).append(lag.to_json())
+        return web.json_response(document)
 
 
 def _queue_routes(routes: web.RouteTableDef, node: Node) -> None:

@@ -1,18 +1,64 @@
 """A node's gauges and counters for ``GET /metrics`` (docs/node-api.md, "Metrics"), read from its
 replicas at each scrape. ``make_app`` registers ``Collector`` in the node's registry, beside the
-commit histogram and retention's metrics, which their owners register.
+commit histogram and retention's metrics, which their owners register, and serves the registry
+through ``Labelled``: every sample of every family carries the node's ``node`` and ``cluster``
+labels, added once per scrape rather than by each metric.
+
+The consumer groups' lag takes a scan of the stores (``kayos.node.lag``): the route awaits
+``Collector.refresh`` (a worker thread) before the registry is collected, so ``collect`` itself
+only reads.
 """
 
 from __future__ import annotations
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from collections.abc import Iterator
+from typing import Any
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.samples import Sample
+
+from kayos.node.lag import GroupLag, group_lags
 from kayos.node.pages import lag_seconds as lag_seconds_of
+from kayos.node.retention import disk_status
 from kayos.node.runtime import HWM_META, Node
 from kayos.node.status import link_status
 from kayos.replication.shard.replica import ShardReplica
+from kayos.topology import Topology
 
 Family = GaugeMetricFamily | CounterMetricFamily
+
+# The ``cluster`` label of a node whose topology names no cluster id (a file without
+# ``cluster_id`` and ``secret``: such a node replicates with no peer, so it is a cluster alone).
+UNIDENTIFIED_CLUSTER = "unidentified"
+
+# The kinds of ``kayos_topology_changes_total``, each reported from 0 on (``change_kinds``).
+CHANGE_KINDS = ("topology", "shard_remade", "shard_opened", "shard_closed", "became_head")
+
+
+def cluster_label(topology: Topology) -> str:
+    """The ``cluster`` label: the cluster id of the topology file (a UUID, the same on every
+    node and for the cluster's life), else ``UNIDENTIFIED_CLUSTER``."""
+    identity = topology.identity
+    return identity.cluster_id if identity is not None else UNIDENTIFIED_CLUSTER
+
+
+class Labelled:
+    """A registry as ``/metrics`` serves it: the same families, every sample with ``labels``
+    added (a metric's own label of the same name would be replaced: none has one)."""
+
+    def __init__(self, registry: Any, labels: dict[str, str]) -> None:
+        self._registry = registry
+        self._labels = labels
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._registry.collect():
+            out = Metric(family.name, family.documentation, family.type, family.unit)
+            out.samples = [
+                Sample(sample.name, {**sample.labels, **self._labels}, *sample[2:])
+                for sample in family.samples
+            ]
+            yield out
 
 
 class _ReplicaFamilies:
@@ -126,26 +172,127 @@ class _GroupFamilies:
                     self.lag_seconds.add_metric([str(shard_id), queue, group], since)
 
 
+class _ConsumerFamilies:
+    """Each consumer group's lag as the shard's tail counts it (``kayos.node.lag``)."""
+
+    def __init__(self) -> None:
+        labels = ["shard", "queue", "group"]
+        self.messages = GaugeMetricFamily(
+            "kayos_consumer_lag_messages",
+            "Messages of the group's queue committed past its high-water mark, counted on a tail "
+            "of the shard at each scrape (an estimate that errs high past the scan budget)",
+            labels=labels,
+        )
+        self.seconds = GaugeMetricFamily(
+            "kayos_consumer_lag_seconds",
+            "Age in seconds of the group's oldest unread committed message by the tail's time "
+            "index (at most one sampling interval too old; 0 when nothing is unread; absent when "
+            "unknown)",
+            labels=labels,
+        )
+
+    def add(self, lag: GroupLag) -> None:
+        key = [str(lag.shard), lag.queue, lag.group]
+        self.messages.add_metric(key, lag.messages)
+        if lag.seconds is not None:
+            self.seconds.add_metric(key, lag.seconds)
+
+
+def _node_families(node: Node) -> list[Family]:
+    """The node's own: up and since when, its topology epoch and what topologies changed here,
+    write holds, its disk, and the messages it took in and served per shard."""
+    ready = GaugeMetricFamily("kayos_node_ready", "1 while the node serves requests, else 0")
+    ready.add_metric([], 1 if node.ready else 0)
+    started = GaugeMetricFamily(
+        "kayos_node_start_time_seconds", "When the node process started, in Unix seconds"
+    )
+    started.add_metric([], node.started_s)
+    epoch = GaugeMetricFamily(
+        "kayos_topology_epoch", "Epoch of the topology the node runs (it rises with each change)"
+    )
+    epoch.add_metric([], node.epoch)
+    changes = CounterMetricFamily(
+        "kayos_topology_changes",
+        "Events of the topologies the node adopted since it started, by kind: topology (one per "
+        "topology), shard_remade/shard_opened/shard_closed (its replicas), became_head",
+        labels=["kind"],
+    )
+    for kind in (*CHANGE_KINDS, *sorted(set(node.reconfigure.changes) - set(CHANGE_KINDS))):
+        changes.add_metric([kind], node.reconfigure.changes[kind])
+    holds = CounterMetricFamily(
+        "kayos_write_holds",
+        "Write holds the node started since it started (one per shard it became head of while "
+        "an earlier head's lease may still run)",
+    )
+    holds.add_metric([], node.reconfigure.holds_taken)
+    disk = disk_status(node.data_dir, node.replicas)
+    free = GaugeMetricFamily(
+        "kayos_disk_free_bytes", "Free bytes of the node's data directory's file system"
+    )
+    if disk["free_bytes"] is not None:
+        free.add_metric([], disk["free_bytes"])
+    reserve = GaugeMetricFamily(
+        "kayos_disk_reserve_bytes", "Free bytes below which the node refuses writes"
+    )
+    reserve.add_metric([], disk["reserve_bytes"])
+    produced = CounterMetricFamily(
+        "kayos_produced_messages",
+        "Messages the node accepted for produce as a head since it started (acks=0: once queued)",
+        labels=["shard"],
+    )
+    consumed = CounterMetricFamily(
+        "kayos_consumed_messages",
+        "Messages the node served in consume pages since it started (range reads included)",
+        labels=["shard"],
+    )
+    held = GaugeMetricFamily(
+        "kayos_shard_write_held",
+        "1 while the head holds the shard's writes after becoming head, else 0",
+        labels=["shard"],
+    )
+    now_s = node.clock.monotonic_s()
+    for shard_id in sorted(set(node.replicas) | set(node.produced) | set(node.served)):
+        produced.add_metric([str(shard_id)], node.produced[shard_id])
+        consumed.add_metric([str(shard_id)], node.served[shard_id])
+    for shard_id, replica in node.replicas.items():
+        if replica.role == "head":
+            holding = node.reconfigure.held_until_s(shard_id) > now_s
+            held.add_metric([str(shard_id)], 1 if holding else 0)
+    return [ready, started, epoch, changes, holds, free, reserve, produced, consumed, held]
+
+
 class Collector:
     """The node's metrics that are read, not counted as they happen: one pass over its replicas
-    per scrape."""
+    per scrape, and the groups' lag of the last ``refresh``."""
 
     def __init__(self, node: Node) -> None:
         self._node = node
+        self._lags: list[GroupLag] = []
+
+    async def refresh(self) -> None:
+        """Counts every group's lag (``kayos.node.lag``) for the next ``collect``."""
+        node = self._node
+        self._lags = await group_lags(node.replicas, node.clock.now_s())
 
     def collect(self) -> list[Family]:
         replicas, links, groups = _ReplicaFamilies(), _LinkFamilies(), _GroupFamilies()
+        consumers = _ConsumerFamilies()
         now_s = self._node.clock.now_s()
         for shard_id, replica in self._node.replicas.items():
             links.add(shard_id, replica)
             replicas.add(shard_id, replica)
             groups.add(shard_id, replica, now_s)
+        for lag in self._lags:
+            consumers.add(lag)
         return [
+            *_node_families(self._node),
             replicas.last,
             replicas.committed,
             replicas.size,
             groups.lag,
             groups.lag_seconds,
+            consumers.messages,
+            consumers.seconds,
             links.up,
             links.heard,
             links.lag,

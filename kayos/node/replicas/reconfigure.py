@@ -15,6 +15,7 @@ topology at a time.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import json
@@ -119,6 +120,27 @@ def plan_changes(node: str, old: Topology, new: Topology) -> dict[int, Change]:
         else:
             plan[shard_id] = "keep" if before == after else "remake"
     return plan
+
+
+_CHANGE_KINDS: dict[Change, str] = {
+    "remake": "shard_remade",
+    "open": "shard_opened",
+    "close": "shard_closed",
+}
+
+
+def change_kinds(node: str, old: Topology, new: Topology, plan: dict[int, Change]) -> list[str]:
+    """What adopting ``new`` over ``old`` does at ``node``, one kind per event: ``topology``
+    (once), ``shard_remade``, ``shard_opened`` or ``shard_closed`` per shard of ``plan`` that
+    is not kept, and ``became_head`` per shard ``node`` heads in ``new`` and did not in ``old``
+    (a failover or a move that made it head)."""
+    kinds = ["topology"]
+    kinds += [_CHANGE_KINDS[change] for change in plan.values() if change != "keep"]
+    for shard_id, shard in new.shards.items():
+        before = old.shards.get(shard_id)
+        if shard.head == node and (before is None or before.head != node):
+            kinds.append("became_head")
+    return kinds
 
 
 # --- signed topology messages --------------------------------------------------------------------
@@ -308,6 +330,10 @@ class Reconfigurer:
         self.write_holds: dict[int, WriteHold] = {}
         # Requests waiting for this node to adopt a newer topology (GET /v1/topology?after=).
         self.watch = TopologyWatch()
+        # What this node's adopted topologies changed here since it started, by kind
+        # (``change_kinds``), and the write holds they started: ``/metrics`` counters.
+        self.changes: collections.Counter[str] = collections.Counter()
+        self.holds_taken = 0
 
     def held_until_s(self, shard_id: int) -> float:
         hold = self.write_holds.get(shard_id)
@@ -407,9 +433,11 @@ class Reconfigurer:
                 leaving.append(replica)
             elif change == "open":
                 self.changing.add(shard_id)
+        self.changes.update(change_kinds(node.node_id, node.topology, new, plan))
         if node.lease.state.managed:
             holds, now_s = self.write_holds, node.clock.monotonic_s()
             self.write_holds = adopt_holds(node.node_id, node.topology, new, holds, now_s)
+            self.holds_taken += sum(h.epoch == new.epoch for h in self.write_holds.values())
         node.lease.adopted(new.epoch)
         node.topology = new
         self.message = message

@@ -256,7 +256,7 @@ def test_the_json_schema_keys_are_stable() -> None:
     shard = summary["shards"][0]
     assert set(shard) == {
         "id", "chain", "fanout", "head", "tails", "last_seq", "committed_seq",
-        "fully_replicated", "in_sync", "members", "links",
+        "fully_replicated", "in_sync", "members", "links", "groups",
     }  # fmt: skip
     assert set(shard["members"][0]) == {
         "node", "role", "reachable", "last_seq", "committed_seq", "catching_up",
@@ -268,6 +268,24 @@ def test_the_json_schema_keys_are_stable() -> None:
     for alert in summary["alerts"]:
         assert {"severity", "code", "message"} <= set(alert)
         assert alert["severity"] in {"critical", "warning"}
+
+
+def test_each_shards_groups_and_their_lag_come_from_its_tail() -> None:
+    topo = topology()
+    answers = healthy_answers(topo)
+    lag = {"queue": "q", "group": "g", "hwm": 7, "boundary": 12, "lag_messages": 5}
+    replica(answers, "c", 0)["groups"] = [{**lag, "lag_seconds": 4.25, "lag_exact": True}]
+    # A member that is not the tail is not asked for its groups' lag (and would not count).
+    replica(answers, "a", 0)["groups"] = [{**lag, "lag_seconds": 99.0, "lag_exact": True}]
+    replica(answers, "a", 1)["groups"] = [{**lag, "lag_seconds": None, "lag_exact": False}]
+    summary = summarise(SOURCE, topo, answers)
+    (group,) = summary["shards"][0]["groups"]
+    assert group == {**lag, "lag_seconds": 4.25, "lag_exact": True, "node": "c"}
+    assert summary["shards"][1]["groups"][0]["node"] == "a"
+    text = render(summary, lambda text, **_: text)
+    assert "group q/g: mark 7, lag 5 messages, 4.2 s (at c)" in text
+    assert "group q/g: mark 7, lag about 5 messages, age unknown (at a)" in text
+    assert summary["health"] == "healthy"
 
 
 def test_text_has_colour_only_when_styled() -> None:
