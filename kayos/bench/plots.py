@@ -250,10 +250,12 @@ def plot_kestrel(result: dict[str, Any], path: str) -> None:
         labels = [f"{row['workload']}\n{row['clients']} clients" for row in rows]
         positions = list(range(len(rows)))
         width = 0.4
-        kayos = axis.bar([p - width / 2 for p in positions], [r["ops_per_s"] for r in rows],
+        compared = any("memcached_ops_per_s" in row for row in rows)
+        shift = width / 2 if compared else 0.0
+        kayos = axis.bar([p - shift for p in positions], [r["ops_per_s"] for r in rows],
                          width, label="Kestrel front")  # fmt: skip
         axis.bar_label(kayos, fmt="%.0f", fontsize="x-small")
-        if any("memcached_ops_per_s" in row for row in rows):
+        if compared:
             memcached = [row.get("memcached_ops_per_s", 0) for row in rows]
             bars = axis.bar([p + width / 2 for p in positions], memcached, width,
                             label="memcached", color="tab:gray")  # fmt: skip
