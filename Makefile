@@ -3,7 +3,8 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# The Spark extra (pyspark, pyarrow: about 700 MB) is installed for the tests only.
+# The Spark extra (pyspark, pyarrow: about 700 MB) is installed for the tests only; the plot extra
+# (matplotlib: the benchmarks' pictures, docs/benchmarks.md) with the dev one.
 SPARK_STAMP := $(VENV)/.installed-spark
 
 .PHONY: dev run test test-fast lint typecheck docs bench bench-produce bench-spark clean
@@ -11,11 +12,11 @@ SPARK_STAMP := $(VENV)/.installed-spark
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,docs]'
+	$(BIN)/pip install --quiet -e '.[dev,docs,plot]'
 	touch $(STAMP)
 
 $(SPARK_STAMP): $(STAMP) pyproject.toml
-	$(BIN)/pip install --quiet -e '.[dev,docs,spark]'
+	$(BIN)/pip install --quiet -e '.[dev,docs,plot,spark]'
 	touch $(SPARK_STAMP)
 
 dev: $(STAMP)

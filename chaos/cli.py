@@ -15,6 +15,20 @@ from chaos import checker
 from chaos.history import dump_jsonl, load_jsonl
 from chaos.procs import faults, netfaults
 from kayos import limits
+from kayos.cli.progress import Progress, wanted
+
+
+class CampaignProgress(Progress):
+    """The progress line of ``chaos run``: the campaign's lines above it, each fault counted
+    and named as it begins."""
+
+    def echo(self, line: str) -> None:
+        self.line(f"chaos: {line}")
+        if line.startswith("fault "):  # "fault N: KIND NODE HOLDs", as each fault begins
+            self.phase(line)
+            self.advance()
+        elif line.startswith("heal"):
+            self.phase(line)
 
 
 def sim_plants() -> list[str]:
@@ -85,6 +99,10 @@ def run_command(
         raise click.BadParameter("--minutes must be > 0, --producers >= 1, --managers >= 0")
     seed = new_seed() if seed is None else seed
     click.echo(f"chaos: seed {seed} (replay: kayos chaos run --seed {seed})", err=True)
+    # On a terminal a line with the fault phase's time and the faults done (of --faults).
+    shown = CampaignProgress(
+        "chaos run", enabled=wanted(as_json), total=faults_max, expected_s=minutes * 60
+    )
     config = Config(
         seed=seed,
         fault_phase_s=minutes * 60,
@@ -94,9 +112,10 @@ def run_command(
         kinds=chosen,
         base_dir=Path(base) if base else None,
         history_path=Path(history) if history else None,
-        echo=lambda line: click.echo(f"chaos: {line}", err=True),
+        echo=shown.echo,
     )
-    report = run(config).to_json()
+    with shown:
+        report = run(config).to_json()
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:

@@ -38,10 +38,12 @@ import platform
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from kayos import limits
+from kayos.bench.series import BIN_S, per_bin, quantiles_ms
 from kayos.local.cluster import LocalCluster
 
 BENCH_QUEUE = "bench"
@@ -163,10 +165,13 @@ async def _produce_phase(
     value: bytes,
     queue: str = BENCH_QUEUE,
     per_call: int | None = None,
+    done: list[tuple[float, float]] | None = None,
 ) -> tuple[float, list[float]]:
     """Produces ``messages`` in calls of ``per_call`` (default ``batch``) with ``in_flight``
-    calls outstanding; returns the wall time and each call's produce->committed latency."""
+    calls outstanding; returns the wall time and each call's produce->committed latency, and
+    appends each call's (seconds since the phase began, messages committed) to ``done``."""
     latencies: list[float] = []
+    done = [] if done is None else done
     size = per_call or parameters.batch
     starts = iter(range(0, parameters.messages, size))
 
@@ -177,9 +182,11 @@ async def _produce_phase(
             began = time.perf_counter()
             # Split by shard (one part on a one-shard queue), each part to its head at once.
             await client.produce_sharded(queue, items, acks="all")
-            latencies.append(time.perf_counter() - began)
+            ended = time.perf_counter()
+            latencies.append(ended - began)
+            done.append((ended - phase_began, float(end - start)))
 
-    began = time.perf_counter()
+    phase_began = began = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(parameters.in_flight)))
     return time.perf_counter() - began, latencies
 
@@ -202,27 +209,35 @@ async def _consume_phase(client: Any, queue: str = BENCH_QUEUE) -> tuple[int, fl
 
 
 async def _run(
-    urls: list[str], parameters: ProduceBenchParameters, meter: CpuMeter | None = None
+    urls: list[str],
+    parameters: ProduceBenchParameters,
+    meter: CpuMeter | None = None,
+    phase: Callable[[str], None] = lambda _name: None,
 ) -> dict[str, Any]:
     from kayos.client.aio import AsyncClient
 
     value = bytes(range(256))[: parameters.value_bytes].ljust(parameters.value_bytes, b"x")
     async with AsyncClient(urls, name="kayos-bench") as client:
+        phase("warm-up")
         for number in range(warmup_batches):
             items = [(_key(number * parameters.batch + i), value) for i in range(parameters.batch)]
             await client.produce_batch(WARMUP_QUEUE, items, acks="all")
         cpu: dict[str, Any] = {}
         if meter is not None:
             meter.start()
-        seconds, batch_latencies = await _produce_phase(client, parameters, value)
+        done: list[tuple[float, float]] = []
+        seconds, batch_latencies = await _produce_phase(client, parameters, value, done=done)
         if meter is not None:
             cpu["one_shard"] = meter.stop(parameters.messages)
+        phase(f"single produces ({parameters.singles})")
         single_latencies = await _single_phase(client, parameters.singles, value)
+        phase("consume")
         consumed, consume_seconds = await _consume_phase(client)
         sharded: dict[str, Any] = {}
         if parameters.queue_shards > 1:
             if meter is not None:
                 meter.start()
+            phase(f"sharded produce ({parameters.queue_shards} shards)")
             sharded_seconds, sharded_latencies = await _produce_phase(
                 client,
                 parameters,
@@ -254,6 +269,14 @@ async def _run(
     result["consumed"] = consumed
     if cpu:
         result["cpu"] = cpu
+    # The pictures' series (--plot): messages committed per bin of the batched phase, and the
+    # commit latencies' quantiles (a CDF).
+    result["series"] = {
+        "bin_s": BIN_S,
+        "committed_per_bin": [round(v) for v in per_bin(done, 0.0, seconds + BIN_S)],
+        "commit_quantiles_ms": quantiles_ms(batch_latencies),
+        "single_commit_quantiles_ms": quantiles_ms(single_latencies),
+    }
     return {**result, **sharded}
 
 
@@ -267,9 +290,14 @@ def machine_facts() -> dict[str, Any]:
     }
 
 
-def bench_produce(parameters: ProduceBenchParameters, base: str | None = None) -> dict[str, Any]:
+def bench_produce(
+    parameters: ProduceBenchParameters,
+    base: str | None = None,
+    phase: Callable[[str], None] = lambda _name: None,
+) -> dict[str, Any]:
     """Starts the cluster under ``base`` (a temporary directory if None), runs the workload,
-    stops the cluster and returns the figures with the parameters and machine facts."""
+    stops the cluster and returns the figures with the parameters and machine facts; ``phase``
+    is told the name of each phase as it begins (a progress display)."""
     directory = base or tempfile.mkdtemp(prefix="kayos-bench-produce-")
     cluster = LocalCluster(
         os.path.join(directory, "cluster"),
@@ -281,10 +309,12 @@ def bench_produce(parameters: ProduceBenchParameters, base: str | None = None) -
         else {},
     )
     try:
+        phase(f"starting {parameters.node_count} nodes")
         with cluster:
             pids = [cluster.pid(node) for node in cluster.urls]
             meter = CpuMeter([os.getpid(), *(pid for pid in pids if pid is not None)])
-            figures = asyncio.run(_run(list(cluster.urls.values()), parameters, meter))
+            figures = asyncio.run(_run(list(cluster.urls.values()), parameters, meter, phase))
+            phase("stopping the cluster")
             exits = cluster.stop()
     finally:
         if base is None:

@@ -22,6 +22,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -29,6 +30,8 @@ from kayos.bench.produce import machine_facts
 from kayos.local.cluster import LocalCluster
 from kayos.local.http import http_json
 
+# The disk-use series in the JSON keeps at most this many samples (thinned evenly).
+SERIES_POINTS_MAX = 600
 SOAK_QUEUE = "soak"
 SOAK_GROUP = "soak-reader"
 
@@ -73,6 +76,9 @@ class _Sampler:
         self.interval_s = interval_s
         self.peak = dict.fromkeys(directories, 0)
         self.samples = 0
+        self.began = time.monotonic()
+        # [seconds since the sampler was made, each node's bytes in ``directories``' order].
+        self.series: list[list[float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="retention-sampler", daemon=True)
 
@@ -86,7 +92,23 @@ class _Sampler:
         for node, used in now.items():
             self.peak[node] = max(self.peak[node], used)
         self.samples += 1
+        self.series.append([round(time.monotonic() - self.began, 3), *now.values()])
         return now
+
+    def thinned(self) -> dict[str, Any]:
+        """The disk-use series (the picture's, --plot), at most ``SERIES_POINTS_MAX`` samples
+        (every k-th, the last kept), in MB per node."""
+        step = max(1, -(-len(self.series) // SERIES_POINTS_MAX))
+        kept = self.series[::step]
+        if self.series and kept[-1] is not self.series[-1]:
+            kept.append(self.series[-1])
+        return {
+            "t_s": [row[0] for row in kept],
+            "disk_mb": {
+                node: [round(row[1 + i] / (1 << 20), 2) for row in kept]
+                for i, node in enumerate(self.directories)
+            },
+        }
 
     def __enter__(self) -> _Sampler:
         self._thread.start()
@@ -149,12 +171,18 @@ async def _run(urls: list[str], parameters: RetentionSoakParameters) -> dict[str
     }
 
 
-def bench_retention(parameters: RetentionSoakParameters, base: str | None = None) -> dict[str, Any]:
+def bench_retention(
+    parameters: RetentionSoakParameters,
+    base: str | None = None,
+    phase: Callable[[str], None] = lambda _name: None,
+) -> dict[str, Any]:
     """Starts the cluster under ``base`` (a temporary directory if None), runs the soak, stops
-    the cluster and returns the figures with the parameters and machine facts."""
+    the cluster and returns the figures with the parameters and machine facts; ``phase`` is told
+    what runs as it begins (a progress display)."""
     directory = base or tempfile.mkdtemp(prefix="kayos-bench-retention-")
     cluster = LocalCluster(os.path.join(directory, "cluster"), nodes=3, replicas=3, shards=1)
     try:
+        phase("starting 3 nodes")
         with cluster:
             head = cluster.url(cluster.head_of(SOAK_QUEUE))
             status, reply = http_json(
@@ -167,6 +195,8 @@ def bench_retention(parameters: RetentionSoakParameters, base: str | None = None
                 raise RuntimeError(f"setting the policy failed: {status} {reply}")
             directories = {node: str(cluster.data_dir(node)) for node in cluster.ids}
             sampler = _Sampler(directories, parameters.sample_interval_ms / 1000)
+            volume_mb = parameters.volume_factor * parameters.budget_bytes / (1 << 20)
+            phase(f"soak: {volume_mb:g} MB produced and consumed")
             with sampler:
                 figures = asyncio.run(_run(list(cluster.urls.values()), parameters))
             final = sampler.sample()
@@ -185,6 +215,7 @@ def bench_retention(parameters: RetentionSoakParameters, base: str | None = None
         "final_disk_bytes": final,
         "within_budget": max(peak.values()) <= parameters.budget_bytes,
         "samples": sampler.samples,
+        "disk_series": sampler.thinned(),
         "node_exit_codes": exits,
         "parameters": {**asdict(parameters), "policy": {"until_consumed": True}},
         "machine": machine_facts(),

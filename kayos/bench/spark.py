@@ -28,6 +28,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -146,16 +147,23 @@ def _client_read(urls: list[str], queue: str) -> tuple[int, float]:
         return count, time.perf_counter() - began
 
 
-def bench_spark(parameters: SparkBenchParameters, base: str | None = None) -> dict[str, Any]:
+def bench_spark(
+    parameters: SparkBenchParameters,
+    base: str | None = None,
+    phase: Callable[[str], None] = lambda _name: None,
+) -> dict[str, Any]:
     """Starts a 3-node, 3-shard LocalCluster under ``base`` (a temporary directory if None)
-    and a local[2] SparkSession, runs the phases, stops both and returns the figures."""
+    and a local[2] SparkSession, runs the phases, stops both and returns the figures; ``phase``
+    is told each phase's name as it begins (a progress display)."""
     root = tempfile.mkdtemp(prefix="kayos-bench-spark-", dir=base)
     cluster = LocalCluster(os.path.join(root, "cluster"), nodes=3, replicas=3, shards=3)
     spark = None
     try:
+        phase("starting 3 nodes")
         cluster.start_all()
         urls = list(cluster.urls.values())
         endpoints = ",".join(urls)
+        phase("starting Spark (local[2]) and warming up")
         spark = _session()
         # Warm-up: the JVM, the Python workers and the source's planning, on a small queue.
         _write(spark, endpoints, WARMUP_QUEUE, 1000, parameters.value_bytes)
@@ -165,10 +173,15 @@ def bench_spark(parameters: SparkBenchParameters, base: str | None = None) -> di
         spark.dataSource.register(FloorSource)
         _floor_read(spark, SparkBenchParameters(rows=1000))
 
+        phase(f"Spark batch write ({parameters.rows} rows)")
         write_s = _write(spark, endpoints, BENCH_QUEUE, parameters.rows, parameters.value_bytes)
+        phase("client read")
         client_rows, client_s = _client_read(urls, BENCH_QUEUE)
+        phase("Spark batch read")
         batch_rows, batch_s = _batch_read(spark, endpoints, BENCH_QUEUE, parameters.min_partitions)
+        phase("Spark floor (a source that reads nothing)")
         floor_rows, floor_s = _floor_read(spark, parameters)
+        phase("Spark availableNow stream read")
         stream_rows, stream_s = _stream_read(
             spark, endpoints, BENCH_QUEUE, parameters, os.path.join(root, "checkpoint")
         )

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 _U64 = struct.Struct(">Q")
@@ -168,8 +168,12 @@ def bench_storage(
     seed: int = 1,
     base: str | None = None,
     with_lmdb: bool = True,
+    phase: Callable[[str], None] = lambda _name: None,
 ) -> dict[str, Any]:
+    """The shard store, then lmdb (unless ``with_lmdb`` is False), each in a child process on
+    the same workload; ``phase`` is told which runs as it begins (a progress display)."""
     base = base or tempfile.gettempdir()
+    phase(f"shard store: {messages} messages")
     kayos = _child("kayos", messages, batch, seed, base)
     result: dict[str, Any] = {
         "workload": {
@@ -184,6 +188,7 @@ def bench_storage(
         **kayos,
     }
     if with_lmdb:
+        phase(f"lmdb: {messages} messages")
         baseline = _child("lmdb", messages, batch, seed, base)
         result["lmdb_msgs_per_s"] = baseline["msgs_per_s"]
         result["lmdb_scan_msgs_per_s"] = baseline["scan_msgs_per_s"]

@@ -5,6 +5,7 @@ JSON to a file."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +13,57 @@ from typing import Any
 import click
 
 from kayos.cli.address import deprecated_option
+from kayos.cli.progress import Progress, wanted
+
+# What a bench's run gets to report its phases with (``Progress.phase``).
+Phase = Callable[[str], None]
+
+
+def _check_plot(_context: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """``--plot``'s check, at parse time (before any bench runs): matplotlib is installed (the
+    ``plot`` extra) and the picture's directory exists."""
+    if value is None:
+        return None
+    from kayos.bench.plots import missing_matplotlib
+
+    missing = missing_matplotlib()
+    if missing is not None:
+        raise click.BadParameter(missing)
+    directory = os.path.dirname(os.path.abspath(value))
+    if not os.path.isdir(directory):
+        raise click.BadParameter(f"no directory {directory} to write the picture in")
+    return value
+
+
+def plot_option(command: Callable[..., None]) -> Callable[..., None]:
+    """``--plot FILE.png``: every bench's picture of its figures (kayos/bench/plots.py)."""
+    return click.option(
+        "--plot",
+        type=click.Path(dir_okay=False),
+        default=None,
+        callback=_check_plot,
+        expose_value=True,
+        help="Also draw the figures to this PNG file (needs the plot extra: matplotlib).",
+    )(command)
+
+
+def _run(
+    name: str, as_json: bool, run: Callable[[Phase], dict[str, Any]], **progress: Any
+) -> dict[str, Any]:
+    """Runs a bench under a progress line (on a terminal, not with --json)."""
+    with Progress(f"bench {name}", enabled=wanted(as_json), **progress) as shown:
+        return run(shown.phase)
+
+
+def _draw(name: str, result: dict[str, Any], plot: str | None) -> None:
+    """Writes ``name``'s picture of ``result`` to ``plot`` if given (after the figures are out:
+    a picture that fails loses no figures)."""
+    if plot is None:
+        return
+    from kayos.bench.plots import write_plot
+
+    write_plot(name, result, plot)
+    click.echo(f"bench {name}: picture written to {plot}", err=True)
 
 
 @click.group()
@@ -27,6 +79,7 @@ def bench() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
 @click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the files.")
+@plot_option
 def bench_storage_command(
     messages: int,
     per_commit: int,
@@ -35,12 +88,20 @@ def bench_storage_command(
     as_json: bool,
     out: str | None,
     base: str | None,
+    plot: str | None,
 ) -> None:
     """The shard store vs lmdb (sync on, key + seq index) on one workload."""
     from kayos.bench.storage import bench_storage
 
-    result = bench_storage(messages, per_commit, seed, base, with_lmdb=not no_lmdb)
+    result = _run(
+        "storage",
+        as_json,
+        lambda phase: bench_storage(
+            messages, per_commit, seed, base, with_lmdb=not no_lmdb, phase=phase
+        ),
+    )
     _bench_report(result, as_json, out, skip=("workload",))
+    _draw("storage", result, plot)
 
 
 def _bench_report(
@@ -76,6 +137,7 @@ def _bench_report(
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
 @click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
+@plot_option
 def bench_retention_command(
     budget_bytes: int | None,
     volume_factor: int | None,
@@ -84,6 +146,7 @@ def bench_retention_command(
     as_json: bool,
     out: str | None,
     base: str | None,
+    plot: str | None,
 ) -> None:
     """The retention soak: a queue with until_consumed and a consumer keeping up; produces
     volume-factor x budget and reports each node's disk use against the budget."""
@@ -99,8 +162,9 @@ def bench_retention_command(
         parameters = RetentionSoakParameters(**{k: v for k, v in given.items() if v is not None})
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
-    result = bench_retention(parameters, base)
-    _bench_report(result, as_json, out, skip=("machine", "parameters"))
+    result = _run("retention", as_json, lambda phase: bench_retention(parameters, base, phase))
+    _bench_report(result, as_json, out, skip=("machine", "parameters", "disk_series"))
+    _draw("retention", result, plot)
     if not result["within_budget"] or result["consumed"] != result["messages"]:
         sys.exit(1)
 
@@ -122,6 +186,7 @@ def bench_retention_command(
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
 @click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
+@plot_option
 def bench_produce_command(
     messages: int | None,
     batch: int | None,
@@ -133,6 +198,7 @@ def bench_produce_command(
     as_json: bool,
     out: str | None,
     base: str | None,
+    plot: str | None,
 ) -> None:
     """A local chain of node processes: produce with acks=all through the client, then consume."""
     from kayos.bench.produce import ProduceBenchParameters, bench_produce
@@ -151,7 +217,9 @@ def bench_produce_command(
         parameters = ProduceBenchParameters(**{k: v for k, v in given.items() if v is not None})
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
-    _bench_report(bench_produce(parameters, base), as_json, out)
+    result = _run("produce", as_json, lambda phase: bench_produce(parameters, base, phase))
+    _bench_report(result, as_json, out, skip=("series",))
+    _draw("produce", result, plot)
 
 
 def _load_options(command: Callable[..., None]) -> Callable[..., None]:
@@ -209,6 +277,7 @@ def _load_options(command: Callable[..., None]) -> Callable[..., None]:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
 @click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the clusters.")
+@plot_option
 def bench_failover_command(
     faults: str,
     roles: str,
@@ -224,6 +293,7 @@ def bench_failover_command(
     as_json: bool,
     out: str | None,
     base: str | None,
+    plot: str | None,
 ) -> None:
     """3 nodes + 3 managers: kill -9 and SIGSTOP of each role as connected acks=all producers
     see them (writes_resume_s, longest_gap_s, lost, duplicates), and false_removals under
@@ -251,8 +321,17 @@ def bench_failover_command(
         parameters = FailoverBenchParameters(**{k: v for k, v in given.items() if v is not None})
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
-    result = bench_failover(parameters, base, echo=lambda line: click.echo(line, err=True))
+    total = parameters.repeat * len(parameters.faults) * len(parameters.roles)
+    with Progress("bench failover", enabled=wanted(as_json), total=total) as shown:
+
+        def echo(line: str) -> None:
+            shown.line(line)
+            if line.startswith("bench failover: ") and "#" in line:  # a case's line
+                shown.advance()
+
+        result = bench_failover(parameters, base, echo=echo, phase=shown.phase)
     _bench_report(result, as_json, out, lines=text_lines(result))
+    _draw("failover", result, plot)
 
 
 @bench.command("heal")
@@ -270,6 +349,7 @@ def bench_failover_command(
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
 @click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
+@plot_option
 def bench_heal_command(
     shard_mb: int | None,
     detection_window_ms: int | None,
@@ -280,6 +360,7 @@ def bench_heal_command(
     as_json: bool,
     out: str | None,
     base: str | None,
+    plot: str | None,
 ) -> None:
     """3 nodes + 3 managers, acks=all producers throughout: dead and slow node removal, catch-up."""
     from kayos.bench.membership.heal import HealBenchParameters, bench_heal
@@ -297,7 +378,9 @@ def bench_heal_command(
         parameters = HealBenchParameters(**{k: v for k, v in given.items() if v is not None})
     except (ValueError, KayosError) as exc:
         raise click.BadParameter(str(exc)) from exc
-    _bench_report(bench_heal(parameters, base), as_json, out, skip=("runs", "machine"))
+    result = _run("heal", as_json, lambda phase: bench_heal(parameters, base, phase))
+    _bench_report(result, as_json, out, skip=("runs", "machine"))
+    _draw("heal", result, plot)
 
 
 @bench.command("grow")
@@ -308,6 +391,7 @@ def bench_heal_command(
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
 @click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
+@plot_option
 def bench_grow_command(
     shard_mb: int | None,
     producers: int | None,
@@ -317,6 +401,7 @@ def bench_grow_command(
     as_json: bool,
     out: str | None,
     base: str | None,
+    plot: str | None,
 ) -> None:
     """3 loaded nodes + 3 managers: add a 4th and rebalance; produce rate before/during, bytes."""
     from kayos.bench.membership.grow import GrowBenchParameters, bench_grow
@@ -330,7 +415,9 @@ def bench_grow_command(
         parameters = GrowBenchParameters(**{k: v for k, v in given.items() if v is not None})
     except (ValueError, KayosError) as exc:
         raise click.BadParameter(str(exc)) from exc
-    _bench_report(bench_grow(parameters, base), as_json, out, skip=("machine",))
+    result = _run("grow", as_json, lambda phase: bench_grow(parameters, base, phase))
+    _bench_report(result, as_json, out, skip=("machine", "grow_series"))
+    _draw("grow", result, plot)
 
 
 @bench.command("spark")
@@ -340,6 +427,7 @@ def bench_grow_command(
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
 @click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
+@plot_option
 def bench_spark_command(
     rows: int | None,
     value_bytes: int | None,
@@ -347,6 +435,7 @@ def bench_spark_command(
     as_json: bool,
     out: str | None,
     base: str | None,
+    plot: str | None,
 ) -> None:
     """The Spark source (local[2]) against the plain client on a local chain (needs kayos[spark]
     and java): batch write, batch read, availableNow stream read, client read."""
@@ -357,7 +446,9 @@ def bench_spark_command(
         parameters = SparkBenchParameters(**{k: v for k, v in given.items() if v is not None})
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
-    _bench_report(bench_spark(parameters, base), as_json, out)
+    result = _run("spark", as_json, lambda phase: bench_spark(parameters, base, phase))
+    _bench_report(result, as_json, out)
+    _draw("spark", result, plot)
 
 
 @bench.command("kestrel")
@@ -384,6 +475,7 @@ def bench_spark_command(
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
 @click.option("--dir", "base", type=click.Path(), default=None, help="Where to put logs, nodes.")
+@plot_option
 def bench_kestrel_command(
     clients: str,
     ops: int,
@@ -395,6 +487,7 @@ def bench_kestrel_command(
     as_json: bool,
     out: str | None,
     base: str | None,
+    plot: str | None,
 ) -> None:
     """The Kestrel memcache front under python-memcached clients: set and get/open/close rates,
     against memcached's when one is on PATH or given."""
@@ -408,4 +501,6 @@ def bench_kestrel_command(
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
-    _bench_report(bench_kestrel(parameters, base), as_json, out)
+    result = _run("kestrel", as_json, lambda phase: bench_kestrel(parameters, base, phase))
+    _bench_report(result, as_json, out)
+    _draw("kestrel", result, plot)

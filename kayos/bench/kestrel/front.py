@@ -35,7 +35,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -279,9 +279,14 @@ def _front_scenarios(
     return figures, code
 
 
-def bench_kestrel(parameters: KestrelBenchParameters, base: str | None = None) -> dict[str, Any]:
+def bench_kestrel(
+    parameters: KestrelBenchParameters,
+    base: str | None = None,
+    phase: Callable[[str], None] = lambda _name: None,
+) -> dict[str, Any]:
     """Runs every scenario (memcached, the memory-backed front, and the cluster-backed front
-    with ``parameters.cluster``) and returns the figures with the parameters and machine facts."""
+    with ``parameters.cluster``) and returns the figures with the parameters and machine facts;
+    ``phase`` is told which backend runs as it begins (a progress display)."""
     directory = base or tempfile.mkdtemp(prefix="kayos-bench-kestrel-")
     value = bytes(range(256))[: parameters.value_bytes].ljust(parameters.value_bytes, b"x")
     results: dict[str, dict[tuple[str, int], dict[str, Any]]] = {}
@@ -289,12 +294,15 @@ def bench_kestrel(parameters: KestrelBenchParameters, base: str | None = None) -
     try:
         with memcached_server(parameters.memcached) as memcached:
             if memcached is not None:
+                phase("memcached")
                 results["memcached"] = _scenarios(
                     memcached, parameters, parameters.ops, value, memcached=True
                 )
         log = os.path.join(directory, "kestrel-memory.log")
+        phase("the front on the memory backend")
         results["memory"], exits["memory"] = _front_scenarios(log, None, parameters, value)
         if parameters.cluster:
+            phase("the front on a local 3-node chain")
             with LocalCluster(os.path.join(directory, "cluster"), nodes=3, replicas=3) as cluster:
                 log = os.path.join(directory, "kestrel-cluster.log")
                 seed = cluster.url(cluster.ids[0])

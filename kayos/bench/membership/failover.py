@@ -33,6 +33,7 @@ from typing import Any
 
 from kayos import limits
 from kayos.bench.membership.failover_figures import (
+    Call,
     all_resumed_at,
     case_summary,
     longest_gap_s,
@@ -48,6 +49,7 @@ from kayos.bench.membership.failover_load import (
     read_back,
 )
 from kayos.bench.produce import machine_facts
+from kayos.bench.series import BIN_S, counts_per_bin
 from kayos.client.sync import Client
 from kayos.errors import KayosError
 from kayos.local.cluster import LocalCluster
@@ -62,6 +64,8 @@ ROLE_INDEX = {"head": 0, "middle": 1, "tail": -1}
 FIGURES = ("writes_resume_s", "longest_gap_s", "acks", "errors", "lost", "duplicates")
 SHARD = 0
 POLL_S = 0.01  # the period of the bounded polls below (conditions, not synchronisation)
+# The acknowledgement timeline a case records for its picture starts this long before the fault.
+TIMELINE_BEFORE_S = 1.0
 # Producer threads end the call they are in when told to stop: at most the client's own request
 # timeout, plus its retries' backoff.
 PRODUCERS_JOIN_S = limits.client_request_timeout_ms / 1000 + 10.0
@@ -369,6 +373,19 @@ def case_figures(
         "acks": sum(1 for call in in_case if call.ok),
         "errors": sum(1 for call in in_case if not call.ok),
         "error_kinds": dict(producers.error_kinds),
+        "timeline": timeline(calls, fault_s, end_s),
+    }
+
+
+def timeline(calls: list[Call], fault_s: float, end_s: float) -> dict[str, Any]:
+    """Acknowledgements and errors per ``BIN_S`` from ``TIMELINE_BEFORE_S`` before the fault to
+    the case's end (the failover picture: the fault at ``from_fault_s`` after its start)."""
+    start_s = fault_s - TIMELINE_BEFORE_S
+    return {
+        "bin_s": BIN_S,
+        "from_fault_s": -TIMELINE_BEFORE_S,
+        "acks": counts_per_bin((c.done_s for c in calls if c.ok), start_s, end_s),
+        "errors": counts_per_bin((c.done_s for c in calls if not c.ok), start_s, end_s),
     }
 
 
@@ -451,8 +468,10 @@ def bench_failover(
     parameters: FailoverBenchParameters,
     base: str | None = None,
     echo: Callable[[str], None] = lambda _line: None,
+    phase: Callable[[str], None] = lambda _name: None,
 ) -> dict[str, Any]:
-    """Runs the matrix and the stall phase; returns every figure (docs/performance.md)."""
+    """Runs the matrix and the stall phase; returns every figure (docs/performance.md).
+    ``phase`` is told what runs as it begins (a progress display)."""
     seed = parameters.seed
     if seed is None:
         seed = random.SystemRandom().randrange(2**32)
@@ -461,15 +480,19 @@ def bench_failover(
     session = Session(root, parameters.client)
     runs: list[dict[str, Any]] = []
     stalls: dict[str, Any] | None = None
+    total = parameters.repeat * len(parameters.faults) * len(parameters.roles)
     try:
+        phase("starting 3 nodes and 3 managers")
         session.open()
         for repetition in range(parameters.repeat):
             for fault in parameters.faults:
                 for role in parameters.roles:
+                    phase(f"case {len(runs) + 1}/{total}: {fault} {role} #{repetition + 1}")
                     record = guarded_case(session, parameters, fault, role, repetition)
                     runs.append(record)
                     echo(progress_line(record))
         if parameters.stall_seconds > 0:
+            phase(f"stall phase ({parameters.stall_seconds:g} s)")
             if not session.whole(parameters.whole_timeout_s):
                 session.replace()
             try:

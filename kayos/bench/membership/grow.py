@@ -37,6 +37,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -51,6 +52,7 @@ from kayos.bench.membership.load import (
     producers_for,
 )
 from kayos.bench.produce import machine_facts
+from kayos.bench.series import BIN_S, Sampler, counts_per_bin
 from kayos.client.operator import post_operator_until
 from kayos.client.sync import Client
 from kayos.identity import write_private
@@ -64,6 +66,8 @@ from kayos.topology import NodeAddr, Topology
 PRODUCE_DURING_SHARE_TARGET = 0.8
 SHARDS = 3
 NEW_NODE = "d"
+# The period of the new node's copied-bytes samples (the picture's series, --plot).
+COPY_SAMPLE_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,12 +230,23 @@ def _replica_counts(status: dict[str, Any]) -> dict[str, int]:
     return dict(sorted(replicas.items()))
 
 
+def _copied_bytes(directory: Path) -> int:
+    """The disk blocks the new node's data directory holds (sparse store files count what they
+    hold)."""
+    return sum(f.stat().st_blocks * 512 for f in (directory / NEW_NODE).rglob("*") if f.is_file())
+
+
 def _run(
-    cluster: LocalCluster, directory: Path, parameters: GrowBenchParameters, offered: float | None
+    cluster: LocalCluster,
+    directory: Path,
+    parameters: GrowBenchParameters,
+    offered: float | None,
+    phase: Callable[[str], None] = lambda _name: None,
 ) -> dict[str, Any]:
     urls = list(cluster.urls.values())
     step = parameters.step_timeout_s
     wait_for(lambda: manager_status(cluster), "a manager leader", step)
+    phase(f"filling {SHARDS} shards to {parameters.shard_mb} MB")
     _fill(urls, queue_per_shard(cluster.topology, "grow-fill"), parameters.shard_mb,
           parameters.fill_value_bytes)  # fmt: skip
     cluster.wait_replicated(step)
@@ -242,15 +257,22 @@ def _run(
         wait_for(lambda: answers(address.http_url), f"node {NEW_NODE} answering", step)
         producers.start()
         wait_for(lambda: producers.acked_between(0, time.monotonic()) > 0, "a first ack", step)
+        phase(f"warm-up ({parameters.warmup_s:g} s)")
         time.sleep(parameters.warmup_s)  # the fill's compaction settles; not measured
         wait_for(producers.caught_up, "the producers' backlog", step)
         before_start = time.monotonic()
+        sampler = Sampler(lambda: _copied_bytes(directory) / (1 << 20), COPY_SAMPLE_S, before_start)
+        sampler.start()
+        phase(f"baseline ({parameters.baseline_s:g} s)")
         time.sleep(parameters.baseline_s)  # the phase's length, not a synchronisation
         before_end = time.monotonic()
+        phase(f"add {NEW_NODE} and rebalance")
         start_epoch, planned = _add_and_rebalance(cluster, address, parameters)
         during_end = time.monotonic()
+        phase(f"after ({parameters.after_s:g} s)")
         time.sleep(parameters.after_s)  # the phase's length, not a synchronisation
         after_end = time.monotonic()
+        copied_samples = sampler.stop()
         final = manager_status(cluster)
     finally:
         producers.finish(step)
@@ -267,7 +289,7 @@ def _run(
     drop = load["produce_drop"]
     assert final is not None
     replicas = _replica_counts(final)
-    copied = sum(f.stat().st_blocks * 512 for f in (directory / NEW_NODE).rglob("*") if f.is_file())
+    copied = _copied_bytes(directory)
     return {
         "load": load["load"],
         "produce_offered_per_s": load["produce_offered_per_s"],
@@ -287,10 +309,35 @@ def _run(
         "replicas": replicas,
         "min_replicas_seen": min_replicas_since(cluster, start_epoch),
         "produce_errors": producers.errors,
+        "grow_series": _series(
+            producers, (before_start, before_end, during_end, after_end), copied_samples
+        ),
     }
 
 
-def bench_grow(parameters: GrowBenchParameters, base: str | None = None) -> dict[str, Any]:
+def _series(
+    producers: Producers, times: tuple[float, float, float, float], copied: list[list[float]]
+) -> dict[str, Any]:
+    """The picture's series (--plot), in seconds from the baseline's start: ``times`` are the
+    baseline's start, the move's start and end, the run's end."""
+    before_start, before_end, during_end, after_end = times
+    with producers.lock:
+        acked = [done for _, done in producers.calls]
+    return {
+        "bin_s": BIN_S,
+        "move_start_s": round(before_end - before_start, 3),
+        "move_end_s": round(during_end - before_start, 3),
+        "acks_per_bin": counts_per_bin(acked, before_start, after_end),
+        "copied_mb_samples": copied,
+    }
+
+
+def bench_grow(
+    parameters: GrowBenchParameters,
+    base: str | None = None,
+    phase: Callable[[str], None] = lambda _name: None,
+) -> dict[str, Any]:
+    """Runs the bench (twice with ``both_loads``); ``phase`` is told what runs as it begins."""
     root = Path(base or tempfile.mkdtemp(prefix="kayos-bench-grow-"))
     rates = [None, parameters.produce_rate] if parameters.both_loads else [parameters.produce_rate]
     results: list[dict[str, Any]] = []
@@ -301,8 +348,9 @@ def bench_grow(parameters: GrowBenchParameters, base: str | None = None) -> dict
                 directory / "cluster", nodes=3, replicas=3, shards=SHARDS, managers=3,
                 manager_config=parameters.manager_config(),
             )  # fmt: skip
+            phase("starting 3 nodes and 3 managers")
             with cluster:
-                results.append(_run(cluster, directory, parameters, rate))
+                results.append(_run(cluster, directory, parameters, rate, phase))
                 cluster.stop()
     finally:
         if base is None:

@@ -52,6 +52,7 @@ from kayos.bench.membership.load import (
     producers_for,
 )
 from kayos.bench.produce import machine_facts
+from kayos.bench.series import BIN_S, counts_per_bin
 from kayos.client.sync import Client
 from kayos.local.cluster import LocalCluster
 from kayos.local.http import http_json
@@ -60,6 +61,8 @@ from kayos.manager.member.config import Config
 QUEUE = "heal"
 FILL_QUEUE = "heal-fill"
 POLL_S = 0.02  # the period of every bounded poll below (a condition, not a synchronisation)
+# The period of the returning node's samples in the catch-up series (the picture's, --plot).
+CATCHUP_SAMPLE_S = 0.25
 
 # The issue's targets.
 DEAD_BEYOND_WINDOW_S_TARGET = 1.0
@@ -261,10 +264,9 @@ def _catchup_phase(
     started = time.monotonic()
     cluster.start(victim)  # returns once the node answers
     ready = time.monotonic()
+    samples: list[list[float]] = []
     caught = wait_for(
-        lambda: (
-            int(_shard_status(cluster, victim).get("durable_seq", 0)) >= target and time.monotonic()
-        ),
+        _catchup_poll(cluster, victim, target, baseline_start, samples),
         f"{victim} catching up to seq {target}",
         parameters.catchup_timeout_s,
     )
@@ -282,9 +284,49 @@ def _catchup_phase(
     figures["produce_drop_during_catchup"] = load["produce_drop"]
     figures["ack_p99_ms_before_catchup"] = load["ack_p99_ms_before"]
     figures["ack_p99_ms_during_catchup"] = load["ack_p99_ms_during"]
+    with producers.lock:
+        acked = [done for _, done in producers.calls]
+    # The picture's series (--plot): times in seconds from the baseline's start.
+    figures["catchup_series"] = {
+        "bin_s": BIN_S,
+        "catchup_start_s": round(ready - baseline_start, 3),
+        "catchup_end_s": round(caught - baseline_start, 3),
+        "acks_per_bin": counts_per_bin(acked, baseline_start, caught),
+        "node_samples": samples,
+        "node_sample_fields": ["t_s", "durable_seq", "store_mb"],
+    }
 
 
-def _one_run(directory: str, parameters: HealBenchParameters, rate: float | None) -> dict[str, Any]:
+def _catchup_poll(
+    cluster: LocalCluster, node: str, target: int, origin: float, samples: list[list[float]]
+) -> Callable[[], float | bool]:
+    """A ``wait_for`` condition: the time ``node``'s durable seq reached ``target``, else False;
+    it appends [seconds since ``origin``, durable seq, store MB] to ``samples`` every
+    ``CATCHUP_SAMPLE_S``."""
+    last = [-CATCHUP_SAMPLE_S]
+
+    def poll() -> float | bool:
+        now = time.monotonic()
+        durable = int(_shard_status(cluster, node).get("durable_seq", 0))
+        if now - last[0] >= CATCHUP_SAMPLE_S:
+            last[0] = now
+            try:
+                store_mb = _file_mb(cluster, node)
+            except OSError:  # a file replaced between listing and stat: the last sample's
+                store_mb = samples[-1][2] if samples else 0.0
+            samples.append([round(now - origin, 3), durable, round(store_mb, 2)])
+        return durable >= target and now
+
+    return poll
+
+
+def _one_run(
+    directory: str,
+    parameters: HealBenchParameters,
+    rate: float | None,
+    phase: Callable[[str], None] = lambda _name: None,
+) -> dict[str, Any]:
+    phase("disk probe")
     probe_mb = parameters.disk_probe_mb or max(16, parameters.shard_mb)
     disk = disk_seq_write_mb_per_s(directory, probe_mb)
     window_s = parameters.detection_window_ms / 1000
@@ -298,8 +340,10 @@ def _one_run(directory: str, parameters: HealBenchParameters, rate: float | None
         manager_config=parameters.manager_config(),
     )
     step = parameters.step_timeout_s
+    phase("starting 3 nodes and 3 managers")
     with cluster:
         urls = list(cluster.urls.values())
+        phase(f"filling the shard to {parameters.shard_mb} MB")
         _fill(urls, parameters.shard_mb, parameters.fill_value_bytes)
         cluster.wait_replicated(step)
         producers = producers_for(urls, parameters.producers, (QUEUE,), rate)
@@ -309,6 +353,7 @@ def _one_run(directory: str, parameters: HealBenchParameters, rate: float | None
             victim = "b"
 
             # 1. Slow node.
+            phase("slow node")
             slow_s, state, reason = _slow_phase(cluster, parameters, victim)
             figures["slow_node_removed_s"] = slow_s
             figures["slow_node_removed_as"] = state
@@ -316,8 +361,10 @@ def _one_run(directory: str, parameters: HealBenchParameters, rate: float | None
             _full_again(cluster, step)
 
             # 2. Dead node: the middle of the chain as it is now (b rejoined as the tail).
+            phase("dead node")
             victim, survivors = _dead_phase(cluster, producers, window_s, step, figures)
             # 3. Catch-up of a returning node with no copy of the shard.
+            phase(f"baseline ({parameters.baseline_s:g} s), then catch-up")
             _catchup_phase(cluster, producers, parameters, victim, survivors, figures)
             _full_again(cluster, step)
         finally:
@@ -366,9 +413,14 @@ def _targets(figures: dict[str, Any], window_s: float) -> dict[str, dict[str, An
     }
 
 
-def bench_heal(parameters: HealBenchParameters, base: str | None = None) -> dict[str, Any]:
+def bench_heal(
+    parameters: HealBenchParameters,
+    base: str | None = None,
+    phase: Callable[[str], None] = lambda _name: None,
+) -> dict[str, Any]:
     """Runs the scenario ``parameters.repeat`` times; returns the figures (medians when repeated),
-    their ranges, the targets and whether each is met, and every run's figures."""
+    their ranges, the targets and whether each is met, and every run's figures. ``phase`` is
+    told what runs as it begins (a progress display)."""
     root = base or tempfile.mkdtemp(prefix="kayos-bench-heal-")
     rates = [None, parameters.produce_rate] if parameters.both_loads else [parameters.produce_rate]
     runs: list[dict[str, Any]] = []
@@ -376,10 +428,11 @@ def bench_heal(parameters: HealBenchParameters, base: str | None = None) -> dict
         for index in range(parameters.repeat):
             for kind, rate in enumerate(rates):
                 name = f"run-{index}" + ("-open" if kind else "")
+                label = f"run {len(runs) + 1}/{parameters.repeat * len(rates)}: "
                 directory = os.path.join(root, name)
                 os.makedirs(directory, exist_ok=True)
                 try:
-                    runs.append(_one_run(directory, parameters, rate))
+                    runs.append(_one_run(directory, parameters, rate, _labelled(phase, label)))
                 finally:
                     if base is not None:  # a directory the caller chose: keep the processes' logs
                         logs = os.path.join(directory, "cluster", "logs")
@@ -399,6 +452,11 @@ def bench_heal(parameters: HealBenchParameters, base: str | None = None) -> dict
     result["parameters"] = asdict(parameters)
     result["machine"] = machine_facts()
     return result
+
+
+def _labelled(phase: Callable[[str], None], label: str) -> Callable[[str], None]:
+    """``phase`` with ``label`` before every name (which run of several a phase belongs to)."""
+    return lambda name: phase(f"{label}{name}")
 
 
 def _summary(runs: list[dict[str, Any]], parameters: HealBenchParameters) -> dict[str, Any]:

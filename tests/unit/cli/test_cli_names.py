@@ -115,6 +115,7 @@ MEANINGS: dict[str, tuple[str, str]] = {
     "--node": ("a node (repeatable)", r"node"),
     "--nodes": ("how many node processes", r"Node processes"),
     "--out": ("the file to write the result to", r"write"),
+    "--plot": ("the PNG file to draw the figures to", r"draw the figures"),
     "--produce-rate": ("open-loop producers' rate", r"msgs/s"),
     "--producers": ("how many producer threads", r"[Pp]roducer threads"),
     "--repeat": ("how many runs or repetitions", r"Runs|Repetitions"),

@@ -162,7 +162,7 @@ def test_bench_kestrel_cluster_switch_still_runs_the_local_cluster_with_a_note(
 
     asked: list[bool] = []
 
-    def bench(parameters: Any, base: Any) -> dict[str, Any]:
+    def bench(parameters: Any, base: Any, phase: Any) -> dict[str, Any]:
         asked.append(parameters.cluster)
         return {}
 
