@@ -306,6 +306,10 @@ assert 0 < snapshot_produce_share_max <= 1
 consume_wait_ms_max = 60_000
 # Messages in one consume page: a page is built in memory and sent as one reply.
 consume_page_entries_max = 10_000
+# Time-index samples a consume page with times=1 carries (docs/node-api.md, "Append times"): the
+# node sends only samples some message of the page lands on, so at most one per message, plus one
+# "unknown past here" marker; a client refuses a reply with more (16 bytes each: 160 KB at most).
+consume_page_time_samples_max = consume_page_entries_max + 1
 # A snapshot's first page at a tail waits at most this long for the tail's commit point to cover
 # what the tail held durably when the request came (read your acks=all writes at the tail: the
 # head answered, its COMMIT_POINT is still on its way down), and only while linked upstream.
@@ -419,6 +423,7 @@ compaction_window_fraction = 10
 gc_thresholds = (50_000, 20, 100)
 
 assert consume_page_entries_max <= scan_page_entries_max
+assert consume_page_time_samples_max >= consume_page_entries_max + 1, "a full page's samples fit"
 assert 4 <= json_depth_max < 500, "every valid body fits; far below Python's recursion limit"
 assert link_retry_delay_ms_min <= link_retry_delay_ms_max
 

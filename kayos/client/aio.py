@@ -317,6 +317,7 @@ class AsyncClient:
         page_size: int = 1000,
         wait_s: float = 0.0,
         shard: int | None = None,
+        times: bool = False,
     ) -> AsyncGenerator[Page, None]:
         """One consumer snapshot ``(hwm, boundary]`` of the group, paged from a tail; the last
         page has ``end=True`` (then ``commit(queue, group, page.boundary)`` acknowledges it).
@@ -326,7 +327,8 @@ class AsyncClient:
         which; each shard's last page has ``end=True``: commit it with ``shard=page.shard``).
         With ``wait_s`` and nothing new anywhere, every shard is long-polled at once and the
         first with entries is read first. ``shard`` reads that shard of the queue only (one
-        consumer per shard, as a Kafka consumer owns partitions)."""
+        consumer per shard, as a Kafka consumer owns partitions). With ``times``, each message
+        carries its append time (``Message.append_ms``; docs/node-api.md, "Append times")."""
         check_queue_name(queue)
         check_group_name(group)
         check_u64(page_size, "page_size", low=1, high=limits.consume_page_entries_max)
@@ -335,6 +337,8 @@ class AsyncClient:
         # columns=1: the node sends each page column by column (docs/node-api.md), which it builds
         # and this client decodes with no object per message until the caller asks for them.
         params = {"group": group, "limit": str(page_size), "columns": "1"}
+        if times:
+            params["times"] = "1"
         wait_ms = min(int(wait_s * 1000), limits.consume_wait_ms_max)
         self._router.recent_topology()
         fetch = functools.partial(self._page, queue)
@@ -498,12 +502,14 @@ class AsyncClient:
         limit: int = 1000,
         upto: int | None = None,
         shard: int | None = None,
+        times: bool = False,
     ) -> Page:
         """One page of the queue's live entries after ``after`` as of now, from a tail, without
         a consumer group (for recovery scans of layers that keep their own cursors). With
         ``upto``, the page is of the snapshot ``(after, upto]`` read as of ``upto`` (a range
         reader's next page; the page's ``boundary`` is below ``upto`` while the answering tail's
-        commit point is). ``shard`` names one of a queue's several shards."""
+        commit point is). ``shard`` names one of a queue's several shards. With ``times``, each
+        message carries its append time (``Message.append_ms``)."""
         check_queue_name(queue)
         shard_id = self.topology.queue_shard(queue, shard)
         check_u64(after, "after")
@@ -511,6 +517,8 @@ class AsyncClient:
         params = {"group": "_read", "after": str(after), "limit": str(limit), "columns": "1"}
         if upto is not None:
             params["upto"] = str(check_u64(upto, "upto"))
+        if times:
+            params["times"] = "1"
         return await self._page(queue, shard_id, params, 0.0)
 
     async def list_groups(self) -> list[tuple[str, str, int]]:

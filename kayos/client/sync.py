@@ -139,8 +139,11 @@ class Client:
         page_size: int = 1000,
         wait_s: float = 0.0,
         shard: int | None = None,
+        times: bool = False,
     ) -> Iterator[Page]:
-        pages = self._client.consume(queue, group, page_size=page_size, wait_s=wait_s, shard=shard)
+        pages = self._client.consume(
+            queue, group, page_size=page_size, wait_s=wait_s, shard=shard, times=times
+        )
         try:
             while True:
                 try:
@@ -186,8 +189,11 @@ class Client:
         limit: int = 1000,
         upto: int | None = None,
         shard: int | None = None,
+        times: bool = False,
     ) -> Page:
-        return self._run(self._client.read(queue, after=after, limit=limit, upto=upto, shard=shard))
+        return self._run(
+            self._client.read(queue, after=after, limit=limit, upto=upto, shard=shard, times=times)
+        )
 
     def list_groups(self) -> list[tuple[str, str, int]]:
         return self._run(self._client.list_groups())

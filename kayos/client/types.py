@@ -15,6 +15,7 @@ from typing import Any, Literal, NamedTuple, TypeAlias, overload
 
 from kayos import limits
 from kayos.checks import check_expiry_ms, check_item_key, check_text, encode_text
+from kayos.client.times import known_times, samples_from_reply, times_of
 from kayos.errors import InvalidRequest, LimitExceeded, ProtocolError
 
 Acks: TypeAlias = Literal["all", 0, 1, -1]
@@ -37,6 +38,8 @@ ItemLike: TypeAlias = Item | tuple[Data, Data | None] | tuple[Data, Data | None,
 
 class Message(NamedTuple):
     """One consumed version: ``value`` is None and ``deleted`` True for a tombstone.
+    ``append_ms`` is its append time in unix ms (docs/node-api.md, "Append times"); None unless
+    the page was read with ``times=True``, or when the tail does not know it.
 
     A named tuple, so a page's messages are built from its columns in C (``Page.messages``)."""
 
@@ -46,12 +49,14 @@ class Message(NamedTuple):
     expiry_ms: int = 0
     headers: dict[str, bytes] | None = None
     deleted: bool = False
+    append_ms: int | None = None
 
 
 class PageColumns(NamedTuple):
     """A page's messages field by field: message i is ``seqs[i]``, ``keys[i]``, ``values[i]``
     (None for a tombstone) and so on. The optional columns are None when no message of the page
-    has one: ``expiries_ms`` (all 0), ``headers`` (all None), ``deleted`` (no tombstone)."""
+    has one: ``expiries_ms`` (all 0), ``headers`` (all None), ``deleted`` (no tombstone),
+    ``append_ms`` (no known append time: not asked for, or unknown)."""
 
     seqs: Sequence[int]
     keys: Sequence[bytes]
@@ -59,6 +64,7 @@ class PageColumns(NamedTuple):
     expiries_ms: Sequence[int] | None = None
     headers: Sequence[dict[str, bytes] | None] | None = None
     deleted: Sequence[bool] | None = None
+    append_ms: Sequence[int | None] | None = None
 
 
 _new_message = tuple.__new__  # a Message from one zipped row, with no Python-level __new__
@@ -76,7 +82,7 @@ class MessageView(Sequence[Message]):
         self._columns = columns
 
     def _rows(self, start: int, stop: int) -> Iterator[tuple[Any, ...]]:
-        seqs, keys, values, expiries, headers, deleted = self._columns
+        seqs, keys, values, expiries, headers, deleted, appended = self._columns
         count = stop - start
         return zip(
             seqs[start:stop],
@@ -85,6 +91,7 @@ class MessageView(Sequence[Message]):
             repeat(0, count) if expiries is None else expiries[start:stop],
             repeat(None, count) if headers is None else headers[start:stop],
             repeat(False, count) if deleted is None else deleted[start:stop],
+            repeat(None, count) if appended is None else appended[start:stop],
             strict=True,
         )
 
@@ -203,7 +210,8 @@ class Page:
             if not self._messages:
                 columns = PageColumns((), (), ())
             else:
-                seqs, keys, values, expiries, headers, deleted = zip(*self._messages, strict=True)
+                rows = zip(*self._messages, strict=True)
+                seqs, keys, values, expiries, headers, deleted, appended = rows
                 columns = PageColumns(
                     seqs,
                     keys,
@@ -211,6 +219,7 @@ class Page:
                     expiries if any(expiries) else None,
                     None if headers.count(None) == len(headers) else headers,
                     deleted if any(deleted) else None,
+                    known_times(appended),
                 )
             object.__setattr__(self, "_columns", columns)
         return columns
@@ -439,11 +448,17 @@ def page_from_reply(raw: Any) -> Page:
         shard, group = int(raw["shard"]), str(raw["group"])
         hwm, boundary = int(raw["hwm"]), int(raw["boundary"])
         position, end = int(raw["next"]), bool(raw["end"])
+        samples = None if raw.get("times") is None else samples_from_reply(raw["times"])
         if "seqs" in raw:
             columns = columns_from_reply(raw)
             check_seqs(hwm, boundary, columns.seqs)
+            if samples is not None:
+                columns = columns._replace(append_ms=known_times(times_of(columns.seqs, samples)))
             return Page.from_columns(shard, group, hwm, boundary, columns, position, end)
         messages = tuple(message_from_reply(m) for m in raw["messages"])
+        if samples is not None:
+            appended = iter(times_of([m.seq for m in messages], samples))
+            messages = tuple(m._replace(append_ms=next(appended)) for m in messages)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProtocolError(f"malformed consume reply: {exc!r}") from exc
     page = Page(shard, group, hwm, boundary, messages, position, end)

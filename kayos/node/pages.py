@@ -42,7 +42,8 @@ class Page:
     """One consume page, column by column: ``seqs[i]``, ``keys[i]`` (without the queue prefix),
     ``values[i]`` (None for a delete) describe message i. The optional columns are None when no
     message of the page has one: ``expiries_ms`` (all 0), ``headers`` (all None), ``deleted``
-    (no tombstone)."""
+    (no tombstone). ``times`` is None unless the consumer asked for the time-index samples
+    (``TimeIndex.covering``; docs/node-api.md, "Append times")."""
 
     shard: int
     group: str
@@ -56,6 +57,7 @@ class Page:
     deleted: list[bool] | None
     next: int
     end: bool
+    times: list[tuple[int, int | None]] | None = None
 
     def __len__(self) -> int:
         return len(self.seqs)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import random
 import socket
@@ -411,7 +412,10 @@ class Node:
         limit: int,
         wait_ms: int,
         shard_id: int | None = None,
+        times: bool = False,
     ) -> Page:
+        """One page of the group's snapshot from this tail (docs/node-api.md, "Consume"); with
+        ``times``, carrying the time-index samples of its messages ("Append times")."""
         check_group_name(group)
         replica = self.replica_for(queue, want="tail", shard_id=shard_id)
         key = f"{HWM_META}{queue}/{group}"
@@ -459,6 +463,8 @@ class Node:
             remaining = deadline - loop.time()
             if page.seqs or upto is not None or remaining <= 0:
                 self.served[replica.shard_id] += len(page.seqs)
+                if times:  # the index belongs to this event loop: read it here, not in the thread
+                    page = dataclasses.replace(page, times=replica.time_index.covering(page.seqs))
                 return page
             await replica.wait_visible_past(page.boundary, remaining)
 

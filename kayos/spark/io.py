@@ -106,18 +106,24 @@ def arrow_schema(include_headers: bool) -> pa.Schema:
 
 
 def page_batch(page: Page, queue: str, schema: pa.Schema) -> pa.RecordBatch:
-    """One consume page as an Arrow record batch, straight from its columns."""
+    """One consume page as an Arrow record batch, straight from its columns; ``timestamp`` from
+    the messages' append times (docs/spark.md, "The timestamp column"), null where unknown."""
     import pyarrow as pa
 
     columns = page.columns
     count = len(columns.seqs)
+    stamp = pa.timestamp("us", tz="UTC")
+    if columns.append_ms is None:
+        timestamps = pa.nulls(count, stamp)
+    else:
+        timestamps = pa.array(columns.append_ms, pa.timestamp("ms", tz="UTC")).cast(stamp)
     arrays = [
         pa.array(columns.keys, pa.binary()),
         pa.array(columns.values, pa.binary()),
         pa.DictionaryArray.from_arrays(pa.array([0] * count, pa.int8()), [queue]).cast(pa.string()),
         pa.array([page.shard] * count, pa.int32()),
         pa.array(columns.seqs, pa.int64()),
-        pa.nulls(count, pa.timestamp("us", tz="UTC")),
+        timestamps,
     ]
     if len(schema) == 7:
         headers = columns.headers or [None] * count
@@ -133,17 +139,23 @@ def page_batch(page: Page, queue: str, schema: pa.Schema) -> pa.RecordBatch:
 def read_range(
     client: Client, rng: SeqRange, page_rows: int, include_headers: bool
 ) -> Iterator[pa.RecordBatch]:
-    """The queue's entries of ``(rng.after, rng.upto]`` as of ``rng.upto``, page by page, the
-    next page asked for while the caller works on this one. A tail whose commit point is below
-    ``upto`` answers a short snapshot; then this waits until a tail is committed through
-    ``upto`` and goes on where it stopped: a range is read whole or the call fails
-    (``UnavailableError``)."""
+    """The queue's entries of ``(rng.after, rng.upto]`` as of ``rng.upto``, page by page (with
+    their append times), the next page asked for while the caller works on this one. A tail
+    whose commit point is below ``upto`` answers a short snapshot; then this waits until a tail
+    is committed through ``upto`` and goes on where it stopped: a range is read whole or the call
+    fails (``UnavailableError``)."""
     schema = arrow_schema(include_headers)
     deadline = time.monotonic() + limits.spark_range_catch_up_ms / 1000
 
     def ask(after: int) -> Future[Page]:
         return pool.submit(
-            client.read, rng.queue, after=after, limit=page_rows, upto=rng.upto, shard=rng.shard
+            client.read,
+            rng.queue,
+            after=after,
+            limit=page_rows,
+            upto=rng.upto,
+            shard=rng.shard,
+            times=True,  # the timestamp column
         )
 
     if rng.after >= rng.upto:

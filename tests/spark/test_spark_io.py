@@ -33,6 +33,16 @@ def test_a_page_becomes_one_record_batch_of_the_schema() -> None:
     assert page_batch(page, "orders", arrow_schema(False)).num_columns == 6
 
 
+def test_the_timestamp_column_holds_the_append_times_null_where_unknown() -> None:
+    columns = PageColumns([3, 5, 9], [b"a", b"b", b"c"], [b"1", b"2", b"3"])
+    page = Page.from_columns(
+        2, "_read", 0, 9, columns._replace(append_ms=[None, 1_500, 1_500]), 9, True
+    )
+    stamps = page_batch(page, "orders", arrow_schema(False)).column("timestamp")
+    assert stamps.type == pa.timestamp("us", tz="UTC")
+    assert stamps.cast(pa.int64()).to_pylist() == [None, 1_500_000, 1_500_000]
+
+
 def test_rows_go_to_their_queue_column_or_the_option() -> None:
     batch = pa.RecordBatch.from_pydict(
         {"key": ["k1", "k2", "k3"], "value": ["v", None, "w"], "queue": ["a", None, "b"]}

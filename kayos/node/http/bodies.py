@@ -277,12 +277,13 @@ def int_param(
 def parse_consume(query: Mapping[str, str]) -> dict[str, Any]:
     """A consume request's parameters (docs/node-api.md): ``after``/``upto`` seqs are u64s,
     ``limit`` is 1 to ``limits.consume_page_entries_max``, ``wait_ms`` at most
-    ``limits.consume_wait_ms_max``."""
+    ``limits.consume_wait_ms_max``, ``times`` 0 or 1."""
     return {
         "after": int_param(query, "after", None),
         "upto": int_param(query, "upto", None),
         "limit": int_param(query, "limit", 1000, low=1, high=limits.consume_page_entries_max),
         "wait_ms": int_param(query, "wait_ms", 0, high=limits.consume_wait_ms_max),
+        "times": int_param(query, "times", 0, high=1) == 1,
     }
 
 
@@ -332,6 +333,8 @@ def page_payload(page: Page, *, columns: bool = False) -> dict[str, Any]:
             }
             for m in page.messages
         ]
+    if page.times is not None:  # asked for with times=1 ("Append times")
+        payload["times"] = page.times
     payload["next"] = page.next
     payload["end"] = page.end
     return payload

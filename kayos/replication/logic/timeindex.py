@@ -20,6 +20,7 @@ import sys
 import zlib
 from array import array
 from bisect import bisect_right
+from collections.abc import Iterable, Sequence
 from itertools import pairwise
 
 from kayos import limits
@@ -104,6 +105,29 @@ class TimeIndex:
             return None
         ms = self._times[at]
         return None if ms == UNKNOWN_MS else ms
+
+    def covering(self, seqs: Sequence[int]) -> list[tuple[int, int | None]]:
+        """The samples the floor lookups of ``seqs`` (ascending) land on, in seq order, each
+        once, so that a reader applying the floor rule to them gets ``time_of`` of every seq
+        (docs/node-api.md, "Append times"): every sample of their range when those are no more
+        than ``len(seqs)``, else only the ones some seq lands on; plus ``(through + 1, None)``
+        when some seq is past what the index covers. At most ``len(seqs) + 1`` samples."""
+        if not seqs:
+            return []
+        index = self._seqs
+        last = min(seqs[-1], self.through)
+        start = max(0, bisect_right(index, seqs[0]) - 1)
+        stop = bisect_right(index, last)
+        if stop - start <= len(seqs):
+            picks: Iterable[int] = range(start, stop)
+        else:
+            floors = {bisect_right(index, seq, start, stop) - 1 for seq in seqs if seq <= last}
+            picks = sorted(floors - {-1})
+        times = self._times
+        found = [(index[at], None if times[at] == UNKNOWN_MS else times[at]) for at in picks]
+        if seqs[-1] > self.through:
+            found.append((self.through + 1, None))
+        return found
 
     def truncate_after(self, seq: int) -> None:
         """Seqs above ``seq`` were dropped (rollback, discard): their samples go too."""

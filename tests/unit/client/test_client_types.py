@@ -211,7 +211,9 @@ def test_a_message_view_reads_like_a_tuple_of_messages() -> None:
 def test_a_message_is_a_named_tuple_with_defaults() -> None:
     message = Message(3, b"k", b"v")
     assert (message.expiry_ms, message.headers, message.deleted) == (0, None, False)
-    assert message == (3, b"k", b"v", 0, None, False)
+    assert message.append_ms is None  # appended last, so the six fields before keep their places
+    assert message == (3, b"k", b"v", 0, None, False, None)
+    assert message[:6] == (3, b"k", b"v", 0, None, False)
 
 
 def test_pages_of_messages_and_of_columns_are_equal_when_their_messages_are() -> None:

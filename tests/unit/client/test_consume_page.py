@@ -321,7 +321,7 @@ def test_a_node_page_reaches_the_client_unchanged(
     body = msgpack.packb(page_payload(node_page, columns=True), use_bin_type=True)
     page = page_from_reply(decode_body(MSGPACK, body))
     assert [tuple(m) for m in page.messages] == [
-        (m.seq, m.key, m.value, m.expiry_ms, m.headers, m.deleted) for m in node_page.messages
+        (m.seq, m.key, m.value, m.expiry_ms, m.headers, m.deleted, None) for m in node_page.messages
     ]
     assert page.end
     assert len(page) > 0

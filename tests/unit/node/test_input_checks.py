@@ -170,8 +170,16 @@ def test_parse_commit() -> None:
 
 
 def test_query_parameters() -> None:
-    assert parse_consume({}) == {"after": None, "upto": None, "limit": 1000, "wait_ms": 0}
+    assert parse_consume({}) == {
+        "after": None,
+        "upto": None,
+        "limit": 1000,
+        "wait_ms": 0,
+        "times": False,
+    }
     assert parse_consume({"after": str(U64_END - 1)})["after"] == U64_END - 1
+    assert parse_consume({"times": "1"})["times"] is True
+    assert parse_consume({"times": "0"})["times"] is False
     for query in (
         {"after": str(U64_END)},
         {"after": "-1"},
@@ -183,6 +191,8 @@ def test_query_parameters() -> None:
         {"limit": str(limits.consume_page_entries_max + 1)},
         {"wait_ms": str(limits.consume_wait_ms_max + 1)},
         {"upto": "9" * 100_000},
+        {"times": "2"},
+        {"times": "yes"},
     ):
         with pytest.raises(InvalidRequest):
             parse_consume(query)
