@@ -1,5 +1,5 @@
 """docs/guide/getting-started.md, run as a reader runs it: every console block the page marks
-(the markers are described in tests/support/console_page.py) is executed in order, in a
+(the markers are described in tests/support/docs/console_page.py) is executed in order, in a
 directory laid out like a fresh checkout after `make dev`, against the real `kayos up` that the
 page's `make run` starts, and each command's exit code and the lines the page shows are checked.
 
@@ -37,7 +37,7 @@ import pytest
 
 from kayos.local.ports import free_ports
 from tests.support.cluster import wait_until
-from tests.support.console_page import (
+from tests.support.docs.console_page import (
     Block,
     Step,
     console_blocks,

@@ -1,4 +1,4 @@
-"""The reader of a page's console blocks (tests/support/console_page.py), which the getting
+"""The reader of a page's console blocks (tests/support/docs/console_page.py), which the getting
 started page's test runs: markers, steps, and how shown output matches printed output."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.console_page import (
+from tests.support.docs.console_page import (
     PageError,
     Step,
     console_blocks,
