@@ -21,9 +21,10 @@ $(SPARK_STAMP): $(STAMP) pyproject.toml
 
 dev: $(STAMP)
 
-## Run a local 3-node cluster (replication factor 3) on 127.0.0.1 with embedded defaults.
+## Run a local 3-node cluster (replication factor 3) on 127.0.0.1 with embedded defaults;
+## ARGS go to `kayos up` (`make run ARGS="--base-port 8101"`: docs/guide/getting-started.md).
 run: $(STAMP)
-	$(BIN)/kayos up
+	$(BIN)/kayos up $(ARGS)
 
 ## The test command: lint, types, the documentation site (docs), then the whole test suite (the
 ## Spark tier too: java is installed first where the machine has none, deploy/ensure-java.sh;

@@ -1,5 +1,5 @@
-"""docs/spark.md's example pipeline, run as written (its one Python block under "Example
-pipeline") against a real 3-node, 3-shard cluster."""
+"""docs/guide/spark.md's example pipeline, run as written (its one Python block under "A
+pipeline, batch and stream") against a real 3-node, 3-shard cluster."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ from tests.support.spark import endpoints, produce_rows, read_all
 
 pytestmark = pytest.mark.spark
 
-DOC = REPO_ROOT / "docs" / "spark.md"
+DOC = REPO_ROOT / "docs" / "guide" / "spark.md"
 
 
 def _pipeline_block() -> str:
     text = DOC.read_text()
-    section = text.split("## Example pipeline", 1)[1].split("\n## ", 1)[0]
+    section = text.split("## A pipeline, batch and stream", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     assert len(blocks) == 1, "the section has one Python block"
     return blocks[0]

@@ -2,10 +2,11 @@
 ``#fragment`` names a heading of the target page (or of the same page, for ``#x``), by GitHub's
 anchor rules. Web and mail links are not followed.
 
-Pages: README.md, CONTRIBUTING.md, deploy/README.md and every ``docs/*.md`` (a new page is picked
-up by the glob). One test per page, so a failure names the page and lists its broken links. A link
-to a page the documentation site generates at build time (kayos/cli/reference/pages.py) resolves
-when the generator names it; the site's strict build checks its anchors."""
+Pages: README.md, CONTRIBUTING.md, deploy/README.md, every ``docs/*.md`` and every
+``docs/guide/*.md`` (a new page is picked up by the globs). One test per page, so a failure names
+the page and lists its broken links. A link to a page the documentation site generates at build
+time (kayos/cli/reference/pages.py) resolves when the generator names it; the site's strict build
+checks its anchors."""
 
 from __future__ import annotations
 
@@ -41,7 +42,11 @@ GENERATED = {(ROOT / "docs" / path).resolve() for path in PAGES}
 
 def pages() -> list[str]:
     """The pages checked, relative to the repository root."""
-    found = sorted(path.relative_to(ROOT).as_posix() for path in (ROOT / "docs").glob("*.md"))
+    found = sorted(
+        path.relative_to(ROOT).as_posix()
+        for pattern in ("*.md", "guide/*.md")
+        for path in (ROOT / "docs").glob(pattern)
+    )
     return [*FIXED_PAGES, *found]
 
 

@@ -1,0 +1,1 @@
+"""Helpers for tests that read or run the project's documentation pages."""
