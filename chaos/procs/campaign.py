@@ -22,6 +22,7 @@ from chaos import checker
 from chaos.history import Event, Note, Produce, Recorder, dump_jsonl
 from chaos.procs import drains, faults, membership, moves, netfaults
 from chaos.procs.workload import Consumer, Producer, join_timeout_s
+from kayos.errors import KayosError
 from kayos.local.cluster import LocalCluster
 from kayos.local.processes import ClusterError
 from kayos.manager.member.config import Config as ManagerConfig
@@ -161,24 +162,44 @@ def longest_gaps(
 
 @dataclass(frozen=True)
 class FaultSpan:
-    """One fault as the history has it: from its ``fault`` note to its ``fault done`` note."""
+    """One fault as the history has it: from its ``fault`` note to its ``fault done`` note;
+    ``whole``: every shard's chain was as long as at the start when it began (a history from
+    before the note said so counts as whole)."""
 
     kind: str
     start_s: float
     end_s: float
+    whole: bool = True
+
+
+def chains_whole(cluster: LocalCluster) -> bool:
+    """Whether every shard's chain, in the newest topology a running node holds, is as long as
+    the launcher made it: no member spliced out, catching up or rejoining."""
+    try:
+        live = cluster.live_topology()
+    except (OSError, KayosError):
+        return False
+    return all(
+        shard_id in live.shards and len(live.shards[shard_id].chain) == len(shard.chain)
+        for shard_id, shard in cluster.topology.shards.items()
+    )
 
 
 def fault_spans(events: list[Event]) -> list[FaultSpan]:
     """The faults of a history in the order they began; a fault with no ``fault done`` note (a
     run that broke off) ends where it began."""
-    began: dict[int, tuple[str, float]] = {}
+    began: dict[int, tuple[str, float, bool]] = {}
     ended: dict[int, float] = {}
     for event in events:
         if isinstance(event, Note) and event.what == "fault":
-            began[int(event.detail["index"])] = (str(event.detail["kind"]), event.at_s)
+            whole = bool(event.detail.get("whole", True))
+            began[int(event.detail["index"])] = (str(event.detail["kind"]), event.at_s, whole)
         elif isinstance(event, Note) and event.what == "fault done":
             ended[int(event.detail["index"])] = event.at_s
-    spans = [FaultSpan(kind, at_s, ended.get(index, at_s)) for index, (kind, at_s) in began.items()]
+    spans = [
+        FaultSpan(kind, at_s, ended.get(index, at_s), whole)
+        for index, (kind, at_s, whole) in began.items()
+    ]
     return sorted(spans, key=lambda span: span.start_s)
 
 
@@ -197,9 +218,9 @@ def longest_gaps_by_kind(
     end closing the first and last). Each is charged to the fault in progress when it began, else
     to the last fault that began before it ended (the one writes were waiting out); one that
     ended before any fault began is charged to none. None for a kind charged nothing.
-    ``alone``: only stretches no other fault was in progress in, or in the ``ALONE_MARGIN_S``
-    before (what a fault leaves behind, a killed node rejoining, outlasts its span): what one
-    fault costs by itself."""
+    ``alone``: only stretches charged to a fault that began on whole chains (``chains_whole``)
+    and that no other fault was in progress in, or in the ``ALONE_MARGIN_S`` before (what a fault
+    leaves behind, a killed node rejoining, outlasts its span): what one fault costs by itself."""
     times: dict[int, list[float]] = {shard: [start_s, end_s] for shard in set(shard_of.values())}
     for produce in produces:
         if produce.outcome == "ok" and start_s <= produce.at_s <= end_s:
@@ -211,7 +232,7 @@ def longest_gaps_by_kind(
             span = charged_fault(spans, before, after)
             if alone and span is not None:
                 others = touching(spans, before - ALONE_MARGIN_S, after)
-                if any(other is not span for other in others):
+                if not span.whole or any(other is not span for other in others):
                     continue
             if span is not None:
                 longest[span.kind] = round(max(longest[span.kind] or 0.0, after - before), 2)
@@ -445,7 +466,7 @@ def _fault_phase(cluster: LocalCluster, config: Config, recorder: Recorder, repo
             break
         time.sleep(rng.uniform(*config.gap_s))  # load between faults; not a sync
         config.echo(f"fault {fault.index}: {fault.kind} {fault.node} {fault.hold_s}s")
-        recorder.note("fault", **fault.to_json())
+        recorder.note("fault", **fault.to_json(), whole=chains_whole(cluster))
         try:
             _restart_missing(cluster, recorder)
             result = faults.inject(cluster, fault)

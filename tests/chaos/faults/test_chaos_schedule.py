@@ -64,6 +64,8 @@ def test_fault_spans_run_from_each_fault_note_to_its_done_note() -> None:
         Note(3, "fault", {"index": 1, "kind": "pause", "node": "b", "hold_s": 0.5}, at_s=4.0),
     ]  # the second never finished: it ends where it began
     assert fault_spans(events) == [FaultSpan("kill9", 2.0, 3.5), FaultSpan("pause", 4.0, 4.0)]
+    short = Note(4, "fault", {"index": 2, "kind": "kill9", "node": "c", "whole": False}, at_s=5.0)
+    assert fault_spans([*events, short])[-1] == FaultSpan("kill9", 5.0, 5.0, whole=False)
 
 
 def test_the_unavailability_by_kind_charges_each_stretch_to_the_fault_it_waited_out() -> None:
@@ -94,6 +96,11 @@ def test_the_unavailability_by_kind_charges_each_stretch_to_the_fault_it_waited_
     # 2.1 -> 4.0 has the stranger in it: neither counts; 6.2 -> 8.05 and 4.0 -> 9.0 hold two.
     alone = longest_gaps_by_kind(produces, shard_of, spans, 0.0, 10.0, alone=True)
     assert alone == {"hostile_http": 1.95, "kill9": 1.2, "pause": 0.3, "stranger": None}
+    # A fault that began while a chain was still short (a member out after an earlier fault)
+    # is never alone: what it stops may be the last member of a shard.
+    short = [FaultSpan(s.kind, s.start_s, s.end_s, whole=s.kind != "kill9") for s in spans]
+    alone = longest_gaps_by_kind(produces, shard_of, short, 0.0, 10.0, alone=True)
+    assert alone == {"hostile_http": 1.95, "kill9": None, "pause": 0.3, "stranger": None}
 
 
 def test_a_stretch_after_a_fault_ended_is_charged_to_the_next_fault_writes_waited_out() -> None:
