@@ -8,12 +8,13 @@ import json
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
 from kayos.cli.address import deprecated_option
 from kayos.cli.progress import Progress, wanted
+from kayos.errors import KayosError
 
 # What a bench's run gets to report its phases with (``Progress.phase``).
 Phase = Callable[[str], None]
@@ -45,6 +46,19 @@ def plot_option(command: Callable[..., None]) -> Callable[..., None]:
         expose_value=True,
         help="Also draw the figures to this PNG file (needs the plot extra: matplotlib).",
     )(command)
+
+
+P = TypeVar("P")
+
+
+def parameters_of(cls: Callable[..., P], given: dict[str, Any]) -> P:
+    """A bench's parameters from the options given (None: the parameter's default); a value the
+    parameters refuse (a bound, or a manager setting it cannot run with) is the command line's
+    error."""
+    try:
+        return cls(**{k: v for k, v in given.items() if v is not None})
+    except (ValueError, KayosError) as exc:
+        raise click.BadParameter(str(exc)) from exc
 
 
 def _run(
@@ -158,10 +172,7 @@ def bench_retention_command(
         "value_bytes": value_bytes,
         "deadline_s": deadline_s,
     }
-    try:
-        parameters = RetentionSoakParameters(**{k: v for k, v in given.items() if v is not None})
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
+    parameters = parameters_of(RetentionSoakParameters, given)
     result = _run("retention", as_json, lambda phase: bench_retention(parameters, base, phase))
     _bench_report(result, as_json, out, skip=("machine", "parameters", "disk_series"))
     _draw("retention", result, plot)
@@ -213,10 +224,7 @@ def bench_produce_command(
         "queue_shards": queue_shards,
         "nodes": nodes,
     }
-    try:
-        parameters = ProduceBenchParameters(**{k: v for k, v in given.items() if v is not None})
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
+    parameters = parameters_of(ProduceBenchParameters, given)
     result = _run("produce", as_json, lambda phase: bench_produce(parameters, base, phase))
     _bench_report(result, as_json, out, skip=("series",))
     _draw("produce", result, plot)
@@ -317,10 +325,7 @@ def bench_failover_command(
         "stall_seconds": stall_seconds,
         "seed": seed,
     }
-    try:
-        parameters = FailoverBenchParameters(**{k: v for k, v in given.items() if v is not None})
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
+    parameters = parameters_of(FailoverBenchParameters, given)
     total = parameters.repeat * len(parameters.faults) * len(parameters.roles)
     with Progress("bench failover", enabled=wanted(as_json), total=total) as shown:
 
@@ -364,7 +369,6 @@ def bench_heal_command(
 ) -> None:
     """3 nodes + 3 managers, acks=all producers throughout: dead and slow node removal, catch-up."""
     from kayos.bench.membership.heal import HealBenchParameters, bench_heal
-    from kayos.errors import KayosError
 
     given: dict[str, Any] = {
         "shard_mb": shard_mb,
@@ -374,10 +378,7 @@ def bench_heal_command(
         "produce_rate": produce_rate,
         "both_loads": both_loads or None,
     }
-    try:
-        parameters = HealBenchParameters(**{k: v for k, v in given.items() if v is not None})
-    except (ValueError, KayosError) as exc:
-        raise click.BadParameter(str(exc)) from exc
+    parameters = parameters_of(HealBenchParameters, given)
     result = _run("heal", as_json, lambda phase: bench_heal(parameters, base, phase))
     _bench_report(result, as_json, out, skip=("runs", "machine"))
     _draw("heal", result, plot)
@@ -405,16 +406,12 @@ def bench_grow_command(
 ) -> None:
     """3 loaded nodes + 3 managers: add a 4th and rebalance; produce rate before/during, bytes."""
     from kayos.bench.membership.grow import GrowBenchParameters, bench_grow
-    from kayos.errors import KayosError
 
     given: dict[str, Any] = {"shard_mb": shard_mb, "producers": producers}
     given["baseline_s"] = baseline_s
     given["produce_rate"] = produce_rate
     given["both_loads"] = both_loads or None
-    try:
-        parameters = GrowBenchParameters(**{k: v for k, v in given.items() if v is not None})
-    except (ValueError, KayosError) as exc:
-        raise click.BadParameter(str(exc)) from exc
+    parameters = parameters_of(GrowBenchParameters, given)
     result = _run("grow", as_json, lambda phase: bench_grow(parameters, base, phase))
     _bench_report(result, as_json, out, skip=("machine", "grow_series"))
     _draw("grow", result, plot)
@@ -442,10 +439,7 @@ def bench_spark_command(
     from kayos.bench.spark import SparkBenchParameters, bench_spark
 
     given = {"rows": rows, "value_bytes": value_bytes, "min_partitions": min_partitions}
-    try:
-        parameters = SparkBenchParameters(**{k: v for k, v in given.items() if v is not None})
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
+    parameters = parameters_of(SparkBenchParameters, given)
     result = _run("spark", as_json, lambda phase: bench_spark(parameters, base, phase))
     _bench_report(result, as_json, out)
     _draw("spark", result, plot)

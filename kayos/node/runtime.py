@@ -277,7 +277,8 @@ class Node:
         ``limits.node_change_wait_ms`` (docs/node-api.md, "Writes after a head change")."""
         check_queue_name(queue)
         shard = self.topology.shards[self.topology.queue_shard(queue, shard_id)]
-        await self.reconfigure.changing.wait(shard.id, limits.node_change_wait_ms / 1000)
+        if shard.id in self.reconfigure.changing:
+            await self.reconfigure.changing.wait(shard.id, limits.node_change_wait_ms / 1000)
         return self.replica_for(queue, want="head", shard_id=shard_id)
 
     def _wrong_role(self, why: str, node: str) -> WrongRoleError:
