@@ -46,6 +46,7 @@ KIND_WEIGHTS: dict[str, int] = {
     "corrupt_down": 2,
     "power_loss": 1,
     "kill_with_pauses": 2,
+    "wipe_down": 1,
 }
 KINDS = tuple(KIND_WEIGHTS)
 # Network faults (chaos/procs/netfaults.py) need a proxied or namespaced cluster, and operator

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import threading
 import time
@@ -340,6 +341,19 @@ def corrupt_down(cluster: LocalCluster, node: str, hold_s: float, index: int) ->
     return {"how": how, "damage": done}
 
 
+def wipe_down(cluster: LocalCluster, node: str, hold_s: float) -> dict[str, Any]:
+    """kill -9 of one node (a minority of three), every store of it deleted while it is down
+    (a disk replaced, or an operator's reset), started again: it must take each shard whole,
+    by file, from a live member (docs/replication-protocol.md, "Store snapshots")."""
+    cluster.kill(node, signal.SIGKILL)
+    shards = cluster.data_dir(node) / "shards"
+    wiped = sorted(p.name for p in shards.iterdir()) if shards.is_dir() else []
+    shutil.rmtree(shards, ignore_errors=True)
+    _hold(hold_s)
+    cluster.start(node)
+    return {"wiped_shards": wiped}
+
+
 def power_loss(cluster: LocalCluster, node: str, hold_s: float) -> dict[str, Any]:
     """kill -9 of every node at once, down ``hold_s``, all started again. What this does not
     model: the page cache survives a process kill, so writes not yet fsynced are not lost here as
@@ -385,4 +399,5 @@ HANDLERS: dict[str, Callable[[LocalCluster, str, float], dict[str, Any]]] = {
     "rejoin_kill_tail": rejoin_kill_tail,
     "power_loss": power_loss,
     "kill_with_pauses": kill_with_pauses,
+    "wipe_down": wipe_down,
 }
