@@ -51,14 +51,16 @@ def restore_redundancy(view: ManagerView, out: list[Action]) -> ManagerView:
 
 
 def _noted(view: ManagerView) -> ManagerView:
-    """Each shard's ``short_since`` (set when it first counts short, cleared once it is not) and
-    ``restoring`` (kept while its target is still copying: joined, or gone down, it ends)."""
+    """Each shard's ``restoring`` (kept while its target is still copying: joined, or gone
+    down, it ends) and ``short_since`` (set when it first counts short, cleared once it is not;
+    a shard whose replacement still copies is short until the copy joins, so a replacement whose
+    target went down is followed by another at once, the grace being over)."""
     factor = view.config.replication_factor
     shards = []
     for shard in view.shards:
         restoring = tuple(r for r in shard.restoring if r[0] in shard.catching_up)
         since: int | None = None
-        if replicas_of(shard) < factor:
+        if replicas_of(shard) < factor or restoring:
             since = view.now_ms if shard.short_since is None else shard.short_since
         shards.append(replace(shard, restoring=restoring, short_since=since))
     return replace(view, shards=tuple(shards))
