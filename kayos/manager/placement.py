@@ -18,7 +18,8 @@ def eligible_nodes(view: ManagerView) -> list[str]:
 
 def replica_counts(view: ManagerView) -> dict[str, int]:
     """Replicas each eligible node holds or is about to hold (a pending move's or replacement's
-    target counts, a move's source does not), so plans made while moves run do not pile onto one node."""
+    target counts, a move's source does not), so plans made while moves run do not pile onto
+    one node."""
     counts = dict.fromkeys(eligible_nodes(view), 0)
     for shard in view.shards:
         leaving = {source for _, source in shard.moves}

@@ -42,6 +42,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kayos import limits
 from kayos.manager import (
     Action,
     AddNode,
@@ -73,7 +74,6 @@ from kayos.manager import (
     decide,
     view_hash,
 )
-from kayos import limits
 from kayos.manager.restore import restore_status
 from kayos.manager.view import derive_alerts, replicas_of
 
@@ -390,7 +390,8 @@ def check_invariants(before: ManagerView, after: ManagerView) -> None:
     assert sum(1 for s in after.shards if s.restoring) <= limits.manager_restores_max
     for shard, old in zip(after.shards, before.shards, strict=True):
         for target, _ in shard.restoring:
-            assert target not in shard.chain and target not in old.chain, shard
+            assert target not in shard.chain, shard
+            assert target not in old.chain, shard
         assert replicas_of(shard) <= max(replicas_of(old), after.config.replication_factor), shard
     assert after.alerts == derive_alerts(after)
     decoded = ManagerView.from_data(json.loads(json.dumps(after.to_data())))
