@@ -71,7 +71,7 @@ def test_a_node_killed_for_good_is_replaced_and_nothing_acked_is_lost(
     cluster: LocalCluster,
 ) -> None:
     queues = queue_per_shard(cluster)
-    for shard, queue in queues.items():
+    for queue in queues.values():
         for start in range(0, PREFILL, 100):
             batch = [(f"k{i}", f"v{i}-" + "x" * 200) for i in range(start, start + 100)]
             produce_ok(cluster.url(cluster.head_of(queue)), queue, batch)
