@@ -511,5 +511,9 @@ def _leader_changed(
         for s in view.shards
         for node in s.catching_up
     ]
+    # Suspect nodes are up again: a shard with no node to restore it on may have one now.
+    alerts = derive_alerts(view)
+    actions += [Alert(a.kind, a.shard, a.node) for a in sorted(set(alerts) - set(view.alerts))]
+    actions += [ClearAlert(a.kind, a.shard, a.node) for a in sorted(set(view.alerts) - set(alerts))]
     actions.append(PublishTopology(view.epoch))
-    return view, actions
+    return replace(view, alerts=alerts), actions

@@ -230,8 +230,20 @@ def test_random_logs_keep_the_invariants_and_members_agree(run_index: int) -> No
     """Three members apply the same log; one of them restarts from a snapshot (the encoded view)
     every so often. After every entry all three hold the same view and made the same decisions,
     and the invariants hold (epochs only rise, by one per change; no chain empties)."""
-    rng = random.Random(seed() + run_index)
-    members = [fresh(), fresh(), fresh()]
+    random_log(random.Random(seed() + run_index), fresh())
+
+
+@pytest.mark.parametrize("run_index", range(4))
+def test_random_logs_with_a_short_grace_restore_and_keep_the_invariants(run_index: int) -> None:
+    """As above with a 3 s grace, so shards short past it are copied to new members (rule 10)
+    all through the log: at most ``manager_restores_max`` at once, no chain past the factor."""
+    first = ManagerView.bootstrap(Config(replace_after_ms=3_000), NODES, CHAINS)
+    random_log(random.Random(seed() + 1_000 + run_index), first)
+
+
+def random_log(rng: random.Random, first: ManagerView) -> None:
+    """Three members apply the same 400 random events from ``first``; see the test above."""
+    members = [first, first, first]
     now = 0
     for _ in range(400):
         now += rng.randrange(0, 1_500)
