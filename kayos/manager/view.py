@@ -89,11 +89,9 @@ class Config:
             raise InvalidRequest("manager slow_p99_ms must be < slow_window_ms")
         if self.min_replicas < 1:
             raise InvalidRequest("manager min_replicas must be >= 1")
-        if self.replace_after_ms != 0 and self.replace_after_ms < self.detection_window_ms:
-            # A shard is short only once its member is down: a grace below the window is none.
-            raise InvalidRequest(
-                "manager replace_after_ms must be 0 (never) or >= detection_window_ms"
-            )
+        if self.replace_after_ms < 0:
+            # Counted from when a shard became short (after the window), so any length works.
+            raise InvalidRequest("manager replace_after_ms must be >= 0 (0: never)")
         if self.replication_factor < 0:
             raise InvalidRequest("manager replication_factor must be >= 0 (0: the longest chain)")
         return self

@@ -57,7 +57,7 @@ def fresh() -> ManagerView:
         Config(slow_window_ms=0),
         Config(slow_p99_ms=6_000, slow_window_ms=5_000),
         Config(min_replicas=0),
-        Config(replace_after_ms=100),  # a grace inside the detection window is none
+        Config(replace_after_ms=-1),
         Config(replication_factor=-1),
     ],
 )
