@@ -842,3 +842,22 @@ assert 2 * groups_per_shard_max + producers_per_shard_max <= frame_meta_entries_
     "a shard's groups and producer windows fit half of a METADATA frame's keys"
 )
 assert group_lag_metrics_scan_entries_max <= group_lag_scan_entries_max
+
+# --- Redundancy restored by itself (docs/manager.md rule 10) ------------------------------------
+# How long a shard stays short of its replication factor before the manager copies it to another
+# node, in ms (the default of the manager's `replace_after_ms`; 0 there turns replacement off).
+# Five minutes covers a node's restart and a host's reboot (one to three minutes on a cloud
+# instance) and a rolling upgrade's step, which come back by themselves and catch up only what
+# they missed; a whole-store copy for them would be wasted I/O. It is short against the hours a
+# second failure of the same shard takes on average, which is what redundancy guards against.
+manager_replace_after_ms = 300_000
+# Replacements (whole-store copies to a new member) running at once across the cluster. Each one
+# reads a tail's store file and writes the target's, at disk speed: a lost host holding a
+# hundred shards would otherwise start a hundred copies at once, starve the surviving tails'
+# disks and network of the produce traffic they serve, and finish no copy sooner than four at a
+# time would (the copies share the same disks and links). Shards with the fewest replicas go
+# first.
+manager_restores_max = 4
+
+assert manager_replace_after_ms >= manager_detection_window_ms
+assert manager_restores_max >= 1

@@ -417,6 +417,44 @@ def bench_grow_command(
     _draw("grow", result, plot)
 
 
+@bench.command("restore")
+@click.option("--shard-mb", type=int, help="Each of the 4 shards filled to this.  [default: 64]")
+@click.option("--producers", type=int, help="acks=all producer threads.  [default: 4]")
+@click.option(
+    "--grace-s",
+    type=float,
+    help="The manager's replace_after_ms, in seconds: how long a shard stays short before it "
+    "is copied to another node.  [default: 10]",
+)
+@click.option("--baseline-s", type=float, help="Produce alone before the kill.  [default: 10]")
+@click.option(
+    "--produce-rate",
+    type=float,
+    help="Open-loop producers offering this many msgs/s (drop = achieved / offered).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+@click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
+@click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
+def bench_restore_command(
+    shard_mb: int | None,
+    producers: int | None,
+    grace_s: float | None,
+    baseline_s: float | None,
+    produce_rate: float | None,
+    as_json: bool,
+    out: str | None,
+    base: str | None,
+) -> None:
+    """4 loaded nodes + 3 managers: kill one for good; grace, copy time, kill to full redundancy."""
+    from kayos.bench.membership.restore import RestoreBenchParameters, bench_restore
+
+    given: dict[str, Any] = {"shard_mb": shard_mb, "producers": producers, "grace_s": grace_s}
+    given |= {"baseline_s": baseline_s, "produce_rate": produce_rate}
+    parameters = parameters_of(RestoreBenchParameters, given)
+    result = _run("restore", as_json, lambda phase: bench_restore(parameters, base, phase))
+    _bench_report(result, as_json, out, skip=("machine",))
+
+
 @bench.command("spark")
 @click.option("--rows", type=int, help="Messages to write and read.  [default: 1000000]")
 @click.option("--value-bytes", type=int, help="Bytes per value.  [default: 100]")

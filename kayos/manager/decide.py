@@ -29,6 +29,10 @@ Rules (the reasons are in docs/manager.md):
   of each of the node's replicas; a rebalance is the moves ``plan_rebalance`` plans;
 - an operator's queue shard count (SetQueueShards) is recorded if it is above the view's for the
   queue and at most the shard count, else ignored;
+- a shard short of its replication factor for ``replace_after_ms`` is copied to a node holding
+  no replica of it (up, not draining, the least loaded), at most ``limits.manager_restores_max``
+  at once; on CatchUpDone it joins as tail, and the members it replaced are forgotten (they come
+  back as spares);
 - any change of chains, a node added, or a queue's shard count changed raises the epoch by one
   and publishes the topology; the changed shards carry the new epoch.
 """
@@ -65,7 +69,15 @@ from kayos.manager.events import (
     TimerTick,
 )
 from kayos.manager.placement import drain_target, plan_rebalance
-from kayos.manager.view import ManagerView, NodeAddress, NodeView, ShardView, derive_alerts
+from kayos.manager.restore import rebase, restore_redundancy
+from kayos.manager.view import (
+    ManagerView,
+    NodeAddress,
+    NodeView,
+    ShardView,
+    derive_alerts,
+    new_order,
+)
 from kayos.replication.logic.chain import rollback_point, with_takeover
 
 
@@ -80,6 +92,7 @@ def decide(view: ManagerView, event: Event) -> tuple[ManagerView, list[Action]]:
     new = _drive_drains(new, node_actions)
     reports = event.reports if isinstance(event, NodeReturned) else ()
     new = _start_catch_ups(new, {r.shard: r for r in reports}, node_actions)
+    new = restore_redundancy(new, node_actions)
     return _finish(view, new, node_actions)
 
 
@@ -176,7 +189,7 @@ def _start_move(
     if target in shard.chain or target in shard.catching_up:
         return view
     # The target is sent like any catch-up, with an order number its CatchUpDone must name.
-    view, shard, order = _new_order(view, shard, target)
+    view, shard, order = new_order(view, shard, target)
     shard = replace(
         shard,
         moves=((target, source),),
@@ -343,22 +356,11 @@ def _start_catch_ups(
             if states[node_id] != "up" or node_id in shard.catching_up or node_id in shard.chain:
                 continue
             rollback = _rollback_to(shard, reports.get(shard.id))
-            view, shard, order = _new_order(view, shard, node_id)
+            view, shard, order = new_order(view, shard, node_id)
             shard = replace(shard, catching_up=(*shard.catching_up, node_id))
             view = view.with_shard(shard)
             out.append(StartCatchUp(node_id, shard.id, shard.tail, rollback, order))
     return view
-
-
-def _new_order(
-    view: ManagerView, shard: ShardView, node_id: str
-) -> tuple[ManagerView, ShardView, int]:
-    """Numbers a new catch-up order of ``node_id`` on ``shard``; it replaces any earlier one, so
-    a report answering the earlier order no longer rejoins the node (docs/manager.md)."""
-    order = view.orders_issued + 1
-    orders = (*(o for o in shard.orders if o[0] != node_id), (node_id, order))
-    shard = replace(shard, orders=orders)
-    return replace(view, orders_issued=order).with_shard(shard), shard, order
 
 
 def _rollback_to(shard: ShardView, report: ShardReport | None) -> int | None:
@@ -478,7 +480,7 @@ def _finish(
             for node in shard.catching_up:
                 if (node, shard.id) not in started:
                     # A new upstream: a new order, so the copy from the old tail cannot end it.
-                    new, shard, order = _new_order(new, shard, node)
+                    new, shard, order = new_order(new, shard, node)
                     actions.append(StartCatchUp(node, shard.id, shard.tail, None, order))
     alerts = derive_alerts(new)
     raised, cleared = set(alerts) - set(old.alerts), set(old.alerts) - set(alerts)
@@ -502,12 +504,16 @@ def _leader_changed(
         replace(n, state="up" if n.state == "suspect" else n.state, last_heard_ms=at)
         for n in view.nodes
     )
-    view = replace(view, now_ms=at, nodes=nodes)
+    view = replace(rebase(view, at), now_ms=at, nodes=nodes)
     actions: list[Action] = [SpliceChain(s.id, s.chain, s.epoch) for s in view.shards]
     actions += [
         StartCatchUp(node, s.id, s.tail, None, s.order_of(node) or 0)
         for s in view.shards
         for node in s.catching_up
     ]
+    # Suspect nodes are up again: a shard with no node to restore it on may have one now.
+    alerts = derive_alerts(view)
+    actions += [Alert(a.kind, a.shard, a.node) for a in sorted(set(alerts) - set(view.alerts))]
+    actions += [ClearAlert(a.kind, a.shard, a.node) for a in sorted(set(view.alerts) - set(alerts))]
     actions.append(PublishTopology(view.epoch))
-    return view, actions
+    return replace(view, alerts=alerts), actions

@@ -1,13 +1,14 @@
 """Where replicas go: pure placement functions over the manager's view (docs/manager.md rule 7).
 
-``drain_target`` picks the node a draining node's replica moves to; ``plan_rebalance`` plans the
+``drain_target`` picks the node a draining node's replica moves to; ``restore_target`` the node
+a short shard is copied to (rule 10); ``plan_rebalance`` plans the
 moves that spread replicas evenly. Both read only the view and break ties by id, so every manager
 member computes the same answer.
 """
 
 from __future__ import annotations
 
-from kayos.manager.view import ManagerView
+from kayos.manager.view import ManagerView, restore_candidates
 
 
 def eligible_nodes(view: ManagerView) -> list[str]:
@@ -16,12 +17,15 @@ def eligible_nodes(view: ManagerView) -> list[str]:
 
 
 def replica_counts(view: ManagerView) -> dict[str, int]:
-    """Replicas each eligible node holds or is about to hold (a pending move's target counts, its
-    source does not), so plans made while moves run do not pile onto one node."""
+    """Replicas each eligible node holds or is about to hold (a pending move's or replacement's
+    target counts, a move's source does not), so plans made while moves run do not pile onto
+    one node."""
     counts = dict.fromkeys(eligible_nodes(view), 0)
     for shard in view.shards:
         leaving = {source for _, source in shard.moves}
-        for member in (*shard.chain, *(target for target, _ in shard.moves)):
+        # A replacement's target (rule 10) counts from its start, like a move's.
+        restoring = [t for t, _ in shard.restoring if t not in shard.chain]
+        for member in (*shard.chain, *(target for target, _ in shard.moves), *restoring):
             if member in counts and member not in leaving:
                 counts[member] += 1
     return counts
@@ -46,6 +50,20 @@ def drain_target(view: ManagerView, shard_id: int) -> str | None:
     if not candidates:
         return None
     return min(candidates, key=lambda n: (counts[n], heads.get(n, 0), n))
+
+
+def restore_target(view: ManagerView, shard_id: int) -> str | None:
+    """The node a short shard is copied to (docs/manager.md rule 10): among
+    ``restore_candidates`` (up, not draining, holding no replica of the shard), the one holding
+    the fewest replicas (a spare first), then the fewest heads, then the lowest id."""
+    shard = view.shard(shard_id)
+    if shard is None:
+        return None
+    candidates = restore_candidates(view, shard)
+    if not candidates:
+        return None
+    counts, heads = replica_counts(view), head_counts(view)
+    return min(candidates, key=lambda n: (counts.get(n, 0), heads.get(n, 0), n))
 
 
 def plan_rebalance(view: ManagerView) -> list[tuple[int, str, str]]:

@@ -27,17 +27,28 @@ SLOW_KEPT = "slow_node_kept"  # a slow node stays in a chain: removing it would 
 NO_LIVE_MEMBER = "shard_no_live_member"  # a shard's only member is down or removed: it cannot serve
 DRAIN_BLOCKED = "drain_blocked"  # a draining node's replica has nowhere to go (rule 7)
 MEMBER_DISK_FULL = "member_disk_full"  # a shard's member (or departed member) has a full disk (9)
-ALERT_KINDS = (BELOW_MIN_REPLICAS, SLOW_KEPT, NO_LIVE_MEMBER, DRAIN_BLOCKED, MEMBER_DISK_FULL)
+# A shard short of its replication factor past the grace, with no node to restore it on (rule 10).
+NOT_RESTORABLE = "shard_not_restorable"
+ALERT_KINDS = (
+    BELOW_MIN_REPLICAS,
+    SLOW_KEPT,
+    NO_LIVE_MEMBER,
+    DRAIN_BLOCKED,
+    MEMBER_DISK_FULL,
+    NOT_RESTORABLE,
+)
 
 # The view's encoding version: part of the hash, so members of different versions never agree.
 # 2: catch-up order numbers (ShardView.orders, ManagerView.orders_issued);
 # 3: 2 and pending moves, draining nodes and added nodes' addresses (docs/manager.md, "The view");
 # 4: 3 and each queue's shard count set by an operator (``queues``);
 # 5: 4 and the node state ``full`` with its alert ``member_disk_full`` (rule 9);
-# 6: 5 and each node's incarnation, as last heard (``NodeView.incarnation``; proof of death).
+# 6: 5 and each node's incarnation, as last heard (``NodeView.incarnation``; proof of death);
+# 7: 6 and redundancy restored by itself (rule 10): the config's ``replace_after_ms`` and
+#    ``replication_factor``, each shard's ``short_since`` and ``restoring``.
 # An older snapshot still reads: the fields it lacks are empty (see ``from_data``).
-VIEW_FORMAT = 6
-_FORMATS_READ = (1, 2, 3, 4, 5, 6)
+VIEW_FORMAT = 7
+_FORMATS_READ = (1, 2, 3, 4, 5, 6, 7)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +61,11 @@ class Config:
     - ``slow_p99_ms`` / ``slow_window_ms``: a neighbour-reported p99 above the first, over a window
       at least the second, removes a node as slow. Lower bounds remove more nodes for less.
     - ``min_replicas``: below it a shard is alerted, and a slow node is kept (see decide.py).
+    - ``replace_after_ms``: how long a shard stays short of ``replication_factor`` before the
+      manager copies it to another node (rule 10); 0 never does. Shorter restores redundancy
+      sooner but copies whole stores for nodes that were only restarting.
+    - ``replication_factor``: the replicas every shard should hold; 0 (the default) is the
+      longest chain of the first view.
     """
 
     detection_window_ms: int = limits.manager_detection_window_ms
@@ -57,6 +73,8 @@ class Config:
     slow_p99_ms: int = limits.manager_slow_p99_ms
     slow_window_ms: int = limits.manager_slow_window_ms
     min_replicas: int = limits.manager_min_replicas_default
+    replace_after_ms: int = limits.manager_replace_after_ms
+    replication_factor: int = 0
 
     def validate(self) -> Config:
         """Rejects bounds that cannot work together; returns self so it chains."""
@@ -71,6 +89,11 @@ class Config:
             raise InvalidRequest("manager slow_p99_ms must be < slow_window_ms")
         if self.min_replicas < 1:
             raise InvalidRequest("manager min_replicas must be >= 1")
+        if self.replace_after_ms < 0:
+            # Counted from when a shard became short (after the window), so any length works.
+            raise InvalidRequest("manager replace_after_ms must be >= 0 (0: never)")
+        if self.replication_factor < 0:
+            raise InvalidRequest("manager replication_factor must be >= 0 (0: the longest chain)")
         return self
 
 
@@ -91,7 +114,10 @@ class ShardView:
     spliced out that may come back; ``catching_up``: returned nodes and move targets copying from
     the tail; ``takeover``: the head's takeover table as last reported; ``moves``: pending moves,
     (target, source) pairs (docs/manager.md rule 7; at most one per shard); ``orders``: (node,
-    order number) of the catch-up order each node in ``catching_up`` follows now."""
+    order number) of the catch-up order each node in ``catching_up`` follows now;
+    ``short_since``: the manager's time since when the shard holds fewer replicas than the
+    replication factor (None: it does not); ``restoring``: (target, started at) of the
+    replacement copying the shard to a new member (rule 10; at most one per shard)."""
 
     id: int
     chain: tuple[str, ...]
@@ -101,6 +127,8 @@ class ShardView:
     takeover: tuple[tuple[bytes, int], ...] = ()
     moves: tuple[tuple[str, str], ...] = ()
     orders: tuple[tuple[str, int], ...] = ()
+    short_since: int | None = None
+    restoring: tuple[tuple[str, int], ...] = ()
 
     @property
     def tail(self) -> str:
@@ -155,7 +183,8 @@ class ManagerView:
         *,
         epoch: int = 1,
     ) -> ManagerView:
-        """The first view: every node up and heard at 0, shard i's chain ``chains[i]``."""
+        """The first view: every node up and heard at 0, shard i's chain ``chains[i]``; a
+        replication factor of 0 becomes the longest chain's length."""
         config.validate()
         if not 0 < len(node_ids) <= limits.manager_nodes_max:
             raise InvalidRequest(f"a view holds 1 to {limits.manager_nodes_max} nodes")
@@ -172,6 +201,8 @@ class ManagerView:
                 raise InvalidRequest(f"shard {i}: unknown node in {chain}")
         if epoch < 1:
             raise InvalidRequest("epoch must be >= 1")
+        if config.replication_factor == 0:
+            config = replace(config, replication_factor=max(len(chain) for chain in chains))
         nodes = tuple(NodeView(n, "up", 0) for n in sorted(node_ids))
         shards = tuple(ShardView(i, tuple(chain), epoch) for i, chain in enumerate(chains))
         view = cls(config, epoch, 0, nodes, shards)
@@ -206,6 +237,8 @@ class ManagerView:
                 "slow_p99_ms": self.config.slow_p99_ms,
                 "slow_window_ms": self.config.slow_window_ms,
                 "min_replicas": self.config.min_replicas,
+                "replace_after_ms": self.config.replace_after_ms,
+                "replication_factor": self.config.replication_factor,
             },
             "epoch": self.epoch,
             "now_ms": self.now_ms,
@@ -220,6 +253,8 @@ class ManagerView:
                     "takeover": [[uuid.hex(), seq] for uuid, seq in s.takeover],
                     "moves": [[target, source] for target, source in s.moves],
                     "orders": [[node, order] for node, order in s.orders],
+                    "short_since": s.short_since,
+                    "restoring": [[node, at] for node, at in s.restoring],
                 }
                 for s in self.shards
             ],
@@ -267,9 +302,14 @@ class ManagerView:
                     tuple((bytes.fromhex(u), int(q)) for u, q in s["takeover"]),
                     tuple((str(t), str(f)) for t, f in field_of(s, "moves")),
                     tuple((str(n), int(o)) for n, o in field_of(s, "orders")),
+                    *_restore_fields(s, fmt),
                 )
                 for s in data["shards"]
             )
+            if config.replication_factor == 0:
+                # Before format 7: every shard was meant to hold what it held at most.
+                longest = max(len(s.chain) + len(s.departed) for s in shards)
+                config = replace(config, replication_factor=longest)
             alerts = tuple(AlertKey(str(k), int(s), str(n)) for k, s, n in data["alerts"])
             draining = tuple(str(n) for n in field_of(data, "draining"))
             added = tuple(
@@ -295,6 +335,55 @@ class ManagerView:
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidRequest(f"bad manager view: {exc!r}") from exc
         return view if fmt >= 3 else _numbered(view)
+
+
+def _restore_fields(shard: Any, fmt: int) -> tuple[int | None, tuple[tuple[str, int], ...]]:
+    """A shard's ``short_since`` and ``restoring`` (format 7; empty before it)."""
+    if fmt < 7:
+        return None, ()
+    since = shard["short_since"]
+    restoring = tuple((str(n), int(at)) for n, at in shard["restoring"])
+    return (None if since is None else int(since)), restoring
+
+
+def new_order(
+    view: ManagerView, shard: ShardView, node_id: str
+) -> tuple[ManagerView, ShardView, int]:
+    """Numbers a new catch-up order of ``node_id`` on ``shard``; it replaces any earlier one, so
+    a report answering the earlier order no longer rejoins the node (docs/manager.md)."""
+    order = view.orders_issued + 1
+    orders = (*(o for o in shard.orders if o[0] != node_id), (node_id, order))
+    shard = replace(shard, orders=orders)
+    return replace(view, orders_issued=order).with_shard(shard), shard, order
+
+
+def replicas_of(shard: ShardView) -> int:
+    """The replicas a shard will hold once its pending changes are done: its chain and its
+    learners (returned members, move targets, replacements), less a pending move's source (it
+    leaves once its target joins, and is not a member to come back if it went away meanwhile)."""
+    members = {*shard.chain, *shard.catching_up}
+    leaving = {s for _, s in shard.moves}
+    return len(members - leaving)
+
+
+def restore_candidates(view: ManagerView, shard: ShardView) -> list[str]:
+    """Nodes that may take a new replica of ``shard`` (rule 10): up (not down, suspect, slow or
+    full), not draining, holding no replica of it and not copying it; sorted by id."""
+    taken = {*shard.chain, *shard.catching_up, *(t for t, _ in shard.moves)}
+    return [
+        n.id
+        for n in view.nodes
+        if n.state == "up" and n.id not in view.draining and n.id not in taken
+    ]
+
+
+def restore_due(view: ManagerView, shard: ShardView) -> bool:
+    """The shard has been short of its replication factor for the whole grace and no
+    replacement runs for it (rule 10)."""
+    grace = view.config.replace_after_ms
+    if grace == 0 or shard.short_since is None or shard.restoring:
+        return False
+    return view.now_ms - shard.short_since >= grace
 
 
 def _numbered(view: ManagerView) -> ManagerView:
@@ -342,4 +431,6 @@ def derive_alerts(view: ManagerView) -> tuple[AlertKey, ...]:
         for member in shard.chain:
             if member in view.draining and member not in leaving:
                 found.add(AlertKey(DRAIN_BLOCKED, shard.id, member))
+        if restore_due(view, shard) and not restore_candidates(view, shard):
+            found.add(AlertKey(NOT_RESTORABLE, shard.id))
     return tuple(sorted(found))

@@ -14,7 +14,8 @@ node, no chain is empty, and the view survives its canonical encoding with the s
 
 Commands (one per line in a block):
 
-- ``config min= detect= suspect= slow-p99= slow-window=`` (before the layout)
+- ``config min= detect= suspect= slow-p99= slow-window= [grace= rf=]`` (before the layout;
+  ``grace``: ``replace_after_ms`` in seconds, ``rf``: the replication factor; shown when given)
 - ``add-nodes a b c``; then ``shards N replicas R`` (rotated: shard i starts at node i) or
   ``chains a>b b>c>d`` (one chain per shard)
 - ``heartbeat a b t=``; ``tick t= [heard=a@1.5,b@1.7] [inc=a:<16 hex>,b:<16 hex>]`` (the nodes'
@@ -28,6 +29,7 @@ Commands (one per line in a block):
 - ``remove-node NODE``, ``disk-full NODE`` (the node reports its disk full), ``hash``.
 - ``add-node NODE [host= http= bin=]``, ``move shard= from= to=``, ``drain NODE``, ``rebalance``.
 - ``queue-shards QUEUE shards=S`` (``kayos ctl queue create/alter``).
+- ``restore-status`` (what ``kayos ctl status`` shows of rule 10: replacements and short shards).
 
 Besides the invariants above, every step checks that no chain got shorter unless some node went
 down, slow, full or removed in that step (``replica_count``): moves, drains and rebalances never
@@ -40,6 +42,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kayos import limits
 from kayos.manager import (
     Action,
     AddNode,
@@ -71,7 +74,8 @@ from kayos.manager import (
     decide,
     view_hash,
 )
-from kayos.manager.view import derive_alerts
+from kayos.manager.restore import restore_status
+from kayos.manager.view import derive_alerts, replicas_of
 
 SEPARATOR = "----"
 
@@ -164,6 +168,8 @@ def format_view(view: ManagerView) -> list[str]:
             line += " moving=" + ",".join(f"{src}->{dst}" for dst, src in shard.moves)
         if shard.orders:
             line += " orders=" + ",".join(f"{n}#{o}" for n, o in shard.orders)
+        if shard.restoring:
+            line += " restoring=" + ",".join(f"{n}@{_secs(at)}" for n, at in shard.restoring)
         if shard.takeover:
             line += " takeover=" + ",".join(f"{u.hex()}@{s}" for u, s in shard.takeover)
         lines.append(line)
@@ -200,12 +206,17 @@ class Interpreter:
                 slow_p99_ms=int(keys.get("slow-p99", self.config.slow_p99_ms)),
                 slow_window_ms=_ms(keys.get("slow-window", str(self.config.slow_window_ms / 1000))),
                 min_replicas=int(keys.get("min", self.config.min_replicas)),
+                replace_after_ms=_ms(keys.get("grace", str(self.config.replace_after_ms / 1000))),
+                replication_factor=int(keys.get("rf", self.config.replication_factor)),
             ).validate()
             c = self.config
+            restore = ""
+            if "grace" in keys or "rf" in keys:
+                restore = f" grace={_secs(c.replace_after_ms)} rf={c.replication_factor}"
             return [
                 f"config detect={_secs(c.detection_window_ms)} suspect={_secs(c.suspect_after_ms)}"
                 f" slow-p99={c.slow_p99_ms}ms slow-window={_secs(c.slow_window_ms)}"
-                f" min={c.min_replicas}"
+                f" min={c.min_replicas}{restore}"
             ]
         if name == "add-nodes":
             self.node_ids += positional
@@ -225,6 +236,11 @@ class Interpreter:
             return format_view(self.view)
         if name == "hash":
             return [view_hash(self._view())]
+        if name == "restore-status":
+            status = restore_status(self._view())
+            lines = [f"  restoring {json.dumps(r, sort_keys=True)}" for r in status["restoring"]]
+            lines += [f"  short {json.dumps(r, sort_keys=True)}" for r in status["short"]]
+            return ["restore:"] + (lines or ["  nothing short"])
         events: list[Event]
         if name == "heartbeat":
             events = [Heartbeat(node, _ms(keys["t"])) for node in positional]
@@ -359,7 +375,8 @@ def check_invariants(before: ManagerView, after: ManagerView) -> None:
             below = ("up", "suspect", "slow", "full") if states[shard.chain[0]] == "full" else ()
             assert all(states[n] in ("up", "suspect", "slow", *below) for n in shard.chain[1:])
             assert states[shard.chain[0]] in ("up", "suspect", "slow", "full"), shard
-        targets = {target for target, _ in shard.moves}
+        targets = {target for target, _ in (*shard.moves, *shard.restoring)}
+        assert len(shard.restoring) <= 1, shard
         assert set(shard.catching_up) <= set(shard.departed) | targets, shard
         assert len(shard.moves) <= 1, shard
         assert all(states[n] == "up" for n in shard.catching_up), shard
@@ -368,6 +385,14 @@ def check_invariants(before: ManagerView, after: ManagerView) -> None:
         assert sorted(n for n, _ in shard.orders) == sorted(shard.catching_up), shard
         assert all(0 < o <= after.orders_issued for _, o in shard.orders), shard
     assert after.orders_issued >= before.orders_issued
+    # Rule 10: at most manager_restores_max replacements run at once, each to a node that held
+    # no replica of its shard, and no shard grows past the replication factor.
+    assert sum(1 for s in after.shards if s.restoring) <= limits.manager_restores_max
+    for shard, old in zip(after.shards, before.shards, strict=True):
+        for target, _ in shard.restoring:
+            assert target not in shard.chain, shard
+            assert target not in old.chain, shard
+        assert replicas_of(shard) <= max(replicas_of(old), after.config.replication_factor), shard
     assert after.alerts == derive_alerts(after)
     decoded = ManagerView.from_data(json.loads(json.dumps(after.to_data())))
     assert decoded == after

@@ -172,7 +172,8 @@ def min_replicas_since(cluster: LocalCluster, epoch: int) -> int:
     return min(counts)
 
 
-def _fill(urls: list[str], queues: list[str], megabytes: int, value_bytes: int) -> None:
+def fill_queues(urls: list[str], queues: list[str], megabytes: int, value_bytes: int) -> None:
+    """Fills each queue with ``megabytes`` of ``value_bytes`` values, a thread per queue."""
     value = os.urandom(value_bytes)
     total = megabytes * (1 << 20) // value_bytes
     batch = max(1, (1 << 20) // value_bytes)
@@ -247,7 +248,7 @@ def _run(
     step = parameters.step_timeout_s
     wait_for(lambda: manager_status(cluster), "a manager leader", step)
     phase(f"filling {SHARDS} shards to {parameters.shard_mb} MB")
-    _fill(urls, queue_per_shard(cluster.topology, "grow-fill"), parameters.shard_mb,
+    fill_queues(urls, queue_per_shard(cluster.topology, "grow-fill"), parameters.shard_mb,
           parameters.fill_value_bytes)  # fmt: skip
     cluster.wait_replicated(step)
     address, node = start_outside_node(cluster, NEW_NODE, directory)

@@ -413,6 +413,7 @@ _MANAGER_SEVERITY = {
     "shard_below_min_replicas": "critical",
     "member_disk_full": "critical",
     "slow_node_kept": "warning",
+    "shard_not_restorable": "warning",
 }
 
 
@@ -478,7 +479,51 @@ def _manager_view(answer: dict[str, Any], asked: list[str]) -> dict[str, Any]:
         "nodes": nodes,
         "shards": shards,
         "alerts": answer.get("alerts", []),
+        "restore": _restore(answer.get("restore")),
     }
+
+
+def _restore(raw: Any) -> dict[str, Any] | None:
+    """The manager's ``restore`` object (docs/manager.md rule 10); None from a member that has
+    none (older code)."""
+    if not isinstance(raw, dict):
+        return None
+    restoring = [r for r in raw.get("restoring", []) if isinstance(r, dict)]
+    short = [r for r in raw.get("short", []) if isinstance(r, dict)]
+    return {**raw, "restoring": restoring, "short": short}
+
+
+# Why a short shard is not being restored, in words (docs/manager.md rule 10).
+_SHORT_REASONS = {
+    "grace": "waiting out the grace",
+    "off": "replacement is off (replace_after_ms = 0)",
+    "no_candidate": "no up, non-draining node without a replica: add a node",
+    "no_source": "its tail is down: nothing to copy from",
+    "limit": "waiting for a running restore to end",
+}
+
+
+def restore_lines(restore: Mapping[str, Any] | None) -> list[str]:
+    """``render_manager``'s lines on restoring redundancy: shards being copied to a new member,
+    to which node, for how long; shards short with the reason none is."""
+    if not restore:
+        return []
+    lines = []
+    for r in restore["restoring"]:
+        lines.append(
+            f"  restoring shard {r.get('shard')}: to {r.get('target')} from {r.get('upstream')}"
+            f", for {r.get('for_s')} s"
+        )
+    for r in restore["short"]:
+        reason = str(r.get("reason"))
+        why = _SHORT_REASONS.get(reason, reason)
+        if reason == "grace":
+            why += f" ({r.get('restore_in_s')} s left)"
+        lines.append(
+            f"  short shard {r.get('shard')}: {r.get('replicas')} of"
+            f" {restore.get('replication_factor')} replicas for {r.get('short_for_s')} s; {why}"
+        )
+    return lines
 
 
 def _manager_alerts(answer: dict[str, Any], shards: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -545,4 +590,4 @@ def render_manager(summary: Mapping[str, Any], style: Style) -> list[str]:
             extra += f"  catching up {', '.join(shard['catching_up'])}"
         chain = " -> ".join(shard["chain"])
         lines.append(f"  shard {shard['id']}: {chain}  (epoch {shard['epoch']}){extra}")
-    return lines
+    return lines + restore_lines(manager.get("restore"))

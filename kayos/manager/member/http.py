@@ -36,6 +36,7 @@ from kayos.manager import (
     check_incarnation,
 )
 from kayos.manager.member.config import ManagerSetup
+from kayos.manager.restore import restore_status
 from kayos.signing import check_signed
 from kayos.topology import Topology
 
@@ -92,6 +93,8 @@ def status_body(state: MemberState) -> dict[str, Any]:
         "applied_entries": applied,
         "recent_hashes": [list(pair) for pair in recent],
         "alerts": [{"kind": a.kind, "shard": a.shard, "node": a.node} for a in view.alerts],
+        # Rule 10: replacements running and short shards with the reason none runs.
+        "restore": restore_status(view),
     }
 
 

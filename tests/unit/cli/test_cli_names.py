@@ -68,6 +68,7 @@ NO_CLUSTER: dict[str, str] = {
     "bench failover": OWN_CLUSTER,
     "bench heal": OWN_CLUSTER,
     "bench grow": OWN_CLUSTER,
+    "bench restore": OWN_CLUSTER,
     "bench spark": OWN_CLUSTER,
     "bench kestrel": OWN_CLUSTER + " (--local-cluster), or none (--memory)",
     "chaos run": OWN_CLUSTER,
@@ -90,6 +91,7 @@ DEPRECATED: dict[tuple[str, str], str] = {
 # What each option name that several commands share means: every command's help for it matches
 # the pattern. A name missing here that two commands use fails the test: say what it means.
 MEANINGS: dict[str, tuple[str, str]] = {
+    "--baseline-s": ("seconds of produce alone before the change", r"^Produce alone before"),
     "--both-loads": ("closed loop, then open loop", r"open loop"),
     "--cluster": ("a running cluster's node URLs", r"node's HTTP base URL"),
     # A process's own configuration file: a node's is the cluster's topology file (which the
@@ -99,6 +101,8 @@ MEANINGS: dict[str, tuple[str, str]] = {
     "--data": ("a data directory", r"data (directory|root)"),
     "--dir": ("where a benchmark or a campaign puts its files", r"^Where to put"),
     "--force": ("do it although it exists already", r"already"),
+    # bench restore's only: the manager's grace before a short shard is copied (rule 10).
+    "--grace-s": ("the manager's replace_after_ms in seconds", r"replace_after_ms"),
     "--history": ("a history file of the checker", r"history"),
     "--host": ("a host name or address", r"host|address"),
     "--id": ("this process's id in the topology file", r"\bid\b"),

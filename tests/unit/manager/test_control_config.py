@@ -38,7 +38,8 @@ def test_every_member_starts_from_the_same_first_view(tmp_path: Any) -> None:
     first, second = load(str(path)).first_view(), load(str(path)).first_view()
     assert view_hash(first) == view_hash(second)
     assert [s.chain for s in first.shards] == [("a", "b", "c"), ("b", "c", "a"), ("c", "a", "b")]
-    assert first.config == Config()  # no [manager] table: the defaults
+    # No [manager] table: the defaults, the replication factor taken from the longest chain.
+    assert first.config == Config(replication_factor=3)
 
 
 def test_without_a_manager_table_the_defaults_hold() -> None:

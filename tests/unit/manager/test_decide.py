@@ -57,6 +57,8 @@ def fresh() -> ManagerView:
         Config(slow_window_ms=0),
         Config(slow_p99_ms=6_000, slow_window_ms=5_000),
         Config(min_replicas=0),
+        Config(replace_after_ms=-1),
+        Config(replication_factor=-1),
     ],
 )
 def test_config_rejects_bounds_that_cannot_work_together(bad: Config) -> None:
@@ -107,8 +109,8 @@ GOLDEN_EVENTS: list[Event] = [
     TimerTick(6_100, (("b", 6_100),), (("b", "0123456789abcdef"),)),
     NodeGone("d", 6_200, "refused", ""),
 ]
-# view format 6, the default Config (window 0.7 s, slow window 1.5 s)
-GOLDEN_HASH = "bc009e495a84db3b2577b08640797c9e1b34be2cc8e8ba401b58ea9a2b74137a"
+# view format 7, the default Config (window 0.7 s, slow window 1.5 s, grace 300 s)
+GOLDEN_HASH = "5ce66c0d6e0ad3e83466ba349f6a078efb608a0e7ff461dc8c7a6338186b357c"
 
 
 def run(view: ManagerView, events: list[Event]) -> ManagerView:
@@ -144,7 +146,8 @@ def test_the_view_round_trips_through_its_encoding() -> None:
 @pytest.mark.parametrize(
     "breakage",
     [
-        lambda d: d.update(format=7),
+        lambda d: d.update(format=8),
+        lambda d: d["shards"][0].pop("restoring"),  # format 7 holds each shard's replacement
         lambda d: d.update(format=4, nodes=[["a", "full", 0]]),  # format 5 added "full"
         lambda d: d["nodes"].append(["e", "up", 0]),  # format 6 names each incarnation
         lambda d: d["nodes"][0].__setitem__(3, "not-hex-at-all!!"),
@@ -227,8 +230,20 @@ def test_random_logs_keep_the_invariants_and_members_agree(run_index: int) -> No
     """Three members apply the same log; one of them restarts from a snapshot (the encoded view)
     every so often. After every entry all three hold the same view and made the same decisions,
     and the invariants hold (epochs only rise, by one per change; no chain empties)."""
-    rng = random.Random(seed() + run_index)
-    members = [fresh(), fresh(), fresh()]
+    random_log(random.Random(seed() + run_index), fresh())
+
+
+@pytest.mark.parametrize("run_index", range(4))
+def test_random_logs_with_a_short_grace_restore_and_keep_the_invariants(run_index: int) -> None:
+    """As above with a 3 s grace, so shards short past it are copied to new members (rule 10)
+    all through the log: at most ``manager_restores_max`` at once, no chain past the factor."""
+    first = ManagerView.bootstrap(Config(replace_after_ms=3_000), NODES, CHAINS)
+    random_log(random.Random(seed() + 1_000 + run_index), first)
+
+
+def random_log(rng: random.Random, first: ManagerView) -> None:
+    """Three members apply the same 400 random events from ``first``; see the test above."""
+    members = [first, first, first]
     now = 0
     for _ in range(400):
         now += rng.randrange(0, 1_500)

@@ -17,13 +17,16 @@ from kayos.cli.ctl.status_view import (
 from kayos.manager import (
     CatchUpDone,
     Config,
+    Drain,
     ManagerView,
     NodeReturned,
     RemoveNode,
+    StartCatchUp,
     TimerTick,
     decide,
     view_hash,
 )
+from kayos.manager.restore import restore_status
 from tests.support.answers import healthy_answers, topology
 
 pytestmark = pytest.mark.unit
@@ -126,3 +129,47 @@ def test_a_shard_with_members_away_is_degraded_until_they_rejoin() -> None:
         view, _ = decide(view, CatchUpDone("c", shard, order))
     summary = with_manager(summarise("u", topo, healthy_answers(topo)), manager_reply(view), URLS)
     assert not [a for a in summary["alerts"] if a["code"] == "shard_members_away"]
+
+
+def test_status_shows_shards_being_restored_and_short_ones_with_the_reason() -> None:
+    """Rule 10 in `kayos ctl status`: during the grace each short shard says how long is left;
+    past it, the copy to a new member shows (to which node, from which, for how long), and a
+    shard with nowhere to go says so."""
+    topo = topology()
+    config = Config(replace_after_ms=30_000)
+    view = ManagerView.bootstrap(config, list("abcd"), [list("abc"), list("bca")])
+    later = view.config.detection_window_ms + 1_000
+    heard = tuple((n, later) for n in "abd")
+    view, _ = decide(view, TimerTick(later, heard))  # c silent: down, both shards short
+
+    def shown(view: ManagerView) -> tuple[dict[str, Any], str]:
+        reply = {**manager_reply(view), "restore": restore_status(view)}
+        summary = with_manager(summarise("u", topo, healthy_answers(topo)), reply, URLS)
+        return summary["manager"]["restore"], render(summary, plain)
+
+    restore, text = shown(view)
+    assert [r["reason"] for r in restore["short"]] == ["grace", "grace"]
+    assert "short shard 0: 2 of 3 replicas for 0.0 s; waiting out the grace (30.0 s left)" in text
+
+    past = later + 30_000
+    view, actions = decide(view, TimerTick(past, tuple((n, past) for n in "abd")))
+    assert sorted((a.node, a.shard) for a in actions if isinstance(a, StartCatchUp)) == [
+        ("d", 0),
+        ("d", 1),
+    ]
+    restore, text = shown(view)
+    assert restore["short"] == []
+    assert {(r["shard"], r["target"]) for r in restore["restoring"]} == {(0, "d"), (1, "d")}
+    assert "restoring shard 0: to d from b, for 0.0 s" in text
+
+    # d is drained: it is no target, so a shard that loses its copy to d has nowhere to go.
+    view, _ = decide(view, Drain("d"))
+    view, _ = decide(view, TimerTick(past + 100, tuple((n, past + 100) for n in "ab")))
+    gone = past + 100 + view.config.detection_window_ms
+    view, _ = decide(view, TimerTick(gone, (("a", gone), ("b", gone))))  # d down too
+    restore, text = shown(view)
+    assert [r["reason"] for r in restore["short"]] == ["no_candidate", "no_candidate"]
+    assert "no up, non-draining node without a replica: add a node" in text
+    summary = with_manager(summarise("u", topo, healthy_answers(topo)), manager_reply(view), URLS)
+    codes = [a["code"] for a in summary["alerts"]]
+    assert codes.count("shard_not_restorable") == 2, codes
