@@ -186,6 +186,20 @@ def plot_grow(result: dict[str, Any], path: str) -> None:
     _save(figure, path, "kayos bench grow: moving shards onto a 4th node under load")
 
 
+def plot_restore(result: dict[str, Any], path: str) -> None:
+    """When each step of restoring redundancy came after the kill, and the producers' rate
+    before, during and after the copy."""
+    figure, (left, right) = _figure(1, 2)
+    steps = ["spliced", "copy begins", "3 replicas"]
+    seconds = [result["spliced_s"], result["copy_start_s"], result["kill_to_full_redundancy_s"]]
+    _bars(left, steps, [s or 0.0 for s in seconds], "seconds after the kill")
+    left.set_title(f"grace {result['grace_s']:g} s, {result['mb_copied']:,.0f} MB copied")
+    rates = [result[f"produce_msgs_per_s_{phase}"] for phase in ("before", "during", "after")]
+    _bars(right, ["before", "during", "after"], rates, "acks=all messages/s")
+    right.set_title("producers")
+    _save(figure, path, "kayos bench restore: a node lost for good, redundancy restored")
+
+
 def plot_retention(result: dict[str, Any], path: str) -> None:
     """Each node's disk use over the soak, against the budget."""
     series = result["disk_series"]
@@ -273,6 +287,7 @@ PLOTS: dict[str, Callable[[dict[str, Any], str], None]] = {
     "heal": plot_heal,
     "grow": plot_grow,
     "retention": plot_retention,
+    "restore": plot_restore,
     "storage": plot_storage,
     "spark": plot_spark,
     "kestrel": plot_kestrel,

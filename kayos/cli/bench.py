@@ -435,6 +435,7 @@ def bench_grow_command(
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
 @click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
+@plot_option
 def bench_restore_command(
     shard_mb: int | None,
     producers: int | None,
@@ -444,6 +445,7 @@ def bench_restore_command(
     as_json: bool,
     out: str | None,
     base: str | None,
+    plot: str | None,
 ) -> None:
     """4 loaded nodes + 3 managers: kill one for good; grace, copy time, kill to full redundancy."""
     from kayos.bench.membership.restore import RestoreBenchParameters, bench_restore
@@ -453,6 +455,7 @@ def bench_restore_command(
     parameters = parameters_of(RestoreBenchParameters, given)
     result = _run("restore", as_json, lambda phase: bench_restore(parameters, base, phase))
     _bench_report(result, as_json, out, skip=("machine",))
+    _draw("restore", result, plot)
 
 
 @bench.command("spark")

@@ -87,6 +87,16 @@ CANNED: dict[str, dict[str, Any]] = {
             "disk_mb": {"a": [1.0, 9.0, 12.0, 8.0], "b": [1.0, 8.5, 11.0, 7.5]},
         },
     },
+    "restore": {
+        "grace_s": 10.0,
+        "spliced_s": 0.5,
+        "copy_start_s": 10.4,
+        "kill_to_full_redundancy_s": 19.9,
+        "mb_copied": 230.2,
+        "produce_msgs_per_s_before": 120.5,
+        "produce_msgs_per_s_during": 80.8,
+        "produce_msgs_per_s_after": 77.9,
+    },
     "storage": {
         "workload": {"messages": 100_000, "per_commit": 1000},
         "msgs_per_s": 150_000,
