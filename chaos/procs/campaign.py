@@ -20,7 +20,7 @@ from typing import Any
 
 from chaos import checker
 from chaos.history import Event, Note, Produce, Recorder, dump_jsonl
-from chaos.procs import drains, faults, membership, moves, netfaults
+from chaos.procs import drains, faults, losses, membership, moves, netfaults
 from chaos.procs.workload import Consumer, Producer, join_timeout_s
 from kayos.errors import KayosError
 from kayos.local.cluster import LocalCluster
@@ -75,6 +75,9 @@ class Report:
     # rebalances made (chaos/procs/drains.py).
     drains: dict[str, int] = field(default_factory=dict)
     drain_moves: dict[str, int] = field(default_factory=dict)
+    # lose_for_good's ends, and each completed one's seconds from the kill to full redundancy.
+    losses: dict[str, int] = field(default_factory=dict)
+    restore_s: list[float] = field(default_factory=list)
     spare: dict[str, Any] = field(default_factory=dict)
     hostile_requests: int = 0
     strangers_refused: int = 0
@@ -113,6 +116,7 @@ class Report:
             "second_process": self.second_process,
             **({"moves": self.moves, "spare": self.spare} if self.spare else {}),
             **({"drains": self.drains, "drain_moves": self.drain_moves} if self.drains else {}),
+            **({"losses": self.losses, "restore_s": self.restore_s} if self.losses else {}),
             "hostile_requests": self.hostile_requests,
             "strangers_refused": self.strangers_refused,
             "produce_calls": self.produce_calls,
@@ -349,6 +353,15 @@ def run(config: Config) -> Report:
     return report
 
 
+def restore_config(kinds: tuple[str, ...]) -> dict[str, int]:
+    """The manager's grace before it restores redundancy: short when the campaign loses nodes
+    for good (chaos/procs/losses.py), else the default (longer than any other fault's down
+    time, so no other kind triggers a copy)."""
+    if losses.KINDS & set(kinds):
+        return {"replace_after_ms": losses.campaign_replace_after_ms}
+    return {}
+
+
 def _start_cluster(config: Config, base: Path, report: Report) -> LocalCluster:
     """The campaign's cluster, started (with a spare node when a kind moves shards to one);
     stopped again if it does not start."""
@@ -362,6 +375,7 @@ def _start_cluster(config: Config, base: Path, report: Report) -> LocalCluster:
         manager_config=ManagerConfig(
             detection_window_ms=campaign_detection_window_ms,
             suspect_after_ms=campaign_suspect_after_ms,
+            **restore_config(config.kinds),
         ),
     )
     report.network = type(cluster).__name__
@@ -483,6 +497,12 @@ def _fault_phase(cluster: LocalCluster, config: Config, recorder: Recorder, repo
             drain_moves.update(result.get("moves", {}))
             rebalanced = result.get("rebalance", {}).items()
             drain_moves.update({f"rebalance_{k}": n for k, n in rebalanced if isinstance(n, int)})
+        if fault.kind in losses.KINDS:
+            report.losses[str(result.get("restore", "failed"))] = (
+                report.losses.get(str(result.get("restore", "failed")), 0) + 1
+            )
+            if "kill_to_full_redundancy_s" in result:
+                report.restore_s.append(float(result["kill_to_full_redundancy_s"]))
         report.hostile_requests += int(result.get("requests", 0))
         report.strangers_refused += int(bool(result.get("refused", False)))
         for what in result.get("unexpected", []):

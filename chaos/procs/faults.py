@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from chaos.procs import drains, membership, moves, netfaults
+from chaos.procs import drains, losses, membership, moves, netfaults
 from kayos import limits
 from kayos.local.cluster import LocalCluster
 from kayos.replication.wire import frames as fr
@@ -57,10 +57,11 @@ ALL_KIND_WEIGHTS: dict[str, int] = {
     **netfaults.KIND_WEIGHTS,
     **moves.KIND_WEIGHTS,
     **drains.KIND_WEIGHTS,
+    **losses.KIND_WEIGHTS,
 }
 ALL_KINDS = tuple(ALL_KIND_WEIGHTS)
 # The kinds that need the spare node (moves.add_spare), and so no fault proxy.
-SPARE_KINDS = moves.KINDS | drains.KINDS
+SPARE_KINDS = moves.KINDS | drains.KINDS | losses.KINDS
 # The kinds whose hold is a down time of 0 .. down_s_max.
 HELD_KINDS = frozenset(
     {"kill9", "sigterm", "restart_all", "corrupt_down", *membership.HANDLERS, *SPARE_KINDS}
@@ -427,4 +428,11 @@ def _drain_under_fault(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
 
 
 _HANDLERS["drain_under_fault"] = _drain_under_fault
+
+
+def _lose_for_good(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
+    return losses.lose_for_good(cluster, fault.node, fault.hold_s, fault.index)
+
+
+_HANDLERS["lose_for_good"] = _lose_for_good
 assert set(_HANDLERS) == set(ALL_KIND_WEIGHTS)

@@ -64,9 +64,9 @@ def emptied(view: dict[str, Any]) -> set[str]:
 
 
 def all_up(view: dict[str, Any]) -> bool:
-    """Every node in the view up, but the ones drained for good."""
+    """Every node in the view up, but the ones drained or removed for good."""
     gone = emptied(view)
-    return all(state == "up" for n, state, *_ in view["nodes"] if n not in gone)
+    return all(state in ("up", "removed") for n, state, *_ in view["nodes"] if n not in gone)
 
 
 def wait_for(condition: Callable[[], Any], what: str, timeout_s: float) -> Any:

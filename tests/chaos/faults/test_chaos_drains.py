@@ -45,7 +45,7 @@ def test_drains_are_drawn_only_when_named_and_need_the_manager_and_the_spare() -
     assert "drain_under_fault" not in faults.KINDS
     assert "drain_under_fault" in faults.ALL_KINDS
     assert "drain_under_fault" in faults.MANAGER_KINDS
-    assert {"move_under_fault", "drain_under_fault"} == faults.SPARE_KINDS
+    assert {"move_under_fault", "drain_under_fault", "lose_for_good"} == faults.SPARE_KINDS
     kinds = ("kill9", "pause", "drain_under_fault")
     mixed = first(11, 600, kinds)
     assert {f.kind for f in mixed} == set(kinds)
