@@ -289,13 +289,13 @@ def drain_under_fault(
     return result
 
 
-def retire(cluster: LocalCluster, node: str) -> list[str]:
+def retire(cluster: LocalCluster, node: str, sig: int = signal.SIGTERM) -> list[str]:
     """Stops the drained ``node`` for good (SIGTERM) and drops it from the cluster's nodes, so the
     campaign neither restarts it nor draws faults on it; what went wrong is returned. It stays
     in the manager's view, draining and soon down (the campaign does not remove it)."""
     try:
         if cluster.running(node):
-            cluster.kill(node, signal.SIGTERM)  # waits for the exit (SIGKILL past its bound)
+            cluster.kill(node, sig)  # waits for the exit (SIGKILL past its bound)
     except (ClusterError, OSError) as error:
         return [f"stopping the drained {node}: {error}"[:500]]
     finally:

@@ -24,7 +24,6 @@ from typing import Any
 from chaos.procs import drains, moves
 from chaos.procs.membership import chains, manager_view
 from kayos.local.cluster import LocalCluster
-from kayos.local.processes import ClusterError
 
 KIND_WEIGHTS: dict[str, int] = {"lose_for_good": 2}
 KINDS = frozenset(KIND_WEIGHTS)
@@ -88,16 +87,9 @@ def lose_for_good(cluster: LocalCluster, node: str, hold_s: float, index: int) -
 def _kill_for_good(cluster: LocalCluster, node: str) -> list[str]:
     """kill -9 of ``node``, dropped from the cluster's nodes (never started again, no fault drawn
     on it) and its data directory deleted."""
-    try:
-        cluster.kill(node, signal.SIGKILL)
-    except (ClusterError, OSError) as error:
-        return [f"killing {node}: {error}"[:500]]
-    finally:
-        cluster.processes.pop(node, None)
-        if node in cluster.ids:
-            cluster.ids.remove(node)
+    problems = drains.retire(cluster, node, signal.SIGKILL)
     shutil.rmtree(cluster.data_dir(node), ignore_errors=True)
-    return []
+    return problems
 
 
 def remove_node(cluster: LocalCluster, node: str) -> list[str]:
