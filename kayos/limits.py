@@ -842,3 +842,12 @@ assert 2 * groups_per_shard_max + producers_per_shard_max <= frame_meta_entries_
     "a shard's groups and producer windows fit half of a METADATA frame's keys"
 )
 assert group_lag_metrics_scan_entries_max <= group_lag_scan_entries_max
+
+# --- kayos bench scale (docs/performance.md, "Scale-out on capped nodes") ----------------------
+# A node's CPU cap, in cores. Below 0.05 core (5 ms in each 100 ms period) a Python node spends
+# its share on its own timers and never saturates on messages; above one core a cap means nothing
+# to a node whose event loop runs on one core at a time.
+bench_scale_node_cpu_min = 0.05
+bench_scale_node_cpu_max = 1.0
+
+assert 0 < bench_scale_node_cpu_min < bench_scale_node_cpu_max

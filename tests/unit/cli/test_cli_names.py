@@ -68,6 +68,7 @@ NO_CLUSTER: dict[str, str] = {
     "bench failover": OWN_CLUSTER,
     "bench heal": OWN_CLUSTER,
     "bench grow": OWN_CLUSTER,
+    "bench scale": OWN_CLUSTER,
     "bench spark": OWN_CLUSTER,
     "bench kestrel": OWN_CLUSTER + " (--local-cluster), or none (--memory)",
     "chaos run": OWN_CLUSTER,
@@ -90,6 +91,7 @@ DEPRECATED: dict[tuple[str, str], str] = {
 # What each option name that several commands share means: every command's help for it matches
 # the pattern. A name missing here that two commands use fails the test: say what it means.
 MEANINGS: dict[str, tuple[str, str]] = {
+    "--batch": ("messages per produce call", r"Messages per produce call"),
     "--both-loads": ("closed loop, then open loop", r"open loop"),
     "--cluster": ("a running cluster's node URLs", r"node's HTTP base URL"),
     # A process's own configuration file: a node's is the cluster's topology file (which the
@@ -102,6 +104,7 @@ MEANINGS: dict[str, tuple[str, str]] = {
     "--history": ("a history file of the checker", r"history"),
     "--host": ("a host name or address", r"host|address"),
     "--id": ("this process's id in the topology file", r"\bid\b"),
+    "--in-flight": ("produce calls outstanding at once", r"outstanding"),
     "--json": ("print JSON", r"JSON"),
     "--kinds": ("fault kinds, comma-separated", r"[Ff]ault kinds"),
     "--manager": ("a manager member (repeatable)", r"manager member"),
