@@ -849,5 +849,9 @@ assert group_lag_metrics_scan_entries_max <= group_lag_scan_entries_max
 # to a node whose event loop runs on one core at a time.
 bench_scale_node_cpu_min = 0.05
 bench_scale_node_cpu_max = 1.0
+# The bench's cgroup's CPU weight, in multiples of the kernel's default: 100 x the default is
+# cgroup v2's ceiling (cpu.weight 10000), and far past what any load on a test box calls for.
+bench_scale_weight_max = 100
 
 assert 0 < bench_scale_node_cpu_min < bench_scale_node_cpu_max
+assert bench_scale_weight_max >= 1

@@ -518,6 +518,12 @@ def bench_kestrel_command(
     help="Cases to run, comma-separated (nodes n, shards s of the queue).",
 )
 @click.option(
+    "--cpu-weight",
+    type=int,
+    help="The bench's cgroup's CPU weight against other processes, in busy processes' worth "
+    "(1: none above theirs).  [default: 16]",
+)
+@click.option(
     "--cgroup-root",
     type=click.Path(file_okay=False),
     default="/sys/fs/cgroup",
@@ -536,6 +542,7 @@ def bench_scale_command(
     in_flight: int | None,
     value_bytes: int | None,
     cases: str,
+    cpu_weight: int | None,
     cgroup_root: str,
     as_json: bool,
     out: str | None,
@@ -557,6 +564,7 @@ def bench_scale_command(
         "in_flight": in_flight,
         "value_bytes": value_bytes,
         "cases": tuple(part.strip() for part in cases.split(",") if part.strip()),
+        "weight": cpu_weight,
     }
     parameters = parameters_of(ScaleBenchParameters, given)
     try:

@@ -32,6 +32,11 @@ DEFAULT_ROOT = "/sys/fs/cgroup"
 # The scheduler's accounting period for a cap: 100 ms is the kernel's default CFS period; a cap
 # of 0.15 core then allows 15 ms of CPU in every 100 ms.
 PERIOD_US = 100_000
+# A group's CPU weight against the machine's other processes at weight 1: the kernel's default
+# (v1 cpu.shares, v2 cpu.weight) is the unit.
+V1_SHARES_UNIT = 1024
+V2_WEIGHT_UNIT = 100
+V2_WEIGHT_MAX = 10_000
 
 
 class CgroupUnavailable(KayosError):
@@ -111,9 +116,13 @@ def quota_us(cores: float, period_us: int = PERIOD_US) -> int:
 
 
 class CpuCaps:
-    """The bench's cgroups in ``hierarchy``: ``cap(name, cores)`` makes a capped group,
-    ``add(name, pid)`` moves a process into it, ``close()`` (or leaving the ``with``) moves any
-    process still inside back to the root and removes every group made, newest first."""
+    """The bench's cgroups in ``hierarchy``: entering makes the bench's group (with ``weight``
+    times the kernel's default CPU weight against its siblings: in cgroup v1 every process in
+    the root group is such a sibling, so at weight 1 all the bench's processes together would
+    get no more CPU than one busy process of anyone else's), ``cap(name, cores)`` makes a capped
+    group in it, ``add(name, pid)`` moves a process into one, ``close()`` (or leaving the
+    ``with``) moves any process still inside back to the hierarchy's root and removes every
+    group made, newest first."""
 
     def __init__(
         self,
@@ -122,8 +131,12 @@ class CpuCaps:
         mkdir: Callable[[Path], None] = os.mkdir,
         rmdir: Callable[[Path], None] = os.rmdir,
         name: str | None = None,
+        weight: int = 1,
     ) -> None:
+        if weight < 1:
+            raise ValueError("a CPU weight must be >= 1")
         self.hierarchy = hierarchy
+        self.weight = weight
         self.mkdir = mkdir
         self.rmdir = rmdir
         self.group = hierarchy.path / (name or f"kayos-bench-scale-{os.getpid()}")
@@ -135,6 +148,11 @@ class CpuCaps:
         if self.hierarchy.kind == "v2":
             self._enable_cpu(self.hierarchy.path)
             self._enable_cpu(self.group)
+        if self.weight != 1 and self.hierarchy.kind == "v1":
+            (self.group / "cpu.shares").write_text(str(self.weight * V1_SHARES_UNIT))
+        elif self.weight != 1:
+            weight = min(V2_WEIGHT_MAX, self.weight * V2_WEIGHT_UNIT)
+            (self.group / "cpu.weight").write_text(str(weight))
         return self
 
     def __exit__(
@@ -155,11 +173,13 @@ class CpuCaps:
     def path(self, name: str) -> Path:
         return self.group / name
 
-    def cap(self, name: str, cores: float) -> Path:
-        """Makes group ``name`` capped at ``cores`` cores; returns its path."""
+    def cap(self, name: str, cores: float | None) -> Path:
+        """Makes group ``name`` capped at ``cores`` cores (None: uncapped); returns its path."""
         path = self.path(name)
         self.mkdir(path)
         self.made.append(path)
+        if cores is None:
+            return path
         quota = quota_us(cores)
         if self.hierarchy.kind == "v1":
             (path / "cpu.cfs_period_us").write_text(str(PERIOD_US))

@@ -71,6 +71,11 @@ class ScaleBenchParameters:
     in_flight: int = 64
     value_bytes: int = 100
     cases: tuple[str, ...] = tuple(CASES)
+    # The bench's cgroup's CPU weight, in busy processes' worth (cgroups.CpuCaps): on a box that
+    # others load too, the capped nodes should still get their caps and the producers what they
+    # need, or the figures measure the others. 16 keeps that up to a load average of about 16;
+    # the caps bound what the weight can take (6 x node_cpu plus the producers).
+    weight: int = 16
 
     def __post_init__(self) -> None:
         if not limits.bench_scale_node_cpu_min <= self.node_cpu <= limits.bench_scale_node_cpu_max:
@@ -82,6 +87,8 @@ class ScaleBenchParameters:
             raise ValueError("seconds must be > 0 and warmup_s >= 0")
         if self.batch < 1 or self.in_flight < 1 or self.value_bytes < 1:
             raise ValueError("batch, in_flight and value_bytes must be >= 1")
+        if not 1 <= self.weight <= limits.bench_scale_weight_max:
+            raise ValueError(f"weight must be 1 .. {limits.bench_scale_weight_max}")
         unknown = [case for case in self.cases if case not in CASES]
         if unknown or not self.cases:
             raise ValueError(f"cases must be some of {', '.join(CASES)} (got {unknown or 'none'})")
@@ -251,21 +258,22 @@ def _run_cluster(
     )
     results: dict[str, dict[str, Any]] = {}
     phase(f"starting {nodes} nodes")
+    groups = {node: f"{nodes}n-{node}" for node in cluster.ids}  # a group per node per cluster
     with cluster:
         pids: dict[str, int] = {}
-        for node in cluster.ids:
+        for node, group in groups.items():
             pid = cluster.pid(node)
             assert pid is not None, node
-            caps.cap(node, parameters.node_cpu)
-            caps.add(node, pid)
+            caps.cap(group, parameters.node_cpu)
+            caps.add(group, pid)
             pids[node] = pid
         urls = list(cluster.urls.values())
         for name in names:
             queue = ONE_QUEUE if CASES[name][1] == 1 else MANY_QUEUE
             phase(f"{name}: {parameters.warmup_s:g} s warm-up, {parameters.seconds:g} s timed")
-            before = {node: caps.throttled(node) for node in pids}
+            before = {node: caps.throttled(groups[node]) for node in pids}
             drive = asyncio.run(_drive(urls, queue, parameters, {**pids, "producers": os.getpid()}))
-            after = {node: caps.throttled(node) for node in pids}
+            after = {node: caps.throttled(groups[node]) for node in pids}
             throttled = {
                 node: {key: after[node][key] - before[node].get(key, 0) for key in after[node]}
                 for node in pids
@@ -326,9 +334,13 @@ def bench_scale(
     left: list[str] = []
     try:
         with _terminate_as_interrupt():
-            caps = CpuCaps(hierarchy)
+            caps = CpuCaps(hierarchy, weight=parameters.weight)
             try:
                 with caps:
+                    # The producers (this process) in a group of their own, uncapped: outside
+                    # the nodes' caps, inside the bench's weight.
+                    caps.cap("producers", None)
+                    caps.add("producers", os.getpid())
                     for nodes in CLUSTERS:
                         names = [n for n in parameters.cases if CASES[n][0] == nodes]
                         if names:

@@ -133,8 +133,7 @@ CANNED: dict[str, dict[str, Any]] = {
             "3n-3s": {
                 "msgs_per_s": 33_000,
                 "node_cpu_s_per_msg": {
-                    node: {"roles": "head+middle+tail", "cpu_s_per_msg": 4.5e-6}
-                    for node in "abc"
+                    node: {"roles": "head+middle+tail", "cpu_s_per_msg": 4.5e-6} for node in "abc"
                 },
             },
         },

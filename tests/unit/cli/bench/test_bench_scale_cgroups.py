@@ -108,6 +108,32 @@ def test_v2_caps_enable_the_cpu_controller_and_write_cpu_max(tmp_path: Path) -> 
     assert not (v2 / "bench").exists()
 
 
+@pytest.mark.parametrize(
+    ("kind", "weight", "file", "written"),
+    [
+        ("v1", 16, "cpu.shares", "16384"),
+        ("v2", 16, "cpu.weight", "1600"),
+        ("v2", 100, "cpu.weight", "10000"),
+    ],
+)
+def test_the_bench_group_weighs_as_many_busy_processes_as_asked(
+    tmp_path: Path, kind: str, weight: int, file: str, written: str
+) -> None:
+    path = _v1(tmp_path) if kind == "v1" else _v2(tmp_path)
+    with CpuCaps(Hierarchy(kind, path), rmdir=_rmtree, name="g", weight=weight):
+        assert (path / "g" / file).read_text() == written
+
+
+def test_at_weight_one_and_uncapped_nothing_is_written(tmp_path: Path) -> None:
+    v1 = _v1(tmp_path)
+    with CpuCaps(Hierarchy("v1", v1), rmdir=_rmtree, name="g") as caps:
+        producers = caps.cap("producers", None)
+        assert list((v1 / "g").iterdir()) == [producers]
+        assert list(producers.iterdir()) == []
+    with pytest.raises(ValueError, match=">= 1"):
+        CpuCaps(Hierarchy("v1", v1), weight=0)
+
+
 def test_every_group_is_removed_newest_first_on_an_interrupt(tmp_path: Path) -> None:
     v1 = _v1(tmp_path)
     removed: list[str] = []
@@ -116,13 +142,16 @@ def test_every_group_is_removed_newest_first_on_an_interrupt(tmp_path: Path) -> 
         removed.append(path.name)
         _rmtree(path)
 
-    with (
-        pytest.raises(KeyboardInterrupt),
-        CpuCaps(Hierarchy("v1", v1), rmdir=rmdir, name="g") as caps,
-    ):
-        caps.cap("a", 0.1)
-        caps.cap("b", 0.1)
-        raise KeyboardInterrupt
+    caps = CpuCaps(Hierarchy("v1", v1), rmdir=rmdir, name="g")
+
+    def interrupted() -> None:
+        with caps:
+            caps.cap("a", 0.1)
+            caps.cap("b", 0.1)
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        interrupted()
     assert removed == ["b", "a", "g"]
     assert caps.made == []
 

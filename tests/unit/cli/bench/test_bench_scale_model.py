@@ -52,7 +52,7 @@ def test_disjoint_chains_add_up() -> None:
 
 def test_rotated_shards_spread_every_role_over_every_host() -> None:
     loads = host_loads(ROTATED, COSTS)
-    assert loads == pytest.approx({node: 12e-6 / 3 for node in "abc"})
+    assert loads == pytest.approx(dict.fromkeys("abc", 1.2e-05 / 3))
     predicted = predict_msgs_per_s(ROTATED, COSTS, 0.15)
     assert predicted == pytest.approx(3 * 0.15 / 12e-6)
     assert capacity_msgs_per_s(3, 0.15, 3, COSTS) == pytest.approx(predicted)
