@@ -276,8 +276,8 @@ def plot_scale(result: dict[str, Any], path: str) -> None:
     figure, (left, right) = _figure(1, 2)
     width = 0.4
     positions = list(range(len(names)))
-    measured = left.bar([p - width / 2 for p in positions],
-                        [cases[n]["msgs_per_s"] for n in names], width, label="measured")  # fmt: skip
+    rates = [cases[n]["msgs_per_s"] for n in names]
+    measured = left.bar([p - width / 2 for p in positions], rates, width, label="measured")
     left.bar_label(measured, fmt="%.0f", fontsize="x-small")
     predicted = [predictions.get(n, {}).get("predicted_msgs_per_s", 0) for n in names]
     model = left.bar([p + width / 2 for p in positions], predicted, width, label="model",
