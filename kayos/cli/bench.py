@@ -507,6 +507,9 @@ def bench_kestrel_command(
     help="Each node's CPU cap in cores (a cgroup's quota over its period).  [default: 0.15]",
 )
 @click.option("--seconds", type=float, help="Timed window of each case.  [default: 10]")
+@click.option(
+    "--repeat", type=int, help="Repetitions of each case's window, alternating.  [default: 2]"
+)
 @click.option("--warmup-s", type=float, help="Produce this long before timing.  [default: 3]")
 @click.option("--batch", type=int, help="Messages per produce call, per shard.  [default: 100]")
 @click.option("--in-flight", type=int, help="Calls outstanding per shard.  [default: 64]")
@@ -537,6 +540,7 @@ def bench_kestrel_command(
 def bench_scale_command(
     node_cpu: float | None,
     seconds: float | None,
+    repeat: int | None,
     warmup_s: float | None,
     batch: int | None,
     in_flight: int | None,
@@ -559,6 +563,7 @@ def bench_scale_command(
     given: dict[str, Any] = {
         "node_cpu": node_cpu,
         "seconds": seconds,
+        "repeat": repeat,
         "warmup_s": warmup_s,
         "batch": batch,
         "in_flight": in_flight,

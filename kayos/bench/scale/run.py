@@ -63,7 +63,10 @@ class ScaleBenchParameters:
     # leaves about 1.1 of this 2-vCPU box to the producers and everything else, and a node at
     # 0.15 core saturates at a few thousand messages/s, which one producer process outruns.
     node_cpu: float = 0.15
+    # Each case's timed window, and how many windows each case gets (alternating with the other
+    # case of its cluster; its figures are over all of them).
     seconds: float = 10.0
+    repeat: int = 2
     warmup_s: float = 3.0
     batch: int = 100
     # Calls outstanding per shard: enough that every member of a capped chain always has a
@@ -83,8 +86,8 @@ class ScaleBenchParameters:
                 f"node_cpu must be {limits.bench_scale_node_cpu_min} .. "
                 f"{limits.bench_scale_node_cpu_max} cores"
             )
-        if self.seconds <= 0 or self.warmup_s < 0:
-            raise ValueError("seconds must be > 0 and warmup_s >= 0")
+        if self.seconds <= 0 or self.warmup_s < 0 or self.repeat < 1:
+            raise ValueError("seconds must be > 0, warmup_s >= 0 and repeat >= 1")
         if self.batch < 1 or self.in_flight < 1 or self.value_bytes < 1:
             raise ValueError("batch, in_flight and value_bytes must be >= 1")
         if not 1 <= self.weight <= limits.bench_scale_weight_max:
@@ -183,6 +186,27 @@ async def _drive(
     }
 
 
+def merge_drives(drives: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One case's windows as one: their wall time, CPU seconds, committed messages and
+    latencies summed; ``window_msgs_per_s`` keeps each window's rate."""
+    if not drives:
+        raise ValueError("no window to merge")
+    first = drives[0]
+    return {
+        "wall": sum(drive["wall"] for drive in drives),
+        "cpu": {node: sum(drive["cpu"][node] for drive in drives) for node in first["cpu"]},
+        "shards": first["shards"],
+        "committed": [
+            sum(values) for values in zip(*(d["committed"] for d in drives), strict=True)
+        ],
+        "latencies": [latency for drive in drives for latency in drive["latencies"]],
+        "window_msgs_per_s": [
+            round(sum(drive["committed"]) / drive["wall"]) if drive["wall"] > 0 else 0
+            for drive in drives
+        ],
+    }
+
+
 def _cpu_now(pids: dict[str, int]) -> dict[str, float]:
     return {node: process_cpu_seconds(pid) for node, pid in pids.items()}
 
@@ -213,6 +237,7 @@ def case_figures(
         "committed": total,
         "committed_per_shard": drive["committed"],
         "window_s": round(wall, 3),
+        "window_msgs_per_s": drive.get("window_msgs_per_s", []),
         "commit_p50_ms": percentile_ms(drive["latencies"], 0.5) if drive["latencies"] else None,
         "commit_p99_ms": percentile_ms(drive["latencies"], 0.99) if drive["latencies"] else None,
         "producer_cpus": round(drive["cpu"].get("producers", 0.0) / wall, 2) if wall else None,
@@ -268,17 +293,26 @@ def _run_cluster(
             caps.add(group, pid)
             pids[node] = pid
         urls = list(cluster.urls.values())
+        drives: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+        throttled: dict[str, dict[str, dict[str, int]]] = {name: {} for name in names}
+        # The cases' windows alternate (1 shard, several, 1, several, ...): a box whose speed
+        # drifts from minute to minute drifts under every case alike.
+        for round_ in range(1, parameters.repeat + 1):
+            for name in names:
+                queue = ONE_QUEUE if CASES[name][1] == 1 else MANY_QUEUE
+                phase(f"{name} window {round_} of {parameters.repeat}")
+                before = {node: caps.throttled(groups[node]) for node in pids}
+                every = {**pids, "producers": os.getpid()}
+                drives[name].append(asyncio.run(_drive(urls, queue, parameters, every)))
+                for node in pids:
+                    counted = throttled[name].setdefault(node, {})
+                    for key, value in caps.throttled(groups[node]).items():
+                        counted[key] = counted.get(key, 0) + value - before[node].get(key, 0)
         for name in names:
-            queue = ONE_QUEUE if CASES[name][1] == 1 else MANY_QUEUE
-            phase(f"{name}: {parameters.warmup_s:g} s warm-up, {parameters.seconds:g} s timed")
-            before = {node: caps.throttled(groups[node]) for node in pids}
-            drive = asyncio.run(_drive(urls, queue, parameters, {**pids, "producers": os.getpid()}))
-            after = {node: caps.throttled(groups[node]) for node in pids}
-            throttled = {
-                node: {key: after[node][key] - before[node].get(key, 0) for key in after[node]}
-                for node in pids
-            }
-            results[name] = case_figures(name, cluster.topology, drive, parameters, throttled)
+            merged = merge_drives(drives[name])
+            results[name] = case_figures(
+                name, cluster.topology, merged, parameters, throttled[name]
+            )
         phase(f"stopping {nodes} nodes")
     return results
 

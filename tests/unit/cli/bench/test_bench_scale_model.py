@@ -14,7 +14,13 @@ from kayos.bench.scale.model import (
     predict_msgs_per_s,
     role_at,
 )
-from kayos.bench.scale.run import ScaleBenchParameters, model_figures, ratios, stat_cpu_seconds
+from kayos.bench.scale.run import (
+    ScaleBenchParameters,
+    merge_drives,
+    model_figures,
+    ratios,
+    stat_cpu_seconds,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -158,3 +164,17 @@ def test_cpu_seconds_are_read_after_the_command_name() -> None:
 def test_parameters_out_of_bounds_are_refused(given: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ScaleBenchParameters(**given)  # type: ignore[arg-type]
+
+
+def test_a_cases_windows_merge_into_one() -> None:
+    window = {"shards": [0, 1], "latencies": [0.1]}
+    first = {**window, "wall": 10.0, "cpu": {"a": 1.0}, "committed": [100, 200]}
+    second = {**window, "wall": 10.0, "cpu": {"a": 2.0}, "committed": [300, 0]}
+    merged = merge_drives([first, second])
+    assert merged["wall"] == 20.0
+    assert merged["cpu"] == {"a": 3.0}
+    assert merged["committed"] == [400, 200]
+    assert merged["latencies"] == [0.1, 0.1]
+    assert merged["window_msgs_per_s"] == [30, 30]
+    with pytest.raises(ValueError, match="no window"):
+        merge_drives([])
