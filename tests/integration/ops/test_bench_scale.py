@@ -33,8 +33,9 @@ def test_bench_scale_smallest_case_writes_its_figures_and_leaves_no_cgroup(tmp_p
     result = CliRunner().invoke(
         cli,
         [
-            "bench", "scale", "--cases", "3n-1s", "--seconds", "2", "--warmup-s", "1",
-            "--in-flight", "8", "--json", "--out", str(out), "--dir", str(tmp_path / "bench"),
+            "bench", "scale", "--cases", "3n-1s", "--seconds", "2", "--repeat", "1",
+            "--warmup-s", "1", "--in-flight", "8", "--json", "--out", str(out),
+            "--dir", str(tmp_path / "bench"),
         ],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
