@@ -168,13 +168,14 @@ def test_parameters_out_of_bounds_are_refused(given: dict[str, object], message:
 
 def test_a_cases_windows_merge_into_one() -> None:
     window = {"shards": [0, 1], "latencies": [0.1]}
-    first = {**window, "wall": 10.0, "cpu": {"a": 1.0}, "committed": [100, 200]}
-    second = {**window, "wall": 10.0, "cpu": {"a": 2.0}, "committed": [300, 0]}
+    first = {**window, "wall": 10.0, "cpu": {"a": 1.0}, "committed": [100, 200], "errors": 0}
+    second = {**window, "wall": 10.0, "cpu": {"a": 2.0}, "committed": [300, 0], "errors": 2}
     merged = merge_drives([first, second])
     assert merged["wall"] == 20.0
     assert merged["cpu"] == {"a": 3.0}
     assert merged["committed"] == [400, 200]
     assert merged["latencies"] == [0.1, 0.1]
     assert merged["window_msgs_per_s"] == [30, 30]
+    assert merged["errors"] == 2
     with pytest.raises(ValueError, match="no window"):
         merge_drives([])
