@@ -130,9 +130,15 @@ class ChainedCluster(LocalCluster):
 
 
 async def _drive(
-    urls: list[str], queue: str, parameters: ScaleBenchParameters, pids: dict[str, int]
+    urls: list[str],
+    queue: str,
+    parameters: ScaleBenchParameters,
+    pids: dict[str, int],
+    window_id: int,
 ) -> dict[str, Any]:
-    """Produces to ``queue`` until the timed window is over; the window's figures."""
+    """Produces to ``queue`` until the timed window is over; the window's figures. Keys start
+    with ``window_id``: every window writes keys never written before (a key written again is
+    a de-dup of the old one, which costs a node otherwise than a new message)."""
     from kayos.client.aio import AsyncClient
 
     value = bytes(parameters.value_bytes)
@@ -149,7 +155,10 @@ async def _drive(
             """``batch`` fresh keys that all go to ``shard`` (one request to its head): keys
             are made in runs and split by shard, so none is made in vain."""
             while len(pending[shard]) < parameters.batch:
-                made = [b"%016d" % next(keys) for _ in range(parameters.batch * len(shards))]
+                made = [
+                    b"%04d-%016d" % (window_id, next(keys))
+                    for _ in range(parameters.batch * len(shards))
+                ]
                 for part, positions in topology.split_by_shard(queue, made).items():
                     pending[part].extend(made[position] for position in positions)
             taken = pending[shard][: parameters.batch]
@@ -313,7 +322,9 @@ def _run_cluster(
                 phase(f"{name} window {round_} of {parameters.repeat}")
                 before = {node: caps.throttled(groups[node]) for node in pids}
                 every = {**pids, "producers": os.getpid()}
-                drives[name].append(asyncio.run(_drive(urls, queue, parameters, every)))
+                window_id = len(names) * (round_ - 1) + names.index(name)
+                drive = _drive(urls, queue, parameters, every, window_id)
+                drives[name].append(asyncio.run(drive))
                 for node in pids:
                     counted = throttled[name].setdefault(node, {})
                     for key, value in caps.throttled(groups[node]).items():
