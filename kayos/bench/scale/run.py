@@ -10,11 +10,13 @@ Cases (``CASES``), two clusters:
   shard, ``3n-3s`` a queue over all three (every node carries every role).
 
 Every node runs in a cgroup capped at ``node_cpu`` cores (``cgroups.py``); the producers run in
-this process, outside the caps, with ``in_flight`` calls of ``batch`` messages per shard
-outstanding, so the nodes, not the producers, are the limit (``producer_cpus`` in each case says
-how much of a core the producers took). After ``warmup_s`` of producing, a window of
-``seconds`` is timed: messages committed in it (by calls that returned in it) and each node's
-CPU seconds (utime + stime from ``/proc/PID/stat``, all its threads) over it.
+this process, in an uncapped group, with ``in_flight`` calls of ``batch`` messages outstanding
+per shard (each call to one shard's head, so a slow chain holds back no other), so the nodes,
+not the producers, are the limit (``producer_cpus`` in each case says how much of a core the
+producers took). After ``warmup_s`` of producing, a window of ``seconds`` is timed: messages
+committed in it (by calls that returned in it) and each node's CPU seconds (utime + stime from
+``/proc/PID/stat``, all its threads) over it. Each case gets ``repeat`` windows, alternating
+with the other case of its cluster, and its figures are over all of them.
 """
 
 from __future__ import annotations
