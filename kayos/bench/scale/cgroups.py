@@ -115,6 +115,42 @@ def quota_us(cores: float, period_us: int = PERIOD_US) -> int:
     return max(1000, round(cores * period_us))
 
 
+GROUP_PREFIX = "kayos-bench-scale-"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale(
+    hierarchy: Hierarchy,
+    rmdir: Callable[[Path], None] = os.rmdir,
+    alive: Callable[[int], bool] = _alive,
+) -> list[str]:
+    """Removes the groups an earlier bench left when it was killed (``kill -9`` gives it no
+    chance to): ``kayos-bench-scale-PID`` whose PID is no running process, its node groups
+    first; returns the names removed. A group still holding a process is left alone."""
+    removed: list[str] = []
+    for group in sorted(hierarchy.path.glob(GROUP_PREFIX + "*")):
+        pid = group.name.removeprefix(GROUP_PREFIX)
+        if not group.is_dir() or not pid.isdigit() or alive(int(pid)):
+            continue
+        try:
+            for child in sorted(p for p in group.iterdir() if p.is_dir()):
+                rmdir(child)
+            rmdir(group)
+        except OSError:
+            continue  # a process still inside (or a group not ours to remove): leave it
+        removed.append(group.name)
+    return removed
+
+
 class CpuCaps:
     """The bench's cgroups in ``hierarchy``: entering makes the bench's group (with ``weight``
     times the kernel's default CPU weight against its siblings: in cgroup v1 every process in
@@ -139,7 +175,7 @@ class CpuCaps:
         self.weight = weight
         self.mkdir = mkdir
         self.rmdir = rmdir
-        self.group = hierarchy.path / (name or f"kayos-bench-scale-{os.getpid()}")
+        self.group = hierarchy.path / (name or f"{GROUP_PREFIX}{os.getpid()}")
         self.made: list[Path] = []
 
     def __enter__(self) -> CpuCaps:

@@ -37,7 +37,7 @@ from typing import Any
 
 from kayos import limits
 from kayos.bench.produce import machine_facts, percentile_ms
-from kayos.bench.scale.cgroups import DEFAULT_ROOT, CpuCaps, Hierarchy, choose
+from kayos.bench.scale.cgroups import DEFAULT_ROOT, CpuCaps, Hierarchy, choose, sweep_stale
 from kayos.bench.scale.model import RoleCosts, attribute, predict_msgs_per_s
 from kayos.errors import KayosError
 from kayos.local.cluster import LocalCluster
@@ -386,6 +386,9 @@ def bench_scale(
     """Chooses where the caps go (``CgroupUnavailable`` before anything starts if nowhere), runs
     the cases, and returns the figures; every cgroup made is removed on the way out."""
     hierarchy: Hierarchy = choose(Path(cgroup_root))
+    swept = sweep_stale(hierarchy)
+    if swept:
+        phase(f"removed cgroups a killed run left: {', '.join(swept)}")
     directory = base or tempfile.mkdtemp(prefix="kayos-bench-scale-")
     cases: dict[str, dict[str, Any]] = {}
     left: list[str] = []

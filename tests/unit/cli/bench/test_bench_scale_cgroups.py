@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kayos.bench.scale.cgroups import CgroupUnavailable, CpuCaps, Hierarchy, choose, quota_us
+from kayos.bench.scale.cgroups import (
+    CgroupUnavailable,
+    CpuCaps,
+    Hierarchy,
+    choose,
+    quota_us,
+    sweep_stale,
+)
 from kayos.cli.main import cli
 
 pytestmark = pytest.mark.unit
@@ -180,3 +187,26 @@ def test_bench_scale_without_a_writable_cgroup_says_so_and_exits_non_zero(tmp_pa
     assert "no cgroup v1 cpu controller" in result.output
     assert not (tmp_path / "b").exists(), "nothing started"
     assert os.listdir(tmp_path) == []
+
+
+def test_groups_a_killed_run_left_are_swept_and_a_live_runs_kept(tmp_path: Path) -> None:
+    v1 = _v1(tmp_path)
+    for pid in ("111", "222"):
+        (v1 / f"kayos-bench-scale-{pid}" / "a").mkdir(parents=True)
+    (v1 / "kayos-bench-scale-x").mkdir()  # not a pid: not ours to judge
+    (v1 / "other").mkdir()
+    removed = sweep_stale(Hierarchy("v1", v1), rmdir=os.rmdir, alive=lambda pid: pid == 222)
+    assert removed == ["kayos-bench-scale-111"]
+    assert sorted(p.name for p in v1.iterdir() if p.is_dir()) == [
+        "kayos-bench-scale-222",
+        "kayos-bench-scale-x",
+        "other",
+    ]
+
+
+def test_a_stale_group_still_holding_a_process_is_left(tmp_path: Path) -> None:
+    v1 = _v1(tmp_path)
+    (v1 / "kayos-bench-scale-111" / "a").mkdir(parents=True)
+    removed = sweep_stale(Hierarchy("v1", v1), rmdir=_refuse, alive=lambda _pid: False)
+    assert removed == []
+    assert (v1 / "kayos-bench-scale-111" / "a").is_dir()
