@@ -861,3 +861,15 @@ manager_restores_max = 4
 
 assert manager_replace_after_ms >= manager_detection_window_ms
 assert manager_restores_max >= 1
+# --- kayos bench scale (docs/performance.md, "Scale-out on capped nodes") ----------------------
+# A node's CPU cap, in cores. Below 0.05 core (5 ms in each 100 ms period) a Python node spends
+# its share on its own timers and never saturates on messages; above one core a cap means nothing
+# to a node whose event loop runs on one core at a time.
+bench_scale_node_cpu_min = 0.05
+bench_scale_node_cpu_max = 1.0
+# The bench's cgroup's CPU weight, in multiples of the kernel's default: 100 x the default is
+# cgroup v2's ceiling (cpu.weight 10000), and far past what any load on a test box calls for.
+bench_scale_weight_max = 100
+
+assert 0 < bench_scale_node_cpu_min < bench_scale_node_cpu_max
+assert bench_scale_weight_max >= 1

@@ -281,6 +281,42 @@ def plot_kestrel(result: dict[str, Any], path: str) -> None:
     _save(figure, path, "kayos bench kestrel: python-memcached clients")
 
 
+def plot_scale(result: dict[str, Any], path: str) -> None:
+    """Each case's measured msgs/s beside the capacity model's prediction, and each case's CPU
+    per message by role (nodes carrying several roles shown as such)."""
+    cases = result["cases"]
+    names = list(cases)
+    predictions = (result.get("model") or {}).get("predictions", {})
+    figure, (left, right) = _figure(1, 2)
+    width = 0.4
+    positions = list(range(len(names)))
+    rates = [cases[n]["msgs_per_s"] for n in names]
+    measured = left.bar([p - width / 2 for p in positions], rates, width, label="measured")
+    left.bar_label(measured, fmt="%.0f", fontsize="x-small")
+    predicted = [predictions.get(n, {}).get("predicted_msgs_per_s", 0) for n in names]
+    model = left.bar([p + width / 2 for p in positions], predicted, width, label="model",
+                     color="tab:gray")  # fmt: skip
+    left.bar_label(model, fmt="%.0f", fontsize="x-small")
+    left.set_xticks(positions, names, fontsize="small")
+    left.set(ylabel="acks=all messages/s", ylim=(0, None), title="throughput")
+    left.legend(fontsize="small")
+    kinds = ["head", "middle", "tail", "head+middle+tail"]
+    step = 0.8 / len(kinds)
+    for offset, kind in enumerate(kinds):
+        values = []
+        for name in names:
+            rows = [r for r in cases[name]["node_cpu_s_per_msg"].values() if r["roles"] == kind]
+            per = [r["cpu_s_per_msg"] for r in rows if r["cpu_s_per_msg"] is not None]
+            values.append(sum(per) / len(per) * 1e6 if per else 0.0)
+        shift = (offset - (len(kinds) - 1) / 2) * step
+        right.bar([p + shift for p in positions], values, step, label=kind)
+    right.set_xticks(positions, names, fontsize="small")
+    right.set(ylabel="CPU microseconds per message", ylim=(0, None), title="a node's CPU by role")
+    right.legend(fontsize="small")
+    cap = result["parameters"]["node_cpu"]
+    _save(figure, path, f"kayos bench scale: nodes capped at {cap} core each")
+
+
 PLOTS: dict[str, Callable[[dict[str, Any], str], None]] = {
     "produce": plot_produce,
     "failover": plot_failover,
@@ -291,6 +327,7 @@ PLOTS: dict[str, Callable[[dict[str, Any], str], None]] = {
     "storage": plot_storage,
     "spark": plot_spark,
     "kestrel": plot_kestrel,
+    "scale": plot_scale,
 }
 
 

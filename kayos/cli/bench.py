@@ -539,3 +539,88 @@ def bench_kestrel_command(
     result = _run("kestrel", as_json, lambda phase: bench_kestrel(parameters, base, phase))
     _bench_report(result, as_json, out)
     _draw("kestrel", result, plot)
+
+
+@bench.command("scale")
+@click.option(
+    "--node-cpu",
+    type=float,
+    help="Each node's CPU cap in cores (a cgroup's quota over its period).  [default: 0.15]",
+)
+@click.option("--seconds", type=float, help="Timed window of each case.  [default: 10]")
+@click.option(
+    "--repeat", type=int, help="Repetitions of each case's window, alternating.  [default: 2]"
+)
+@click.option("--warmup-s", type=float, help="Produce this long before timing.  [default: 3]")
+@click.option("--batch", type=int, help="Messages per produce call, per shard.  [default: 100]")
+@click.option("--in-flight", type=int, help="Calls outstanding per shard.  [default: 64]")
+@click.option("--value-bytes", type=int, help="Bytes per value.  [default: 100]")
+@click.option(
+    "--cases",
+    default="6n-1s,6n-2s,3n-1s,3n-3s",
+    show_default=True,
+    help="Cases to run, comma-separated (nodes n, shards s of the queue).",
+)
+@click.option(
+    "--cpu-weight",
+    type=int,
+    help="The bench's cgroup's CPU weight against other processes, in busy processes' worth "
+    "(1: none above theirs).  [default: 16]",
+)
+@click.option(
+    "--cgroup-root",
+    type=click.Path(file_okay=False),
+    default="/sys/fs/cgroup",
+    show_default=True,
+    help="Where the cgroup hierarchies are mounted (cgroup v1's cpu, or v2's).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
+@click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
+@click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the clusters.")
+@plot_option
+def bench_scale_command(
+    node_cpu: float | None,
+    seconds: float | None,
+    repeat: int | None,
+    warmup_s: float | None,
+    batch: int | None,
+    in_flight: int | None,
+    value_bytes: int | None,
+    cases: str,
+    cpu_weight: int | None,
+    cgroup_root: str,
+    as_json: bool,
+    out: str | None,
+    base: str | None,
+    plot: str | None,
+) -> None:
+    """Scale-out on this machine: node processes capped by cgroups, acks=all throughput of one
+    queue over one shard and over several (6 nodes: 1 and 2 shards of 3; 3 nodes: 1 and 3
+    rotated shards), CPU per message by role, and the capacity model's predictions. Needs root
+    (a writable cgroup cpu controller); exits 2 where there is none."""
+    from kayos.bench.scale.cgroups import CgroupUnavailable
+    from kayos.bench.scale.run import ScaleBenchParameters, bench_scale, text_lines
+
+    given: dict[str, Any] = {
+        "node_cpu": node_cpu,
+        "seconds": seconds,
+        "repeat": repeat,
+        "warmup_s": warmup_s,
+        "batch": batch,
+        "in_flight": in_flight,
+        "value_bytes": value_bytes,
+        "cases": tuple(part.strip() for part in cases.split(",") if part.strip()),
+        "weight": cpu_weight,
+    }
+    parameters = parameters_of(ScaleBenchParameters, given)
+    try:
+        result = _run(
+            "scale",
+            as_json,
+            lambda phase: bench_scale(parameters, base, phase, cgroup_root),
+        )
+    except CgroupUnavailable as exc:
+        click.echo(f"bench scale: {exc}", err=True)
+        sys.exit(2)
+    _bench_report(result, as_json, out, lines=text_lines(result))
+    _draw("scale", result, plot)

@@ -69,6 +69,7 @@ NO_CLUSTER: dict[str, str] = {
     "bench heal": OWN_CLUSTER,
     "bench grow": OWN_CLUSTER,
     "bench restore": OWN_CLUSTER,
+    "bench scale": OWN_CLUSTER,
     "bench spark": OWN_CLUSTER,
     "bench kestrel": OWN_CLUSTER + " (--local-cluster), or none (--memory)",
     "chaos run": OWN_CLUSTER,
@@ -92,12 +93,16 @@ DEPRECATED: dict[tuple[str, str], str] = {
 # the pattern. A name missing here that two commands use fails the test: say what it means.
 MEANINGS: dict[str, tuple[str, str]] = {
     "--baseline-s": ("seconds of produce alone before the change", r"^Produce alone before"),
+    "--batch": ("messages per produce call", r"Messages per produce call"),
     "--both-loads": ("closed loop, then open loop", r"open loop"),
+    "--cases": ("which cases of a benchmark to run, comma-separated", r"[Cc]ases to run"),
+    "--cgroup-root": ("where the cgroup hierarchies are mounted", r"cgroup"),
     "--cluster": ("a running cluster's node URLs", r"node's HTTP base URL"),
     # A process's own configuration file: a node's is the cluster's topology file (which the
     # other commands call --topology; the node's name predates them and every unit uses it),
     # the Kestrel front's its TOML settings.
     "--config": ("the configuration file of the process the command runs", r"TOML"),
+    "--cpu-weight": ("a cgroup's CPU weight against other processes", r"CPU weight"),
     "--data": ("a data directory", r"data (directory|root)"),
     "--dir": ("where a benchmark or a campaign puts its files", r"^Where to put"),
     "--force": ("do it although it exists already", r"already"),
@@ -106,6 +111,7 @@ MEANINGS: dict[str, tuple[str, str]] = {
     "--history": ("a history file of the checker", r"history"),
     "--host": ("a host name or address", r"host|address"),
     "--id": ("this process's id in the topology file", r"\bid\b"),
+    "--in-flight": ("produce calls outstanding at once", r"outstanding"),
     "--json": ("print JSON", r"JSON"),
     "--kinds": ("fault kinds, comma-separated", r"[Ff]ault kinds"),
     "--manager": ("a manager member (repeatable)", r"manager member"),
@@ -117,6 +123,7 @@ MEANINGS: dict[str, tuple[str, str]] = {
     "--no-wait": ("follow until done, or not", r"follow"),
     "--wait": ("follow until done, or not", r"follow"),
     "--node": ("a node (repeatable)", r"node"),
+    "--node-cpu": ("each node's CPU cap in cores", r"CPU cap in cores"),
     "--nodes": ("how many node processes", r"Node processes"),
     "--out": ("the file to write the result to", r"write"),
     "--plot": ("the PNG file to draw the figures to", r"draw the figures"),
@@ -124,6 +131,7 @@ MEANINGS: dict[str, tuple[str, str]] = {
     "--producers": ("how many producer threads", r"[Pp]roducer threads"),
     "--repeat": ("how many runs or repetitions", r"Runs|Repetitions"),
     "--replicas": ("a chain's length", r"[Cc]hain"),
+    "--seconds": ("a timed window's length", r"[Tt]imed window"),
     "--seed": ("a random generator's seed (an integer)", r"[Ss]eed"),
     "--shard-mb": ("a shard's size in MiB", r"shard"),
     # The subject's: the cluster's shard count (init, up), a queue's (ctl queue create/alter).
@@ -132,6 +140,7 @@ MEANINGS: dict[str, tuple[str, str]] = {
     "--topology": ("the cluster's topology file", r"topology file"),
     "--until-consumed": ("retention: drop what every group consumed", r"consumed"),
     "--value-bytes": ("bytes per value", r"Bytes per value"),
+    "--warmup-s": ("how long to run before timing", r"before timing"),
 }
 
 

@@ -128,6 +128,32 @@ CANNED: dict[str, dict[str, Any]] = {
             }
         ],
     },
+    "scale": {
+        "parameters": {"node_cpu": 0.15},
+        "cases": {
+            "6n-1s": {
+                "msgs_per_s": 30_000,
+                "node_cpu_s_per_msg": {
+                    "a": {"roles": "head", "cpu_s_per_msg": 5e-6},
+                    "b": {"roles": "middle", "cpu_s_per_msg": 4e-6},
+                    "c": {"roles": "tail", "cpu_s_per_msg": 3.5e-6},
+                    "d": {"roles": "idle", "cpu_s_per_msg": None},
+                },
+            },
+            "3n-3s": {
+                "msgs_per_s": 33_000,
+                "node_cpu_s_per_msg": {
+                    node: {"roles": "head+middle+tail", "cpu_s_per_msg": 4.5e-6} for node in "abc"
+                },
+            },
+        },
+        "model": {
+            "predictions": {
+                "6n-1s": {"predicted_msgs_per_s": 30_000},
+                "3n-3s": {"predicted_msgs_per_s": 36_000},
+            }
+        },
+    },
 }
 
 
