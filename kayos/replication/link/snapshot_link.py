@@ -1,7 +1,8 @@
 """The learner's side of a store snapshot over a replication link (docs/replication-protocol.md,
-"Store snapshots"): connect as ``learner``, prove the cluster secret, send ``SNAPSHOT_REQUEST``,
-write the chunks, install the copy. Broken attempts delete their file and start again from
-offset 0, at most ``limits.snapshot_attempts_max`` times in a row."""
+"Store snapshots"): connect as ``learner``, prove the cluster secret, send ``SNAPSHOT_REQUEST``
+(or ``SNAPSHOT_RESUME`` from the verified offset of the attempts before), write the chunks as
+they are checked, install the copy. A broken attempt keeps the verified prefix, durably, and the
+next one continues from it, at most ``limits.snapshot_attempts_max`` attempts in a row."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from kayos import limits
 from kayos.clock import Clock
 from kayos.errors import KayosError, ProtocolError
 from kayos.replication.link import handshake
+from kayos.replication.link.copied import copied_bytes
 from kayos.replication.link.stream import FrameStream, raise_error_frame
 from kayos.replication.shard.snapshot import SnapshotWriter
 from kayos.replication.wire import auth as link_auth
@@ -34,12 +36,22 @@ class SnapshotProgress:
 
     upstream: str
     attempts: int = 0
+    # Bytes received over every attempt, the verified offset of the copy (bytes below it passed
+    # kayos check's checks), and the offset the attempt under way started from.
     received_bytes: int = 0
+    verified_bytes: int = 0
+    start_offset: int = 0
     total_bytes: int = 0
     last_seq: int = 0
     seconds: float = 0.0
     done: bool = False
     problem: str = ""
+    copy_mode: str = "file"
+
+    @property
+    def mb_per_s(self) -> float:
+        """Bytes received per second of the whole copy, in MB (10**6 bytes)."""
+        return self.received_bytes / self.seconds / 1e6 if self.seconds > 0 else 0.0
 
 
 async def fetch_snapshot(
@@ -57,30 +69,48 @@ async def fetch_snapshot(
     """Copies ``peer``'s store of the shard into ``directory``; True once installed, False after
     ``snapshot_attempts_max`` failed attempts (the caller copies entry by entry instead)."""
     delay_ms = limits.link_retry_delay_ms_min
+    began = time.perf_counter()
+    writer_file = await asyncio.to_thread(SnapshotWriter, directory, shard_id)
     for _ in range(limits.snapshot_attempts_max):
         progress.attempts += 1
-        began = time.perf_counter()
         try:
-            await _attempt(node_id, topology, shard_id, peer, directory, clock, progress, connect)
+            await _attempt(node_id, topology, shard_id, peer, clock, progress, writer_file, connect)
         except asyncio.CancelledError:
+            await asyncio.to_thread(writer_file.keep)
             raise
         except (OSError, KayosError, EOFError) as exc:
             progress.problem = str(exc)
-            log.info("shard %s: snapshot from %s failed: %s", shard_id, peer, exc)
+            kept = await asyncio.to_thread(writer_file.keep)
+            progress.verified_bytes = kept
+            log.info(
+                "shard %s: snapshot from %s failed at %d bytes (verified %d, kept): %s",
+                shard_id,
+                peer,
+                writer_file.receiver.received,
+                kept,
+                exc,
+            )
             await asyncio.sleep(delay_ms * (0.5 + rng.random()) / 1000)
             delay_ms = min(delay_ms * 2, limits.link_retry_delay_ms_max)
             continue
         progress.seconds = time.perf_counter() - began
         progress.done = True
+        copied_bytes["file"] += progress.received_bytes
         log.info(
-            "shard %s: installed a snapshot of %d bytes through seq %s from %s in %.2f s",
+            "shard %s: copy_mode=file: installed a copy of %d bytes through seq %s from %s: "
+            "received %d bytes in %d attempts, %.2f s, %.1f MB/s",
             shard_id,
             progress.total_bytes,
             progress.last_seq,
             peer,
+            progress.received_bytes,
+            progress.attempts,
             progress.seconds,
+            progress.mb_per_s,
         )
         return True
+    copied_bytes["file"] += progress.received_bytes
+    await asyncio.to_thread(writer_file.discard)
     return False
 
 
@@ -89,9 +119,9 @@ async def _attempt(
     topology: Topology,
     shard_id: int,
     peer: str,
-    directory: str,
     clock: Clock,
     progress: SnapshotProgress,
+    writer_file: SnapshotWriter,
     connect: Callable[..., Any] | None,
 ) -> None:
     identity = topology.identity
@@ -105,7 +135,6 @@ async def _attempt(
     async with asyncio.timeout(handshake_s):
         reader, writer = await opener(address.host, address.bin_port)
     stream = FrameStream(reader, writer, clock, frame_bytes_max=limits.handshake_frame_bytes_max)
-    writer_file: SnapshotWriter | None = None
     try:
         claim = link_auth.LinkClaim(node_id, peer, shard_id, epoch, "learner")
         async with asyncio.timeout(handshake_s):
@@ -117,15 +146,12 @@ async def _attempt(
         if not isinstance(reply, fr.HelloOk):
             raise ProtocolError(f"expected HELLO_OK, got {type(reply).__name__}")
         stream.lift_frame_bound()
-        stream.send(fr.SnapshotRequest(shard_id))
-        writer_file = await asyncio.to_thread(SnapshotWriter, directory, shard_id)
-        progress.received_bytes = 0
+        request = await asyncio.to_thread(writer_file.begin, reply.protocol_version)
+        progress.start_offset = writer_file.start
+        stream.send(request)
         await receive_snapshot(stream, writer_file, peer, progress)
-        writer_file = None
     finally:
         stream.close()
-        if writer_file is not None:
-            await asyncio.to_thread(writer_file.discard)
 
 
 async def receive_snapshot(
@@ -138,6 +164,7 @@ async def receive_snapshot(
     async def write_all() -> None:
         while (chunk := await queue.get()) is not None:
             await asyncio.to_thread(writer_file.write, chunk)
+            progress.verified_bytes = writer_file.check.verified
 
     writing = asyncio.create_task(write_all())
     silence_s = limits.peer_silence_ms_max / 1000
@@ -154,6 +181,7 @@ async def receive_snapshot(
                 await _put_or_fail(queue, None, writing)
                 await writing
                 await asyncio.to_thread(writer_file.install, frame)
+                progress.verified_bytes = frame.total_bytes
                 progress.total_bytes = frame.total_bytes
                 progress.last_seq = frame.last_seq
                 return

@@ -27,6 +27,7 @@ from kayos.errors import (
 )
 from kayos.identity import ClusterIdentity
 from kayos.replication.link import handshake, liveness
+from kayos.replication.link.copied import copied_bytes
 from kayos.replication.link.pacer import CopyPacer
 from kayos.replication.link.stream import (
     FrameStream,
@@ -331,6 +332,7 @@ class UpstreamLink:
                         health.heard(frame.last_seq)
                     if frame.last_seq <= catch_up_target:
                         replica.refetched_entries += len(frame.seqs)
+                        copied_bytes["log"] += _batch_bytes(frame)
                     if first_batch and frame.meta is not None:
                         # The link's first map (batches before it, read back past the upstream's
                         # reach, carry none: this replica keeps its own until then).

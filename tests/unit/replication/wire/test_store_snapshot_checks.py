@@ -6,6 +6,7 @@ a torn or altered copy is refused."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from kayos.clock import ManualClock
 from kayos.errors import CorruptionError, InvalidRequest, ProtocolError, ReplicationError
 from kayos.replication.link.snapshot_link import SnapshotProgress, receive_snapshot
 from kayos.replication.link.stream import FrameStream
+from kayos.replication.shard import filesend
 from kayos.replication.shard.snapshot import (
     SnapshotReceiver,
     SnapshotWriter,
@@ -26,6 +28,7 @@ from kayos.replication.wire import frames as fr
 from kayos.storage.engine import Delete, Put, ShardStore, data_file_name
 from kayos.storage.maintenance.check import check_store
 from kayos.storage.maintenance.compact import compact
+from kayos.storage.maintenance.streamcheck import StreamCheck
 
 pytestmark = pytest.mark.unit
 
@@ -81,6 +84,7 @@ def _copy(store: ShardStore, target: Path, *, chunk: int = 5000) -> fr.SnapshotE
     """What ``serve_snapshot`` sends, written by the learner's writer (installed on success)."""
     data_file, header, end = store.pin_prefix()
     writer = SnapshotWriter(str(target), 0)
+    writer.begin(fr.PROTOCOL_VERSION)
     try:
         for offset in range(0, end, chunk):
             data = data_file.handle.pread(min(chunk, end - offset), offset)
@@ -160,19 +164,20 @@ def test_a_torn_or_altered_copy_is_refused_and_removed(tmp_path: Path) -> None:
         check_prefix(str(path), end, header.last_seq + 1)
     check_prefix(str(path), end, header.last_seq)
 
-    # A flipped byte in transit: the end-to-end CRC differs, nothing is installed.
+    # A flipped byte in transit: the check as it arrives finds it before the copy's end, and
+    # what is kept for the next attempt ends below it.
     target = tmp_path / "target"
     writer = SnapshotWriter(str(target), 0)
+    writer.begin(fr.PROTOCOL_VERSION)
     altered = bytearray(data)
     altered[end // 2] ^= 0x40
     writer.write(fr.SnapshotChunk(0, 0, bytes(altered)[: end // 2 + 1]))
-    writer.write(fr.SnapshotChunk(0, end // 2 + 1, bytes(altered)[end // 2 + 1 :]))
-    crc_of_original = SnapshotReceiver(0)
-    crc_of_original.chunk(fr.SnapshotChunk(0, 0, data))
-    with pytest.raises(ReplicationError):
-        writer.install(
-            fr.SnapshotEnd(0, end, crc_of_original.crc, data_file.generation, header.last_seq)
-        )
+    with pytest.raises(CorruptionError):
+        writer.write(fr.SnapshotChunk(0, end // 2 + 1, bytes(altered)[end // 2 + 1 :]))
+    kept = writer.keep()
+    assert 0 < kept <= end // 2
+    assert os.path.getsize(writer.path) == kept
+    assert data[:kept] == (target / "data.copy.snapshot").read_bytes()
     writer.discard()
     assert os.listdir(target) == []
     source.close()
@@ -180,7 +185,8 @@ def test_a_torn_or_altered_copy_is_refused_and_removed(tmp_path: Path) -> None:
 
 def test_a_left_over_copy_is_deleted_when_the_store_opens(tmp_path: Path) -> None:
     writer = SnapshotWriter(str(tmp_path), 0)
-    writer.write(fr.SnapshotChunk(0, 0, b"partial"))
+    writer.begin(fr.PROTOCOL_VERSION)
+    writer.write(fr.SnapshotChunk(0, 0, b"\x00partial"))
     assert os.path.exists(writer.path)  # a learner killed here leaves this file
     store = ShardStore.open(str(tmp_path), clock=ManualClock())
     store.close()
@@ -206,6 +212,7 @@ def _receive_from(frames: list[fr.Frame], directory: Path) -> SnapshotProgress:
         reader.feed_eof()
         stream = FrameStream(reader, _NoWriter(), ManualClock())  # type: ignore[arg-type]
         writer = SnapshotWriter(str(directory), 0)
+        writer.begin(fr.PROTOCOL_VERSION)
         progress = SnapshotProgress("c")
         try:
             await receive_snapshot(stream, writer, "c", progress)
@@ -247,3 +254,104 @@ def test_receive_stops_at_a_gap_or_an_early_end_and_leaves_nothing(tmp_path: Pat
     with pytest.raises(EOFError):
         _receive_from(chunks[:5], tmp_path / "cut")  # the upstream died mid-copy
     assert os.listdir(tmp_path / "cut") == []
+
+
+def test_a_chunk_sent_with_sendfile_is_the_codecs_frame_with_bin32_data() -> None:
+    """The prefix the serving side writes by hand before the kernel sends the data
+    (docs/replication-protocol.md, "Store snapshots", its bin32 golden bytes)."""
+    data = b"\x01\x02\x03"
+    sent = filesend.chunk_prefix(0, 4096, len(data)) + data
+    assert sent == bytes.fromhex("0000000e 17 9300cd1000 c600000003 010203")
+    assert fr.FrameDecoder().feed(sent) == [fr.SnapshotChunk(0, 4096, data)]
+    big = b"x" * 70000
+    assert fr.FrameDecoder().feed(filesend.chunk_prefix(7, 2**40, len(big)) + big) == [
+        fr.SnapshotChunk(7, 2**40, big)
+    ]
+
+
+def _write_all(writer: SnapshotWriter, data: bytes, start: int, size: int = 5000) -> None:
+    for offset in range(start, len(data), size):
+        writer.write(fr.SnapshotChunk(0, offset, data[offset : offset + size]))
+
+
+def test_a_broken_copy_resumes_from_its_verified_offset(tmp_path: Path) -> None:
+    """A kept prefix survives the writer (a new process reads its record), the upstream agrees to
+    continue from it, and the copy completes from there to a store kayos check accepts."""
+    source = _filled_store(tmp_path / "source", 40)
+    data_file, header, end = source.pin_prefix()
+    try:
+        data = data_file.handle.pread(end, 0)
+        target = tmp_path / "target"
+        first = SnapshotWriter(str(target), 0)
+        assert isinstance(first.begin(fr.PROTOCOL_VERSION), fr.SnapshotRequest)
+        _write_all(first, data[: end // 2], 0)
+        kept = first.keep()
+        assert 0 < kept <= end // 2
+        second = SnapshotWriter(str(target), 0)
+        request = second.begin(fr.PROTOCOL_VERSION)
+        assert isinstance(request, fr.SnapshotResume)
+        assert (request.offset, request.generation) == (kept, data_file.generation)
+        assert filesend.resume_offset(data_file, header, end, request) == kept
+        _write_all(second, data, kept)
+        sent = SnapshotReceiver(0, received=kept)
+        sent.chunk(fr.SnapshotChunk(0, kept, data[kept:]))
+        second.install(fr.SnapshotEnd(0, end, sent.crc, data_file.generation, header.last_seq))
+        assert check_store(str(target)).ok
+        assert sorted(os.listdir(target)) == [data_file_name(data_file.generation)]
+    finally:
+        data_file.release()
+        source.close()
+
+
+def test_an_upstream_continues_only_the_same_history_and_generation(tmp_path: Path) -> None:
+    source = _filled_store(tmp_path / "source", 20)
+    data_file, header, end = source.pin_prefix()
+    try:
+        check = StreamCheck()
+        check.feed(data_file.handle.pread(end // 2, 0))
+        assert check.header is not None
+        good = fr.SnapshotResume(
+            0, check.verified, check.header.store_uuid, data_file.generation, check.header_crc
+        )
+        assert filesend.resume_offset(data_file, header, end, good) == check.verified
+        for wrong in (
+            dataclasses.replace(good, store_uuid=bytes(16)),
+            dataclasses.replace(good, generation=good.generation + 1),
+            dataclasses.replace(good, header_crc=good.header_crc ^ 1),
+            dataclasses.replace(good, offset=good.offset - 1),
+            dataclasses.replace(good, offset=end + 4096),
+        ):
+            assert filesend.resume_offset(data_file, header, end, wrong) == 0
+        assert filesend.resume_offset(data_file, header, end, fr.SnapshotRequest(0)) == 0
+    finally:
+        data_file.release()
+        source.close()
+
+
+def test_a_learner_whose_upstream_starts_again_from_0_empties_its_copy(tmp_path: Path) -> None:
+    source = _filled_store(tmp_path / "source", 20)
+    data_file, header, end = source.pin_prefix()
+    data = data_file.handle.pread(end, 0)
+    data_file.release()
+    source.close()
+    target = tmp_path / "target"
+    first = SnapshotWriter(str(target), 0)
+    first.begin(fr.PROTOCOL_VERSION)
+    _write_all(first, data[: end // 2], 0)
+    assert first.keep() > 0
+    second = SnapshotWriter(str(target), 0)
+    assert isinstance(second.begin(fr.PROTOCOL_VERSION), fr.SnapshotResume)
+    _write_all(second, data, 0)  # the upstream's answer: from 0
+    sent = SnapshotReceiver(0)
+    sent.chunk(fr.SnapshotChunk(0, 0, data))
+    second.install(fr.SnapshotEnd(0, end, sent.crc, 1, header.last_seq))
+    assert check_store(str(target)).ok
+    # A version 7 upstream is asked from 0 even with a kept prefix.
+    third = SnapshotWriter(str(tmp_path / "old"), 0)
+    third.begin(fr.PROTOCOL_VERSION)
+    _write_all(third, data[: end // 2], 0)
+    third.keep()
+    assert isinstance(
+        SnapshotWriter(str(tmp_path / "old"), 0).begin(fr.SNAPSHOT_RESUME_PROTOCOL_VERSION_MIN - 1),
+        fr.SnapshotRequest,
+    )
