@@ -282,11 +282,15 @@ def _snapshot_status(progress: SnapshotProgress | None) -> dict[str, Any] | None
     if progress is None:
         return None
     return {
+        "copy_mode": progress.copy_mode,
         "attempts": progress.attempts,
         "received_bytes": progress.received_bytes,
+        "verified_bytes": progress.verified_bytes,
+        "start_offset": progress.start_offset,
         "total_bytes": progress.total_bytes,
         "last_seq": progress.last_seq,
         "seconds": round(progress.seconds, 3),
+        "mb_per_s": round(progress.mb_per_s, 1),
         "done": progress.done,
         "problem": progress.problem,
     }
