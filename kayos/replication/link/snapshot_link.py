@@ -11,8 +11,9 @@ import contextlib
 import functools
 import logging
 import random
+import struct
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,8 +158,11 @@ async def _attempt(
 async def receive_snapshot(
     stream: FrameStream, writer_file: SnapshotWriter, peer: str, progress: SnapshotProgress
 ) -> None:
-    """Reads chunks while a task writes the ones before them (at most
-    ``limits.snapshot_chunks_queued_max`` waiting), then installs the copy at ``SNAPSHOT_END``."""
+    """Reads chunks while a task writes and checks the ones before them (at most
+    ``limits.snapshot_chunks_queued_max`` pieces waiting), then installs the copy at
+    ``SNAPSHOT_END``. A chunk's data is read from the stream in pieces of at most
+    ``limits.snapshot_piece_bytes_max`` bytes as they arrive (``read_chunk``), not decoded as one
+    frame, so the check's verified offset follows the bytes received."""
     queue: asyncio.Queue[fr.SnapshotChunk | None] = asyncio.Queue(limits.snapshot_chunks_queued_max)
 
     async def write_all() -> None:
@@ -166,17 +170,23 @@ async def receive_snapshot(
             await asyncio.to_thread(writer_file.write, chunk)
             progress.verified_bytes = writer_file.check.verified
 
+    async def take(piece: fr.SnapshotChunk) -> None:
+        await _put_or_fail(queue, piece, writing)
+        progress.received_bytes += len(piece.data)
+
     writing = asyncio.create_task(write_all())
     silence_s = limits.peer_silence_ms_max / 1000
     try:
         while True:
-            async with asyncio.timeout(silence_s):
-                frame = await stream.recv()
+            if stream.buffered():
+                async with asyncio.timeout(silence_s):
+                    frame = await stream.recv()
+            else:
+                frame = await read_chunk(stream.reader, take, silence_s)
             if frame is None:
-                raise EOFError(f"{peer} closed the link mid snapshot")
+                continue  # a chunk read in pieces
             if isinstance(frame, fr.SnapshotChunk):
-                await _put_or_fail(queue, frame, writing)
-                progress.received_bytes += len(frame.data)
+                await take(frame)
             elif isinstance(frame, fr.SnapshotEnd):
                 await _put_or_fail(queue, None, writing)
                 await writing
@@ -193,13 +203,75 @@ async def receive_snapshot(
                 raise ProtocolError(f"unexpected {type(frame).__name__} in a snapshot")
     finally:
         if not writing.done():
-            # Let the write under way finish (a thread cannot be cancelled): the file is closed
-            # and removed only after it.
+            # Let the write under way finish (a thread cannot be cancelled): the file is kept
+            # or removed only after it.
             while not queue.empty():
                 queue.get_nowait()
             queue.put_nowait(None)
             with contextlib.suppress(Exception):
                 await writing
+
+
+_LENGTH_KIND = struct.Struct(">IB")
+_CHUNK_KIND = next(spec.kind for spec in fr.FRAME_TABLE if spec.frame_type is fr.SnapshotChunk)
+# msgpack's unsigned integer and bin headers: first byte -> bytes of the value after it.
+_UINT_BYTES = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}
+_BIN_BYTES = {0xC4: 1, 0xC5: 2, 0xC6: 4}
+
+
+async def read_chunk(
+    reader: asyncio.StreamReader,
+    take: Callable[[fr.SnapshotChunk], Awaitable[None]],
+    silence_s: float,
+) -> fr.Frame | None:
+    """Reads the next frame from ``reader``. A ``SNAPSHOT_CHUNK`` is read in pieces handed to
+    ``take`` as they arrive (each a ``SnapshotChunk`` at its own offset), and None returned;
+    any other frame is read whole and returned. EOF raises ``EOFError``."""
+    async with asyncio.timeout(silence_s):
+        head = await reader.readexactly(_LENGTH_KIND.size)
+    length, kind = _LENGTH_KIND.unpack(head)
+    if not 2 <= length <= limits.frame_bytes_max:
+        raise ProtocolError(f"frame length {length} outside 2..{limits.frame_bytes_max}")
+    if kind != _CHUNK_KIND:
+        async with asyncio.timeout(silence_s):
+            body = await reader.readexactly(length - 1)
+        (frame,) = fr.decode(head + body)
+        return frame
+    async with asyncio.timeout(silence_s):
+        if await reader.readexactly(1) != b"\x93":
+            raise ProtocolError("SNAPSHOT_CHUNK: body is not an array of 3 fields")
+        shard, shard_bytes = await _msgpack_header(reader, _UINT_BYTES, "shard")
+        offset, offset_bytes = await _msgpack_header(reader, _UINT_BYTES, "offset")
+        size, size_bytes = await _msgpack_header(reader, _BIN_BYTES, "data")
+    if shard >= 2**32 or 1 + 1 + shard_bytes + offset_bytes + size_bytes + size != length:
+        raise ProtocolError(
+            f"SNAPSHOT_CHUNK of {length} bytes holds a shard {shard} or data of {size}"
+        )
+    if not 0 < size <= limits.snapshot_chunk_bytes_max:
+        raise ProtocolError(f"SNAPSHOT_CHUNK data of {size} bytes")
+    done = 0
+    while done < size:
+        async with asyncio.timeout(silence_s):
+            piece = await reader.read(min(size - done, limits.snapshot_piece_bytes_max))
+        if not piece:
+            raise EOFError("the upstream closed the link inside a chunk")
+        await take(fr.SnapshotChunk(shard, offset + done, piece))
+        done += len(piece)
+    return None
+
+
+async def _msgpack_header(
+    reader: asyncio.StreamReader, sizes: dict[int, int], what: str
+) -> tuple[int, int]:
+    """An unsigned integer (``_UINT_BYTES``) or a bin length (``_BIN_BYTES``): its value and the
+    bytes it took."""
+    first = (await reader.readexactly(1))[0]
+    if sizes is _UINT_BYTES and first <= 0x7F:
+        return first, 1
+    width = sizes.get(first)
+    if width is None:
+        raise ProtocolError(f"SNAPSHOT_CHUNK: {what} has msgpack type byte {first:#04x}")
+    return int.from_bytes(await reader.readexactly(width)), 1 + width
 
 
 async def _put_or_fail(

@@ -261,7 +261,10 @@ class SnapshotWriter:
             and header is not None
             and peer_version >= fr.SNAPSHOT_RESUME_PROTOCOL_VERSION_MIN
         )
-        if not resume:
+        if resume and header is not None:
+            check = self.check
+            check.resume(verified, header, check.header_block, check.header_crc)
+        else:
             self.check = StreamCheck(self.path)
             verified = 0
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)

@@ -49,10 +49,12 @@ class StreamCheck:
         self._failed: CorruptionError | None = None
 
     def resume(self, offset: int, header: fmt.Header, block: int, header_crc: int) -> None:
-        """Continues after a prefix verified before (``offset`` ends ``header``'s chunk)."""
+        """Goes on after a prefix verified before (``offset`` ends ``header``'s chunk, at
+        ``block``), forgetting every byte fed past it and any problem found there."""
         self.verified = self._pos = self._region_from = offset
         self.header, self.header_block, self.header_crc = header, block, header_crc
         self._pieces, self._held, self._need, self._region_crc = [], 0, 1, 0
+        self._expect_header, self._failed = False, None
 
     @property
     def received(self) -> int:

@@ -355,3 +355,29 @@ def test_a_learner_whose_upstream_starts_again_from_0_empties_its_copy(tmp_path:
         SnapshotWriter(str(tmp_path / "old"), 0).begin(fr.SNAPSHOT_RESUME_PROTOCOL_VERSION_MIN - 1),
         fr.SnapshotRequest,
     )
+
+
+def test_the_same_writer_resumes_after_bytes_past_its_verified_offset(tmp_path: Path) -> None:
+    """A failed attempt fed bytes past the last header it verified (even damaged ones): the next
+    attempt of the same writer forgets them and goes on from the verified offset."""
+    source = _filled_store(tmp_path / "source", 40)
+    data_file, header, end = source.pin_prefix()
+    data = data_file.handle.pread(end, 0)
+    data_file.release()
+    source.close()
+    writer = SnapshotWriter(str(tmp_path / "target"), 0)
+    writer.begin(fr.PROTOCOL_VERSION)
+    damaged = bytearray(data[: end // 2])
+    damaged[-10] ^= 0xFF
+    damaged += data[end // 2 : end // 2 + 8192]
+    with pytest.raises(CorruptionError):
+        _write_all(writer, bytes(damaged), 0)
+    kept = writer.keep()
+    request = writer.begin(fr.PROTOCOL_VERSION)
+    assert isinstance(request, fr.SnapshotResume)
+    assert request.offset == kept
+    _write_all(writer, data, kept)
+    sent = SnapshotReceiver(0, received=kept)
+    sent.chunk(fr.SnapshotChunk(0, kept, data[kept:]))
+    writer.install(fr.SnapshotEnd(0, end, sent.crc, 1, header.last_seq))
+    assert check_store(str(tmp_path / "target")).ok
