@@ -37,6 +37,8 @@ class Faults:
     cuts: list[int | None] = field(default_factory=list)
     flips: list[int | None] = field(default_factory=list)
     connections: int = 0
+    # Seconds the proxy waits before passing on each read (a slow link: the copy lasts longer).
+    pause_s: float = 0.0
     cut_done: list[int] = field(default_factory=list)
     flipped: list[int] = field(default_factory=list)
 
@@ -51,6 +53,8 @@ async def _pipe(
     sent = 0
     try:
         while data := await reader.read(64 * 1024):
+            if faults is not None and faults.pause_s:
+                await asyncio.sleep(faults.pause_s)  # a slow link, not a synchronisation
             if flip is not None and faults is not None and sent <= flip < sent + len(data):
                 changed = bytearray(data)
                 changed[flip - sent] ^= 0x10
@@ -194,24 +198,27 @@ def test_a_copy_during_compaction_and_retention_is_a_whole_store(
     start_cluster: Any, seed: int, tmp_path: Path
 ) -> None:
     """c compacts (an operator's compaction, and a retention policy dropping a queue's old
-    entries) while d's copy runs, cut twice: each attempt pins whichever file is current, and a
-    resumed attempt meeting a new generation starts again from 0."""
+    entries) again and again while d's copy runs over a slow link, cut twice: each attempt pins
+    whichever file is current, and a resumed attempt meeting a new generation starts from 0."""
     cluster = start_cluster(nodes=4, replicas=3, shards=1)
     head = cluster.url("a")
+    produce_ok(head, "old", [(f"o{i}", "y" * 100) for i in range(200)])
     acked = _fill(head, 60, 40, 2000)
     cluster.wait_replicated()
     topology = str(cluster.topology_path)
     rng = random.Random(seed)
-    faults = Faults(cuts=[rng.randrange(100_000, 2_000_000) for _ in range(2)])
+    faults = Faults(cuts=[rng.randrange(100_000, 2_000_000) for _ in range(2)], pause_s=0.01)
     print(f"cuts {faults.cuts}")
+    code, reply, err = ctl("retention", "old", "--max-age-ms", "1", "--cluster", head)
+    assert code == 0, (reply, err)
     stop = threading.Event()
+    compactions: list[int] = []
 
     def churn() -> None:
         while not stop.is_set():
-            ctl("compact", "--topology", topology, "--node", "c", "--json")
-            ctl("retention", "set", "old", "--max-age", "1s", "--topology", topology)
+            code, _, _ = ctl("compact", "--topology", topology, "--node", "c", "--json")
+            compactions.append(code)
 
-    produce_ok(head, "old", [(f"o{i}", "y" * 100) for i in range(200)])
     worker = threading.Thread(target=churn, daemon=True)
     worker.start()
     try:
@@ -219,5 +226,7 @@ def test_a_copy_during_compaction_and_retention_is_a_whole_store(
     finally:
         stop.set()
         worker.join(4 * WAIT_S)
+    print(f"compactions during the copy: {compactions}; {progress}")
+    assert compactions.count(0) >= 1, compactions
     assert progress.attempts == 3, progress
     assert _assert_store_holds(tmp_path / "copy", acked) == progress.last_seq
