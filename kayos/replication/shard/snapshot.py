@@ -300,21 +300,37 @@ class SnapshotWriter:
             # Start the written pages towards the disk while the next ones come in; only the
             # sync at the end is waited for (it then has little left to write).
             self._unsynced = 0
+            # Bytes below the verified offset are written: once synced, the offset is recorded,
+            # so a learner killed mid-copy resumes from it too.
+            mark = (self.check.verified, self.check.header_crc)
             self._syncing = threading.Thread(
-                target=self._background_sync, name="kayos-snapshot-sync", daemon=True
+                target=self._background_sync, args=mark, name="kayos-snapshot-sync", daemon=True
             )
             self._syncing.start()
 
     def _sync_running(self) -> bool:
         return self._syncing is not None and self._syncing.is_alive()
 
-    def _background_sync(self) -> None:
+    def _background_sync(self, verified: int, header_crc: int) -> None:
         try:
             os.fdatasync(self._fd)
+            if verified > 0:
+                self._record(verified, header_crc)
         except OSError as exc:
             self._sync_error = exc
 
-    def _settle_sync(self) -> None:
+    def _record(self, verified: int, header_crc: int) -> None:
+        """Records ``verified`` (its bytes already synced) for the next attempt or process:
+        written to a temporary name, synced, renamed in."""
+        temp = os.path.join(self.directory, "data.copy.verified-new" + engine.SNAPSHOT_SUFFIX)
+        with open(temp, "w") as file:
+            json.dump({"offset": verified, "header_crc": header_crc}, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp, self.record_path)
+        OsFileOps().sync_dir(self.directory)
+
+    def settle_sync(self) -> None:
         """Waits for the background sync (the descriptor is closed only after it)."""
         if self._syncing is not None:
             self._syncing.join()
@@ -325,7 +341,7 @@ class SnapshotWriter:
         renames it in as the store (its derived state and time index deleted: rebuilt from the
         file)."""
         self.receiver.end(frame)
-        self._settle_sync()
+        self.settle_sync()
         if self._sync_error is not None:
             raise self._sync_error
         os.fdatasync(self._fd)
@@ -361,7 +377,7 @@ class SnapshotWriter:
     def keep(self) -> int:
         """After a failed attempt: the verified prefix made durable (the file synced and cut at
         the verified offset, synced again), then its offset recorded; returns that offset."""
-        self._settle_sync()
+        self.settle_sync()
         verified = self.check.verified
         header = self.check.header
         if self._fd >= 0:
@@ -375,18 +391,11 @@ class SnapshotWriter:
         if verified == 0 or header is None:
             _unlink_if_there(self.record_path)
             return 0
-        record = {"offset": verified, "header_crc": self.check.header_crc}
-        temp = self.record_path + ".new"
-        with open(temp, "w") as file:
-            json.dump(record, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temp, self.record_path)
-        OsFileOps().sync_dir(self.directory)
+        self._record(verified, self.check.header_crc)
         return verified
 
     def discard(self) -> None:
-        self._settle_sync()
+        self.settle_sync()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

@@ -381,3 +381,24 @@ def test_the_same_writer_resumes_after_bytes_past_its_verified_offset(tmp_path: 
     sent.chunk(fr.SnapshotChunk(0, kept, data[kept:]))
     writer.install(fr.SnapshotEnd(0, end, sent.crc, 1, header.last_seq))
     assert check_store(str(tmp_path / "target")).ok
+
+
+def test_a_learner_killed_mid_copy_resumes_from_the_offset_its_last_sync_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No failed attempt ran ``keep`` (the process died): each background sync recorded the
+    verified offset it made durable, and the next process resumes from there."""
+    monkeypatch.setattr(limits, "snapshot_sync_bytes", 1)
+    source = _filled_store(tmp_path / "source", 40)
+    data_file, _, end = source.pin_prefix()
+    data = data_file.handle.pread(end, 0)
+    data_file.release()
+    source.close()
+    target = tmp_path / "target"
+    dying = SnapshotWriter(str(target), 0)
+    dying.begin(fr.PROTOCOL_VERSION)
+    _write_all(dying, data[: end // 2], 0)
+    dying.settle_sync()  # the last sync done; then the process dies without keep()
+    request = SnapshotWriter(str(target), 0).begin(fr.PROTOCOL_VERSION)
+    assert isinstance(request, fr.SnapshotResume)
+    assert 0 < request.offset <= end // 2
