@@ -2,11 +2,13 @@
 (docs/replication-protocol.md, "Store snapshots": "Verified as it arrives").
 
 A learner copying a store file feeds each run of bytes it receives to a ``StreamCheck``. It walks
-the file's layout from offset 0 (docs/storage-format.md): every block's type byte, chunk after
-chunk with its length and CRC32C (the chunk functions the store reads with), the zero padding
-before a header, and every header: its chunk, magic and version (the parse recovery uses), its
-region CRC over the raw bytes since the header before it, and the chain (``prev_header`` and
-``region_start`` name the header before it, ``commit_no`` grows). ``verified`` is the end of the
+the file's layout from offset 0 (docs/storage-format.md): every block's type byte; before the
+file's first header (a compacted file's base, which no region CRC covers) chunk after chunk with
+its length and CRC32C (the chunk functions the store reads with) and the zero padding before the
+header; and every header: its chunk, magic and version (the parse recovery uses), its region CRC
+over every raw byte since the header before it (so the chunks of a commit are covered whole, and
+not walked one by one), and the chain (``prev_header`` and ``region_start`` name the header
+before it, ``commit_no`` grows). ``verified`` is the end of the
 last header that passed: bytes below it are a store (a prefix ending at a header) every check
 accepted. Pure: bytes in, offsets out, no I/O; a problem raises ``CorruptionError`` naming the
 file offset, and the check stays failed.
@@ -22,6 +24,7 @@ from kayos.storage.disk.datafile import parse_header_block
 
 _LENGTH = struct.Struct(">I")
 _HEADER_CHUNK_BYTES_MAX = fmt.BLOCK - 1
+_BLOCK_KINDS = bytes((fmt.BLOCK_DATA, fmt.BLOCK_HEADER))
 
 
 class StreamCheck:
@@ -99,14 +102,15 @@ class StreamCheck:
         """One unit at file offset ``pos`` (``raw[index]``): its length once walked, or minus the
         bytes (from ``index``) it needs first."""
         have = len(raw) - index
+        if have < 1:
+            return -1
         in_block = pos % fmt.BLOCK
+        if in_block == 0 and raw[index] == fmt.BLOCK_HEADER:
+            return self._header(raw, index, pos)
+        if self.header is not None:
+            return self._region(raw, index, pos)
         if in_block == 0:
-            if have < 1:
-                return -1
-            kind = raw[index]
-            if kind == fmt.BLOCK_HEADER:
-                return self._header(raw, index, pos)
-            if kind != fmt.BLOCK_DATA:
+            if raw[index] != fmt.BLOCK_DATA:
                 raise self._problem("block type byte is neither data (0x00) nor header (0x01)", pos)
             if self._expect_header:
                 raise self._problem("padding is not followed by a header block", pos)
@@ -127,6 +131,24 @@ class StreamCheck:
                 return -to_boundary
             return self._padding(raw, index, pos, to_boundary)
         return self._chunk(raw, index, pos)
+
+    def _region(self, raw: bytes, index: int, pos: int) -> int:
+        """After a header: the next commit's region, up to the next header block (or all of
+        ``raw``). Its bytes are not walked chunk by chunk: the region CRC of the header that ends
+        it covers every one of them, chunks and padding (docs/storage-format.md, "Commit"). Only
+        the block type bytes are looked at, to find that header."""
+        first = index + (-pos % fmt.BLOCK)
+        kinds = raw[first :: fmt.BLOCK]
+        if kinds.translate(None, _BLOCK_KINDS):
+            bad = next(i for i, kind in enumerate(kinds) if kind not in _BLOCK_KINDS)
+            raise self._problem(
+                "block type byte is neither data (0x00) nor header (0x01)",
+                pos + (first - index) + bad * fmt.BLOCK,
+            )
+        found = kinds.find(fmt.BLOCK_HEADER)
+        end = len(raw) if found < 0 else first + found * fmt.BLOCK
+        self._take(raw, index, end - index)
+        return end - index
 
     def _chunk(self, raw: bytes, index: int, pos: int) -> int:
         extent = fmt.chunk_extent(raw, index, pos, path=self.path)

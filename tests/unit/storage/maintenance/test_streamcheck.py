@@ -94,9 +94,12 @@ def test_a_changed_byte_never_gets_below_the_verified_offset(
                 caught = exc
             assert check.verified <= where
             pos += size
-        assert caught is not None, f"byte {where} changed and nothing found"
-        with pytest.raises(CorruptionError):
-            check.feed(b"")  # stays failed
+        # Found as it came, or (a header block's type byte changed: that header is missed) the
+        # copy's end is never verified.
+        assert caught is not None or check.verified < len(data), f"byte {where} changed"
+        if caught is not None:
+            with pytest.raises(CorruptionError):
+                check.feed(b"")  # stays failed
 
 
 def test_a_check_resumed_at_a_verified_offset_goes_on_to_the_end(
