@@ -16,7 +16,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from kayos import limits
 from kayos.errors import (
@@ -91,6 +91,8 @@ class UpstreamLink:
             asyncio.open_connection, local_addr=(own_host, 0)
         )
         self._stopped = False
+        # Set when the link stopped because the learner must wipe its store and copy the file.
+        self.reset_by_copy = False
         # The last seq of the current link's first batch with a map (the upstream's whole one).
         self._first_batch_last: int | None = None
         self.connected = asyncio.Event()
@@ -102,6 +104,14 @@ class UpstreamLink:
 
     def stop(self) -> None:
         self._stopped = True
+
+    def _copy_instead(self, why: str) -> NoReturn:
+        """A learner whose store must be reset takes the upstream's store file instead of
+        replaying its log from seq 1 (docs/replication-protocol.md, "Store snapshots"): the link
+        stops, saying so in ``reset_by_copy``; the node wipes the store and copies the file."""
+        self.reset_by_copy = True
+        self.stop()
+        raise EOFError(f"{why}: copying {self.peer}'s store file instead")
 
     @property
     def stopping(self) -> bool:
@@ -279,6 +289,8 @@ class UpstreamLink:
             if reply is None:
                 raise EOFError("upstream closed the link before SUBSCRIBED")
             if isinstance(reply, fr.ErrorFrame):
+                if reply.code == RollbackTooFarError.code and self.role == "learner":
+                    self._copy_instead("the upstream can no longer reconcile this store")
                 if reply.code == RollbackTooFarError.code and self.role != "repair":
                     # Not a verdict on this log: the upstream holds more than this member but
                     # compaction purged tombstones it would need to send; the reset re-copies
@@ -297,6 +309,8 @@ class UpstreamLink:
                 self._caught_up()
                 raise EOFError(f"{self.peer} holds no more than this replica")
             replica.check_rollback_verdict(reply.rollback_to, reply)
+            if reply.rollback_to == 0 and self.role == "learner":
+                self._copy_instead("no history in common with the upstream")
             log.warning(
                 "shard %s: rolling back from %s to %s to follow %s",
                 replica.shard_id,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import signal
 import subprocess
 import sys
 import threading
@@ -23,8 +24,17 @@ from kayos.clock import SystemClock
 from kayos.local.cluster import LocalCluster
 from kayos.replication.link.copied import copied_bytes
 from kayos.replication.link.snapshot_link import SnapshotProgress, fetch_snapshot
-from kayos.storage.engine import ShardStore
-from tests.support.cluster import WAIT_S, ctl, produce_ok
+from kayos.storage.engine import Put, ShardStore
+from tests.support.cluster import (
+    WAIT_S,
+    answered_replica,
+    catch_up,
+    ctl,
+    learned_through,
+    produce_ok,
+    served_metric,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -230,3 +240,36 @@ def test_a_copy_during_compaction_and_retention_is_a_whole_store(
     assert compactions.count(0) >= 1, compactions
     assert progress.attempts == 3, progress
     assert _assert_store_holds(tmp_path / "copy", acked) == progress.last_seq
+
+
+def test_a_learner_sharing_no_history_wipes_its_store_and_copies_the_file(
+    start_cluster: Any,
+) -> None:
+    """d holds a store of shard 0 from another history (no master in common with the chain's
+    takeover table): instead of replaying the log from seq 1 it wipes the store and copies c's
+    store file, counted as bytes copied by file."""
+    cluster = start_cluster(nodes=4, replicas=3, shards=1)
+    acked = _fill(cluster.url("a"), 20, 40, 2000)
+    last = max(acked.values())
+    cluster.wait_replicated()
+    foreign = cluster.data_dir("d") / "shards" / "0"
+    foreign.mkdir(parents=True)
+    store = ShardStore.open(str(foreign), clock=SystemClock())
+    try:
+        for n in range(20):
+            store.commit([Put(b"q\x00other-%d-%d" % (n, i), b"z" * 500) for i in range(20)])
+    finally:
+        store.close()
+    body = {"epoch": cluster.topology.epoch, "shard": 0, "upstream": "c"}
+    assert catch_up(cluster, "d", body)[0] == 200
+    wait_until(lambda: learned_through(cluster, "d", last), "d copied the shard")
+    learner = answered_replica(cluster, "d")
+    assert learner is not None
+    print(learner)
+    assert learner["snapshot"] is not None, learner
+    assert learner["snapshot"]["done"], learner
+    assert learner["refetched_entries"] == 0, learner  # nothing replayed entry by entry
+    copied = served_metric(cluster, "d", "kayos_copy_bytes_total", mode="file")
+    assert copied == learner["snapshot"]["total_bytes"], (copied, learner)
+    cluster.kill("d", signal.SIGTERM)
+    _assert_store_holds(foreign, acked)
