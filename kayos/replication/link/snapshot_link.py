@@ -131,7 +131,13 @@ async def _attempt(
     epoch = topology.epoch
     address = topology.nodes[peer]
     own_host = topology.nodes[node_id].host
-    opener = connect or functools.partial(asyncio.open_connection, local_addr=(own_host, 0))
+    # The reader's buffer holds up to twice its limit before the socket stops being read: a
+    # piece's worth, so each wake-up of the learner takes up to a piece rather than 64 KiB.
+    opener = connect or functools.partial(
+        asyncio.open_connection,
+        local_addr=(own_host, 0),
+        limit=limits.snapshot_piece_bytes_max,
+    )
     handshake_s = limits.handshake_ms_max / 1000
     async with asyncio.timeout(handshake_s):
         reader, writer = await opener(address.host, address.bin_port)
