@@ -312,6 +312,8 @@ def learner_status(learner: Learner) -> dict[str, Any]:
         "rolled_back_entries": replica.rolled_back_entries,
         "rolled_back_committed_entries": replica.rolled_back_committed_entries,
         "refetched_entries": replica.refetched_entries,
+        "refetched_bytes": replica.refetched_bytes,
+        "copy_mode": "file" if learner.snapshot is not None else "log",
         "repair": replica.repair_status(),
         "snapshot": snapshot,
     }

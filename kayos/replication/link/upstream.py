@@ -93,6 +93,10 @@ class UpstreamLink:
         self._stopped = False
         # Set when the link stopped because the learner must wipe its store and copy the file.
         self.reset_by_copy = False
+        # When the current session started following, and the entry payload bytes it copied in
+        # catch-up (its "caught up" log line).
+        self._copy_started_s = 0.0
+        self._copy_bytes = 0
         # The last seq of the current link's first batch with a map (the upstream's whole one).
         self._first_batch_last: int | None = None
         self.connected = asyncio.Event()
@@ -328,6 +332,8 @@ class UpstreamLink:
         applier.add_done_callback(close_with(stream))
         expected = replica.store.last_seq + 1
         first_batch = True
+        self._copy_started_s = time.perf_counter()
+        self._copy_bytes = 0
         self._first_batch_last = None
         point_heard = catch_up_target  # live entries are those the chain commits past it
         try:
@@ -346,7 +352,10 @@ class UpstreamLink:
                         health.heard(frame.last_seq)
                     if frame.last_seq <= catch_up_target:
                         replica.refetched_entries += len(frame.seqs)
-                        copied_bytes["log"] += _batch_bytes(frame)
+                        size = _batch_bytes(frame)
+                        replica.refetched_bytes += size
+                        copied_bytes["log"] += size
+                        self._copy_bytes += size
                     if first_batch and frame.meta is not None:
                         # The link's first map (batches before it, read back past the upstream's
                         # reach, carry none: this replica keeps its own until then).
@@ -440,7 +449,17 @@ class UpstreamLink:
             replica.last_entry_seq = max(replica.last_entry_seq, last_entry)
             if replica.catching_up and replica.store.last_seq >= catch_up_target:
                 replica.catching_up = False
-                log.info("shard %s: caught up at %s", replica.shard_id, replica.store.last_seq)
+                seconds = time.perf_counter() - self._copy_started_s
+                log.info(
+                    "shard %s: caught up at %s from %s (copy_mode=log: %d bytes of entries "
+                    "in %.2f s, %.1f MB/s)",
+                    replica.shard_id,
+                    replica.store.last_seq,
+                    self.peer,
+                    self._copy_bytes,
+                    seconds,
+                    self._copy_bytes / seconds / 1e6 if seconds > 0 else 0.0,
+                )
                 self._caught_up()
             replica.local_commit_done()
             meta_at = self._first_batch_last

@@ -191,6 +191,8 @@ def test_returning_node_rolls_back_only_its_divergent_suffix(start_cluster: Any)
     copied = served_metric(cluster, "a", "kayos_copy_bytes_total", mode="log")
     assert copied is not None
     assert 0 < copied <= new * 20, copied
+    assert learner["copy_mode"] == "log", learner
+    assert learner["refetched_bytes"] == copied, learner
 
 
 def test_a_topology_making_the_learner_a_member_keeps_what_it_copied(start_cluster: Any) -> None:
