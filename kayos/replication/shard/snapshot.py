@@ -2,10 +2,13 @@
 (docs/replication-protocol.md, "Store snapshots"; docs/storage-format.md, "A prefix ending at a
 header").
 
-The upstream side (``serve_snapshot``) streams the bytes of its current data file up to the end of
-its latest header; the learner side writes them with a ``SnapshotWriter`` (its decisions are pure:
-``SnapshotReceiver`` checks each frame against what came before) and installs the file once it
-verifies. The link that carries them is in ``kayos.replication.link.snapshot_link``.
+The upstream side (``serve_snapshot``) sends the bytes of its current data file up to the end of
+its latest header, from 0 or from where a resuming learner verified up to (``filesend``: where to
+start, and each chunk sent by the kernel). The learner side writes them with a ``SnapshotWriter``,
+which checks them as they arrive with ``kayos check``'s checks (``StreamCheck``; the frames'
+order with the pure ``SnapshotReceiver``), keeps the verified prefix durably across attempts, and
+installs the file once all of it verified. The link that carries them is in
+``kayos.replication.link.snapshot_link``.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from kayos.replication.wire import frames as fr
 from kayos.storage import engine
 from kayos.storage.disk import format as fmt
 from kayos.storage.disk.datafile import header_end, read_header_at
-from kayos.storage.disk.fileops import FileOps, OsFileOps
+from kayos.storage.disk.fileops import OsFileOps
 from kayos.storage.maintenance.streamcheck import StreamCheck
 
 log = logging.getLogger("kayos.replication")
@@ -173,33 +176,6 @@ class SnapshotReceiver:
                 f"snapshot ends at {frame.total_bytes} bytes with CRC {frame.prefix_crc:#010x}; "
                 f"received {self.received} bytes with CRC {self.crc:#010x}"
             )
-
-
-def check_prefix(path: str, total_bytes: int, last_seq: int, ops: FileOps | None = None) -> None:
-    """Raises ``CorruptionError`` unless the file at ``path`` is a store whose last valid header
-    (region CRC included) ends exactly at ``total_bytes`` and names ``last_seq``."""
-    handle = (ops or OsFileOps()).open(path)
-    try:
-        if handle.size() != total_bytes:
-            raise CorruptionError(
-                f"copy holds {handle.size()} bytes, not {total_bytes}", path=path, offset=0
-            )
-        block, header = engine.find_last_header(handle)
-        end = engine.header_end(handle, block)
-        if end != total_bytes:
-            raise CorruptionError(
-                f"the last valid header ends at {end}, not at the copy's end {total_bytes}",
-                path=path,
-                offset=block,
-            )
-        if header.last_seq != last_seq:
-            raise CorruptionError(
-                f"the last header names seq {header.last_seq}, not {last_seq}",
-                path=path,
-                offset=block,
-            )
-    finally:
-        handle.close()
 
 
 class SnapshotWriter:

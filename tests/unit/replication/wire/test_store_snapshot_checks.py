@@ -21,7 +21,6 @@ from kayos.replication.shard import filesend
 from kayos.replication.shard.snapshot import (
     SnapshotReceiver,
     SnapshotWriter,
-    check_prefix,
     store_is_empty,
 )
 from kayos.replication.wire import frames as fr
@@ -147,23 +146,11 @@ def test_a_pinned_prefix_survives_a_compaction_and_later_commits(tmp_path: Path)
         source.close()
 
 
-def test_a_torn_or_altered_copy_is_refused_and_removed(tmp_path: Path) -> None:
+def test_an_altered_copy_is_refused_and_removed(tmp_path: Path) -> None:
     source = _filled_store(tmp_path / "source", 20)
-    data_file, header, end = source.pin_prefix()
+    data_file, _, end = source.pin_prefix()
     data = data_file.handle.pread(end, 0)
     data_file.release()
-    path = tmp_path / "copy"
-    path.write_bytes(data[: end - 100])  # torn inside the last header
-    with pytest.raises(CorruptionError):
-        check_prefix(str(path), end, header.last_seq)
-    path.write_bytes(data[: end - 100] + bytes(100))  # the right length, a broken last header
-    with pytest.raises(CorruptionError, match="ends at"):
-        check_prefix(str(path), end, header.last_seq)
-    path.write_bytes(data)
-    with pytest.raises(CorruptionError, match="names seq"):
-        check_prefix(str(path), end, header.last_seq + 1)
-    check_prefix(str(path), end, header.last_seq)
-
     # A flipped byte in transit: the check as it arrives finds it before the copy's end, and
     # what is kept for the next attempt ends below it.
     target = tmp_path / "target"
