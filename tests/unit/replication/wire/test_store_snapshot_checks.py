@@ -15,7 +15,7 @@ import pytest
 from kayos import limits
 from kayos.clock import ManualClock
 from kayos.errors import CorruptionError, InvalidRequest, ProtocolError, ReplicationError
-from kayos.replication.link.snapshot_link import SnapshotProgress, receive_snapshot
+from kayos.replication.link.snapshot_link import SnapshotProgress, read_chunk, receive_snapshot
 from kayos.replication.link.stream import FrameStream
 from kayos.replication.shard import filesend
 from kayos.replication.shard.snapshot import (
@@ -389,3 +389,59 @@ def test_a_learner_killed_mid_copy_resumes_from_the_offset_its_last_sync_recorde
     request = SnapshotWriter(str(target), 0).begin(fr.PROTOCOL_VERSION)
     assert isinstance(request, fr.SnapshotResume)
     assert 0 < request.offset <= end // 2
+
+
+def _read_chunks(data: bytes) -> tuple[list[fr.SnapshotChunk], fr.Frame | None]:
+    """``read_chunk`` over ``data`` (then the end of the stream): the pieces it handed on and the
+    frame it returned."""
+
+    async def run() -> tuple[list[fr.SnapshotChunk], fr.Frame | None]:
+        reader = asyncio.StreamReader()
+        reader.feed_data(data)
+        reader.feed_eof()
+        pieces: list[fr.SnapshotChunk] = []
+
+        async def take(piece: fr.SnapshotChunk) -> None:
+            pieces.append(piece)
+
+        frame = await read_chunk(reader, take, 5.0)
+        return pieces, frame
+
+    return asyncio.run(run())
+
+
+def test_a_chunk_is_read_in_pieces_whatever_its_bin_header() -> None:
+    data = bytes(range(256)) * 40
+    for encoded in (
+        fr.encode(fr.SnapshotChunk(3, 2**33, data)),  # the codec's bin16
+        filesend.chunk_prefix(3, 2**33, len(data)) + data,  # the sender's bin32
+    ):
+        pieces, frame = _read_chunks(encoded)
+        assert frame is None
+        assert b"".join(piece.data for piece in pieces) == data
+        starts = [2**33 + sum(len(p.data) for p in pieces[:i]) for i in range(len(pieces))]
+        assert [piece.offset for piece in pieces] == starts
+        assert all(piece.shard == 3 for piece in pieces)
+    end = fr.SnapshotEnd(3, 10, 7, 1, 2)
+    assert _read_chunks(fr.encode(end)) == ([], end)
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        ("0000000e 17 92 00 cd1000 c600000003 010203", "array of 3"),
+        ("0000000e 17 93 a1 cd1000 c600000003 010203", "shard has msgpack type"),
+        ("0000000e 17 93 00 cd1000 c600000004 010203", "holds a shard"),
+        ("0000000e 17 93 00 cd1000 d900000003 010203", "data has msgpack type"),
+        ("7fffffff 17 93 00", "frame length"),
+    ],
+)
+def test_a_malformed_chunk_is_a_protocol_error(raw: str, problem: str) -> None:
+    with pytest.raises(ProtocolError, match=problem):
+        _read_chunks(bytes.fromhex(raw))
+
+
+def test_a_stream_ending_inside_a_chunk_is_an_eof() -> None:
+    encoded = filesend.chunk_prefix(0, 0, 100) + b"x" * 50
+    with pytest.raises(EOFError):
+        _read_chunks(encoded)
