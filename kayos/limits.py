@@ -300,6 +300,15 @@ assert snapshot_attempts_max >= 1
 assert snapshot_chunks_queued_max >= 1
 assert 0 < snapshot_produce_share_max <= 1
 
+# --- store copies that resume and verify (docs/replication-protocol.md, "Store snapshots") ------
+
+# A learner reads a SNAPSHOT_CHUNK's data off the link in pieces of at most this many bytes, each
+# written and checked as it comes (docs/replication-protocol.md, "Store snapshots"): the copy's
+# verified offset follows the bytes received rather than whole chunks, so a link cut mid-chunk
+# keeps what came, and the learner's memory is this many times snapshot_chunks_queued_max.
+snapshot_piece_bytes_max = 1024 * 1024
+assert 0 < snapshot_piece_bytes_max <= snapshot_chunk_bytes_max
+
 # --- node API (see docs/node-api.md) -------------------------------------------------------------
 
 # A consume long-poll parks one request; bounded like WAIT_COMMITTED so it never pins memory.

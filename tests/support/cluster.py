@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -245,3 +246,15 @@ def ctl(*args: str) -> tuple[int, Any, str]:
     if "--json" in args and done.stdout.strip():
         out = json.loads(done.stdout)
     return done.returncode, out, done.stderr
+
+
+def served_metric(cluster: LocalCluster, node: str, name: str, **labels: str) -> float | None:
+    """The value of the sample ``name{labels...}`` ``node`` serves at ``GET /metrics`` (other
+    labels ignored), None when it serves none."""
+    with urllib.request.urlopen(f"{cluster.url(node)}/metrics", timeout=WAIT_S) as response:
+        text = response.read().decode()
+    for line in text.splitlines():
+        match = re.match(rf"{name}\{{(.*)\}} (\S+)$", line)
+        if match and all(f'{k}="{v}"' in match.group(1) for k, v in labels.items()):
+            return float(match.group(2))
+    return None

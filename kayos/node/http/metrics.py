@@ -23,6 +23,7 @@ from kayos.node.pages import lag_seconds as lag_seconds_of
 from kayos.node.retention import disk_status
 from kayos.node.runtime import HWM_META, Node
 from kayos.node.status import link_status
+from kayos.replication.link.copied import COPY_MODES, copied_bytes
 from kayos.replication.shard.replica import ShardReplica
 from kayos.topology import Topology
 
@@ -261,6 +262,19 @@ def _node_families(node: Node) -> list[Family]:
     return [ready, started, epoch, changes, holds, free, reserve, produced, consumed, held]
 
 
+def copy_family() -> Family:
+    """``kayos_copy_bytes_total{mode}``: what this process copied to replicas of its own."""
+    copied = CounterMetricFamily(
+        "kayos_copy_bytes",
+        "Bytes the node copied to replicas of its own since it started, by mode: file (store "
+        "files received by snapshot) or log (entry payload bytes applied in catch-up)",
+        labels=["mode"],
+    )
+    for mode in (*COPY_MODES, *sorted(set(copied_bytes) - set(COPY_MODES))):
+        copied.add_metric([mode], copied_bytes[mode])
+    return copied
+
+
 class Collector:
     """The node's metrics that are read, not counted as they happen: one pass over its replicas
     per scrape, and the groups' lag of the last ``refresh``."""
@@ -286,6 +300,7 @@ class Collector:
             consumers.add(lag)
         return [
             *_node_families(self._node),
+            copy_family(),
             replicas.last,
             replicas.committed,
             replicas.size,

@@ -15,6 +15,7 @@ import functools
 import logging
 import os
 import random
+import shutil
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -195,13 +196,53 @@ async def open_learner(
     learner.replica = replica
     learner.link = UpstreamLink(replica)
     if learner.task is None:
-        learner.task = asyncio.create_task(learner.link.run())
+        learner.task = asyncio.create_task(_learn(node, learner, order, path))
     log.info("shard %s: learning from %s from seq %s", order.shard, order.upstream, replica.durable)
 
 
 async def _snapshot_then_learn(
     node: Node, learner: Learner, order: CatchUpOrder, path: str
 ) -> None:
+    await _copy_then_open(node, learner, order, path)
+    await _learn(node, learner, order, path)
+
+
+async def _learn(node: Node, learner: Learner, order: CatchUpOrder, path: str) -> None:
+    """Runs the learner's link; a link that stops because the store shares no history with the
+    upstream (its reset would replay the log from seq 1) has the store wiped and the upstream's
+    store file copied instead, then the link runs again."""
+    while True:
+        assert learner.link is not None
+        await learner.link.run()
+        if not learner.link.reset_by_copy:
+            return
+        replica = learner.replica
+        log.warning(
+            "shard %s: the learner's store shares no history with %s: wiping it and copying "
+            "the store file",
+            order.shard,
+            order.upstream,
+        )
+        learner.link = None
+        learner.replica = None
+        if replica is not None:
+            await replica.settle()
+            replica.close()
+        await asyncio.to_thread(_wipe, path)
+        learner.snapshot = SnapshotProgress(order.upstream)
+        await _copy_then_open(node, learner, order, path)
+
+
+def _wipe(path: str) -> None:
+    """Empties a learner's shard directory: its store and the files beside it (its durable mark,
+    derived index, time index), each rebuilt from the copy."""
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path, exist_ok=True)
+
+
+async def _copy_then_open(node: Node, learner: Learner, order: CatchUpOrder, path: str) -> None:
+    """Copies the upstream's store file into the empty ``path`` by snapshot (entry by entry if
+    that fails every attempt), then opens the learner's replica and link on it."""
     assert learner.snapshot is not None
     copied = await fetch_snapshot(
         node_id=node.node_id,
@@ -222,8 +263,6 @@ async def _snapshot_then_learn(
             learner.snapshot.problem,
         )
     await open_learner(node, learner, order, path, copied=copied)
-    assert learner.link is not None
-    await learner.link.run()
 
 
 async def close_learner(node: Node, shard_id: int) -> None:
@@ -273,6 +312,8 @@ def learner_status(learner: Learner) -> dict[str, Any]:
         "rolled_back_entries": replica.rolled_back_entries,
         "rolled_back_committed_entries": replica.rolled_back_committed_entries,
         "refetched_entries": replica.refetched_entries,
+        "refetched_bytes": replica.refetched_bytes,
+        "copy_mode": "file" if learner.snapshot is not None else "log",
         "repair": replica.repair_status(),
         "snapshot": snapshot,
     }
@@ -282,11 +323,15 @@ def _snapshot_status(progress: SnapshotProgress | None) -> dict[str, Any] | None
     if progress is None:
         return None
     return {
+        "copy_mode": progress.copy_mode,
         "attempts": progress.attempts,
         "received_bytes": progress.received_bytes,
+        "verified_bytes": progress.verified_bytes,
+        "start_offset": progress.start_offset,
         "total_bytes": progress.total_bytes,
         "last_seq": progress.last_seq,
         "seconds": round(progress.seconds, 3),
+        "mb_per_s": round(progress.mb_per_s, 1),
         "done": progress.done,
         "problem": progress.problem,
     }

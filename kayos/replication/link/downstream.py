@@ -91,7 +91,7 @@ async def _subscription(
         frame = await recv_answering_pings(stream)
         if frame is None:
             return None
-        if isinstance(frame, fr.SnapshotRequest):
+        if isinstance(frame, (fr.SnapshotRequest, fr.SnapshotResume)):
             await serve_snapshot(replica, stream, hello.role, frame)  # then the learner hangs up
             return None
         if not isinstance(frame, fr.Subscribe) or frame.shard != replica.shard_id:

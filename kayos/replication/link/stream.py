@@ -170,6 +170,11 @@ class FrameStream:
                 self.on_round_trip(now, (now - sent) * 1000)
         return frame
 
+    def buffered(self) -> bool:
+        """Frames decoded and not yet returned, or bytes of one begun: the next frame is read
+        with ``recv``, not from ``reader`` directly (as a store copy reads its chunks)."""
+        return bool(self._ready) or self._decoder.buffered_bytes > 0
+
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.writer.close()

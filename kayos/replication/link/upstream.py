@@ -16,7 +16,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from kayos import limits
 from kayos.errors import (
@@ -27,6 +27,7 @@ from kayos.errors import (
 )
 from kayos.identity import ClusterIdentity
 from kayos.replication.link import handshake, liveness
+from kayos.replication.link.copied import copied_bytes
 from kayos.replication.link.pacer import CopyPacer
 from kayos.replication.link.stream import (
     FrameStream,
@@ -90,6 +91,12 @@ class UpstreamLink:
             asyncio.open_connection, local_addr=(own_host, 0)
         )
         self._stopped = False
+        # Set when the link stopped because the learner must wipe its store and copy the file.
+        self.reset_by_copy = False
+        # When the current session started following, and the entry payload bytes it copied in
+        # catch-up (its "caught up" log line).
+        self._copy_started_s = 0.0
+        self._copy_bytes = 0
         # The last seq of the current link's first batch with a map (the upstream's whole one).
         self._first_batch_last: int | None = None
         self.connected = asyncio.Event()
@@ -101,6 +108,14 @@ class UpstreamLink:
 
     def stop(self) -> None:
         self._stopped = True
+
+    def _copy_instead(self, why: str) -> NoReturn:
+        """A learner whose store must be reset takes the upstream's store file instead of
+        replaying its log from seq 1 (docs/replication-protocol.md, "Store snapshots"): the link
+        stops, saying so in ``reset_by_copy``; the node wipes the store and copies the file."""
+        self.reset_by_copy = True
+        self.stop()
+        raise EOFError(f"{why}: copying {self.peer}'s store file instead")
 
     @property
     def stopping(self) -> bool:
@@ -278,6 +293,8 @@ class UpstreamLink:
             if reply is None:
                 raise EOFError("upstream closed the link before SUBSCRIBED")
             if isinstance(reply, fr.ErrorFrame):
+                if reply.code == RollbackTooFarError.code and self.role == "learner":
+                    self._copy_instead("the upstream can no longer reconcile this store")
                 if reply.code == RollbackTooFarError.code and self.role != "repair":
                     # Not a verdict on this log: the upstream holds more than this member but
                     # compaction purged tombstones it would need to send; the reset re-copies
@@ -296,6 +313,8 @@ class UpstreamLink:
                 self._caught_up()
                 raise EOFError(f"{self.peer} holds no more than this replica")
             replica.check_rollback_verdict(reply.rollback_to, reply)
+            if reply.rollback_to == 0 and self.role == "learner":
+                self._copy_instead("no history in common with the upstream")
             log.warning(
                 "shard %s: rolling back from %s to %s to follow %s",
                 replica.shard_id,
@@ -313,6 +332,8 @@ class UpstreamLink:
         applier.add_done_callback(close_with(stream))
         expected = replica.store.last_seq + 1
         first_batch = True
+        self._copy_started_s = time.perf_counter()
+        self._copy_bytes = 0
         self._first_batch_last = None
         point_heard = catch_up_target  # live entries are those the chain commits past it
         try:
@@ -331,6 +352,10 @@ class UpstreamLink:
                         health.heard(frame.last_seq)
                     if frame.last_seq <= catch_up_target:
                         replica.refetched_entries += len(frame.seqs)
+                        size = _batch_bytes(frame)
+                        replica.refetched_bytes += size
+                        copied_bytes["log"] += size
+                        self._copy_bytes += size
                     if first_batch and frame.meta is not None:
                         # The link's first map (batches before it, read back past the upstream's
                         # reach, carry none: this replica keeps its own until then).
@@ -424,7 +449,17 @@ class UpstreamLink:
             replica.last_entry_seq = max(replica.last_entry_seq, last_entry)
             if replica.catching_up and replica.store.last_seq >= catch_up_target:
                 replica.catching_up = False
-                log.info("shard %s: caught up at %s", replica.shard_id, replica.store.last_seq)
+                seconds = time.perf_counter() - self._copy_started_s
+                log.info(
+                    "shard %s: caught up at %s from %s (copy_mode=log: %d bytes of entries "
+                    "in %.2f s, %.1f MB/s)",
+                    replica.shard_id,
+                    replica.store.last_seq,
+                    self.peer,
+                    self._copy_bytes,
+                    seconds,
+                    self._copy_bytes / seconds / 1e6 if seconds > 0 else 0.0,
+                )
                 self._caught_up()
             replica.local_commit_done()
             meta_at = self._first_batch_last

@@ -140,6 +140,7 @@ class ShardReplica(HeadWrites, CatchUp, PersistedProgress, Visibility):
         # Entries this replica copied in catch-up (below the target its SUBSCRIBED named) since
         # the node started; a read that met a damaged chunk (never served).
         self.refetched_entries = 0
+        self.refetched_bytes = 0  # their payload bytes (keys and values)
         self.damage_seen: str | None = None
 
     def _open_counted_followers(self, *, counts: bool) -> None:

@@ -48,7 +48,7 @@ from kayos.replication.wire.frame_fields import (
 )
 
 # The highest protocol version this build speaks, and the lowest it still accepts in a handshake.
-PROTOCOL_VERSION: Final = 7
+PROTOCOL_VERSION: Final = 8
 PROTOCOL_VERSION_MIN: Final = 1
 # Replication links need both sides at this version or later: version 2 forwards before it
 # persists and carries the commit point down the chain, version 3 authenticates both sides of a
@@ -63,6 +63,9 @@ METADATA_PROTOCOL_VERSION_MIN: Final = 6
 # Version 7 appends producer_id and producer_seq to PRODUCE: a client connection decodes and
 # encodes at the version its handshake picked (docs/replication-protocol.md, "Handshake"), so a
 # version 6 client's PRODUCE (8 fields) still decodes, meaning "no producer".
+# Version 8 adds SNAPSHOT_RESUME: a learner sends it only to an upstream whose HELLO_OK named this
+# version or later (docs/replication-protocol.md, "Store snapshots").
+SNAPSHOT_RESUME_PROTOCOL_VERSION_MIN: Final = 8
 
 TakeoverEntry: TypeAlias = tuple[bytes, int]
 Headers: TypeAlias = dict[str, bytes]
@@ -301,6 +304,18 @@ class SnapshotRequest(_FrameBase):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class SnapshotResume(_FrameBase):
+    """A learner holding a verified prefix of a copy, up to ``offset`` (the end of a header chunk
+    whose prefix CRC is ``header_crc``), asks for the rest of the upstream's store file."""
+
+    shard: int
+    offset: int
+    store_uuid: bytes
+    generation: int
+    header_crc: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class SnapshotChunk(_FrameBase):
     """Raw store file bytes at ``offset`` (the bytes sent before them)."""
 
@@ -397,6 +412,7 @@ Frame: TypeAlias = (
     | SnapshotRequest
     | SnapshotChunk
     | SnapshotEnd
+    | SnapshotResume
     | Batch
     | Ack
     | Committed
@@ -546,6 +562,13 @@ FRAME_TABLE: Final[tuple[FrameSpec, ...]] = (
         FieldSpec("prefix_crc", U32, 3),
         FieldSpec("generation", U64, 3),
         FieldSpec("last_seq", U64, 3),
+    )),
+    FrameSpec(28, "SNAPSHOT_RESUME", SnapshotResume, "downstream -> upstream", 8, (
+        FieldSpec("shard", U32, 8),
+        FieldSpec("offset", U64, 8),
+        FieldSpec("store_uuid", UUID, 8),
+        FieldSpec("generation", U64, 8),
+        FieldSpec("header_crc", U32, 8),
     )),
     FrameSpec(25, "CONFIRM", Confirm, "downstream -> upstream", 4, (FieldSpec("nonce", U64, 4),)),
     FrameSpec(26, "CONFIRMED", Confirmed, "upstream -> downstream", 4, (

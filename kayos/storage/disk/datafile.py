@@ -73,8 +73,12 @@ def parse_generation(name: str) -> int | None:
 
 def read_header_at(handle: FileHandle, block_pos: int) -> fmt.Header:
     """Parses the header in the block at ``block_pos``; raises CorruptionError if it is not one."""
-    raw = handle.pread(fmt.BLOCK, block_pos)
-    path = handle.path
+    return parse_header_block(handle.pread(fmt.BLOCK, block_pos), block_pos, handle.path)
+
+
+def parse_header_block(raw: bytes, block_pos: int, path: str) -> fmt.Header:
+    """Parses the header in ``raw``, the bytes of the block at ``block_pos`` (at least up to the
+    end of its header chunk); raises CorruptionError if it is not a valid header."""
     if len(raw) < 1 + fmt.PREFIX_BYTES or raw[0] != fmt.BLOCK_HEADER:
         raise CorruptionError("not a header block", path=path, offset=block_pos)
     length, crc = fmt.parse_chunk_prefix(raw[1 : 1 + fmt.PREFIX_BYTES], path=path, offset=block_pos)

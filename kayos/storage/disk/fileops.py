@@ -84,6 +84,10 @@ class OsFile:
     def sync(self) -> None:
         os.fdatasync(self._fd)
 
+    def fileno(self) -> int:
+        """The descriptor (a store copy sends the file's bytes with sendfile from it)."""
+        return self._fd
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)

@@ -22,6 +22,7 @@ from tests.support.cluster import (
     learned_through,
     produce,
     produce_ok,
+    served_metric,
     shard_status,
     wait_until,
 )
@@ -184,6 +185,14 @@ def test_returning_node_rolls_back_only_its_divergent_suffix(start_cluster: Any)
     assert learner["rolled_back_committed_entries"] == 0, learner
     assert learner["refetched_entries"] == new, learner
     assert learner["durable_seq"] == last
+    # Only the suffix came, entry by entry: no store file, and the payload of the new entries
+    # (keys of about 12 bytes and one-byte values) rather than the shard's.
+    assert served_metric(cluster, "a", "kayos_copy_bytes_total", mode="file") == 0
+    copied = served_metric(cluster, "a", "kayos_copy_bytes_total", mode="log")
+    assert copied is not None
+    assert 0 < copied <= new * 20, copied
+    assert learner["copy_mode"] == "log", learner
+    assert learner["refetched_bytes"] == copied, learner
 
 
 def test_a_topology_making_the_learner_a_member_keeps_what_it_copied(start_cluster: Any) -> None:

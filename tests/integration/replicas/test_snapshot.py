@@ -1,7 +1,7 @@
 """Store snapshots (issue 11, the catch-up speed target): real ``kayos node`` processes. A learner
 that holds nothing copies its upstream's store file (docs/replication-protocol.md, "Store
 snapshots"), then follows live writes; a copy broken mid-way (the learner killed, the upstream
-killed) starts again from offset 0 and leaves nothing behind."""
+killed) starts again (from its verified offset when it has one) and leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from tests.support.cluster import (
     learned_through,
     produce,
     produce_ok,
+    served_metric,
     shard_status,
     wait_until,
 )
@@ -87,8 +88,14 @@ def test_empty_learner_copies_the_store_file_then_follows(start_cluster: Any) ->
     assert snapshot["attempts"] == 1, snapshot
     assert snapshot["last_seq"] == last, snapshot
     assert snapshot["total_bytes"] > 40 * 50 * 400, snapshot
-    # Nothing was replayed entry by entry: the file came whole.
+    # Nothing was replayed entry by entry: the file came whole, from offset 0, once.
     assert learner["refetched_entries"] == 0, learner
+    assert snapshot["copy_mode"] == "file", snapshot
+    assert snapshot["received_bytes"] == snapshot["verified_bytes"] == snapshot["total_bytes"]
+    assert snapshot["start_offset"] == 0, snapshot
+    assert snapshot["mb_per_s"] > 0, snapshot
+    copied = served_metric(cluster, "d", "kayos_copy_bytes_total", mode="file")
+    assert copied == snapshot["total_bytes"], (copied, snapshot)
 
     # Live writes reach it after the copy, entry by entry.
     more = _fill(head, "q-live", 3, 20, 10)

@@ -147,6 +147,14 @@ GOLDEN: list[tuple[f.Frame, str]] = [
         f.Metadata(shard=7, seq=2900, meta={"hwm/c1": 99}),
         "0000000f 1b 93 07 cd0b54 81 a668776d2f6331 63",
     ),
+    # A learner's resumed store copy of version 8 (docs/replication-protocol.md, "Store
+    # snapshots").
+    (
+        f.SnapshotResume(
+            shard=0, offset=8192, store_uuid=b"\x11" * 16, generation=1, header_crc=0x1234ABCD
+        ),
+        "0000001e 1c 95 00 cd2000 c410" + "11" * 16 + " 01 ce1234abcd",
+    ),
 ]
 
 GOLDEN_FRAMES = [frame for frame, _ in GOLDEN]
@@ -211,6 +219,7 @@ def test_table_matches_protocol_document() -> None:
         25: "CONFIRM",
         26: "CONFIRMED",
         27: "METADATA",
+        28: "SNAPSHOT_RESUME",
         32: "PRODUCE",
         33: "PRODUCED",
         34: "WAIT_COMMITTED",
@@ -228,6 +237,7 @@ def test_table_matches_protocol_document() -> None:
             "CONFIRM": 4,
             "CONFIRMED": 4,
             "METADATA": 6,
+            "SNAPSHOT_RESUME": 8,
         }
         assert spec.since_version == since.get(spec.name, 1)
         # Fields appended to a released frame, with the version that added them.
@@ -429,7 +439,7 @@ def test_round_trip_stream_in_random_chunks(frame_list: list[f.Frame], data: st.
 # --- malformed input -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", [0, 9, 15, 28, 31, 36, 255])
+@pytest.mark.parametrize("kind", [0, 9, 15, 29, 31, 36, 255])
 def test_unknown_kind(kind: int) -> None:
     decode_fails(raw_frame(kind, raw_body([5])), match=f"unknown frame kind {kind}")
 
@@ -719,7 +729,7 @@ def test_a_produce_at_version_6_has_no_producer_fields() -> None:
 
 def test_a_decoder_expects_exactly_the_fields_of_its_version() -> None:
     # Rule 5: never a guess from the field count.
-    with pytest.raises(ProtocolError, match="PRODUCE: 8 fields, expected 10 at protocol version 7"):
+    with pytest.raises(ProtocolError, match="PRODUCE: 8 fields, expected 10 at protocol version 8"):
         f.decode(bytes.fromhex(PRODUCE_V6_HEX))
     with pytest.raises(ProtocolError, match="PRODUCE: 10 fields, expected 8 at protocol version 6"):
         f.decode(bytes.fromhex(GOLDEN[14][1]), 6)

@@ -6,6 +6,7 @@ a torn or altered copy is refused."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from pathlib import Path
 
@@ -14,18 +15,19 @@ import pytest
 from kayos import limits
 from kayos.clock import ManualClock
 from kayos.errors import CorruptionError, InvalidRequest, ProtocolError, ReplicationError
-from kayos.replication.link.snapshot_link import SnapshotProgress, receive_snapshot
+from kayos.replication.link.snapshot_link import SnapshotProgress, read_chunk, receive_snapshot
 from kayos.replication.link.stream import FrameStream
+from kayos.replication.shard import filesend
 from kayos.replication.shard.snapshot import (
     SnapshotReceiver,
     SnapshotWriter,
-    check_prefix,
     store_is_empty,
 )
 from kayos.replication.wire import frames as fr
 from kayos.storage.engine import Delete, Put, ShardStore, data_file_name
 from kayos.storage.maintenance.check import check_store
 from kayos.storage.maintenance.compact import compact
+from kayos.storage.maintenance.streamcheck import StreamCheck
 
 pytestmark = pytest.mark.unit
 
@@ -81,6 +83,7 @@ def _copy(store: ShardStore, target: Path, *, chunk: int = 5000) -> fr.SnapshotE
     """What ``serve_snapshot`` sends, written by the learner's writer (installed on success)."""
     data_file, header, end = store.pin_prefix()
     writer = SnapshotWriter(str(target), 0)
+    writer.begin(fr.PROTOCOL_VERSION)
     try:
         for offset in range(0, end, chunk):
             data = data_file.handle.pread(min(chunk, end - offset), offset)
@@ -143,36 +146,25 @@ def test_a_pinned_prefix_survives_a_compaction_and_later_commits(tmp_path: Path)
         source.close()
 
 
-def test_a_torn_or_altered_copy_is_refused_and_removed(tmp_path: Path) -> None:
+def test_an_altered_copy_is_refused_and_removed(tmp_path: Path) -> None:
     source = _filled_store(tmp_path / "source", 20)
-    data_file, header, end = source.pin_prefix()
+    data_file, _, end = source.pin_prefix()
     data = data_file.handle.pread(end, 0)
     data_file.release()
-    path = tmp_path / "copy"
-    path.write_bytes(data[: end - 100])  # torn inside the last header
-    with pytest.raises(CorruptionError):
-        check_prefix(str(path), end, header.last_seq)
-    path.write_bytes(data[: end - 100] + bytes(100))  # the right length, a broken last header
-    with pytest.raises(CorruptionError, match="ends at"):
-        check_prefix(str(path), end, header.last_seq)
-    path.write_bytes(data)
-    with pytest.raises(CorruptionError, match="names seq"):
-        check_prefix(str(path), end, header.last_seq + 1)
-    check_prefix(str(path), end, header.last_seq)
-
-    # A flipped byte in transit: the end-to-end CRC differs, nothing is installed.
+    # A flipped byte in transit: the check as it arrives finds it before the copy's end, and
+    # what is kept for the next attempt ends below it.
     target = tmp_path / "target"
     writer = SnapshotWriter(str(target), 0)
+    writer.begin(fr.PROTOCOL_VERSION)
     altered = bytearray(data)
     altered[end // 2] ^= 0x40
     writer.write(fr.SnapshotChunk(0, 0, bytes(altered)[: end // 2 + 1]))
-    writer.write(fr.SnapshotChunk(0, end // 2 + 1, bytes(altered)[end // 2 + 1 :]))
-    crc_of_original = SnapshotReceiver(0)
-    crc_of_original.chunk(fr.SnapshotChunk(0, 0, data))
-    with pytest.raises(ReplicationError):
-        writer.install(
-            fr.SnapshotEnd(0, end, crc_of_original.crc, data_file.generation, header.last_seq)
-        )
+    with pytest.raises(CorruptionError):
+        writer.write(fr.SnapshotChunk(0, end // 2 + 1, bytes(altered)[end // 2 + 1 :]))
+    kept = writer.keep()
+    assert 0 < kept <= end // 2
+    assert os.path.getsize(writer.path) == kept
+    assert data[:kept] == (target / "data.copy.snapshot").read_bytes()
     writer.discard()
     assert os.listdir(target) == []
     source.close()
@@ -180,7 +172,8 @@ def test_a_torn_or_altered_copy_is_refused_and_removed(tmp_path: Path) -> None:
 
 def test_a_left_over_copy_is_deleted_when_the_store_opens(tmp_path: Path) -> None:
     writer = SnapshotWriter(str(tmp_path), 0)
-    writer.write(fr.SnapshotChunk(0, 0, b"partial"))
+    writer.begin(fr.PROTOCOL_VERSION)
+    writer.write(fr.SnapshotChunk(0, 0, b"\x00partial"))
     assert os.path.exists(writer.path)  # a learner killed here leaves this file
     store = ShardStore.open(str(tmp_path), clock=ManualClock())
     store.close()
@@ -206,6 +199,7 @@ def _receive_from(frames: list[fr.Frame], directory: Path) -> SnapshotProgress:
         reader.feed_eof()
         stream = FrameStream(reader, _NoWriter(), ManualClock())  # type: ignore[arg-type]
         writer = SnapshotWriter(str(directory), 0)
+        writer.begin(fr.PROTOCOL_VERSION)
         progress = SnapshotProgress("c")
         try:
             await receive_snapshot(stream, writer, "c", progress)
@@ -247,3 +241,207 @@ def test_receive_stops_at_a_gap_or_an_early_end_and_leaves_nothing(tmp_path: Pat
     with pytest.raises(EOFError):
         _receive_from(chunks[:5], tmp_path / "cut")  # the upstream died mid-copy
     assert os.listdir(tmp_path / "cut") == []
+
+
+def test_a_chunk_sent_with_sendfile_is_the_codecs_frame_with_bin32_data() -> None:
+    """The prefix the serving side writes by hand before the kernel sends the data
+    (docs/replication-protocol.md, "Store snapshots", its bin32 golden bytes)."""
+    data = b"\x01\x02\x03"
+    sent = filesend.chunk_prefix(0, 4096, len(data)) + data
+    assert sent == bytes.fromhex("0000000e 17 9300cd1000 c600000003 010203")
+    assert fr.FrameDecoder().feed(sent) == [fr.SnapshotChunk(0, 4096, data)]
+    big = b"x" * 70000
+    assert fr.FrameDecoder().feed(filesend.chunk_prefix(7, 2**40, len(big)) + big) == [
+        fr.SnapshotChunk(7, 2**40, big)
+    ]
+
+
+def _write_all(writer: SnapshotWriter, data: bytes, start: int, size: int = 5000) -> None:
+    for offset in range(start, len(data), size):
+        writer.write(fr.SnapshotChunk(0, offset, data[offset : offset + size]))
+
+
+def test_a_broken_copy_resumes_from_its_verified_offset(tmp_path: Path) -> None:
+    """A kept prefix survives the writer (a new process reads its record), the upstream agrees to
+    continue from it, and the copy completes from there to a store kayos check accepts."""
+    source = _filled_store(tmp_path / "source", 40)
+    data_file, header, end = source.pin_prefix()
+    try:
+        data = data_file.handle.pread(end, 0)
+        target = tmp_path / "target"
+        first = SnapshotWriter(str(target), 0)
+        assert isinstance(first.begin(fr.PROTOCOL_VERSION), fr.SnapshotRequest)
+        _write_all(first, data[: end // 2], 0)
+        kept = first.keep()
+        assert 0 < kept <= end // 2
+        second = SnapshotWriter(str(target), 0)
+        request = second.begin(fr.PROTOCOL_VERSION)
+        assert isinstance(request, fr.SnapshotResume)
+        assert (request.offset, request.generation) == (kept, data_file.generation)
+        assert filesend.resume_offset(data_file, header, end, request) == kept
+        _write_all(second, data, kept)
+        sent = SnapshotReceiver(0, received=kept)
+        sent.chunk(fr.SnapshotChunk(0, kept, data[kept:]))
+        second.install(fr.SnapshotEnd(0, end, sent.crc, data_file.generation, header.last_seq))
+        assert check_store(str(target)).ok
+        assert sorted(os.listdir(target)) == [data_file_name(data_file.generation)]
+    finally:
+        data_file.release()
+        source.close()
+
+
+def test_an_upstream_continues_only_the_same_history_and_generation(tmp_path: Path) -> None:
+    source = _filled_store(tmp_path / "source", 20)
+    data_file, header, end = source.pin_prefix()
+    try:
+        check = StreamCheck()
+        check.feed(data_file.handle.pread(end // 2, 0))
+        assert check.header is not None
+        good = fr.SnapshotResume(
+            0, check.verified, check.header.store_uuid, data_file.generation, check.header_crc
+        )
+        assert filesend.resume_offset(data_file, header, end, good) == check.verified
+        for wrong in (
+            dataclasses.replace(good, store_uuid=bytes(16)),
+            dataclasses.replace(good, generation=good.generation + 1),
+            dataclasses.replace(good, header_crc=good.header_crc ^ 1),
+            dataclasses.replace(good, offset=good.offset - 1),
+            dataclasses.replace(good, offset=end + 4096),
+        ):
+            assert filesend.resume_offset(data_file, header, end, wrong) == 0
+        assert filesend.resume_offset(data_file, header, end, fr.SnapshotRequest(0)) == 0
+    finally:
+        data_file.release()
+        source.close()
+
+
+def test_a_learner_whose_upstream_starts_again_from_0_empties_its_copy(tmp_path: Path) -> None:
+    source = _filled_store(tmp_path / "source", 20)
+    data_file, header, end = source.pin_prefix()
+    data = data_file.handle.pread(end, 0)
+    data_file.release()
+    source.close()
+    target = tmp_path / "target"
+    first = SnapshotWriter(str(target), 0)
+    first.begin(fr.PROTOCOL_VERSION)
+    _write_all(first, data[: end // 2], 0)
+    assert first.keep() > 0
+    second = SnapshotWriter(str(target), 0)
+    assert isinstance(second.begin(fr.PROTOCOL_VERSION), fr.SnapshotResume)
+    _write_all(second, data, 0)  # the upstream's answer: from 0
+    sent = SnapshotReceiver(0)
+    sent.chunk(fr.SnapshotChunk(0, 0, data))
+    second.install(fr.SnapshotEnd(0, end, sent.crc, 1, header.last_seq))
+    assert check_store(str(target)).ok
+    # A version 7 upstream is asked from 0 even with a kept prefix.
+    third = SnapshotWriter(str(tmp_path / "old"), 0)
+    third.begin(fr.PROTOCOL_VERSION)
+    _write_all(third, data[: end // 2], 0)
+    third.keep()
+    assert isinstance(
+        SnapshotWriter(str(tmp_path / "old"), 0).begin(fr.SNAPSHOT_RESUME_PROTOCOL_VERSION_MIN - 1),
+        fr.SnapshotRequest,
+    )
+
+
+def test_the_same_writer_resumes_after_bytes_past_its_verified_offset(tmp_path: Path) -> None:
+    """A failed attempt fed bytes past the last header it verified (even damaged ones): the next
+    attempt of the same writer forgets them and goes on from the verified offset."""
+    source = _filled_store(tmp_path / "source", 40)
+    data_file, header, end = source.pin_prefix()
+    data = data_file.handle.pread(end, 0)
+    data_file.release()
+    source.close()
+    writer = SnapshotWriter(str(tmp_path / "target"), 0)
+    writer.begin(fr.PROTOCOL_VERSION)
+    damaged = bytearray(data[: end // 2])
+    damaged[-10] ^= 0xFF
+    damaged += data[end // 2 : end // 2 + 8192]
+    with pytest.raises(CorruptionError):
+        _write_all(writer, bytes(damaged), 0)
+    kept = writer.keep()
+    request = writer.begin(fr.PROTOCOL_VERSION)
+    assert isinstance(request, fr.SnapshotResume)
+    assert request.offset == kept
+    _write_all(writer, data, kept)
+    sent = SnapshotReceiver(0, received=kept)
+    sent.chunk(fr.SnapshotChunk(0, kept, data[kept:]))
+    writer.install(fr.SnapshotEnd(0, end, sent.crc, 1, header.last_seq))
+    assert check_store(str(tmp_path / "target")).ok
+
+
+def test_a_learner_killed_mid_copy_resumes_from_the_offset_its_last_sync_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No failed attempt ran ``keep`` (the process died): each background sync recorded the
+    verified offset it made durable, and the next process resumes from there."""
+    monkeypatch.setattr(limits, "snapshot_sync_bytes", 1)
+    source = _filled_store(tmp_path / "source", 40)
+    data_file, _, end = source.pin_prefix()
+    data = data_file.handle.pread(end, 0)
+    data_file.release()
+    source.close()
+    target = tmp_path / "target"
+    dying = SnapshotWriter(str(target), 0)
+    dying.begin(fr.PROTOCOL_VERSION)
+    _write_all(dying, data[: end // 2], 0)
+    dying.settle_sync()  # the last sync done; then the process dies without keep()
+    request = SnapshotWriter(str(target), 0).begin(fr.PROTOCOL_VERSION)
+    assert isinstance(request, fr.SnapshotResume)
+    assert 0 < request.offset <= end // 2
+
+
+def _read_chunks(data: bytes) -> tuple[list[fr.SnapshotChunk], fr.Frame | None]:
+    """``read_chunk`` over ``data`` (then the end of the stream): the pieces it handed on and the
+    frame it returned."""
+
+    async def run() -> tuple[list[fr.SnapshotChunk], fr.Frame | None]:
+        reader = asyncio.StreamReader()
+        reader.feed_data(data)
+        reader.feed_eof()
+        pieces: list[fr.SnapshotChunk] = []
+
+        async def take(piece: fr.SnapshotChunk) -> None:
+            pieces.append(piece)
+
+        frame = await read_chunk(reader, take, 5.0)
+        return pieces, frame
+
+    return asyncio.run(run())
+
+
+def test_a_chunk_is_read_in_pieces_whatever_its_bin_header() -> None:
+    data = bytes(range(256)) * 40
+    for encoded in (
+        fr.encode(fr.SnapshotChunk(3, 2**33, data)),  # the codec's bin16
+        filesend.chunk_prefix(3, 2**33, len(data)) + data,  # the sender's bin32
+    ):
+        pieces, frame = _read_chunks(encoded)
+        assert frame is None
+        assert b"".join(piece.data for piece in pieces) == data
+        starts = [2**33 + sum(len(p.data) for p in pieces[:i]) for i in range(len(pieces))]
+        assert [piece.offset for piece in pieces] == starts
+        assert all(piece.shard == 3 for piece in pieces)
+    end = fr.SnapshotEnd(3, 10, 7, 1, 2)
+    assert _read_chunks(fr.encode(end)) == ([], end)
+
+
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        ("0000000e 17 92 00 cd1000 c600000003 010203", "array of 3"),
+        ("0000000e 17 93 a1 cd1000 c600000003 010203", "shard has msgpack type"),
+        ("0000000e 17 93 00 cd1000 c600000004 010203", "holds a shard"),
+        ("0000000e 17 93 00 cd1000 d900000003 010203", "data has msgpack type"),
+        ("7fffffff 17 93 00", "frame length"),
+    ],
+)
+def test_a_malformed_chunk_is_a_protocol_error(raw: str, problem: str) -> None:
+    with pytest.raises(ProtocolError, match=problem):
+        _read_chunks(bytes.fromhex(raw))
+
+
+def test_a_stream_ending_inside_a_chunk_is_an_eof() -> None:
+    encoded = filesend.chunk_prefix(0, 0, 100) + b"x" * 50
+    with pytest.raises(EOFError):
+        _read_chunks(encoded)
