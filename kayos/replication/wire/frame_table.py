@@ -48,7 +48,7 @@ from kayos.replication.wire.frame_fields import (
 )
 
 # The highest protocol version this build speaks, and the lowest it still accepts in a handshake.
-PROTOCOL_VERSION: Final = 7
+PROTOCOL_VERSION: Final = 8
 PROTOCOL_VERSION_MIN: Final = 1
 # Replication links need both sides at this version or later: version 2 forwards before it
 # persists and carries the commit point down the chain, version 3 authenticates both sides of a
@@ -63,6 +63,9 @@ METADATA_PROTOCOL_VERSION_MIN: Final = 6
 # Version 7 appends producer_id and producer_seq to PRODUCE: a client connection decodes and
 # encodes at the version its handshake picked (docs/replication-protocol.md, "Handshake"), so a
 # version 6 client's PRODUCE (8 fields) still decodes, meaning "no producer".
+# Version 8 adds CLIENT_PROOF: a node holding client credentials challenges a client whose HELLO
+# named version 8 or later (AUTH_CHALLENGE) and refuses an older one (docs/security.md).
+CLIENT_PROOF_PROTOCOL_VERSION_MIN: Final = 8
 
 TakeoverEntry: TypeAlias = tuple[bytes, int]
 Headers: TypeAlias = dict[str, bytes]
@@ -380,6 +383,16 @@ class CommittedReply(_FrameBase):
     committed_seq: int
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClientProof(_FrameBase):
+    """A client's answer to AUTH_CHALLENGE: its credential's name, its nonce and its proof
+    (kayos/auth/proof.py)."""
+
+    name: str
+    nonce: bytes
+    proof: bytes
+
+
 Frame: TypeAlias = (
     Hello
     | HelloOk
@@ -405,6 +418,7 @@ Frame: TypeAlias = (
     | Produced
     | WaitCommitted
     | CommittedReply
+    | ClientProof
 )
 
 
@@ -584,6 +598,11 @@ FRAME_TABLE: Final[tuple[FrameSpec, ...]] = (
         _f("request_id", U64),
         _f("shard", U32),
         _f("committed_seq", U64),
+    )),
+    FrameSpec(36, "CLIENT_PROOF", ClientProof, "client -> acceptor", 8, (
+        FieldSpec("name", STR, 8),
+        FieldSpec("nonce", NONCE, 8),
+        FieldSpec("proof", MAC, 8),
     )),
 )
 # fmt: on

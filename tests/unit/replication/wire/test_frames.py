@@ -147,6 +147,13 @@ GOLDEN: list[tuple[f.Frame, str]] = [
         f.Metadata(shard=7, seq=2900, meta={"hwm/c1": 99}),
         "0000000f 1b 93 07 cd0b54 81 a668776d2f6331 63",
     ),
+    # A client's proof of its credential, version 8 (docs/security.md, "Proving a credential").
+    (
+        f.ClientProof(name="app", nonce=b"\xcc" * 32, proof=bytes(range(32))),
+        "0000004a 24 93 a3617070 c420"
+        + "cc" * 32
+        + " c420 000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f",
+    ),
 ]
 
 GOLDEN_FRAMES = [frame for frame, _ in GOLDEN]
@@ -215,6 +222,7 @@ def test_table_matches_protocol_document() -> None:
         33: "PRODUCED",
         34: "WAIT_COMMITTED",
         35: "COMMITTED_REPLY",
+        36: "CLIENT_PROOF",
     }
     for spec in f.FRAME_TABLE:
         since = {
@@ -228,6 +236,7 @@ def test_table_matches_protocol_document() -> None:
             "CONFIRM": 4,
             "CONFIRMED": 4,
             "METADATA": 6,
+            "CLIENT_PROOF": 8,
         }
         assert spec.since_version == since.get(spec.name, 1)
         # Fields appended to a released frame, with the version that added them.
