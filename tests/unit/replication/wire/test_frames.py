@@ -729,7 +729,7 @@ def test_a_produce_at_version_6_has_no_producer_fields() -> None:
 def test_a_decoder_expects_exactly_the_fields_of_its_version() -> None:
     # Rule 5: never a guess from the field count.
     with pytest.raises(ProtocolError, match="PRODUCE: 8 fields, expected 10 at protocol version 7"):
-        f.decode(bytes.fromhex(PRODUCE_V6_HEX))
+        f.decode(bytes.fromhex(PRODUCE_V6_HEX), 7)
     with pytest.raises(ProtocolError, match="PRODUCE: 10 fields, expected 8 at protocol version 6"):
         f.decode(bytes.fromhex(GOLDEN[14][1]), 6)
 
