@@ -93,7 +93,9 @@ class CredentialSource:
 
     def __init__(self, given: ClientCredential | str | None) -> None:
         self.fixed = given if isinstance(given, ClientCredential) else None
-        self.path = None if self.fixed else (given or os.environ.get(CREDENTIALS_ENV) or None)
+        self.path: str | None = None
+        if not isinstance(given, ClientCredential):
+            self.path = given or os.environ.get(CREDENTIALS_ENV) or None
         if self.path is not None:
             load_credential(self.path)  # a wrong file fails now, not at the first request
 
