@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from kayos import limits
-from kayos.auth.keys import CLUSTER_PRINCIPAL, make_proof, proof_matches
+from kayos.auth.keys import CLUSTER_PRINCIPAL, cluster_client_key, make_proof, proof_matches
 from kayos.auth.table import Credential, CredentialsTable
 
 SCHEME: Final = "Kayos-Proof"
@@ -67,6 +67,14 @@ def http_authorization(
     nonce_hex = nonce.hex()
     proof = make_proof(client_key, http_message(method, path_qs, time_ms, nonce_hex))
     return f"{SCHEME} name={name}, time={time_ms}, nonce={nonce_hex}, proof={proof.hex()}"
+
+
+def cluster_authorization(
+    cluster_secret: bytes, method: str, path_qs: str, time_ms: int, nonce: bytes
+) -> str:
+    """The header of a request the cluster itself makes (a manager member's poll or watch)."""
+    client_key = cluster_client_key(cluster_secret)
+    return http_authorization(CLUSTER_PRINCIPAL, client_key, method, path_qs, time_ms, nonce)
 
 
 def binary_message(

@@ -28,6 +28,7 @@ from kayos.manager.member.config import ManagerSetup
 from kayos.manager.member.driver import Driver
 from kayos.manager.member.http import MemberState, make_app
 from kayos.manager.member.raft import Applied, ManagerLog
+from kayos.manager.member.watch import cluster_headers
 
 log = logging.getLogger("kayos.manager")
 
@@ -87,7 +88,10 @@ class Member:
         assert self.session is not None
         timeout = aiohttp.ClientTimeout(total=limits.manager_request_timeout_ms / 1000)
         try:
-            async with self.session.request(method, url, json=body, timeout=timeout) as reply:
+            headers = cluster_headers(self.setup.identity, method, url)
+            async with self.session.request(
+                method, url, json=body, timeout=timeout, headers=headers
+            ) as reply:
                 raw = await reply.read()
                 status = reply.status
         except (aiohttp.ClientError, TimeoutError) as exc:
