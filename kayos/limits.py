@@ -868,13 +868,15 @@ auth_clock_skew_ms_max = 60_000
 # proof at or before the newest forgotten one's time is refused as stale (never a replay let in).
 # 200,000 x ~80 bytes is ~16 MB, and holds two minutes of 1,600 HTTP requests a second.
 auth_nonces_max = 200_000
-# Refusals written to the node's log per minute; the rest are counted only (kayos_auth_refusals_total
-# counts every one): a stranger knocking in a loop must not fill the disk with log lines.
+# Refusals written to the node's log per minute; the rest are counted only
+# (kayos_auth_refusals_total counts every one): a stranger knocking in a loop must not fill the
+# disk with log lines.
 auth_refusal_log_lines_per_minute_max = 20
 # The credentials table's encoded size (JSON): what a node reads from its data directory and what
 # POST /v1/admin/credentials takes. 1,000 credentials of 2 secrets and a few grants fit in ~600 KB.
 credentials_table_bytes_max = 2 * 2**20
 
-assert credential_secret_bytes >= 32 and credential_salt_bytes >= 16
+assert credential_secret_bytes >= 32
+assert credential_salt_bytes >= 16
 assert credential_secrets_max == 2, "a rotation holds the old and the new secret, no more"
 assert auth_refusal_log_lines_per_minute_max >= 1

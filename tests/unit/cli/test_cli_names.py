@@ -43,6 +43,12 @@ TALKS_TO_A_CLUSTER: dict[str, list[str]] = {
     "ctl queue describe": ["q"],
     "ctl queue create": ["q", "--shards", "1", "--topology", "{topology}"],
     "ctl queue alter": ["q", "--shards", "2", "--topology", "{topology}"],
+    "ctl credentials list": [],
+    "ctl credentials add": ["app", "--grant", "produce=*", "--out", "{dir}/app.json"],
+    "ctl credentials rotate": ["app", "--out", "{dir}/app.json"],
+    "ctl credentials finish": ["app"],
+    "ctl credentials remove": ["app"],
+    "ctl credentials push": [],
 }
 MANAGER_ONLY = (
     "asks the cluster manager only: the members' addresses and the secret that signs the "
@@ -95,6 +101,12 @@ MEANINGS: dict[str, tuple[str, str]] = {
     # A process's own configuration file: a node's is the cluster's topology file (which the
     # other commands call --topology; the node's name predates them and every unit uses it),
     # the Kestrel front's its TOML settings.
+    "--certificate": ("a TLS client certificate's name", r"certificate"),
+    # A client credentials file (docs/security.md); every command that takes --cluster has it.
+    "--credentials": ("the credentials file every request proves", r"credentials file"),
+    "--credentials-table": ("a credentials table a node takes at start", r"credentials table"),
+    "--grant": ("ROLE=PATTERN, a credential's grant", r"ROLE\[\+ROLE\.\.\.\]=PATTERN"),
+    "--insecure": ("run open beyond loopback", r"open"),
     "--config": ("the configuration file of the process the command runs", r"TOML"),
     "--data": ("a data directory", r"data (directory|root)"),
     "--dir": ("where a benchmark or a campaign puts its files", r"^Where to put"),
