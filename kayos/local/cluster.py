@@ -465,7 +465,9 @@ class LocalCluster:
         """The node's ``GET /v1/status`` reply, or None if it does not answer with one."""
         try:
             code, body = http_json(
-                self.url(node) + "/v1/status", timeout_s=status_request_timeout_s
+                self.url(node) + "/v1/status",
+                timeout_s=status_request_timeout_s,
+                cluster_secret=self.identity.secret,
             )
         except (OSError, ValueError):
             return None
