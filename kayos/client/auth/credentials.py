@@ -52,7 +52,7 @@ class ClientCredential:
         return ClientProof(self.name, nonce, make_proof(self.client_key, message))
 
 
-_LOADED: dict[tuple[str, int, int], ClientCredential] = {}
+_LOADED: dict[tuple[str, int, int, int], ClientCredential] = {}
 
 
 def load_credential(path: str) -> ClientCredential:
@@ -60,7 +60,7 @@ def load_credential(path: str) -> ClientCredential:
     key derivation runs once per file version in a process."""
     try:
         status = os.stat(path)
-        key = (os.path.abspath(path), status.st_mtime_ns, status.st_size)
+        key = (os.path.abspath(path), status.st_ino, status.st_mtime_ns, status.st_size)
         if key in _LOADED:
             return _LOADED[key]
         with open(path, "rb") as handle:
