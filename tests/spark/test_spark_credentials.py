@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kayos.local.cluster import LocalCluster
-from tests.support.auth import add_credentials
+from tests.support.security.credentials import add_credentials
 
 pytestmark = pytest.mark.spark
 

@@ -218,6 +218,12 @@ def register(ctl: click.Group) -> None:
         change = lambda table: add_credential(table, name, parsed, secret, certificate)  # noqa: E731
         emit(_edit(cluster, timeout_s, change), as_json, _render)
 
+    _register_edits(credentials)
+
+
+def _register_edits(credentials: click.Group) -> None:
+    """``rotate``, ``finish``, ``remove`` and ``push``."""
+
     @credentials.command()
     @click.argument("name")
     @_out_option

@@ -15,8 +15,8 @@ import pytest
 from kayos.client.sync import Client
 from kayos.errors import KayosError
 from kayos.local.cluster import LocalCluster
-from tests.support.auth import add_credentials
 from tests.support.cluster import ctl, wait_until
+from tests.support.security.credentials import add_credentials
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -20,8 +20,14 @@ from kayos.client.binary import BinaryConnection
 from kayos.errors import KayosError
 from kayos.local.cluster import LocalCluster
 from kayos.replication.wire.frames import Produce, WaitCommitted
-from tests.support.auth import GRANTS, add_credentials, as_cluster, request, stolen_but_wrong
 from tests.support.cluster import produce_ok
+from tests.support.security.credentials import (
+    GRANTS,
+    add_credentials,
+    as_cluster,
+    request,
+    stolen_but_wrong,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

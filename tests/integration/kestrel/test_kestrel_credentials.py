@@ -15,7 +15,7 @@ from kayos.local.cluster import LocalCluster
 from kestrel_compat.backends.kayos_backend import KayosBackend
 from kestrel_compat.core.config import load_config
 from kestrel_compat.core.persistence import GroupState, NewEntry
-from tests.support.auth import add_credentials
+from tests.support.security.credentials import add_credentials
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -17,8 +17,8 @@ import pytest
 
 from kayos.auth.keys import parse_secret
 from kayos.local.cluster import LocalCluster
-from tests.support.auth import add_credentials, request, stolen_but_wrong
 from tests.support.cluster import WAIT_S, ctl, wait_until
+from tests.support.security.credentials import add_credentials, request, stolen_but_wrong
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
