@@ -875,6 +875,10 @@ auth_refusal_log_lines_per_minute_max = 20
 # The credentials table's encoded size (JSON): what a node reads from its data directory and what
 # POST /v1/admin/credentials takes. 1,000 credentials of 2 secrets and a few grants fit in ~600 KB.
 credentials_table_bytes_max = 2 * 2**20
+# A manager member reads the nodes' credentials table again, when a request needs it, once its
+# copy is this old: a credential added or removed reaches the managers' faces within 5 s, and a
+# busy face asks a node at most once per 5 s.
+manager_credentials_refresh_ms = 5_000
 
 assert credential_secret_bytes >= 32
 assert credential_salt_bytes >= 16

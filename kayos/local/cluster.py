@@ -345,7 +345,11 @@ class LocalCluster:
         if not self.manager_members:
             return None
         running = [m for m in self.manager_members if self.running(m.id)]
-        leader = wait_leader(running, self.ready_timeout_s if timeout_s is None else timeout_s)
+        leader = wait_leader(
+            running,
+            self.ready_timeout_s if timeout_s is None else timeout_s,
+            self.identity.secret,
+        )
         if leader is None:
             logs = "\n".join(f"{m}: {log_tail(self.log_path(m), 10)}" for m in self.manager_ids)
             raise ClusterError(f"the manager members elected no leader in time:\n{logs}")

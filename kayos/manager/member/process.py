@@ -26,6 +26,7 @@ from kayos.errors import (
 from kayos.manager import Action, Event, ManagerView
 from kayos.manager.member.config import ManagerSetup
 from kayos.manager.member.driver import Driver
+from kayos.manager.member.gate import ManagerDoor
 from kayos.manager.member.http import MemberState, make_app
 from kayos.manager.member.raft import Applied, ManagerLog
 from kayos.manager.member.watch import cluster_headers
@@ -163,7 +164,11 @@ class Member:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until ``stop``: serves HTTP; drives while leading."""
-        runner = web.AppRunner(make_app(self.state()), access_log=None)
+        door = ManagerDoor(
+            self.setup.identity,
+            lambda: [address.http_url for address in self.setup.topology.nodes.values()],
+        )
+        runner = web.AppRunner(make_app(self.state(), door), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, self.address.host, self.address.http_port)
         await site.start()

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from kayos.auth.keys import parse_secret
+from kayos.client.auth import load_credential
 from kayos.local.cluster import LocalCluster
 from tests.support.cluster import WAIT_S, ctl, wait_until
 from tests.support.security.credentials import add_credentials, request, stolen_but_wrong
@@ -102,6 +103,18 @@ def test_every_ctl_command_works_with_credentials_and_no_secret_is_ever_shown(
         code, status, err = ctl("status", "--json", *base, "--credentials", ops)
         replies += [json.dumps(status), err]
         assert status["auth"]["mode"] == "credentials", status["auth"]
+        # A manager member's face: admin only, as the nodes' table says.
+        manager = cluster.manager_url(cluster.manager_members[0].id)
+        for who, expected in (("nobody", 401), ("consumer", 403), ("ops", 200)):
+            sent = None if who == "nobody" else load_credential(str(files[who]))
+            status_code, reply = request(manager, "GET", "/v1/manager/status", None, sent)
+            replies.append(json.dumps(reply))
+            assert status_code == expected, (who, reply)
+        code, status, err = ctl(
+            "status", "--json", "--topology", topology, *base, "--credentials", ops
+        )
+        replies += [json.dumps(status), err]
+        assert status["manager"]["reachable"], status["manager"]
         # Strangers knock: wrong secrets for every name, and replays of a real proof.
         for name in ("ops", "producer", "nobody"):
             wrong = str(stolen_but_wrong(tmp_path, name))
