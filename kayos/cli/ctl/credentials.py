@@ -97,11 +97,56 @@ async def _push(
     }
 
 
+def _table_option(command: Any) -> Any:
+    return click.option(
+        "--table",
+        "table_path",
+        default=None,
+        type=click.Path(dir_okay=False),
+        help="Edit this credentials table file instead of a running cluster (made if missing): "
+        "what kayos node --credentials-table reads on a host before the cluster first starts.",
+    )(command)
+
+
+def _edit_file(path: str, change: Any, send: bool) -> dict[str, Any]:
+    """The offline edit: the table in ``path`` (empty if there is none yet), changed and
+    written back (mode 0600)."""
+    from kayos.auth.table import CredentialsTable, decode_table
+    from kayos.errors import KayosError
+    from kayos.identity import write_private
+
+    try:
+        if os.path.exists(path):
+            with open(path, "rb") as handle:
+                table = decode_table(handle.read(limits.credentials_table_bytes_max + 1))
+        else:
+            table = CredentialsTable()
+        changed = change(table)
+    except (KayosError, OSError) as exc:
+        raise CtlError(f"{path}: {exc}") from None
+    if send:
+        write_private(path, changed.encode().decode())
+    return {
+        "version": changed.version,
+        "nodes": {},
+        "credentials": changed.summary()["credentials"],
+        "exit_code": 0,
+        "missed": [],
+        "table": path,
+    }
+
+
 def _edit(
-    cluster: ClusterAddress, timeout_s: float, change: Any, send: bool = True
+    cluster: ClusterAddress,
+    timeout_s: float,
+    change: Any,
+    send: bool = True,
+    table_path: str | None = None,
 ) -> dict[str, Any]:
     """Reads, changes (``change(table) -> table``), pushes (``send``; else reports which nodes
-    hold the newest table)."""
+    hold the newest table); with ``table_path``, edits that file instead."""
+    if table_path is not None:
+        return _edit_file(table_path, change, send)
 
     async def work(transport: HttpTransport) -> dict[str, Any]:
         from kayos.errors import KayosError
@@ -170,12 +215,16 @@ def register(ctl: click.Group) -> None:
         """Client credentials and their roles (docs/security.md)."""
 
     @credentials.command("list")
+    @_table_option
     @cluster_option()
     @_timeout_option
     @click.option("--json", "as_json", is_flag=True, help="Print JSON instead.")
-    def list_(cluster: ClusterAddress, timeout_s: float, as_json: bool) -> None:
+    def list_(
+        table_path: str | None, cluster: ClusterAddress, timeout_s: float, as_json: bool
+    ) -> None:
         """Every credential's grants and whether it is rotating (no secret or key is shown)."""
-        emit(_edit(cluster, timeout_s, lambda table: table, send=False), as_json, _render)
+        result = _edit(cluster, timeout_s, lambda table: table, False, table_path)
+        emit(result, as_json, _render)
 
     @credentials.command()
     @click.argument("name")
@@ -193,6 +242,7 @@ def register(ctl: click.Group) -> None:
         help="A TLS client certificate's common name that stands in for it.",
     )
     @_out_option
+    @_table_option
     @cluster_option()
     @_timeout_option
     @click.option("--json", "as_json", is_flag=True, help="Print JSON instead.")
@@ -201,6 +251,7 @@ def register(ctl: click.Group) -> None:
         grants: tuple[str, ...],
         certificate: str | None,
         out_path: str,
+        table_path: str | None,
         cluster: ClusterAddress,
         timeout_s: float,
         as_json: bool,
@@ -216,7 +267,7 @@ def register(ctl: click.Group) -> None:
             raise click.BadParameter(str(exc)) from None
         secret = _new_secret_file(out_path, name)
         change = lambda table: add_credential(table, name, parsed, secret, certificate)  # noqa: E731
-        emit(_edit(cluster, timeout_s, change), as_json, _render)
+        emit(_edit(cluster, timeout_s, change, True, table_path), as_json, _render)
 
     _register_edits(credentials)
 
@@ -227,43 +278,68 @@ def _register_edits(credentials: click.Group) -> None:
     @credentials.command()
     @click.argument("name")
     @_out_option
+    @_table_option
     @cluster_option()
     @_timeout_option
     @click.option("--json", "as_json", is_flag=True, help="Print JSON instead.")
     def rotate(
-        name: str, out_path: str, cluster: ClusterAddress, timeout_s: float, as_json: bool
+        name: str,
+        out_path: str,
+        table_path: str | None,
+        cluster: ClusterAddress,
+        timeout_s: float,
+        as_json: bool,
     ) -> None:
         """Gives NAME a second secret (to --out): both are taken until `finish`."""
         from kayos.auth.table import rotate_credential
 
         secret = _new_secret_file(out_path, name)
+        change = lambda t: rotate_credential(t, name, secret)  # noqa: E731
+        emit(_edit(cluster, timeout_s, change, True, table_path), as_json, _render)
+
+    @credentials.command()
+    @click.argument("name")
+    @_table_option
+    @cluster_option()
+    @_timeout_option
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON instead.")
+    def finish(
+        name: str,
+        table_path: str | None,
+        cluster: ClusterAddress,
+        timeout_s: float,
+        as_json: bool,
+    ) -> None:
+        """Ends NAME's rotation: only its newest secret is taken from now on."""
+        from kayos.auth.table import finish_rotation
+
         emit(
-            _edit(cluster, timeout_s, lambda t: rotate_credential(t, name, secret)),
+            _edit(cluster, timeout_s, lambda t: finish_rotation(t, name), True, table_path),
             as_json,
             _render,
         )
 
     @credentials.command()
     @click.argument("name")
+    @_table_option
     @cluster_option()
     @_timeout_option
     @click.option("--json", "as_json", is_flag=True, help="Print JSON instead.")
-    def finish(name: str, cluster: ClusterAddress, timeout_s: float, as_json: bool) -> None:
-        """Ends NAME's rotation: only its newest secret is taken from now on."""
-        from kayos.auth.table import finish_rotation
-
-        emit(_edit(cluster, timeout_s, lambda t: finish_rotation(t, name)), as_json, _render)
-
-    @credentials.command()
-    @click.argument("name")
-    @cluster_option()
-    @_timeout_option
-    @click.option("--json", "as_json", is_flag=True, help="Print JSON instead.")
-    def remove(name: str, cluster: ClusterAddress, timeout_s: float, as_json: bool) -> None:
+    def remove(
+        name: str,
+        table_path: str | None,
+        cluster: ClusterAddress,
+        timeout_s: float,
+        as_json: bool,
+    ) -> None:
         """Removes NAME: its secrets are refused from now on."""
         from kayos.auth.table import remove_credential
 
-        emit(_edit(cluster, timeout_s, lambda t: remove_credential(t, name)), as_json, _render)
+        emit(
+            _edit(cluster, timeout_s, lambda t: remove_credential(t, name), True, table_path),
+            as_json,
+            _render,
+        )
 
     @credentials.command()
     @cluster_option()

@@ -136,6 +136,7 @@ MEANINGS: dict[str, tuple[str, str]] = {
     "--shard-mb": ("a shard's size in MiB", r"shard"),
     # The subject's: the cluster's shard count (init, up), a queue's (ctl queue create/alter).
     "--shards": ("how many shards", r"[Ss]hard"),
+    "--table": ("a credentials table file to edit offline", r"credentials table file"),
     "--timeout": ("seconds to wait before giving up", r"^Seconds to wait"),
     "--topology": ("the cluster's topology file", r"topology file"),
     "--until-consumed": ("retention: drop what every group consumed", r"consumed"),
