@@ -51,7 +51,7 @@ class Access:
         )
         self.window = NonceWindow()
         self.refusals = Counter(
-            "kayos_auth_refusals_total",
+            "kayos_auth_refusals",  # exposed as kayos_auth_refusals_total
             "Requests refused for their credential, by reason (docs/security.md)",
             ["reason"],
             registry=registry,

@@ -191,3 +191,20 @@ async def walk_binary(
                 assert state(cluster) == before_state, what
     finally:
         await connection.close()
+
+
+def test_a_group_commit_relayed_to_the_head_carries_the_clients_own_proof(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path / "cluster", nodes=3, replicas=3, shards=1) as cluster:
+        head = cluster.topology.shards[0].head
+        tail = next(node for node in cluster.ids if node != head)
+        produce_ok(cluster.url(head), QUEUE, [("k", "v")])
+        files = add_credentials(cluster, tmp_path)
+        consumer = load_credential(str(files["consumer"]))
+        path = f"/v1/queues/{QUEUE}/groups/relayed/commit"
+        status, reply = request(cluster.url(tail), "POST", path, {"hwm": 1}, consumer)
+        assert status == 200, reply
+        mark = as_cluster(cluster, head, f"/v1/queues/{QUEUE}/groups/relayed")
+        assert mark["hwm"] == 1
+        producer = load_credential(str(files["producer"]))
+        status, reply = request(cluster.url(tail), "POST", path, {"hwm": 1}, producer)
+        assert status == 403, reply
