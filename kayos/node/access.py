@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -139,6 +140,18 @@ class Access:
             log.warning("refused %s from %s: %d %s", what, peer, verdict.status, reason)
         elif self._logged == limits.auth_refusal_log_lines_per_minute_max + 1:
             log.warning("more refusals this minute are counted only (kayos_auth_refusals_total)")
+
+
+def certificate_subject(peercert: Any) -> str | None:
+    """The common name of a TLS client certificate (``ssl``'s ``getpeercert()`` form), or None:
+    a credential whose ``certificate`` is that name stands in for a proof."""
+    if not isinstance(peercert, dict):
+        return None
+    for entry in peercert.get("subject", ()):
+        for key, value in entry:
+            if key == "commonName" and isinstance(value, str):
+                return value
+    return None
 
 
 def refusal_error(verdict: Verdict) -> KayosError:

@@ -22,7 +22,7 @@ from kayos.auth.keys import CLUSTER_PRINCIPAL
 from kayos.auth.rules import Verdict, binary_rule
 from kayos.clock import Clock
 from kayos.errors import KayosError, ProtocolError, UnavailableError, WrongRoleError
-from kayos.node.access import Access, refusal_error
+from kayos.node.access import Access, certificate_subject, refusal_error
 from kayos.node.replicas.learners import Learner
 from kayos.node.reports import SuspectReports
 from kayos.replication.link.downstream import serve_downstream
@@ -231,6 +231,12 @@ class BinaryPort:
         if access.table.is_open:
             return
         peer = writer.get_extra_info("peername")
+        by_certificate = access.table.by_certificate(
+            certificate_subject(writer.get_extra_info("peercert")) or ""
+        )
+        if by_certificate is not None:  # a TLS client certificate stands in for a proof
+            self.credential[stream] = by_certificate.name
+            return
         identity = self.node.topology.identity
         if hello.protocol_version < fr.CLIENT_PROOF_PROTOCOL_VERSION_MIN or identity is None:
             verdict = Verdict(401, "missing")

@@ -10,19 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from kayos.auth.rules import http_rule
-from kayos.node.access import Access, parse_pushed_table, refusal_error
-
-
-def certificate_subject(peercert: Any) -> str | None:
-    """The common name of a TLS client certificate (``ssl``'s ``getpeercert()`` form), or None:
-    a credential whose ``certificate`` is that name stands in for a proof."""
-    if not isinstance(peercert, dict):
-        return None
-    for entry in peercert.get("subject", ()):
-        for key, value in entry:
-            if key == "commonName" and isinstance(value, str):
-                return value
-    return None
+from kayos.node.access import Access, certificate_subject, parse_pushed_table, refusal_error
 
 
 def make_gate(access: Access) -> Any:

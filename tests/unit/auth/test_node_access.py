@@ -75,3 +75,12 @@ def test_refusals_are_all_counted_and_logged_within_the_bound(
     header = ClientCredential("ops", good.client_key, clock).http_authorization("GET", "/v1/status")
     allowed = access.check_http(Rule("admin"), None, "GET", "/v1/status", header, None, "p")
     assert allowed.allowed
+
+
+def test_a_client_certificates_common_name_names_its_credential() -> None:
+    from kayos.node.access import certificate_subject
+
+    peercert = {"subject": ((("countryName", "NL"),), (("commonName", "orders-app"),))}
+    assert certificate_subject(peercert) == "orders-app"
+    assert certificate_subject(None) is None
+    assert certificate_subject({"subject": ()}) is None
