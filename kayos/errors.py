@@ -170,6 +170,13 @@ class WrongPeerError(Unauthenticated):
     code = "wrong_peer"
 
 
+class Forbidden(KayosError):
+    """A client proved its credential, but it does not hold the role the request needs on its
+    queue (docs/security.md, "Roles"): HTTP 403."""
+
+    code = "forbidden"
+
+
 class NotLeaderError(KayosError):
     """A manager member that does not lead was asked to change the view; ``redirect`` is the
     leader's HTTP URL when known (docs/manager.md, "HTTP endpoints")."""

@@ -882,3 +882,47 @@ bench_scale_weight_max = 100
 
 assert 0 < bench_scale_node_cpu_min < bench_scale_node_cpu_max
 assert bench_scale_weight_max >= 1
+
+# --- client identities and roles (kayos/auth/, docs/security.md) --------------------------------
+# A client credential's secret: random bytes, an HMAC-SHA256 key's own size. It is generated, never
+# chosen by a person, so its strength is in its length; the PBKDF2 below only slows a guess at a
+# stolen table further.
+credential_secret_bytes = 32
+credential_salt_bytes = 16
+# PBKDF2-HMAC-SHA256 rounds from a secret to its stored key: a client pays them once per process
+# (about 25 ms on this project's 2-core box), a node never (it checks proofs against the stored
+# key). A table may name more, never fewer.
+credential_pbkdf2_rounds_min = 50_000
+# A credential's name: printable ASCII without spaces or commas (it travels in a header).
+credential_name_chars_max = 64
+# Credentials in one table, grants per credential, and secrets a credential holds at once (two:
+# the old and the new during a rotation).
+credentials_max = 1_000
+credential_grants_max = 32
+credential_secrets_max = 2
+# An HTTP request's proof carries the client's clock; a node takes it within this much of its own
+# (either way). Wide enough for hosts kept by NTP (milliseconds apart), narrow enough that a
+# replayed request has to be replayed soon, while its nonce is still remembered.
+auth_clock_skew_ms_max = 60_000
+# Nonces a node remembers to refuse a replayed proof; past this the oldest are forgotten and every
+# proof at or before the newest forgotten one's time is refused as stale (never a replay let in).
+# 200,000 entries at ~210 bytes each in CPython (measured: ~127 for the ordered dict's entry and
+# its int, ~81 for the 32-character key) are ~42 MB, and hold two minutes of 1,600 proved HTTP
+# requests a second.
+auth_nonces_max = 200_000
+# Refusals written to the node's log per minute; the rest are counted only
+# (kayos_auth_refusals_total counts every one): a stranger knocking in a loop must not fill the
+# disk with log lines.
+auth_refusal_log_lines_per_minute_max = 20
+# The credentials table's encoded size (JSON): what a node reads from its data directory and what
+# POST /v1/admin/credentials takes. 1,000 credentials of 2 secrets and a few grants fit in ~600 KB.
+credentials_table_bytes_max = 2 * 2**20
+# A manager member reads the nodes' credentials table again, when a request needs it, once its
+# copy is this old: a credential added or removed reaches the managers' faces within 5 s, and a
+# busy face asks a node at most once per 5 s.
+manager_credentials_refresh_ms = 5_000
+
+assert credential_secret_bytes >= 32
+assert credential_salt_bytes >= 16
+assert credential_secrets_max == 2, "a rotation holds the old and the new secret, no more"
+assert auth_refusal_log_lines_per_minute_max >= 1

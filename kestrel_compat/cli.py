@@ -26,7 +26,9 @@ async def _serve(
         from kestrel_compat.backends.kayos_backend import KayosBackend
 
         try:
-            backend = await KayosBackend.connect(list(cluster.urls))
+            backend = await KayosBackend.connect(
+                list(cluster.urls), credentials=config.server.kayos_credentials
+            )
         except KayosError as exc:
             raise click.ClickException(f"{exc.code}: {exc}{cluster.hint()}") from exc
     server = KestrelServer(config, config_path=config_path, backend=backend)

@@ -20,7 +20,7 @@ from typing import Any
 
 from chaos import checker
 from chaos.history import Event, Note, Produce, Recorder, dump_jsonl
-from chaos.procs import drains, faults, losses, membership, moves, netfaults
+from chaos.procs import drains, faults, guard, losses, membership, moves, netfaults
 from chaos.procs.workload import Consumer, Producer, join_timeout_s
 from kayos.errors import KayosError
 from kayos.local.cluster import LocalCluster
@@ -58,6 +58,9 @@ class Config:
     managers: int = 3
     gap_s: tuple[float, float] = (gap_s_min, gap_s_max)
     base_dir: Path | None = None
+    # The cluster holds client credentials: the workload proves its own, and strangers also
+    # knock with stolen-but-wrong ones (chaos/procs/guard.py, docs/security.md).
+    credentials: bool = False
     history_path: Path | None = None
     echo: Callable[[str], None] = field(default=lambda _line: None)
 
@@ -81,6 +84,8 @@ class Report:
     spare: dict[str, Any] = field(default_factory=dict)
     hostile_requests: int = 0
     strangers_refused: int = 0
+    # Requests strangers made with stolen-but-wrong credentials (every one must be refused).
+    stolen_credential_tries: int = 0
     produce_calls: dict[str, int] = field(default_factory=dict)
     heads_seen: int = 0
     epoch_max: int = 0
@@ -119,6 +124,7 @@ class Report:
             **({"losses": self.losses, "restore_s": self.restore_s} if self.losses else {}),
             "hostile_requests": self.hostile_requests,
             "strangers_refused": self.strangers_refused,
+            "stolen_credential_tries": self.stolen_credential_tries,
             "produce_calls": self.produce_calls,
             "heads_seen": self.heads_seen,
             "epoch_max": self.epoch_max,
@@ -306,8 +312,20 @@ def run(config: Config) -> Report:
     report = Report(config.seed, replay_args=replay_args(config))
     base = config.base_dir or Path(tempfile.mkdtemp(prefix=f"kayos-chaos-{config.seed}-"))
     report.base_dir = str(base)
-    recorder = Recorder()
     cluster = _start_cluster(config, base, report)
+    try:
+        credentials = guard.enable_credentials(cluster, base) if config.credentials else None
+    except BaseException:
+        cluster.stop()
+        raise
+    with guard.credentials_in_env(credentials):
+        return _run(config, report, base, began, cluster)
+
+
+def _run(config: Config, report: Report, base: Path, began: float, cluster: LocalCluster) -> Report:
+    """The campaign on its started cluster: load, faults, heal, drain, check; the cluster is
+    wound down whatever happens."""
+    recorder = Recorder()
     producers: list[Producer] = []
     consumers: list[Consumer] = []
     monitor = membership.HeadMonitor(cluster)
@@ -505,6 +523,7 @@ def _fault_phase(cluster: LocalCluster, config: Config, recorder: Recorder, repo
                 report.restore_s.append(float(result["kill_to_full_redundancy_s"]))
         report.hostile_requests += int(result.get("requests", 0))
         report.strangers_refused += int(bool(result.get("refused", False)))
+        report.stolen_credential_tries += int(result.get("stolen_tries", 0))
         for what in result.get("unexpected", []):
             report.violations.append(
                 {"property": "fault", "message": what, "detail": fault.to_json()}

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from chaos.procs import drains, losses, membership, moves, netfaults
+from chaos.procs import drains, guard, losses, membership, moves, netfaults
 from kayos import limits
 from kayos.local.cluster import LocalCluster
 from kayos.replication.wire import frames as fr
@@ -272,9 +272,18 @@ def _stranger(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
                     )
                 elif isinstance(frame, fr.AuthOk | fr.HelloOk | fr.Subscribed):
                     accepted = True
-    result: dict[str, Any] = {"frames": frames_seen, "refused": not accepted}
+    # Then stolen-but-wrong credentials, when the node holds any (chaos/procs/guard.py).
+    stolen = guard.knock_with_stolen_names(cluster, fault.node)
+    result: dict[str, Any] = {
+        "frames": frames_seen,
+        "refused": not accepted and not stolen["let_in"],
+        "stolen_tries": stolen["tries"],
+    }
+    unexpected = list(stolen["let_in"])
     if accepted:
-        result["unexpected"] = [f"node {fault.node} let a stranger in: {frames_seen}"]
+        unexpected.append(f"node {fault.node} let a stranger in: {frames_seen}")
+    if unexpected:
+        result["unexpected"] = unexpected
     return result
 
 

@@ -45,7 +45,7 @@ def manager_view(cluster: LocalCluster) -> dict[str, Any] | None:
     for member in cluster.manager_members:
         if not cluster.running(member.id):
             continue
-        status = member_status(member)
+        status = member_status(member, cluster.identity.secret)
         if status is not None and status.get("leader") == member.id and status.get("ready"):
             view = status.get("view")
             return view if isinstance(view, dict) else None

@@ -196,9 +196,43 @@ def cluster_option(
         decorated: Command = click.option(
             "--cluster", "cluster", multiple=True, metavar="URL", help=help_text
         )(wrapped)
-        return decorated
+        return credentials_option(decorated)
 
     return decorate
+
+
+# The environment variable that names a client's credentials file (kayos/client/auth/).
+CREDENTIALS_ENV = "KAYOS_CREDENTIALS"
+
+
+def _use_credentials(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    """Checks the file now (a clear error before any request) and names it for every client
+    this process makes (they read ``KAYOS_CREDENTIALS`` when given none)."""
+    if value is None:
+        return
+    from kayos.client.auth import load_credential
+    from kayos.errors import KayosError
+
+    try:
+        load_credential(value)
+    except KayosError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+    os.environ[CREDENTIALS_ENV] = value
+
+
+def credentials_option(command: Command) -> Command:
+    """``--credentials FILE``: the client credential every request proves (docs/security.md)."""
+    decorated: Command = click.option(
+        "--credentials",
+        type=click.Path(dir_okay=False),
+        expose_value=False,
+        callback=_use_credentials,
+        help=(
+            "The credentials file (name and secret) every request proves, for a cluster that "
+            f"holds credentials. Default: ${CREDENTIALS_ENV}, else none (docs/security.md)."
+        ),
+    )(command)
+    return decorated
 
 
 def _dest(flag: str) -> str:

@@ -88,6 +88,20 @@ def _host_port(text: str | None, flag: str) -> tuple[str, int] | None:
     metavar="HOST:PORT",
     help="Bind the binary port here instead of the topology's address (a proxy in front).",
 )
+@click.option(
+    "--insecure",
+    is_flag=True,
+    help="Run open although the node listens beyond loopback with no client credentials "
+    '(docs/security.md, "Safe defaults").',
+)
+@click.option(
+    "--credentials-table",
+    "credentials_table_path",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="A credentials table (JSON, docs/security.md) the node takes at start if it is newer "
+    "than the one in its data directory.",
+)
 def node(
     config_path: str,
     node_id: str,
@@ -95,11 +109,15 @@ def node(
     log_level: str,
     listen_http: str | None,
     listen_bin: str | None,
+    insecure: bool,
+    credentials_table_path: str | None,
 ) -> None:
     """Run one node of a cluster in the foreground until SIGINT/SIGTERM."""
     import asyncio
     import logging
 
+    from kayos import limits
+    from kayos.auth.table import decode_table
     from kayos.errors import KayosError
     from kayos.manager.member.config import members_from
     from kayos.node.server import Listen, serve
@@ -113,7 +131,21 @@ def node(
         topology = Topology.load(config_path)
         # Manager members in the file: the chains can be spliced, so heads need a lease.
         managed = bool(members_from(config_path))
-        asyncio.run(serve(topology, node_id, data_dir, listen=listen, managed=managed))
+        table = None
+        if credentials_table_path is not None:
+            with open(credentials_table_path, "rb") as handle:
+                table = decode_table(handle.read(limits.credentials_table_bytes_max + 1))
+        asyncio.run(
+            serve(
+                topology,
+                node_id,
+                data_dir,
+                listen=listen,
+                managed=managed,
+                insecure=insecure,
+                credentials_table=table,
+            )
+        )
     except KayosError as exc:  # refused at start: a bad file, another cluster's data directory
         raise click.ClickException(f"{exc.code}: {exc}") from exc
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from kayos import limits
 from kayos.checks import check_group_name, check_u64
+from kayos.client.auth import ClientCredential
 from kayos.client.http import HttpTransport
 from kayos.client.paging import first_pages, snapshot_pages
 from kayos.client.policy import Purpose, RetryPolicy
@@ -75,6 +76,7 @@ class AsyncClient:
         clock: Clock = SYSTEM_CLOCK,
         producer_id: bytes | None = None,
         follow: bool = True,
+        credentials: ClientCredential | str | None = None,
     ) -> None:
         self.seeds = [seeds] if isinstance(seeds, str) else list(seeds)
         if not self.seeds:
@@ -99,7 +101,9 @@ class AsyncClient:
         if type(self.producer_id) is not bytes or len(self.producer_id) != 16:
             raise InvalidRequest(f"producer_id must be 16 bytes, got {self.producer_id!r}")
         self._producer_seqs = ProducerSeqs()
-        self._http = HttpTransport()
+        # What every request proves (docs/security.md): a credentials file's path, or None for
+        # KAYOS_CREDENTIALS's file if set.
+        self._http = HttpTransport(credential=credentials)
         # Reads seeds, name, policy, rng and clock from here at each use.
         self._router = Router(self, self._http)
 

@@ -19,11 +19,19 @@ from collections.abc import Callable
 from typing import Generic, NamedTuple, TypeVar
 
 from kayos import limits
+from kayos.client.auth import ClientCredential
 from kayos.client.policy import Purpose, error_from_frame
 from kayos.clock import SYSTEM_CLOCK, Clock
-from kayos.errors import KayosError, OperationTimeoutError, ProtocolError, UnavailableError
+from kayos.errors import (
+    KayosError,
+    OperationTimeoutError,
+    ProtocolError,
+    Unauthenticated,
+    UnavailableError,
+)
 from kayos.replication.wire.frames import (
     PROTOCOL_VERSION,
+    AuthChallenge,
     CommittedReply,
     ErrorFrame,
     Frame,
@@ -137,6 +145,7 @@ class BinaryConnection:
         port: int,
         *,
         name: str,
+        credential: ClientCredential | None = None,
         timeout_s: float = limits.client_connect_timeout_ms / 1000,
         in_flight_max: int = limits.client_in_flight_requests_max,
         clock: Clock = SYSTEM_CLOCK,
@@ -155,7 +164,7 @@ class BinaryConnection:
         )
         try:
             async with asyncio.timeout(timeout_s):
-                await connection._handshake(name)
+                await connection._handshake(name, credential)
         except BaseException as exc:
             connection._abort()
             if isinstance(exc, TimeoutError):
@@ -166,13 +175,18 @@ class BinaryConnection:
         connection._reader_task = asyncio.create_task(connection._read_loop())
         return connection
 
-    async def _handshake(self, name: str) -> None:
+    async def _handshake(self, name: str, credential: ClientCredential | None = None) -> None:
         self._writer.write(encode(Hello(PROTOCOL_VERSION, name, None, 0, "client")))
-        frames: list[Frame] = []
-        while not frames:
-            data = await self._read_some()
-            frames = self._decoder.feed(data)
+        frames = await self._next_frames()
         first = frames[0]
+        if isinstance(first, AuthChallenge):  # the node holds credentials (docs/security.md)
+            if credential is None:
+                raise Unauthenticated(
+                    f"node {self.node} needs a credential (KAYOS_CREDENTIALS or credentials=)"
+                )
+            self._writer.write(encode(credential.binary_proof(first.cluster_id, first.nonce)))
+            frames = frames[1:] or await self._next_frames()
+            first = frames[0]
         if isinstance(first, ErrorFrame):
             raise error_from_frame(first)
         if not isinstance(first, HelloOk):
@@ -182,6 +196,12 @@ class BinaryConnection:
         self._decoder.protocol_version = self.protocol_version
         for frame in frames[1:]:  # a node may pipeline after HELLO_OK (a PING, say)
             self._dispatch(frame)
+
+    async def _next_frames(self) -> list[Frame]:
+        frames: list[Frame] = []
+        while not frames:
+            frames = self._decoder.feed(await self._read_some())
+        return frames
 
     async def _read_some(self) -> bytes:
         try:

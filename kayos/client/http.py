@@ -9,8 +9,10 @@ from typing import Any
 
 import aiohttp
 import msgpack
+from yarl import URL
 
 from kayos import limits
+from kayos.client.auth import ClientCredential, CredentialSource
 from kayos.client.policy import error_from_http
 from kayos.errors import OperationTimeoutError, ProtocolError, UnavailableError
 
@@ -32,11 +34,24 @@ def decode_body(content_type: str, raw: bytes) -> Any:
 
 
 class HttpTransport:
-    """Requests to nodes' HTTP API. ``open`` must run inside the event loop that uses it."""
+    """Requests to nodes' HTTP API. ``open`` must run inside the event loop that uses it.
+    ``credential``: what each request proves (a file's path, or None: ``KAYOS_CREDENTIALS``'s
+    file if set, else no proof)."""
 
-    def __init__(self, *, connections_max: int = limits.client_http_connections_max) -> None:
+    def __init__(
+        self,
+        *,
+        connections_max: int = limits.client_http_connections_max,
+        credential: ClientCredential | str | None = None,
+    ) -> None:
         self._connections_max = connections_max
         self._session: aiohttp.ClientSession | None = None
+        self.credentials = CredentialSource(credential)
+
+    @property
+    def credential(self) -> ClientCredential | None:
+        """The credential now (its file is read again when it changes)."""
+        return self.credentials.current()
 
     async def open(self) -> None:
         if self._session is None:
@@ -62,6 +77,12 @@ class HttpTransport:
         if self._session is None:
             raise UnavailableError("the client is not connected (call connect() first)")
         headers = {"Accept": MSGPACK}
+        target = URL(url)
+        if params:
+            target = target.update_query(params)
+        credential = self.credential
+        if credential is not None:  # the proof covers the path and query as sent
+            headers["Authorization"] = credential.http_authorization(method, target.raw_path_qs)
         data = None
         if body is not None:
             headers["Content-Type"] = MSGPACK
@@ -69,9 +90,7 @@ class HttpTransport:
         try:
             async with (
                 asyncio.timeout(timeout_s),
-                self._session.request(
-                    method, url, params=params, data=data, headers=headers
-                ) as response,
+                self._session.request(method, target, data=data, headers=headers) as response,
             ):
                 raw = await response.read()
                 status = response.status

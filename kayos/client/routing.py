@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 from kayos import limits
+from kayos.client.auth import ClientCredential
 from kayos.client.binary import BinaryConnection
 from kayos.client.http import HttpTransport
 from kayos.client.policy import (
@@ -83,8 +84,12 @@ class Connection(Protocol):
 Connect = Callable[[str, NodeAddr, str], Awaitable[Connection]]
 
 
-async def open_binary(node: str, address: NodeAddr, name: str) -> Connection:
-    return await BinaryConnection.open(node, address.host, address.bin_port, name=name)
+async def open_binary(
+    node: str, address: NodeAddr, name: str, credential: ClientCredential | None = None
+) -> Connection:
+    return await BinaryConnection.open(
+        node, address.host, address.bin_port, name=name, credential=credential
+    )
 
 
 class _Pending:
@@ -104,10 +109,15 @@ class Router:
     thread-safe: used from the client's event loop."""
 
     def __init__(
-        self, settings: Settings, http: HttpTransport, *, connect: Connect = open_binary
+        self, settings: Settings, http: HttpTransport, *, connect: Connect | None = None
     ) -> None:
         self.settings = settings
         self.http = http
+        if connect is None:  # the binary port proves what the HTTP requests prove
+
+            async def connect(node: str, address: NodeAddr, name: str) -> Connection:
+                return await open_binary(node, address, name, http.credential)
+
         self.current: Topology | None = None  # the cached topology (None: not yet known)
         self._current_at_s = 0.0  # clock.monotonic_s() when it was installed
         self._connect = connect

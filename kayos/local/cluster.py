@@ -345,7 +345,11 @@ class LocalCluster:
         if not self.manager_members:
             return None
         running = [m for m in self.manager_members if self.running(m.id)]
-        leader = wait_leader(running, self.ready_timeout_s if timeout_s is None else timeout_s)
+        leader = wait_leader(
+            running,
+            self.ready_timeout_s if timeout_s is None else timeout_s,
+            self.identity.secret,
+        )
         if leader is None:
             logs = "\n".join(f"{m}: {log_tail(self.log_path(m), 10)}" for m in self.manager_ids)
             raise ClusterError(f"the manager members elected no leader in time:\n{logs}")
@@ -465,7 +469,9 @@ class LocalCluster:
         """The node's ``GET /v1/status`` reply, or None if it does not answer with one."""
         try:
             code, body = http_json(
-                self.url(node) + "/v1/status", timeout_s=status_request_timeout_s
+                self.url(node) + "/v1/status",
+                timeout_s=status_request_timeout_s,
+                cluster_secret=self.identity.secret,
             )
         except (OSError, ValueError):
             return None

@@ -4,17 +4,36 @@ and the tests ask a node or a manager member, without the client's retries."""
 from __future__ import annotations
 
 import json
+import os
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
+from kayos.auth.proof import cluster_authorization
+
 
 def http_json(
-    url: str, *, method: str = "GET", body: Any = None, timeout_s: float = 10.0
+    url: str,
+    *,
+    method: str = "GET",
+    body: Any = None,
+    timeout_s: float = 10.0,
+    cluster_secret: bytes | None = None,
 ) -> tuple[int, Any]:
-    """One JSON request; returns (status, decoded body) for success and error replies alike."""
+    """One JSON request; returns (status, decoded body) for success and error replies alike.
+    ``cluster_secret``: the request proves the cluster's own principal (docs/security.md), as the
+    launcher does for its status polls of a cluster that holds credentials."""
     data = None if body is None else json.dumps(body).encode()
     headers = {"Content-Type": "application/json"} if data is not None else {}
+    if cluster_secret is not None:
+        path_qs = urllib.parse.urlsplit(url)
+        target = path_qs.path + (f"?{path_qs.query}" if path_qs.query else "")
+        now_ms = int(time.time() * 1000)
+        headers["Authorization"] = cluster_authorization(
+            cluster_secret, method, target, now_ms, os.urandom(16)
+        )
     request = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310 - http URLs we built
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310

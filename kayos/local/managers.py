@@ -4,12 +4,11 @@ started, and when the group is ready. A face: it reaches members over HTTP only
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-import urllib.request
 from typing import Any
 
+from kayos.local.http import http_json
 from kayos.manager.member.config import MemberAddr
 
 # Members of a local cluster: three survive one failure (docs/manager.md).
@@ -43,25 +42,32 @@ def manager_command(topology_path: str, member: str, data_dir: str) -> list[str]
     ]  # fmt: skip
 
 
-def member_status(member: MemberAddr) -> dict[str, Any] | None:
-    """The member's ``GET /v1/manager/status`` reply, or None if it does not answer with one."""
-    url = member.http_url + "/v1/manager/status"
+def member_status(member: MemberAddr, cluster_secret: bytes | None = None) -> dict[str, Any] | None:
+    """The member's ``GET /v1/manager/status`` reply, or None if it does not answer with one.
+    ``cluster_secret``: the request proves the cluster's own principal (a cluster that holds
+    client credentials answers its status to an admin only: docs/security.md)."""
     try:
-        with urllib.request.urlopen(url, timeout=status_timeout_s) as reply:  # noqa: S310 - loopback URL we built
-            body = json.loads(reply.read())
+        code, body = http_json(
+            member.http_url + "/v1/manager/status",
+            timeout_s=status_timeout_s,
+            cluster_secret=cluster_secret,
+        )
     except (OSError, ValueError):
         return None
-    return body if isinstance(body, dict) else None
+    return body if code == 200 and isinstance(body, dict) else None
 
 
 def wait_leader(
-    members: list[MemberAddr], timeout_s: float = leader_timeout_s_default
+    members: list[MemberAddr],
+    timeout_s: float = leader_timeout_s_default,
+    cluster_secret: bytes | None = None,
 ) -> str | None:
     """The member every live member names as leader, once they agree and it leads (its own
     status says so); None if the bound passes first."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        statuses = [s for s in (member_status(m) for m in members) if s is not None]
+        answers = (member_status(m, cluster_secret) for m in members)
+        statuses = [s for s in answers if s is not None]
         leaders = {s.get("leader") for s in statuses}
         if statuses and len(leaders) == 1:
             leader = leaders.pop()

@@ -12,13 +12,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import socket
 from collections.abc import Sequence
 from typing import Protocol
 
 from kayos import limits
+from kayos.auth.keys import CLUSTER_PRINCIPAL
+from kayos.auth.rules import Verdict, binary_rule
 from kayos.clock import Clock
 from kayos.errors import KayosError, ProtocolError, UnavailableError, WrongRoleError
+from kayos.node.access import Access, certificate_subject, refusal_error
 from kayos.node.replicas.learners import Learner
 from kayos.node.reports import SuspectReports
 from kayos.replication.link.downstream import serve_downstream
@@ -44,6 +48,7 @@ class Node(Protocol):
     replicas: dict[int, ShardReplica]
     learners: dict[int, Learner]
     reports: SuspectReports
+    access: Access
 
     @property
     def epoch(self) -> int: ...
@@ -74,6 +79,8 @@ class BinaryPort:
         # many were closed at the bound since the count was last zero.
         self.handshaking = 0
         self.handshakes_refused = 0
+        # The credential each client connection proved (None: the cluster ran open then).
+        self.credential: dict[FrameStream, str | None] = {}
 
     async def start(self, bin_listener: socket.socket | None) -> None:
         """Serves on ``bin_listener`` if given (bound, not yet listening), else on a socket bound
@@ -168,6 +175,7 @@ class BinaryPort:
             # error, so a handler ends quietly instead of re-raising.
             pass
         finally:
+            self.credential.pop(stream, None)
             if pinger is not None:
                 pinger.cancel()
             stream.close()
@@ -191,6 +199,7 @@ class BinaryPort:
         if hello.epoch > self.node.epoch:
             raise UnavailableError(f"epoch {hello.epoch} is newer than {self.node.epoch}")
         if hello.role == "client":
+            await self._client_credential(stream, hello, writer)
             return hello
         if hello.shard is None:
             raise ProtocolError(f"a {hello.role} HELLO names no shard")
@@ -211,6 +220,66 @@ class BinaryPort:
         )
         return hello
 
+    async def _client_credential(
+        self, stream: FrameStream, hello: fr.Hello, writer: asyncio.StreamWriter
+    ) -> None:
+        """A node holding client credentials has the client prove one (AUTH_CHALLENGE, then
+        CLIENT_PROOF: docs/replication-protocol.md, "Handshake"); the name it proved is kept for
+        the connection's requests. Raises ``Unauthenticated`` (counted and logged)."""
+        access = self.node.access
+        self.credential[stream] = None
+        if access.table.is_open:
+            return
+        peer = writer.get_extra_info("peername")
+        by_certificate = access.table.by_certificate(
+            certificate_subject(writer.get_extra_info("peercert")) or ""
+        )
+        if by_certificate is not None:  # a TLS client certificate stands in for a proof
+            self.credential[stream] = by_certificate.name
+            return
+        identity = self.node.topology.identity
+        if hello.protocol_version < fr.CLIENT_PROOF_PROTOCOL_VERSION_MIN or identity is None:
+            verdict = Verdict(401, "missing")
+            access.refused(verdict, "binary HELLO", peer)
+            raise refusal_error(verdict)
+        server_nonce = secrets.token_bytes(limits.auth_nonce_bytes)
+        stream.send(fr.AuthChallenge(identity.cluster_uuid, server_nonce))
+        answer = await stream.recv()
+        if not isinstance(answer, fr.ClientProof):
+            raise ProtocolError("a challenged client answers CLIENT_PROOF")
+        who, reason = access.check_binary_proof(
+            server_nonce, answer.nonce, answer.name, answer.proof, identity.cluster_uuid
+        )
+        if who is None:
+            verdict = Verdict(401, reason)
+            access.refused(verdict, "binary CLIENT_PROOF", peer)
+            raise refusal_error(verdict)
+        self.credential[stream] = answer.name
+
+    def _refusal(
+        self, stream: FrameStream, frame: fr.Produce | fr.WaitCommitted
+    ) -> fr.Frame | None:
+        """The ERROR a request gets when its connection's credential may not make it, or None."""
+        access = self.node.access
+        if access.table.is_open:
+            return None
+        name = self.credential.get(stream)
+        who = (
+            None
+            if name is None
+            else name
+            if name == CLUSTER_PRINCIPAL
+            else access.table.credentials.get(name)
+        )
+        if isinstance(frame, fr.Produce):
+            rule, queue, what = binary_rule("PRODUCE"), frame.queue, f"PRODUCE {frame.queue}"
+        else:
+            rule, queue, what = binary_rule("WAIT_COMMITTED"), None, "WAIT_COMMITTED"
+        verdict = access.check_binary(who, rule, queue, what, name)
+        if verdict.allowed:
+            return None
+        return error_frame(refusal_error(verdict), frame.request_id, self.node.epoch)
+
     async def _serve_client(self, stream: FrameStream) -> None:
         slots = asyncio.Semaphore(limits.connection_in_flight_requests_max)
         tasks: set[asyncio.Task[None]] = set()
@@ -220,6 +289,10 @@ class BinaryPort:
                 if frame is None:
                     return
                 if isinstance(frame, fr.Produce | fr.WaitCommitted):
+                    refusal = self._refusal(stream, frame)
+                    if refusal is not None:  # refused before anything is read or written
+                        stream.send(refusal)
+                        continue
                     await slots.acquire()
                     task = asyncio.create_task(self._client_request(stream, frame))
                     tasks.add(task)

@@ -38,6 +38,7 @@ from kayos.errors import (
     WrongRoleError,
 )
 from kayos.identity import check_data_dir
+from kayos.node.access import Access
 from kayos.node.binary_port import BinaryPort
 from kayos.node.lag import HWM_META as HWM_META  # `x as x`: importable from here still
 from kayos.node.lag import marks_of
@@ -123,6 +124,8 @@ class Node:
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
         )
         self.retention = RetentionDriver(self, self.registry)
+        # The credentials table and the door every request passes (docs/security.md).
+        self.access = Access(data_dir, topology.identity, self.clock, self.registry)
         # Messages per shard this node accepted for produce (at a head; an acks=0 batch once
         # queued) and served in consume pages, since it started: one add per batch or page.
         self.produced: collections.Counter[int] = collections.Counter()
@@ -477,7 +480,14 @@ class Node:
         return await replica.wait_committed(seq, timeout_ms / 1000)
 
     def status(self) -> dict[str, Any]:
-        return node_status(self)
+        document = node_status(self)
+        table = self.access.table  # whether the cluster runs open; never a key
+        document["auth"] = {
+            "mode": "open" if table.is_open else "credentials",
+            "table_version": table.version,
+            "credentials": len(table.credentials),
+        }
+        return document
 
     def latency(self) -> dict[str, dict[str, Any]]:
         return neighbour_latency(self.replicas.values(), self.clock.monotonic_s())

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from kayos import limits
+from kayos.auth.rules import open_bind_problem
+from kayos.auth.table import CredentialsTable
 from kayos.datadir import DirectoryLock
-from kayos.errors import AddressInUseError
+from kayos.errors import AddressInUseError, InvalidRequest
 from kayos.node.http.app import make_app
 from kayos.node.runtime import Node
 from kayos.ports import address_in_use, bind_listener
@@ -38,6 +40,9 @@ async def serve(
     ready: asyncio.Event | None = None,
     listen: Listen | None = None,
     managed: bool = False,
+    *,
+    insecure: bool = False,
+    credentials_table: CredentialsTable | None = None,
 ) -> None:
     """Serves until SIGINT/SIGTERM, then closes links and stores cleanly.
 
@@ -45,10 +50,16 @@ async def serve(
     ports, and only then open the stores and contact peers; a held lock
     (``DirectoryInUseError``) or a taken port (``AddressInUseError``) ends it before that.
     ``listen`` binds elsewhere than the topology's address (a proxy in front of the node);
-    ``managed``: manager members can splice the chains (the node's lease, docs/manager.md)."""
+    ``managed``: manager members can splice the chains (the node's lease, docs/manager.md).
+    ``credentials_table``: offered to the node before it serves (taken if newer than its own);
+    with no credentials a node bound off loopback refuses to start unless ``insecure``
+    (docs/security.md, "Safe defaults")."""
     node = Node(topology, node_id, data_dir, managed=managed)
     lock = DirectoryLock.acquire(data_dir, what=f"node {node_id}'s data dir")
     try:
+        if credentials_table is not None:
+            node.access.install(credentials_table)
+        check_open_bind(node, listen or Listen(), insecure)
         http_listener, bin_listener = bind_ports(node, listen)
     except BaseException:
         lock.release()
@@ -58,6 +69,16 @@ async def serve(
     finally:
         http_listener.close()
         lock.release()  # last: after the stores are closed
+
+
+def check_open_bind(node: Node, listen: Listen, insecure: bool) -> None:
+    """The auth half of the safe default: ``InvalidRequest`` when the node would listen off
+    loopback with no client credentials and ``insecure`` was not given."""
+    address = node.address
+    hosts = [(listen.http or (address.host, 0))[0], (listen.bin or (address.host, 0))[0]]
+    problem = open_bind_problem(hosts, node.access.table, insecure)
+    if problem is not None:
+        raise InvalidRequest(problem)
 
 
 def _port_words(node: Node, field: str) -> tuple[str, str]:

@@ -83,6 +83,8 @@ class SourceOptions:
     timeout_s: float | None
     retries: int | None
     page_rows: int
+    # A client credentials file (docs/security.md), readable at that path on every executor.
+    credentials: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
@@ -134,6 +136,7 @@ class SourceOptions:
             timeout_s=timeout_s,
             retries=_int_option(options, "kayos.retries"),
             page_rows=page_rows,
+            credentials=_option(options, "kayos.credentials"),
         )
         # Malformed JSON offsets are refused now, not at the first trigger.
         if parsed.starting.lower() not in ("earliest", "latest", "committed"):
@@ -150,6 +153,8 @@ class SourceOptions:
             options["timeout_s"] = self.timeout_s
         if self.retries is not None:
             options["retries"] = self.retries
+        if self.credentials is not None:
+            options["credentials"] = self.credentials
         return options
 
 

@@ -101,8 +101,10 @@ class KayosBackend:
         self._retained: set[str] = set()
 
     @classmethod
-    async def connect(cls, seeds: str | list[str]) -> KayosBackend:
-        client = AsyncClient(seeds, name="kestrel-front")
+    async def connect(cls, seeds: str | list[str], credentials: str | None = None) -> KayosBackend:
+        """``credentials``: the front's credentials file (docs/security.md); None: the
+        ``KAYOS_CREDENTIALS`` file, if set."""
+        client = AsyncClient(seeds, name="kestrel-front", credentials=credentials)
         try:
             await client.connect()
         except KayosError as exc:

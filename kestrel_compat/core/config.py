@@ -162,6 +162,9 @@ class ServerConfig:
     version: str = "2.4.1"
     # Stands in for the JVM's max heap in `reserved_memory_ratio` (sum of maxMemorySize / heap).
     memory_budget_bytes: int = 1024 * 1024 * 1024
+    # The front's own identity toward a Kayos cluster that holds credentials: a credentials file
+    # (docs/security.md); None: --credentials or KAYOS_CREDENTIALS, else none.
+    kayos_credentials: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,7 +259,7 @@ def parse_server_config(table: object) -> ServerConfig:
             values[key] = None if value is False else _check_int(f"server.{key}", value)
         elif key in _SERVER_INT_FIELDS:
             values[key] = _check_int(f"server.{key}", value, minimum=_SERVER_INT_FIELDS[key])
-        elif key in {"host", "status_file", "version"}:
+        elif key in {"host", "status_file", "version", "kayos_credentials"}:
             if not isinstance(value, str) or value == "":
                 raise ConfigError(f"server.{key}: expected a non-empty string")
             values[key] = value

@@ -21,7 +21,13 @@ GAP_S = (0.1, 0.4)
 
 
 def checked_campaign(
-    tmp_path: Path, *, kinds: tuple[str, ...], managers: int, faults_max: int, fault_phase_s: float
+    tmp_path: Path,
+    *,
+    kinds: tuple[str, ...],
+    managers: int,
+    faults_max: int,
+    fault_phase_s: float,
+    credentials: bool = False,
 ) -> Report:
     """A campaign from a printed seed (KAYOS_CHAOS_SEED, else random) that must end with no
     violation, something acknowledged, nothing lost and heads seen by the split-brain monitor."""
@@ -37,6 +43,7 @@ def checked_campaign(
             gap_s=GAP_S,
             base_dir=tmp_path / "cluster",
             echo=print,
+            credentials=credentials,
         )
     )
     print(json.dumps(report.to_json(), indent=2))

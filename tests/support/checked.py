@@ -100,7 +100,11 @@ def manager_status(cluster: LocalCluster, member: str) -> dict[str, Any] | None:
     """The member's ``GET /v1/manager/status``, None when it gives no answer in time (a loaded
     box) or an error: for a condition polled by ``wait_until``."""
     try:
-        code, body = http_json(cluster.manager_url(member) + "/v1/manager/status", timeout_s=2.0)
+        code, body = http_json(
+            cluster.manager_url(member) + "/v1/manager/status",
+            timeout_s=2.0,
+            cluster_secret=cluster.identity.secret,
+        )
     except (OSError, ValueError):
         return None
     return body if code == 200 and isinstance(body, dict) else None

@@ -8,7 +8,12 @@ from typing import Any, TypeVar
 import click
 
 from kayos import limits
-from kayos.cli.address import TOPOLOGY_DEFAULT, cluster_option, note_unused_cluster_env
+from kayos.cli.address import (
+    TOPOLOGY_DEFAULT,
+    cluster_option,
+    credentials_option,
+    note_unused_cluster_env,
+)
 
 Command = TypeVar("Command", bound=Callable[..., Any])
 
@@ -31,7 +36,7 @@ def _note_env(ctx: click.Context, _param: click.Parameter, value: Any) -> Any:
 # The --topology option of a command that only asks the cluster manager: the members' addresses
 # and the secret that signs the request are in the file, and nodes are not asked (so the command
 # takes no --cluster).
-signing_topology_option = click.option(
+_signing_topology = click.option(
     "--topology",
     "topology_path",
     default=TOPOLOGY_DEFAULT,
@@ -41,6 +46,12 @@ signing_topology_option = click.option(
     help="The cluster's topology file: its secret signs the request and its [managers] are asked "
     "(the nodes are not, so there is no --cluster).",
 )
+
+
+def signing_topology_option(command: Command) -> Command:
+    """``--topology`` of a command that asks the managers, and ``--credentials``: the signed order
+    needs none, but following the manager's status does where the cluster holds credentials."""
+    return credentials_option(_signing_topology(command))
 
 
 def topology_option(why: str = "") -> Callable[[Command], Command]:

@@ -69,6 +69,7 @@ def summarise(source: str, topology: Topology, answers: Mapping[str, NodeAnswer]
             statuses[node_id] = answer
             entry.update(reachable=True, error=None)
             entry.update(epoch=answer.get("epoch"), ready=answer.get("ready"))
+            entry.update(auth=answer.get("auth"))
             if answer.get("epoch") != topology.epoch:
                 alerts.append(
                     _alert(
@@ -84,7 +85,9 @@ def summarise(source: str, topology: Topology, answers: Mapping[str, NodeAnswer]
                 alerts.append(_alert("warning", "node_not_ready", message, node=node_id))
         nodes.append(entry)
     shards = [_shard(topology, shard_id, statuses, alerts) for shard_id in sorted(topology.shards)]
+    auth = auth_summary(statuses, alerts)
     return {
+        "auth": auth,
         "schema": SCHEMA_VERSION,
         "health": "degraded" if alerts else "healthy",
         "exit_code": EXIT_DEGRADED if alerts else EXIT_HEALTHY,
@@ -94,6 +97,29 @@ def summarise(source: str, topology: Topology, answers: Mapping[str, NodeAnswer]
         "shards": shards,
         "alerts": alerts,
     }
+
+
+def auth_summary(
+    statuses: Mapping[str, Mapping[str, Any]], alerts: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Whether the cluster runs open or with credentials (docs/security.md), and each node's
+    table version; a node behind the newest missed a push (``credentials_behind``)."""
+    versions = {
+        node: status["auth"].get("table_version")
+        for node, status in statuses.items()
+        if isinstance(status.get("auth"), dict)
+    }
+    modes = {status["auth"].get("mode") for status in statuses.values() if status.get("auth")}
+    newest = max((v for v in versions.values() if isinstance(v, int)), default=0)
+    for node, version in sorted(versions.items()):
+        if version != newest:
+            message = (
+                f"node {node} holds credentials table version {version}, others {newest}: "
+                "run kayos ctl credentials push"
+            )
+            alerts.append(_alert("warning", "credentials_behind", message, node=node))
+    mode = modes.pop() if len(modes) == 1 else ("mixed" if modes else None)
+    return {"mode": mode, "table_version": newest, "versions": versions}
 
 
 def _shard(
@@ -321,6 +347,15 @@ def render(summary: Mapping[str, Any], style: Style) -> str:
         + (f" (epoch {summary['epoch']}, from {summary['source']})" if summary["source"] else "")
         + (f", {len(alerts)} alert{'s' if len(alerts) != 1 else ''}" if alerts else "")
     ]
+    auth = summary.get("auth") or {}
+    if auth.get("mode") == "open":
+        lines.append(
+            "auth: "
+            + style("OPEN", fg="yellow")
+            + " (no client credentials: anyone who reaches a node may use it)"
+        )
+    elif auth.get("mode"):
+        lines.append(f"auth: {auth['mode']} (credentials table version {auth['table_version']})")
     if summary["nodes"]:
         lines.append("nodes:")
         width = max(len(node["id"]) for node in summary["nodes"])

@@ -122,6 +122,7 @@ class Driver:
             self.view,
             self.clock_ms,
             self.log_gone,
+            self.identity,
         )
         try:
             self.watches.sync()

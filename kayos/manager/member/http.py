@@ -36,6 +36,7 @@ from kayos.manager import (
     check_incarnation,
 )
 from kayos.manager.member.config import ManagerSetup
+from kayos.manager.member.gate import ManagerDoor, make_gate
 from kayos.manager.restore import restore_status
 from kayos.signing import check_signed
 from kayos.topology import Topology
@@ -43,6 +44,7 @@ from kayos.topology import Topology
 STATUS_FOR_CODE = {
     "invalid_request": 400,
     "unauthenticated": 401,
+    "forbidden": 403,
     "limit_exceeded": 413,
     "not_leader": 421,
     "timeout": 504,
@@ -104,8 +106,10 @@ def error_response(exc: KayosError) -> web.Response:
     return web.json_response(body, status=STATUS_FOR_CODE.get(exc.code, 500))
 
 
-def make_app(state: MemberState) -> web.Application:
-    app = web.Application(client_max_size=REQUEST_BYTES_MAX)
+def make_app(state: MemberState, door: ManagerDoor | None = None) -> web.Application:
+    """The member's routes; ``door`` checks each request's credential (docs/security.md)."""
+    middlewares = [] if door is None else [make_gate(door, error_response)]
+    app = web.Application(client_max_size=REQUEST_BYTES_MAX, middlewares=middlewares)
     routes = web.RouteTableDef()
 
     @routes.get("/v1/manager/status")

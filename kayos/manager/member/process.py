@@ -26,8 +26,10 @@ from kayos.errors import (
 from kayos.manager import Action, Event, ManagerView
 from kayos.manager.member.config import ManagerSetup
 from kayos.manager.member.driver import Driver
+from kayos.manager.member.gate import ManagerDoor
 from kayos.manager.member.http import MemberState, make_app
 from kayos.manager.member.raft import Applied, ManagerLog
+from kayos.manager.member.watch import cluster_headers
 
 log = logging.getLogger("kayos.manager")
 
@@ -87,7 +89,10 @@ class Member:
         assert self.session is not None
         timeout = aiohttp.ClientTimeout(total=limits.manager_request_timeout_ms / 1000)
         try:
-            async with self.session.request(method, url, json=body, timeout=timeout) as reply:
+            headers = cluster_headers(self.setup.identity, method, url)
+            async with self.session.request(
+                method, url, json=body, timeout=timeout, headers=headers
+            ) as reply:
                 raw = await reply.read()
                 status = reply.status
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -159,7 +164,11 @@ class Member:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until ``stop``: serves HTTP; drives while leading."""
-        runner = web.AppRunner(make_app(self.state()), access_log=None)
+        door = ManagerDoor(
+            self.setup.identity,
+            lambda: [address.http_url for address in self.setup.topology.nodes.values()],
+        )
+        runner = web.AppRunner(make_app(self.state(), door), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, self.address.host, self.address.http_port)
         await site.start()

@@ -11,11 +11,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import time
 from collections.abc import Awaitable, Callable, Mapping
 
 import aiohttp
+from yarl import URL
 
 from kayos import limits
+from kayos.auth.proof import cluster_authorization
+from kayos.identity import ClusterIdentity
 from kayos.manager import ManagerView, NodeGone
 from kayos.manager.member.evidence import Evidence, Line, Outcome, parse_line
 from kayos.topology import NodeAddr
@@ -25,6 +30,17 @@ log = logging.getLogger("kayos.manager.watch")
 WATCH_PATH = "/v1/admin/watch"
 # A watch line is ~60 bytes; anything longer is no watch line (the stream is dropped).
 LINE_BYTES_MAX = 1024
+
+
+def cluster_headers(identity: ClusterIdentity | None, method: str, url: str) -> dict[str, str]:
+    """The proof a member's request to a node carries: the cluster's own principal, whose key
+    comes from the cluster secret (docs/security.md). None without an identity."""
+    if identity is None:
+        return {}
+    now_ms = int(time.time() * 1000)
+    path_qs = URL(url).raw_path_qs
+    proof = cluster_authorization(identity.secret, method, path_qs, now_ms, os.urandom(16))
+    return {"Authorization": proof}
 
 
 class Watches:
@@ -38,7 +54,9 @@ class Watches:
         view: Callable[[], ManagerView],
         clock_ms: Callable[[], int],
         on_gone: Callable[[NodeGone], Awaitable[None]],
+        identity: ClusterIdentity | None = None,
     ) -> None:
+        self.identity = identity
         self.evidence = evidence
         self.addresses = addresses
         self.view = view
@@ -124,7 +142,9 @@ class Watches:
         response: aiohttp.ClientResponse | None = None
         try:
             async with asyncio.timeout(limits.manager_request_timeout_ms / 1000):
-                response = await self.session.get(f"{address.http_url}{WATCH_PATH}")
+                url = f"{address.http_url}{WATCH_PATH}"
+                headers = cluster_headers(self.identity, "GET", url)
+                response = await self.session.get(url, headers=headers)
                 if response.status != 200:
                     response.close()
                     return Outcome("silent"), None  # no watch here (a node of an earlier version)

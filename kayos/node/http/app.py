@@ -14,6 +14,7 @@ import aiohttp
 import msgpack
 from aiohttp import web
 from prometheus_client import generate_latest
+from yarl import URL
 
 from kayos import limits
 from kayos.errors import InvalidRequest, KayosError, UnavailableError, WrongRoleError
@@ -30,6 +31,7 @@ from kayos.node.http.bodies import (
     shard_param,
     shard_query,
 )
+from kayos.node.http.gate import credential_routes, make_gate
 from kayos.node.http.lease_api import apply_lease, apply_write_hold
 from kayos.node.http.metrics import Collector, Labelled, cluster_label
 from kayos.node.http.operator_api import routes as operator_routes
@@ -53,7 +55,10 @@ def make_app(node: Node) -> web.Application:
         except KayosError as exc:
             return error_reply(request, exc, node)
 
-    app = web.Application(middlewares=[errors], client_max_size=limits.http_body_bytes_max)
+    # The gate runs inside ``errors``: a refusal is an error reply like any other.
+    app = web.Application(
+        middlewares=[errors, make_gate(node.access)], client_max_size=limits.http_body_bytes_max
+    )
     app[_NODE_KEY] = node
     routes = web.RouteTableDef()
     # In this order: aiohttp matches a path against the routes in the order they were added.
@@ -80,6 +85,7 @@ def make_app(node: Node) -> web.Application:
     app.on_cleanup.append(_close_session)
     app.add_routes(routes)
     app.add_routes(operator_routes(node, read_body, int_param))
+    app.add_routes(credential_routes(node.access, read_body))
     return app
 
 
@@ -260,14 +266,18 @@ async def _relay(
     if session is None:
         session = aiohttp.ClientSession()
         app[_SESSION_KEY] = session
-    url = f"{head.http_url}{request.rel_url.path}"
+    # The raw path and query as the client sent them: its proof covers exactly those bytes.
+    url = URL(f"{head.http_url}{request.raw_path}", encoded=True)
+    headers = {"Content-Type": MSGPACK, "Accept": MSGPACK, "X-Kayos-Relayed": "1"}
+    proof = request.headers.get("Authorization")
+    if proof is not None:  # the head checks the client's own proof (same method, path, query)
+        headers["Authorization"] = proof
     try:
         async with session.request(
             request.method,
             url,
-            params=dict(request.query),  # it names the shard of a queue with several
             data=None if body is None else msgpack.packb(body, use_bin_type=True),
-            headers={"Content-Type": MSGPACK, "Accept": MSGPACK, "X-Kayos-Relayed": "1"},
+            headers=headers,
             timeout=aiohttp.ClientTimeout(total=limits.produce_commit_timeout_ms / 1000 + 5),
         ) as response:
             payload = msgpack.unpackb(await response.read(), raw=False)

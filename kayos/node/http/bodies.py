@@ -47,6 +47,7 @@ STATUS_FOR_CODE = {
     "invalid_request": 400,
     "protocol_error": 400,
     "unauthenticated": 401,
+    "forbidden": 403,
     "limit_exceeded": 413,
     "wrong_role": 421,
     "stale_epoch": 409,

@@ -48,7 +48,7 @@ from kayos.replication.wire.frame_fields import (
 )
 
 # The highest protocol version this build speaks, and the lowest it still accepts in a handshake.
-PROTOCOL_VERSION: Final = 8
+PROTOCOL_VERSION: Final = 9
 PROTOCOL_VERSION_MIN: Final = 1
 # Replication links need both sides at this version or later: version 2 forwards before it
 # persists and carries the commit point down the chain, version 3 authenticates both sides of a
@@ -66,6 +66,9 @@ METADATA_PROTOCOL_VERSION_MIN: Final = 6
 # Version 8 adds SNAPSHOT_RESUME: a learner sends it only to an upstream whose HELLO_OK named this
 # version or later (docs/replication-protocol.md, "Store snapshots").
 SNAPSHOT_RESUME_PROTOCOL_VERSION_MIN: Final = 8
+# Version 9 adds CLIENT_PROOF: a node holding client credentials challenges a client whose HELLO
+# named version 9 or later (AUTH_CHALLENGE) and refuses an older one (docs/security.md).
+CLIENT_PROOF_PROTOCOL_VERSION_MIN: Final = 9
 
 TakeoverEntry: TypeAlias = tuple[bytes, int]
 Headers: TypeAlias = dict[str, bytes]
@@ -395,6 +398,16 @@ class CommittedReply(_FrameBase):
     committed_seq: int
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ClientProof(_FrameBase):
+    """A client's answer to AUTH_CHALLENGE: its credential's name, its nonce and its proof
+    (kayos/auth/proof.py)."""
+
+    name: str
+    nonce: bytes
+    proof: bytes
+
+
 Frame: TypeAlias = (
     Hello
     | HelloOk
@@ -421,6 +434,7 @@ Frame: TypeAlias = (
     | Produced
     | WaitCommitted
     | CommittedReply
+    | ClientProof
 )
 
 
@@ -607,6 +621,11 @@ FRAME_TABLE: Final[tuple[FrameSpec, ...]] = (
         _f("request_id", U64),
         _f("shard", U32),
         _f("committed_seq", U64),
+    )),
+    FrameSpec(36, "CLIENT_PROOF", ClientProof, "client -> acceptor", 9, (
+        FieldSpec("name", STR, 9),
+        FieldSpec("nonce", NONCE, 9),
+        FieldSpec("proof", MAC, 9),
     )),
 )
 # fmt: on

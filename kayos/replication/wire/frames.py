@@ -40,6 +40,7 @@ from kayos.replication.wire.frame_fields import (
 )
 from kayos.replication.wire.frame_table import (
     BUDGET_BY_KIND,
+    CLIENT_PROOF_PROTOCOL_VERSION_MIN,
     DEFAULTS_BY_KIND,
     FIELD_COUNTS_BY_KIND,
     FIELD_NAMES_BY_TYPE,
@@ -56,6 +57,7 @@ from kayos.replication.wire.frame_table import (
     AuthOk,
     AuthProof,
     Batch,
+    ClientProof,
     CommitPoint,
     Committed,
     CommittedReply,
@@ -89,6 +91,7 @@ __all__ = [
     "ACKS_HEAD",
     "ACKS_NONE",
     "CHAIN_ROLES",
+    "CLIENT_PROOF_PROTOCOL_VERSION_MIN",
     "COPY_ROLES",
     "FRAME_TABLE",
     "LINK_PROTOCOL_VERSION_MIN",
@@ -103,6 +106,7 @@ __all__ = [
     "AuthOk",
     "AuthProof",
     "Batch",
+    "ClientProof",
     "CommitPoint",
     "Committed",
     "CommittedReply",

@@ -164,6 +164,17 @@ def kayos_init(example: Path, out: Path) -> None:
     print(done.stdout.strip())
 
 
+def add_offline(name: str, out: Path, table: Path) -> None:
+    """`kayos ctl credentials add NAME --table FILE`: a credential with every role, into the table
+    file the hosts' nodes read at start."""
+    done = subprocess.run(
+        [str(KAYOS), "ctl", "credentials", "add", name, "--grant", "admin+consume+produce=*",
+         "--out", str(out), "--table", str(table)],
+        capture_output=True, text=True, timeout=WAIT_S, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
 @pytest.fixture
 def rehearsal(tmp_path: Path) -> Iterator[Rehearsal]:
     if REASON is not None:
@@ -177,12 +188,19 @@ def rehearsal(tmp_path: Path) -> Iterator[Rehearsal]:
     try:
         cluster_file = tmp_path / "cluster.toml"
         kayos_init(rendered_example(network, tmp_path), cluster_file)
+        # The credentials table every host's node reads, and the front's and the operator's
+        # credentials (docs/security.md, "Set-up for three hosts").
+        table = tmp_path / "credentials.json"
+        for name in ("ops", "kestrel"):
+            add_offline(name, tmp_path / f"{name}.json", table)
         hosts = {}
         for name in example.nodes:
             root = tmp_path / f"host-{name}"
             (root / "etc/kayos").mkdir(parents=True)
             (root / "var/lib/kayos").mkdir(parents=True)  # the units' StateDirectory
             shutil.copy(cluster_file, root / "etc/kayos/cluster.toml")
+            shutil.copy(table, root / "etc/kayos/credentials.json")
+            shutil.copy(tmp_path / "kestrel.json", root / "etc/kayos/kestrel-credentials.json")
             hosts[name] = Host(name, network.hosts[name], root)
         by_address = {host.address: host.name for host in hosts.values()}
         members = {m.id: by_address[m.host] for m in config.members_from(str(cluster_file))}
@@ -196,10 +214,12 @@ def rehearsal(tmp_path: Path) -> Iterator[Rehearsal]:
         assert left == [], left
 
 
-def status(url: str) -> dict[str, Any] | None:
-    """A GET's JSON body, None when there is none yet (a condition for ``wait_until``)."""
+def status(r: Rehearsal, url: str) -> dict[str, Any] | None:
+    """A GET's JSON body, None when there is none yet (a condition for ``wait_until``); asked as
+    the cluster itself (the cluster holds credentials: the status routes need admin)."""
+    assert r.topology.identity is not None
     try:
-        code, body = http_json(url, timeout_s=2.0)
+        code, body = http_json(url, timeout_s=2.0, cluster_secret=r.topology.identity.secret)
     except (OSError, ValueError):
         return None
     return body if code == 200 and isinstance(body, dict) else None
@@ -209,7 +229,7 @@ def leader(r: Rehearsal, members: list[str]) -> str | None:
     """The leader every member of ``members`` names, None while they do not agree."""
     named = set()
     for member in members:
-        answer = status(r.member_url(member) + "/v1/manager/status")
+        answer = status(r, r.member_url(member) + "/v1/manager/status")
         named.add(answer.get("leader") if answer else None)
     agreed = named.pop() if len(named) == 1 else None
     return agreed if agreed in members else None
@@ -268,7 +288,11 @@ def test_three_hosts_run_the_units_survive_a_host_kill_and_serve_every_acked_mes
         r.start(r.hosts[node], f"kayos-node@{node}", exec_start(NODE_UNIT, node))
     for node in r.topology.nodes:
         url = r.node_url(node) + "/v1/status"
-        wait_until(lambda url=url: (status(url) or {}).get("ready"), f"{node} ready")
+
+        def ready(url: str = url) -> Any:
+            return (status(r, url) or {}).get("ready")
+
+        wait_until(ready, f"{node} ready")
     first = wait_until(lambda: leader(r, list(r.members)), "a manager leader")
     victim = r.hosts[r.members[first]]
     front = next(host for host in r.hosts.values() if host is not victim)
@@ -276,7 +300,9 @@ def test_three_hosts_run_the_units_survive_a_host_kill_and_serve_every_acked_mes
     print(f"manager leader {first} on host {victim.name}; Kestrel front on {front.name}")
 
     queues = queues_on_every_shard(r.topology)
-    with Client([r.node_url(n) for n in r.topology.nodes], name="rehearsal") as client:
+    operator = str(r.hosts["a"].root.parent / "ops.json")
+    nodes = [r.node_url(n) for n in r.topology.nodes]
+    with Client(nodes, name="rehearsal", credentials=operator) as client:
         acked = produce(client, queues, "before", BEFORE)
         kestrel = memcache.Client([f"{front.address}:22133"], dead_retry=0, socket_timeout=30)
         items = [f"job-{n}" for n in range(2 * KESTREL_ITEMS)]
@@ -324,7 +350,7 @@ def start_kestrel(r: Rehearsal, host: Host) -> None:
 
 
 def spliced_out(r: Rehearsal, member: str, node: str) -> bool:
-    answer = status(r.member_url(member) + "/v1/manager/status")
+    answer = status(r, r.member_url(member) + "/v1/manager/status")
     if answer is None:
         return False
     view = answer["view"]

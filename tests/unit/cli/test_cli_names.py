@@ -43,6 +43,12 @@ TALKS_TO_A_CLUSTER: dict[str, list[str]] = {
     "ctl queue describe": ["q"],
     "ctl queue create": ["q", "--shards", "1", "--topology", "{topology}"],
     "ctl queue alter": ["q", "--shards", "2", "--topology", "{topology}"],
+    "ctl credentials list": [],
+    "ctl credentials add": ["app", "--grant", "produce=*", "--out", "{dir}/app.json"],
+    "ctl credentials rotate": ["app", "--out", "{dir}/app.json"],
+    "ctl credentials finish": ["app"],
+    "ctl credentials remove": ["app"],
+    "ctl credentials push": [],
 }
 MANAGER_ONLY = (
     "asks the cluster manager only: the members' addresses and the secret that signs the "
@@ -101,6 +107,12 @@ MEANINGS: dict[str, tuple[str, str]] = {
     # A process's own configuration file: a node's is the cluster's topology file (which the
     # other commands call --topology; the node's name predates them and every unit uses it),
     # the Kestrel front's its TOML settings.
+    "--certificate": ("a TLS client certificate's name", r"certificate"),
+    # A client credentials file (docs/security.md); every command that takes --cluster has it.
+    "--credentials": ("the credentials file every request proves", r"credentials file"),
+    "--credentials-table": ("a credentials table a node takes at start", r"credentials table"),
+    "--grant": ("ROLE=PATTERN, a credential's grant", r"ROLE\[\+ROLE\.\.\.\]=PATTERN"),
+    "--insecure": ("run open beyond loopback", r"open"),
     "--config": ("the configuration file of the process the command runs", r"TOML"),
     "--cpu-weight": ("a cgroup's CPU weight against other processes", r"CPU weight"),
     "--data": ("a data directory", r"data (directory|root)"),
@@ -136,6 +148,7 @@ MEANINGS: dict[str, tuple[str, str]] = {
     "--shard-mb": ("a shard's size in MiB", r"shard"),
     # The subject's: the cluster's shard count (init, up), a queue's (ctl queue create/alter).
     "--shards": ("how many shards", r"[Ss]hard"),
+    "--table": ("a credentials table file to edit offline", r"credentials table file"),
     "--timeout": ("seconds to wait before giving up", r"^Seconds to wait"),
     "--topology": ("the cluster's topology file", r"topology file"),
     "--until-consumed": ("retention: drop what every group consumed", r"consumed"),

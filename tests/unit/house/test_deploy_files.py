@@ -152,8 +152,10 @@ def test_every_node_and_member_of_the_example_has_its_own_data_directory() -> No
 def test_the_kestrel_unit_reads_the_variables_it_uses_from_its_environment_file() -> None:
     assert setting(KESTREL_UNIT, "Service", "EnvironmentFile") == "/etc/kayos/kestrel.env"
     used = set(re.findall(r"\$\{?(\w+)", setting(KESTREL_UNIT, "Service", "ExecStart")))
-    assert used == set(kestrel_environment()) == {"KAYOS_CLUSTER"}
+    # The node to start from, and the front's own credential (docs/security.md).
+    assert used == set(kestrel_environment()) == {"KAYOS_CLUSTER", "KAYOS_CREDENTIALS"}
     argv = exec_start(KESTREL_UNIT, "", kestrel_environment())
+    assert argv[argv.index("--credentials") + 1] == "/etc/kayos/kestrel-credentials.json"
     cluster = argv[argv.index("--cluster") + 1]
     nodes = Topology.load(str(DEPLOY / HOSTS_EXAMPLE)).nodes.values()
     assert cluster in {f"http://{node.host}:{node.http_port}" for node in nodes}

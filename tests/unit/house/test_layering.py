@@ -40,6 +40,7 @@ FLOORS: list[tuple[int, tuple[str, ...]]] = [
             "kayos.topology",
             "kayos.identity",
             "kayos.signing",
+            "kayos.auth",
             "kayos.replication.wire",
             "kayos.replication.logic",
             "kayos.manager",
@@ -69,6 +70,11 @@ FACE_ALLOWED_LOW = (
     "kayos.topology",
     "kayos.identity",
     "kayos.signing",
+    # Client identities (docs/security.md): the command line edits the credentials table, the
+    # launcher and the campaigns prove the cluster's own principal.
+    "kayos.auth.keys",
+    "kayos.auth.table",
+    "kayos.auth.proof",
 )
 # The simulator (chaos/sim/) drives the pure chain and manager decisions themselves, which is its
 # point: it may import those pure floor-1 modules, and nothing else below the client.

@@ -250,9 +250,10 @@ def test_the_json_schema_keys_are_stable() -> None:
     summary = json.loads(json.dumps(summarise(SOURCE, topo, answers)))
     assert summary["schema"] == SCHEMA_VERSION == 1
     assert set(summary) == {
-        "schema", "health", "exit_code", "source", "epoch", "nodes", "shards", "alerts"
+        "schema", "health", "exit_code", "source", "epoch", "nodes", "shards", "alerts", "auth"
     }  # fmt: skip
-    assert set(summary["nodes"][0]) == {"id", "url", "reachable", "error", "epoch", "ready"}
+    assert set(summary["auth"]) == {"mode", "table_version", "versions"}
+    assert set(summary["nodes"][0]) == {"id", "url", "reachable", "error", "epoch", "ready", "auth"}
     shard = summary["shards"][0]
     assert set(shard) == {
         "id", "chain", "fanout", "head", "tails", "last_seq", "committed_seq",
@@ -268,6 +269,25 @@ def test_the_json_schema_keys_are_stable() -> None:
     for alert in summary["alerts"]:
         assert {"severity", "code", "message"} <= set(alert)
         assert alert["severity"] in {"critical", "warning"}
+
+
+def test_a_node_behind_on_credentials_is_a_warning_and_open_is_said() -> None:
+    topo = topology()
+    answers = healthy_answers(topo)
+    for node, version in zip(("a", "b", "c"), (3, 3, 2), strict=False):
+        answer = answers[node]
+        assert isinstance(answer, dict)
+        answer["auth"] = {"mode": "credentials", "table_version": version, "credentials": 2}
+    summary = summarise(SOURCE, topo, answers)
+    assert summary["auth"]["mode"] == "credentials"
+    assert [a["code"] for a in summary["alerts"]] == ["credentials_behind"]
+    assert "node c" in summary["alerts"][0]["message"]
+    for answer in answers.values():
+        assert isinstance(answer, dict)
+        answer["auth"] = {"mode": "open", "table_version": 0, "credentials": 0}
+    opened = summarise(SOURCE, topo, answers)
+    assert opened["alerts"] == []
+    assert "auth: OPEN" in render(opened, lambda text, **_: text)
 
 
 def test_each_shards_groups_and_their_lag_come_from_its_tail() -> None:

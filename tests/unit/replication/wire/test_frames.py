@@ -155,6 +155,13 @@ GOLDEN: list[tuple[f.Frame, str]] = [
         ),
         "0000001e 1c 95 00 cd2000 c410" + "11" * 16 + " 01 ce1234abcd",
     ),
+    # A client's proof of its credential, version 9 (docs/security.md, "Proving a credential").
+    (
+        f.ClientProof(name="app", nonce=b"\xcc" * 32, proof=bytes(range(32))),
+        "0000004a 24 93 a3617070 c420"
+        + "cc" * 32
+        + " c420 000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f",
+    ),
 ]
 
 GOLDEN_FRAMES = [frame for frame, _ in GOLDEN]
@@ -224,6 +231,7 @@ def test_table_matches_protocol_document() -> None:
         33: "PRODUCED",
         34: "WAIT_COMMITTED",
         35: "COMMITTED_REPLY",
+        36: "CLIENT_PROOF",
     }
     for spec in f.FRAME_TABLE:
         since = {
@@ -238,6 +246,7 @@ def test_table_matches_protocol_document() -> None:
             "CONFIRMED": 4,
             "METADATA": 6,
             "SNAPSHOT_RESUME": 8,
+            "CLIENT_PROOF": 9,
         }
         assert spec.since_version == since.get(spec.name, 1)
         # Fields appended to a released frame, with the version that added them.
@@ -439,7 +448,7 @@ def test_round_trip_stream_in_random_chunks(frame_list: list[f.Frame], data: st.
 # --- malformed input -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", [0, 9, 15, 29, 31, 36, 255])
+@pytest.mark.parametrize("kind", [0, 9, 15, 29, 31, 37, 255])
 def test_unknown_kind(kind: int) -> None:
     decode_fails(raw_frame(kind, raw_body([5])), match=f"unknown frame kind {kind}")
 
@@ -729,8 +738,8 @@ def test_a_produce_at_version_6_has_no_producer_fields() -> None:
 
 def test_a_decoder_expects_exactly_the_fields_of_its_version() -> None:
     # Rule 5: never a guess from the field count.
-    with pytest.raises(ProtocolError, match="PRODUCE: 8 fields, expected 10 at protocol version 8"):
-        f.decode(bytes.fromhex(PRODUCE_V6_HEX))
+    with pytest.raises(ProtocolError, match="PRODUCE: 8 fields, expected 10 at protocol version 7"):
+        f.decode(bytes.fromhex(PRODUCE_V6_HEX), 7)
     with pytest.raises(ProtocolError, match="PRODUCE: 10 fields, expected 8 at protocol version 6"):
         f.decode(bytes.fromhex(GOLDEN[14][1]), 6)
 

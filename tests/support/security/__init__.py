@@ -1,0 +1,1 @@
+"""Helpers for the tests of client credentials and roles (docs/security.md)."""
