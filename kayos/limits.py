@@ -842,3 +842,27 @@ assert 2 * groups_per_shard_max + producers_per_shard_max <= frame_meta_entries_
     "a shard's groups and producer windows fit half of a METADATA frame's keys"
 )
 assert group_lag_metrics_scan_entries_max <= group_lag_scan_entries_max
+
+# --- The copy pacer's own measurements and the copy's rate ceiling (docs/performance.md, "Pacing
+# a copy"; docs/operations.md, "A copy's rate ceiling") ---
+# A window with live traffic is hurt by the copy when the member's mean store commit (fsync
+# included) took more than this many times its mean before the copy, and at least
+# copy_pace_commit_slack_ms more: 2x is the disk queueing the copy's I/O ahead of the chain's
+# fsyncs; the slack keeps sub-millisecond fsyncs (page-cache-backed virtual disks) from cutting a
+# copy over noise.
+copy_pace_commit_rise_max = 2.0
+copy_pace_commit_slack_ms = 5.0
+# ... or when the member's own process spent this share of one core on CPU over the window
+# (time.process_time): the event loop that serves live traffic runs on one core, so at 0.9 of it
+# live work waits behind the copy's.
+copy_pace_cpu_share_max = 0.9
+# The default of a node's copy_rate_mb_per_s_max (`kayos node --copy-rate-mb-per-s-max`): the
+# bytes per second (MB = 10^6 bytes) any one copy this node serves or writes may reach, whatever
+# its share. 0: no ceiling (the pacer's share alone bounds it while live traffic flows; an idle
+# shard is copied as fast as the disk and CPU go).
+copy_rate_mb_per_s_max = 0.0
+
+assert copy_pace_commit_rise_max > 1
+assert copy_pace_commit_slack_ms >= 0
+assert 0 < copy_pace_cpu_share_max <= 1
+assert copy_rate_mb_per_s_max >= 0

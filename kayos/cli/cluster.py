@@ -88,6 +88,14 @@ def _host_port(text: str | None, flag: str) -> tuple[str, int] | None:
     metavar="HOST:PORT",
     help="Bind the binary port here instead of the topology's address (a proxy in front).",
 )
+@click.option(
+    "--copy-rate-mb-per-s-max",
+    default=None,
+    type=click.FloatRange(min=0),
+    metavar="MB/S",
+    help="Ceiling of any one copy's rate this node serves or writes, MB/s (0: none; default: "
+    "limits.copy_rate_mb_per_s_max); see docs/operations.md.",
+)
 def node(
     config_path: str,
     node_id: str,
@@ -95,11 +103,13 @@ def node(
     log_level: str,
     listen_http: str | None,
     listen_bin: str | None,
+    copy_rate_mb_per_s_max: float | None,
 ) -> None:
     """Run one node of a cluster in the foreground until SIGINT/SIGTERM."""
     import asyncio
     import logging
 
+    from kayos import limits
     from kayos.errors import KayosError
     from kayos.manager.member.config import members_from
     from kayos.node.server import Listen, serve
@@ -113,7 +123,21 @@ def node(
         topology = Topology.load(config_path)
         # Manager members in the file: the chains can be spliced, so heads need a lease.
         managed = bool(members_from(config_path))
-        asyncio.run(serve(topology, node_id, data_dir, listen=listen, managed=managed))
+        ceiling = (
+            limits.copy_rate_mb_per_s_max
+            if copy_rate_mb_per_s_max is None
+            else copy_rate_mb_per_s_max
+        )
+        asyncio.run(
+            serve(
+                topology,
+                node_id,
+                data_dir,
+                listen=listen,
+                managed=managed,
+                copy_rate_mb_per_s_max=ceiling,
+            )
+        )
     except KayosError as exc:  # refused at start: a bad file, another cluster's data directory
         raise click.ClickException(f"{exc.code}: {exc}") from exc
 

@@ -38,6 +38,7 @@ async def serve(
     ready: asyncio.Event | None = None,
     listen: Listen | None = None,
     managed: bool = False,
+    copy_rate_mb_per_s_max: float = limits.copy_rate_mb_per_s_max,
 ) -> None:
     """Serves until SIGINT/SIGTERM, then closes links and stores cleanly.
 
@@ -45,8 +46,15 @@ async def serve(
     ports, and only then open the stores and contact peers; a held lock
     (``DirectoryInUseError``) or a taken port (``AddressInUseError``) ends it before that.
     ``listen`` binds elsewhere than the topology's address (a proxy in front of the node);
-    ``managed``: manager members can splice the chains (the node's lease, docs/manager.md)."""
-    node = Node(topology, node_id, data_dir, managed=managed)
+    ``managed``: manager members can splice the chains (the node's lease, docs/manager.md);
+    ``copy_rate_mb_per_s_max``: the ceiling of its copies' rate (docs/operations.md)."""
+    node = Node(
+        topology,
+        node_id,
+        data_dir,
+        managed=managed,
+        copy_rate_mb_per_s_max=copy_rate_mb_per_s_max,
+    )
     lock = DirectoryLock.acquire(data_dir, what=f"node {node_id}'s data dir")
     try:
         http_listener, bin_listener = bind_ports(node, listen)

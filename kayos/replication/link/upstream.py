@@ -397,6 +397,8 @@ class UpstreamLink:
                 replica.clock,
                 replica.live_rate,
                 limits.catchup_produce_share_max,
+                ceiling_mb_per_s=replica.copy_rate_mb_per_s_max,
+                reports=replica.copies,
             )
             if self.copy
             else None
@@ -419,12 +421,19 @@ class UpstreamLink:
                 # machine too: while it catches up on a shard taking live writes, it takes a
                 # share set by the pacer from the commits it hears of.
                 decoded_s, decode_seen_s = stream.decode_s - decode_seen_s, stream.decode_s
-                await pacer.after_piece(time.perf_counter() - started + decoded_s)
+                piece_bytes = sum(
+                    len(key) + len(value or b"")
+                    for b in group
+                    for key, value in zip(b.keys, b.values, strict=True)
+                )
+                await pacer.after_piece(time.perf_counter() - started + decoded_s, piece_bytes)
             last_entry = max((b.seqs[-1] for b in group if b.seqs), default=0)
             replica.last_entry_seq = max(replica.last_entry_seq, last_entry)
             if replica.catching_up and replica.store.last_seq >= catch_up_target:
                 replica.catching_up = False
                 log.info("shard %s: caught up at %s", replica.shard_id, replica.store.last_seq)
+                if pacer is not None:
+                    pacer.finish()
                 self._caught_up()
             replica.local_commit_done()
             meta_at = self._first_batch_last

@@ -55,6 +55,8 @@ class SnapshotSource(Protocol):
     catching_up: bool
     repairing: bool
     live_rate: pacing.LiveRate
+    copies: dict[str, pacing.CopyReport]
+    copy_rate_mb_per_s_max: float
     clock: Clock
 
     @property
@@ -85,6 +87,8 @@ async def serve_snapshot(
         replica.clock,
         replica.live_rate,
         limits.snapshot_produce_share_max,
+        ceiling_mb_per_s=replica.copy_rate_mb_per_s_max,
+        reports=replica.copies,
     )
     try:
         crc = 0
@@ -103,20 +107,23 @@ async def serve_snapshot(
             stream.send(fr.SnapshotChunk(replica.shard_id, offset, data))
             offset += size
             await stream.drain()
-            await pacer.after_piece(time.perf_counter() - started)
+            await pacer.after_piece(time.perf_counter() - started, size)
         stream.send(
             fr.SnapshotEnd(replica.shard_id, end, crc, data_file.generation, header.last_seq)
         )
         await stream.drain()
     finally:
         data_file.release()
+        report = pacer.finish()
     log.info(
-        "shard %s: sent a snapshot of %d bytes through seq %s (paused %.1f s, end share %.3f)",
+        "shard %s: sent a snapshot of %d bytes through seq %s (paused %.1f s, end share %.3f, "
+        "%.1f MB/s)",
         replica.shard_id,
         end,
         header.last_seq,
-        pacer.paused_s,
-        pacer.state.share,
+        report.paused_s,
+        report.share,
+        report.mean_mb_per_s,
     )
     return end
 

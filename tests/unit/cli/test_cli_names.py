@@ -96,6 +96,7 @@ MEANINGS: dict[str, tuple[str, str]] = {
     # other commands call --topology; the node's name predates them and every unit uses it),
     # the Kestrel front's its TOML settings.
     "--config": ("the configuration file of the process the command runs", r"TOML"),
+    "--copy-rate-mb-per-s-max": ("a node's ceiling on a copy's rate, MB/s", r"Ceiling"),
     "--data": ("a data directory", r"data (directory|root)"),
     "--dir": ("where a benchmark or a campaign puts its files", r"^Where to put"),
     "--force": ("do it although it exists already", r"already"),
