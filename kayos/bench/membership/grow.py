@@ -26,7 +26,11 @@ files are sparse); d held nothing before, so it is the copy. ``longest_ack_gap_s
 ``_during``: the longest stretch with no ack at all (a chain change stalls a shard's producers while
 they find its new head). ``min_replicas_seen`` is the
 lowest replica count of any shard at any epoch in the manager's log of changes
-(GET /v1/manager/changes) from the rebalance on: 3 unless a move shortened a chain.
+(GET /v1/manager/changes) from the rebalance on: 3 unless a move shortened a chain. After the
+run, with d still up, every queue is consumed by a fresh group to an end marker:
+``consumed_in_order`` is true when every acknowledged message was consumed and each producer's
+came out in the order it sent them (``consumed``: the counts, ``lost``, ``out_of_order`` and
+examples; ``kayos.bench.membership.consumed``).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from kayos import limits
+from kayos.bench.membership.consumed import check_consumed
 from kayos.bench.membership.heal import wait_for
 from kayos.bench.membership.load import (
     Producers,
@@ -274,6 +279,11 @@ def _run(
         after_end = time.monotonic()
         copied_samples = sampler.stop()
         final = manager_status(cluster)
+        producers.finish(step)
+        phase("consuming every queue")
+        with producers.lock:
+            acked = list(producers.acked)
+        consumed = check_consumed(urls, queues, acked, parameters.move_timeout_s)
     finally:
         producers.finish(step)
         node.terminate()
@@ -309,6 +319,22 @@ def _run(
         "replicas": replicas,
         "min_replicas_seen": min_replicas_since(cluster, start_epoch),
         "produce_errors": producers.errors,
+        # Every acknowledged message consumed, in each producer's order (kayos.bench.membership.
+        # consumed): the acceptance's second half.
+        "consumed_in_order": consumed["consumed_in_order"],
+        "consumed": consumed,
+        "targets": {
+            "produce_during_share": {
+                "value": None if drop is None else round(1 - drop, 3),
+                "target": f">= {PRODUCE_DURING_SHARE_TARGET}",
+                "met": drop is not None and 1 - drop >= PRODUCE_DURING_SHARE_TARGET,
+            },
+            "consumed_in_order": {
+                "value": consumed["consumed_in_order"],
+                "target": "every acknowledged message consumed, in order",
+                "met": consumed["consumed_in_order"],
+            },
+        },
         "grow_series": _series(
             producers, (before_start, before_end, during_end, after_end), copied_samples
         ),

@@ -23,8 +23,9 @@ threads then produce one 100 B message at a time with acks=all until the run end
    ``kayos.bench.membership.load``) 1 - (acks/s during the copy) / the offered rate.
    ``ack_p99_ms_before`` / ``_during_catchup``: the acks' latency p99 in the same two spans.
    ``copy_mode`` (``file``: a store snapshot; ``log``: entry by entry), ``copy_served_by`` and
-   ``copy_cpu_s_per_gb`` (the serving and the returning node's CPU seconds spent on the copy, less
-   the serving node's baseline rate, per GB of the returned store: ``kayos.bench.membership.copycost``).
+   ``copy_cpu_s_per_gb`` (the serving and the returning node's CPU seconds spent on the copy,
+   less the serving node's baseline rate, per GB of the returned store:
+   ``kayos.bench.membership.copycost``).
 
 ``disk_seq_write_mb_per_s`` is measured in the same run on the same filesystem (one file of
 ``disk_probe_mb``, by default the shard's size, in 1 MiB writes, one fsync). ``repeat`` runs the
