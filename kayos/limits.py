@@ -845,16 +845,17 @@ assert group_lag_metrics_scan_entries_max <= group_lag_scan_entries_max
 
 # --- The copy pacer's own measurements and the copy's rate ceiling (docs/performance.md, "Pacing
 # a copy"; docs/operations.md, "A copy's rate ceiling") ---
-# A window with live traffic is hurt by the copy when the member's mean store commit (fsync
-# included) took more than this many times its mean before the copy, and at least
-# copy_pace_commit_slack_ms more: 2x is the disk queueing the copy's I/O ahead of the chain's
-# fsyncs; the slack keeps sub-millisecond fsyncs (page-cache-backed virtual disks) from cutting a
-# copy over noise.
+# Besides a live-rate drop, a window with live traffic cuts the copy's share when the member's
+# mean store commit (fsync included) took more than this many times its mean before the copy, and
+# at least copy_pace_commit_slack_ms more: 2x is the disk queueing the copy's I/O ahead of the
+# chain's fsyncs; the slack keeps sub-millisecond fsyncs (page-cache-backed virtual disks) from
+# cutting a copy over noise.
 copy_pace_commit_rise_max = 2.0
 copy_pace_commit_slack_ms = 5.0
-# ... or when the member's own process spent this share of one core on CPU over the window
-# (time.process_time): the event loop that serves live traffic runs on one core, so at 0.9 of it
-# live work waits behind the copy's.
+# A window in which the member's own process spent this share of one core on CPU
+# (time.process_time) does not grow the share (it holds): the event loop that serves live traffic
+# runs on one core, so past 0.9 of it there is no room for more copy work. Not a cut: a node busy
+# before the copy would otherwise hold every copy at the floor while live work did not slow.
 copy_pace_cpu_share_max = 0.9
 # The default of a node's copy_rate_mb_per_s_max (`kayos node --copy-rate-mb-per-s-max`): the
 # bytes per second (MB = 10^6 bytes) any one copy this node serves or writes may reach, whatever

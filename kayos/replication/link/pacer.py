@@ -100,7 +100,7 @@ class CopyPacer:
             if isinstance(action, Pause):
                 pause_s = action.seconds
             elif isinstance(action, ShareChanged):
-                report.commit_ms, report.hurt = action.commit_ms, action.hurt
+                report.commit_ms, report.limited_by = action.commit_ms, action.limited_by
                 log.debug(
                     "%s: live %.1f/s against %.1f/s, commit %.2f ms against %.2f, cpu %.2f, "
                     "copy %.1f MB/s: share %.3f%s",
@@ -112,7 +112,7 @@ class CopyPacer:
                     action.cpu_share,
                     action.copy_mb_per_s,
                     action.share,
-                    f" (cut: {action.hurt})" if action.hurt else "",
+                    f" (limited by {action.limited_by})" if action.limited_by else "",
                 )
         report.paused_s += pause_s
         return pause_s

@@ -16,14 +16,15 @@ asked of other nodes):
 - its own process's CPU share over the window (``time.process_time``, which the caller passes
   in): at ``copy_pace_cpu_share_max`` the event loop that serves live traffic has no time left.
 
-The rule (AIMD, per ``copy_pace_window_ms``, judged while live traffic flows): the window is *hurt*
+The rule (AIMD, per ``copy_pace_window_ms``, judged while live traffic flows): live work slowed
 when the live rate fell by more than ``catchup_produce_drop_max`` below its baseline, or the mean
 commit took more than ``copy_pace_commit_rise_max`` times its baseline (and at least
-``copy_pace_commit_slack_ms`` more), or the CPU share reached ``copy_pace_cpu_share_max``. A window
-not hurt grows the copy's share, doubling until the first cut (a slow start: a short copy is not
-over before it speeds up) and by ``copy_pace_step`` after it, up to ``copy_pace_share_max``; a hurt
-one multiplies it by ``copy_pace_cut``, down to ``copy_pace_share_min``. With no live batch within
-``catchup_live_window_ms`` the share does not hold the copy back at all.
+``copy_pace_commit_slack_ms`` more): the share is multiplied by ``copy_pace_cut``, down to
+``copy_pace_share_min``. Else, if the process's CPU share reached ``copy_pace_cpu_share_max``,
+there is no room: the share holds. Else it grows, doubling until the first cut (a slow start: a
+short copy is not over before it speeds up) and by ``copy_pace_step`` after it, up to
+``copy_pace_share_max``. With no live batch within ``catchup_live_window_ms`` the share does not
+hold the copy back at all.
 
 The ceiling: whatever the share, live traffic or not, a copy with a ceiling (its node's
 ``copy_rate_mb_per_s_max``; 0 is none) pauses after each piece until the piece has taken at least
@@ -170,7 +171,8 @@ class Pause:
 class ShareChanged:
     """For the log, once per whole window: the window's live rate against the baseline, its mean
     commit time (ms; 0 without a commit) against the baseline, the process's CPU share, the copy's
-    rate, the share it led to and why it was cut (``hurt``: "" when it was not)."""
+    rate, the share it led to and what limited it (``limited_by``: "live rate" or "commit
+    latency": cut; "cpu": held; "": grown)."""
 
     share: float
     rate_per_s: float
@@ -179,7 +181,7 @@ class ShareChanged:
     baseline_commit_ms: float = 0.0
     cpu_share: float = 0.0
     copy_mb_per_s: float = 0.0
-    hurt: str = ""
+    limited_by: str = ""
 
 
 PacerAction: TypeAlias = Pause | ShareChanged
@@ -209,11 +211,13 @@ def start(
     )
 
 
-def hurt_by(
+def limited_by(
     rate: float, baseline: float, commit_ms: float, baseline_commit_ms: float, cpu_share: float
 ) -> str:
-    """Why a window with live traffic counts as hurt by the copy ("" when it does not): live
-    entries below the drop bound, commits slower than their bound, or the CPU spent."""
+    """What keeps a window with live traffic from growing the share ("" when nothing does): live
+    work slowed (live entries below the drop bound: "live rate", commits slower than their bound:
+    "commit latency"; the share is cut), or no room ("cpu": the process at its bound; the share
+    holds)."""
     if rate < (1 - limits.catchup_produce_drop_max) * baseline:
         return "live rate"
     if baseline_commit_ms > 0 and commit_ms > max(
@@ -236,18 +240,18 @@ def _judge(state: PacerState, event: Piece, elapsed_s: float) -> tuple[PacerStat
     copy_mb_per_s = max(0, now.copied_bytes - before.copied_bytes) / elapsed_s / 1e6
     share, baseline, cut = state.share, state.baseline_per_s, state.cut
     baseline_commit_ms = state.baseline_commit_ms
-    hurt = ""
+    limit = ""
     if rate > 0:
         if baseline <= 0:
             baseline = rate  # traffic began during the copy: judged against its first window
             baseline_commit_ms = baseline_commit_ms or commit_ms
         else:
             baseline_commit_ms = baseline_commit_ms or commit_ms
-            hurt = hurt_by(rate, baseline, commit_ms, state.baseline_commit_ms, cpu_share)
-            if hurt:
+            limit = limited_by(rate, baseline, commit_ms, state.baseline_commit_ms, cpu_share)
+            if limit in ("live rate", "commit latency"):
                 share = max(limits.copy_pace_share_min, share * limits.copy_pace_cut)
                 cut = True
-            else:
+            elif not limit:
                 grown = share + limits.copy_pace_step if cut else share * 2
                 share = min(limits.copy_pace_share_max, grown)
     judged = PacerState(
@@ -263,7 +267,7 @@ def _judge(state: PacerState, event: Piece, elapsed_s: float) -> tuple[PacerStat
         cpu_share,
     )
     changed = ShareChanged(
-        share, rate, baseline, commit_ms, baseline_commit_ms, cpu_share, copy_mb_per_s, hurt
+        share, rate, baseline, commit_ms, baseline_commit_ms, cpu_share, copy_mb_per_s, limit
     )
     return judged, changed
 
@@ -318,7 +322,7 @@ class CopyReport:
     copy_mb_per_s: float = 0.0  # over the last whole window
     cpu_share: float = 0.0  # the process's, over the last whole window
     commit_ms: float = 0.0  # the mean store commit over the last whole window with traffic
-    hurt: str = ""  # why the share was last cut ("" while it was not)
+    limited_by: str = ""  # what kept the last judged window from growing the share ("": nothing)
     ended: bool = False
 
     @property
@@ -339,7 +343,7 @@ class CopyReport:
             "ceiling_mb_per_s": self.ceiling_mb_per_s,
             "cpu_share": round(self.cpu_share, 3),
             "commit_ms": round(self.commit_ms, 2),
-            "hurt": self.hurt,
+            "limited_by": self.limited_by,
             "copied_bytes": self.copied_bytes,
             "seconds": round(self.seconds, 2),
             "paused_s": round(self.paused_s, 2),

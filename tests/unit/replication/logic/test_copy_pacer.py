@@ -205,7 +205,7 @@ def test_commits_slowing_past_their_bound_cut_the_share() -> None:
     cut, actions = _window(state, commit_ms=9.5)
     assert cut.share == pytest.approx(0.2 * limits.copy_pace_cut)
     [changed] = [a for a in actions if isinstance(a, ShareChanged)]
-    assert changed.hurt == "commit latency"
+    assert changed.limited_by == "commit latency"
     assert changed.commit_ms == pytest.approx(9.5)
 
 
@@ -216,20 +216,22 @@ def test_sub_millisecond_commits_are_not_cut_over_noise() -> None:
     assert state.share == pytest.approx(0.4)
 
 
-def test_process_cpu_at_its_bound_cuts_the_share() -> None:
+def test_process_cpu_at_its_bound_holds_the_share() -> None:
     state = pacing.start(0.0, 0.4, baseline_per_s=300.0, live_total=0)
     below, _ = _window(state, cpu_share=limits.copy_pace_cpu_share_max - 0.05)
     at, actions = _window(state, cpu_share=limits.copy_pace_cpu_share_max)
     assert below.share == pytest.approx(0.8)
-    assert at.share == pytest.approx(0.4 * limits.copy_pace_cut)
-    assert [a.hurt for a in actions if isinstance(a, ShareChanged)] == ["cpu"]
+    # No room to grow, but live work did not slow: neither grown nor cut.
+    assert at.share == pytest.approx(0.4)
+    assert not at.cut
+    assert [a.limited_by for a in actions if isinstance(a, ShareChanged)] == ["cpu"]
     assert at.cpu_share == pytest.approx(limits.copy_pace_cpu_share_max)
 
 
 def test_live_rate_drop_is_named_first() -> None:
     state = pacing.start(0.0, 0.4, baseline_per_s=300.0, live_total=0, baseline_commit_ms=1.0)
     _, actions = _window(state, rate=100.0, commit_ms=50.0, cpu_share=1.0)
-    assert [a.hurt for a in actions if isinstance(a, ShareChanged)] == ["live rate"]
+    assert [a.limited_by for a in actions if isinstance(a, ShareChanged)] == ["live rate"]
 
 
 def test_commit_baseline_is_taken_from_the_first_window_when_none_was_known() -> None:
