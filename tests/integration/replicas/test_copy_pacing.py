@@ -4,7 +4,10 @@ copy"; docs/operations.md, "A copy's rate ceiling"): real ``kayos node`` process
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import threading
 import urllib.request
 from typing import Any
 
@@ -61,3 +64,47 @@ def test_a_snapshot_is_held_to_the_node_ceiling_and_reported(start_cluster: Any)
     log = cluster.log_path("c").read_text(errors="replace")
     assert "snapshot: copy paced:" in log
     assert "ceiling 8 MB/s" in log
+
+
+def test_a_learner_slower_than_the_link_gets_the_snapshot_in_one_attempt(
+    start_cluster: Any,
+) -> None:
+    # d is stopped 0.35 s of every 0.45 s while it copies: the upstream sends faster than d
+    # reads, so the end of the file is likely still in flight when the upstream has sent it all.
+    # The upstream must wait for d to hang up: closed at once, with d's PONGs unread, the
+    # connection is reset and what d had not read yet is lost (the copy then starts again; with
+    # the upstream closing at once most runs of this test saw a second attempt).
+    cluster = start_cluster(nodes=4, replicas=3, shards=1)
+    head = cluster.url("a")
+    last = 0
+    for batch in range(100):  # 100 x 50 x 16000 B: about 80 MB
+        messages = [(f"k{batch}-{i}", "x" * 16000) for i in range(50)]
+        _first, last = produce_ok(head, "q", messages)
+    pid = cluster.pid("d")
+    assert pid is not None
+    stop = threading.Event()
+
+    def duty_cycle() -> None:
+        while not stop.is_set():
+            os.kill(pid, signal.SIGSTOP)
+            stop.wait(0.35)  # the stopped part of the cycle, not a synchronisation
+            os.kill(pid, signal.SIGCONT)
+            stop.wait(0.1)
+
+    body = {"epoch": cluster.topology.epoch, "shard": 0, "upstream": "c"}
+    assert catch_up(cluster, "d", body)[0] == 200
+    cycling = threading.Thread(target=duty_cycle)
+    cycling.start()
+    try:
+        wait_until(
+            lambda: (learner := answered_replica(cluster, "d")) and learner["snapshot"]["done"],
+            "d installed the snapshot",
+        )
+    finally:
+        stop.set()
+        cycling.join()
+        os.kill(pid, signal.SIGCONT)
+    wait_until(lambda: learned_through(cluster, "d", last), "d copied the shard")
+    learner = answered_replica(cluster, "d")
+    assert learner is not None
+    assert learner["snapshot"]["attempts"] == 1, learner["snapshot"]
