@@ -32,7 +32,8 @@ log = logging.getLogger("kayos.replication")
 class CopyPacer:
     """Paces one copy: ``await after_piece(busy_s, piece_bytes)`` after each piece of its work,
     ``finish()`` once it is over. ``reports``: where the copy's report is kept under ``what``
-    (the replica's ``copies``), replacing the previous copy of that name."""
+    (the replica's ``copies``), replacing the previous copy of that name; ``judge_commits``:
+    False where the replica's commits are the copy's own."""
 
     def __init__(
         self,
@@ -44,6 +45,7 @@ class CopyPacer:
         ceiling_mb_per_s: float = 0.0,
         reports: dict[str, CopyReport] | None = None,
         cpu_s: Callable[[], float] = time.process_time,
+        judge_commits: bool = True,
     ) -> None:
         self.what = what
         self.clock = clock
@@ -59,6 +61,7 @@ class CopyPacer:
             baseline_commit_ms=rate.baseline_commit_ms(now),
             marks=self._marks(),
             ceiling_mb_per_s=ceiling_mb_per_s,
+            judge_commits=judge_commits,
         )
         self.report = CopyReport(what, now, ceiling_mb_per_s, self.state.share)
         if reports is not None:

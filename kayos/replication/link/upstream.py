@@ -399,6 +399,9 @@ class UpstreamLink:
                 limits.catchup_produce_share_max,
                 ceiling_mb_per_s=replica.copy_rate_mb_per_s_max,
                 reports=replica.copies,
+                # Its commits are the copy itself: their time says how big its pieces are, not
+                # how live work fares.
+                judge_commits=False,
             )
             if self.copy
             else None

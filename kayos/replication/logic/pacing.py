@@ -12,7 +12,7 @@ asked of other nodes):
   one-window rates before the copy.
 - its store's commit latency (every group commit, fsync included, timed where it lands): the
   disk's answer to the copy's reads and writes. Baseline: the median of the same windows' mean
-  commit times.
+  commit times. Not judged where the commits are the copy's own (a learner's catch-up commits).
 - its own process's CPU share over the window (``time.process_time``, which the caller passes
   in): at ``copy_pace_cpu_share_max`` the event loop that serves live traffic has no time left.
 
@@ -133,7 +133,9 @@ class PacerState:
     the window being measured starts at ``window_start_s`` with the totals ``window_start``;
     ``cut``: the share was cut at least once (growth is then additive, before it doubling);
     ``ceiling_mb_per_s``: the copy's byte-rate ceiling (0: none); ``copy_mb_per_s`` and
-    ``cpu_share``: the last whole window's copy rate and process CPU share (for reports)."""
+    ``cpu_share``: the last whole window's copy rate and process CPU share (for reports);
+    ``judge_commits``: whether the member's commit time is a signal (not where the commits are
+    the copy's own: a learner's catch-up commits)."""
 
     share: float
     baseline_per_s: float
@@ -145,6 +147,7 @@ class PacerState:
     ceiling_mb_per_s: float = 0.0
     copy_mb_per_s: float = 0.0
     cpu_share: float = 0.0
+    judge_commits: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +199,7 @@ def start(
     baseline_commit_ms: float = 0.0,
     marks: Marks = Marks(),
     ceiling_mb_per_s: float = 0.0,
+    judge_commits: bool = True,
 ) -> PacerState:
     if ceiling_mb_per_s < 0:
         raise ValueError(f"a copy's rate ceiling is >= 0 MB/s (0: none), not {ceiling_mb_per_s}")
@@ -205,9 +209,10 @@ def start(
         baseline_per_s,
         now_s,
         live_total,
-        baseline_commit_ms=baseline_commit_ms,
+        baseline_commit_ms=baseline_commit_ms if judge_commits else 0.0,
         window_start=marks,
         ceiling_mb_per_s=ceiling_mb_per_s,
+        judge_commits=judge_commits,
     )
 
 
@@ -240,13 +245,14 @@ def _judge(state: PacerState, event: Piece, elapsed_s: float) -> tuple[PacerStat
     copy_mb_per_s = max(0, now.copied_bytes - before.copied_bytes) / elapsed_s / 1e6
     share, baseline, cut = state.share, state.baseline_per_s, state.cut
     baseline_commit_ms = state.baseline_commit_ms
+    first_commit_ms = commit_ms if state.judge_commits else 0.0
     limit = ""
     if rate > 0:
         if baseline <= 0:
             baseline = rate  # traffic began during the copy: judged against its first window
-            baseline_commit_ms = baseline_commit_ms or commit_ms
+            baseline_commit_ms = baseline_commit_ms or first_commit_ms
         else:
-            baseline_commit_ms = baseline_commit_ms or commit_ms
+            baseline_commit_ms = baseline_commit_ms or first_commit_ms
             limit = limited_by(rate, baseline, commit_ms, state.baseline_commit_ms, cpu_share)
             if limit in ("live rate", "commit latency"):
                 share = max(limits.copy_pace_share_min, share * limits.copy_pace_cut)
@@ -265,6 +271,7 @@ def _judge(state: PacerState, event: Piece, elapsed_s: float) -> tuple[PacerStat
         state.ceiling_mb_per_s,
         copy_mb_per_s,
         cpu_share,
+        state.judge_commits,
     )
     changed = ShareChanged(
         share, rate, baseline, commit_ms, baseline_commit_ms, cpu_share, copy_mb_per_s, limit

@@ -328,3 +328,16 @@ def test_driver_reports_the_copy_and_ends_it() -> None:
     assert report.commit_ms == pytest.approx(3.0)
     assert report.paused_s > 0
     assert report.to_json()["ceiling_mb_per_s"] == 200.0
+
+
+def test_a_copy_whose_commits_are_its_own_ignores_their_time() -> None:
+    # A learner's catch-up commits: slow commits are its own big pieces, not live work slowing.
+    state = pacing.start(
+        0.0, 0.2, baseline_per_s=300.0, live_total=0, baseline_commit_ms=4.0, judge_commits=False
+    )
+    assert state.baseline_commit_ms == 0.0
+    state, _ = _window(state, commit_ms=3.0)
+    state, actions = _window(state, commit_ms=400.0)
+    assert state.share == pytest.approx(0.8)
+    assert not state.cut
+    assert [a.limited_by for a in actions if isinstance(a, ShareChanged)] == [""]
