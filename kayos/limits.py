@@ -926,3 +926,28 @@ assert credential_secret_bytes >= 32
 assert credential_salt_bytes >= 16
 assert credential_secrets_max == 2, "a rotation holds the old and the new secret, no more"
 assert auth_refusal_log_lines_per_minute_max >= 1
+
+# --- The copy pacer's own measurements and the copy's rate ceiling (docs/performance.md, "Pacing
+# a copy"; docs/operations.md, "A copy's rate ceiling") ---
+# Besides a live-rate drop, a window with live traffic cuts the copy's share when the member's
+# mean store commit (fsync included) took more than this many times its mean before the copy, and
+# at least copy_pace_commit_slack_ms more: 2x is the disk queueing the copy's I/O ahead of the
+# chain's fsyncs; the slack keeps sub-millisecond fsyncs (page-cache-backed virtual disks) from
+# cutting a copy over noise.
+copy_pace_commit_rise_max = 2.0
+copy_pace_commit_slack_ms = 5.0
+# A window in which the member's own process spent this share of one core on CPU
+# (time.process_time) does not grow the share (it holds): the event loop that serves live traffic
+# runs on one core, so past 0.9 of it there is no room for more copy work. Not a cut: a node busy
+# before the copy would otherwise hold every copy at the floor while live work did not slow.
+copy_pace_cpu_share_max = 0.9
+# The default of a node's copy_rate_mb_per_s_max (`kayos node --copy-rate-mb-per-s-max`): the
+# bytes per second (MB = 10^6 bytes) any one copy this node serves or writes may reach, whatever
+# its share. 0: no ceiling (the pacer's share alone bounds it while live traffic flows; an idle
+# shard is copied as fast as the disk and CPU go).
+copy_rate_mb_per_s_max = 0.0
+
+assert copy_pace_commit_rise_max > 1
+assert copy_pace_commit_slack_ms >= 0
+assert 0 < copy_pace_cpu_share_max <= 1
+assert copy_rate_mb_per_s_max >= 0

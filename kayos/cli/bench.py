@@ -305,7 +305,10 @@ def bench_failover_command(
 ) -> None:
     """3 nodes + 3 managers: kill -9 and SIGSTOP of each role as connected acks=all producers
     see them (writes_resume_s, longest_gap_s, lost, duplicates), and false_removals under
-    300 ms stalls."""
+    300 ms stalls.
+
+    The catch-up figures (catchup_mb_per_s, disk_seq_write_mb_per_s, produce_drop_during_catchup,
+    copy_mode, copy_cpu_s_per_gb) are `kayos bench heal`'s, which ran under this name before."""
     from kayos.bench.membership.failover import (
         FailoverBenchParameters,
         bench_failover,
@@ -367,7 +370,9 @@ def bench_heal_command(
     base: str | None,
     plot: str | None,
 ) -> None:
-    """3 nodes + 3 managers, acks=all producers throughout: dead and slow node removal, catch-up."""
+    """3 nodes + 3 managers, acks=all producers throughout: dead and slow node removal, catch-up
+    (catchup_mb_per_s, disk_seq_write_mb_per_s, produce_drop_during_catchup, copy_mode,
+    copy_cpu_s_per_gb)."""
     from kayos.bench.membership.heal import HealBenchParameters, bench_heal
 
     given: dict[str, Any] = {

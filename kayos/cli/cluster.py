@@ -102,6 +102,14 @@ def _host_port(text: str | None, flag: str) -> tuple[str, int] | None:
     help="A credentials table (JSON, docs/security.md) the node takes at start if it is newer "
     "than the one in its data directory.",
 )
+@click.option(
+    "--copy-rate-mb-per-s-max",
+    default=None,
+    type=click.FloatRange(min=0),
+    metavar="MB/S",
+    help="Ceiling of any one copy's rate this node serves or writes, MB/s (0: none; default: "
+    "limits.copy_rate_mb_per_s_max); see docs/operations.md.",
+)
 def node(
     config_path: str,
     node_id: str,
@@ -111,6 +119,7 @@ def node(
     listen_bin: str | None,
     insecure: bool,
     credentials_table_path: str | None,
+    copy_rate_mb_per_s_max: float | None,
 ) -> None:
     """Run one node of a cluster in the foreground until SIGINT/SIGTERM."""
     import asyncio
@@ -135,6 +144,11 @@ def node(
         if credentials_table_path is not None:
             with open(credentials_table_path, "rb") as handle:
                 table = decode_table(handle.read(limits.credentials_table_bytes_max + 1))
+        ceiling = (
+            limits.copy_rate_mb_per_s_max
+            if copy_rate_mb_per_s_max is None
+            else copy_rate_mb_per_s_max
+        )
         asyncio.run(
             serve(
                 topology,
@@ -144,6 +158,7 @@ def node(
                 managed=managed,
                 insecure=insecure,
                 credentials_table=table,
+                copy_rate_mb_per_s_max=ceiling,
             )
         )
     except KayosError as exc:  # refused at start: a bad file, another cluster's data directory

@@ -83,13 +83,19 @@ class Node:
         clock: Clock | None = None,
         rng: random.Random | None = None,
         managed: bool = False,
+        copy_rate_mb_per_s_max: float = limits.copy_rate_mb_per_s_max,
     ) -> None:
         if node_id not in topology.nodes:
             raise InvalidRequest(f"node {node_id!r} is not in the topology")
+        if copy_rate_mb_per_s_max < 0:
+            raise InvalidRequest("copy_rate_mb_per_s_max is >= 0 MB/s (0: no ceiling)")
         self.topology = topology
         self.node_id = node_id
         self.address = topology.nodes[node_id]
         self.data_dir = data_dir
+        # The byte-rate ceiling of every copy this node serves or writes (docs/operations.md,
+        # "A copy's rate ceiling"; 0: none), given to each replica it opens.
+        self.copy_rate_mb_per_s_max = copy_rate_mb_per_s_max
         self.clock = clock or SystemClock()
         self.rng = rng or random.Random()  # noqa: S311 (backoff jitter and tail choice)
         # This process's incarnation: 64 random bits, new at every start (docs/node-api.md).

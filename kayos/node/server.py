@@ -43,6 +43,7 @@ async def serve(
     *,
     insecure: bool = False,
     credentials_table: CredentialsTable | None = None,
+    copy_rate_mb_per_s_max: float = limits.copy_rate_mb_per_s_max,
 ) -> None:
     """Serves until SIGINT/SIGTERM, then closes links and stores cleanly.
 
@@ -53,8 +54,15 @@ async def serve(
     ``managed``: manager members can splice the chains (the node's lease, docs/manager.md).
     ``credentials_table``: offered to the node before it serves (taken if newer than its own);
     with no credentials a node bound off loopback refuses to start unless ``insecure``
-    (docs/security.md, "Safe defaults")."""
-    node = Node(topology, node_id, data_dir, managed=managed)
+    (docs/security.md, "Safe defaults"). ``copy_rate_mb_per_s_max``: the ceiling of its copies'
+    rate (docs/operations.md)."""
+    node = Node(
+        topology,
+        node_id,
+        data_dir,
+        managed=managed,
+        copy_rate_mb_per_s_max=copy_rate_mb_per_s_max,
+    )
     lock = DirectoryLock.acquire(data_dir, what=f"node {node_id}'s data dir")
     try:
         if credentials_table is not None:

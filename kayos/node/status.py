@@ -78,6 +78,7 @@ def node_status(node: Node) -> dict[str, Any]:
                 "write_hold": node.reconfigure.hold_status(shard_id),
                 "disk_full": replica.disk_full,
                 "retention": node.retention.status(replica),
+                "copies": [report.to_json() for report in replica.copies.values()],
             }
             for shard_id, replica in node.replicas.items()
         }

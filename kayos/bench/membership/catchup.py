@@ -12,7 +12,10 @@ copy over the copy's wall time, the median of ``idle_copies`` copies of the idle
 holding nothing copies the source's store file whole, docs/replication-protocol.md "Store
 snapshots", so its file is the source's) on an idle shard and under live writes, produce msgs/s
 with and without a copy running, and ``produce_drop_during_catchup`` (1 - with / without, mean
-over the rounds).
+over the rounds). Each copy also reports ``copy_mode`` (``file`` or ``log``) and
+``copy_cpu_s_per_gb`` (c's and d's CPU seconds spent on it per GB copied; an idle copy's baseline
+is the ``IDLE_BASELINE_S`` before it, a round's its produce phase alone:
+``kayos.bench.membership.copycost``); the top level gives the idle copies' mode and median cost.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kayos.bench.membership.copycost import CpuMark, copy_cost, cpu_mark, log_size
 from kayos.bench.produce import machine_facts
 from kayos.local.cluster import LocalCluster
 from kayos.local.http import http_json
@@ -35,6 +39,8 @@ from kayos.signing import sign
 
 QUEUE = "catchup"
 LIVE_QUEUE = "catchup-live"
+# The baseline window of an idle copy's CPU cost: the serving node's CPU per second before it.
+IDLE_BASELINE_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,13 +141,31 @@ async def _copy(cluster: LocalCluster, timeout_s: float) -> float:
     raise RuntimeError(f"d did not copy the shard within {timeout_s} s")
 
 
-def _copy_figures(cluster: LocalCluster, seconds: float) -> dict[str, float]:
+async def _measured_copy(
+    cluster: LocalCluster, timeout_s: float, baseline: tuple[CpuMark, CpuMark] | None
+) -> tuple[float, dict[str, Any]]:
+    """``_copy`` with what it cost (``copy_mode``, ``copy_cpu_s_per_gb``: docs/performance.md,
+    "What a copy costs"; ``baseline``: the window before it, None: the last ``IDLE_BASELINE_S``)."""
+    if baseline is None:
+        before = cpu_mark(cluster, ["c"])
+        await asyncio.sleep(IDLE_BASELINE_S)  # the baseline window's length, not a wait
+        baseline = (before, cpu_mark(cluster, ["c"]))
+    offset = log_size(cluster.log_path("d"))
+    start = cpu_mark(cluster, ["c", "d"])
+    seconds = await _copy(cluster, timeout_s)
+    end = cpu_mark(cluster, ["c", "d"])
+    copied = _file_mb(cluster, "d") * (1 << 20)
+    cost = copy_cost(cluster, "d", offset, (baseline, start, end), copied)
+    return seconds, cost
+
+
+def _copy_figures(cluster: LocalCluster, seconds: float) -> dict[str, Any]:
     """One idle copy: its wall time (order to the learner holding the source's last seq) and, if
     it went by snapshot, the file copy's own time (docs/replication-protocol.md, "Store
     snapshots"); the rest is the order, opening the copy and subscribing."""
     mb = _file_mb(cluster, "d")
     snapshot = _status(cluster, "d").get("snapshot") or {}
-    figures = {"seconds": round(seconds, 3), "learner_file_mb": round(mb, 1)}
+    figures: dict[str, Any] = {"seconds": round(seconds, 3), "learner_file_mb": round(mb, 1)}
     figures["mb_per_s"] = round(mb / seconds, 1)
     if snapshot.get("done"):
         figures["snapshot_copy_s"] = float(snapshot["seconds"])
@@ -159,32 +183,34 @@ def _file_mb(cluster: LocalCluster, node: str) -> float:
 async def _run(cluster: LocalCluster, parameters: CatchUpBenchParameters) -> dict[str, Any]:
     from kayos.client.aio import AsyncClient
 
-    rounds: list[dict[str, float]] = []
+    rounds: list[dict[str, Any]] = []
     async with AsyncClient(list(cluster.urls.values()), name="kayos-bench-catchup") as client:
         await _fill(client, parameters.shard_mb, parameters.fill_value_bytes)
         cluster.wait_replicated(120)
         source_mb = _file_mb(cluster, "c")
-        idle: list[dict[str, float]] = []
+        idle: list[dict[str, Any]] = []
         for copy_no in range(parameters.idle_copies):
             if copy_no:
                 await asyncio.to_thread(_wipe_learner, cluster)
-            copy_s = await _copy(cluster, parameters.copy_timeout_s)
-            idle.append(_copy_figures(cluster, copy_s))
+            copy_s, cost = await _measured_copy(cluster, parameters.copy_timeout_s, None)
+            idle.append(_copy_figures(cluster, copy_s) | cost)
         idle_s = sorted(c["seconds"] for c in idle)[len(idle) // 2]
         idle_mb = idle[0]["learner_file_mb"]
         for _ in range(parameters.rounds):
+            before = cpu_mark(cluster, ["c"])
             alone = await _produce_for(
                 client, parameters.produce_s, parameters.in_flight, asyncio.Event()
             )
+            baseline = (before, cpu_mark(cluster, ["c"]))
             await asyncio.to_thread(_wipe_learner, cluster)
             cluster.wait_replicated(120)
             stop = asyncio.Event()
-            copy = asyncio.create_task(_copy(cluster, parameters.copy_timeout_s))
+            copy = asyncio.create_task(_measured_copy(cluster, parameters.copy_timeout_s, baseline))
             # The produce phase lasts as long as the copy (at least produce_s).
             producing = asyncio.create_task(
                 _produce_for(client, parameters.copy_timeout_s, parameters.in_flight, stop)
             )
-            copy_s = await copy
+            copy_s, cost = await copy
             remaining = parameters.produce_s - copy_s
             if remaining > 0:
                 await asyncio.sleep(remaining)  # the phase's length, not a synchronisation
@@ -199,12 +225,18 @@ async def _run(cluster: LocalCluster, parameters: CatchUpBenchParameters) -> dic
                     "catchup_mb_per_s_under_load": round(shard_mb / copy_s, 1),
                     "shard_mb": round(shard_mb, 1),
                 }
+                | cost
             )
     drops = [
         1 - r["produce_msgs_per_s_during_catchup"] / r["produce_msgs_per_s_alone"] for r in rounds
     ]
+    costs = [c["copy_cpu_s_per_gb"] for c in idle if c["copy_cpu_s_per_gb"] is not None]
+    modes = [c["copy_mode"] for c in idle]
     return {
         "catchup_mb_per_s": round(idle_mb / idle_s, 1),
+        # How the idle copies went and what they cost (the rounds' under load are per round).
+        "copy_mode": modes[0] if len(set(modes)) == 1 else modes,
+        "copy_cpu_s_per_gb": sorted(costs)[len(costs) // 2] if costs else None,
         "idle_copies": idle,
         "catchup_shard_mb": round(idle_mb, 1),
         "source_file_mb": round(source_mb, 1),

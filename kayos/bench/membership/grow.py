@@ -26,7 +26,11 @@ files are sparse); d held nothing before, so it is the copy. ``longest_ack_gap_s
 ``_during``: the longest stretch with no ack at all (a chain change stalls a shard's producers while
 they find its new head). ``min_replicas_seen`` is the
 lowest replica count of any shard at any epoch in the manager's log of changes
-(GET /v1/manager/changes) from the rebalance on: 3 unless a move shortened a chain.
+(GET /v1/manager/changes) from the rebalance on: 3 unless a move shortened a chain. After the
+run, with d still up, every queue is consumed by a fresh group to an end marker:
+``consumed_in_order`` is true when every acknowledged message was consumed and each producer's
+came out in the order it sent them (``consumed``: the counts, ``lost``, ``out_of_order`` and
+examples; ``kayos.bench.membership.consumed``).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from kayos import limits
+from kayos.bench.membership.consumed import check_consumed
 from kayos.bench.membership.heal import wait_for
 from kayos.bench.membership.load import (
     Producers,
@@ -214,6 +219,25 @@ def _add_and_rebalance(
     return int(start["epoch"]), planned
 
 
+def _consume_all(
+    urls: list[str],
+    producers: Producers,
+    parameters: GrowBenchParameters,
+    phase: Callable[[str], None],
+) -> dict[str, Any]:
+    """Stops the producers and consumes every queue they wrote to its end: the verdict of
+    ``kayos.bench.membership.consumed``."""
+    producers.finish(parameters.step_timeout_s)
+    phase("consuming every queue")
+    with producers.lock:
+        acked = list(producers.acked)
+    return check_consumed(urls, producers.queues, acked, parameters.move_timeout_s)
+
+
+def _rate(producers: Producers, begin: float, end: float) -> float:
+    return round(producers.acked_between(begin, end) / max(end - begin, 1e-6), 1)
+
+
 def _longest_ack_gap(producers: Producers, begin: float, end: float) -> float:
     """The longest time no producer got an ack in [begin, end): a chain change's stall."""
     with producers.lock:
@@ -275,16 +299,11 @@ def _run(
         after_end = time.monotonic()
         copied_samples = sampler.stop()
         final = manager_status(cluster)
+        consumed = _consume_all(urls, producers, parameters, phase)
     finally:
         producers.finish(step)
         node.terminate()
         node.wait(step)
-
-    def rate(begin: float, end: float) -> float:
-        return round(producers.acked_between(begin, end) / max(end - begin, 1e-6), 1)
-
-    def longest_gap(begin: float, end: float) -> float:
-        return _longest_ack_gap(producers, begin, end)
 
     load = phase_figures(producers, (before_start, before_end), (before_end, during_end))
     drop = load["produce_drop"]
@@ -296,13 +315,13 @@ def _run(
         "produce_offered_per_s": load["produce_offered_per_s"],
         "produce_msgs_per_s_before": load["produce_acks_per_s_before"],
         "produce_msgs_per_s_during": load["produce_acks_per_s_during"],
-        "produce_msgs_per_s_after": rate(during_end, after_end),
+        "produce_msgs_per_s_after": _rate(producers, during_end, after_end),
         "produce_during_share": None if drop is None else round(1 - drop, 3),
         "produce_during_share_target": PRODUCE_DURING_SHARE_TARGET,
         "ack_p99_ms_before": load["ack_p99_ms_before"],
         "ack_p99_ms_during": load["ack_p99_ms_during"],
-        "longest_ack_gap_s_before": longest_gap(before_start, before_end),
-        "longest_ack_gap_s_during": longest_gap(before_end, during_end),
+        "longest_ack_gap_s_before": _longest_ack_gap(producers, before_start, before_end),
+        "longest_ack_gap_s_during": _longest_ack_gap(producers, before_end, during_end),
         "move_s": round(during_end - before_end, 3),
         "moves": planned,
         "bytes_copied": copied,
@@ -310,9 +329,33 @@ def _run(
         "replicas": replicas,
         "min_replicas_seen": min_replicas_since(cluster, start_epoch),
         "produce_errors": producers.errors,
+        # Every acknowledged message consumed, in each producer's order (kayos.bench.membership.
+        # consumed): the acceptance's second half.
+        "consumed_in_order": consumed["consumed_in_order"],
+        "consumed": consumed,
+        "targets": _targets(drop, consumed["consumed_in_order"]),
         "grow_series": _series(
             producers, (before_start, before_end, during_end, after_end), copied_samples
         ),
+    }
+
+
+def _targets(drop: float | None, in_order: bool) -> dict[str, dict[str, Any]]:
+    """The acceptance's two halves: produce during the move at least
+    ``PRODUCE_DURING_SHARE_TARGET`` of before, and every acknowledged message consumed in order
+    after."""
+    share = None if drop is None else round(1 - drop, 3)
+    return {
+        "produce_during_share": {
+            "value": share,
+            "target": f">= {PRODUCE_DURING_SHARE_TARGET}",
+            "met": share is not None and share >= PRODUCE_DURING_SHARE_TARGET,
+        },
+        "consumed_in_order": {
+            "value": in_order,
+            "target": "every acknowledged message consumed, in order",
+            "met": in_order,
+        },
     }
 
 

@@ -22,6 +22,10 @@ threads then produce one 100 B message at a time with acks=all until the run end
    just before it, the median of its 1 s windows); with ``produce_rate`` (an open-loop producer,
    ``kayos.bench.membership.load``) 1 - (acks/s during the copy) / the offered rate.
    ``ack_p99_ms_before`` / ``_during_catchup``: the acks' latency p99 in the same two spans.
+   ``copy_mode`` (``file``: a store snapshot; ``log``: entry by entry), ``copy_served_by`` and
+   ``copy_cpu_s_per_gb`` (the serving and the returning node's CPU seconds spent on the copy,
+   less the serving node's baseline rate, per GB of the returned store:
+   ``kayos.bench.membership.copycost``).
 
 ``disk_seq_write_mb_per_s`` is measured in the same run on the same filesystem (one file of
 ``disk_probe_mb``, by default the shard's size, in 1 MiB writes, one fsync). ``repeat`` runs the
@@ -45,6 +49,7 @@ from typing import Any
 
 from kayos import limits
 from kayos.bench.membership.catchup import disk_seq_write_mb_per_s
+from kayos.bench.membership.copycost import copy_cost, cpu_mark, log_size
 from kayos.bench.membership.load import (
     Producers,
     phase_figures,
@@ -256,22 +261,29 @@ def _catchup_phase(
     stall held up (else its baseline is that backlog)."""
     step = parameters.step_timeout_s
     wait_for(producers.caught_up, "the producers' backlog", step)
+    cpu_before = cpu_mark(cluster, survivors)
     before = time.monotonic()
     time.sleep(parameters.baseline_s)  # the baseline phase's length, not a wait
     baseline_start, baseline_end = before, time.monotonic()
+    cpu_baseline = (cpu_before, cpu_mark(cluster, survivors))
     shutil.rmtree(cluster.data_dir(victim) / "shards" / "0", ignore_errors=True)
     target = int(_shard_status(cluster, survivors[-1])["last_seq"])
+    log_offset = log_size(cluster.log_path(victim))
     started = time.monotonic()
     cluster.start(victim)  # returns once the node answers
     ready = time.monotonic()
+    cpu_start = cpu_mark(cluster, [*survivors, victim])
     samples: list[list[float]] = []
     caught = wait_for(
         _catchup_poll(cluster, victim, target, baseline_start, samples),
         f"{victim} catching up to seq {target}",
         parameters.catchup_timeout_s,
     )
+    cpu_end = cpu_mark(cluster, [*survivors, victim])
     copy_s = caught - ready
     shard_mb = _file_mb(cluster, victim)
+    marks = (cpu_baseline, cpu_start, cpu_end)
+    figures.update(copy_cost(cluster, victim, log_offset, marks, shard_mb * (1 << 20)))
     load = phase_figures(producers, (baseline_start, baseline_end), (ready, caught))
     figures["catchup_mb_per_s"] = round(shard_mb / copy_s, 1)
     figures["catchup_shard_mb"] = round(shard_mb, 1)
@@ -478,6 +490,11 @@ def _summary(runs: list[dict[str, Any]], parameters: HealBenchParameters) -> dic
         "produce_acks_per_s_during_catchup",
         "ack_p99_ms_before_catchup",
         "ack_p99_ms_during_catchup",
+        "copy_cpu_s_per_gb",
     ):
         result[name] = _spread([run[name] for run in runs])["median"]
+    # How the returning node copied (docs/performance.md, "What a copy costs"): one mode, or
+    # every run's when they differ.
+    modes = [run["copy_mode"] for run in runs]
+    result["copy_mode"] = modes[0] if len(set(modes)) == 1 else modes
     return result

@@ -58,6 +58,9 @@ class Producers:
     count: int
     queues: tuple[str, ...]
     calls: list[tuple[float, float]] = field(default_factory=list)
+    # (queue, key) of each acknowledged message, in the order of its ack (``kayos bench grow``
+    # consumes them all afterwards: kayos.bench.membership.consumed).
+    acked: list[tuple[str, str]] = field(default_factory=list)
     errors: int = 0
     stop: threading.Event = field(default_factory=threading.Event)
     threads: list[threading.Thread] = field(default_factory=list)
@@ -78,14 +81,16 @@ class Producers:
 
     def _send(self, client: Client, key: str, n: int, began: float) -> None:
         """One acks=all message; its (began, acknowledged) recorded, or an error counted."""
+        queue = self.queues[n % len(self.queues)]
         try:
-            client.produce(self.queues[n % len(self.queues)], key, "v" * 100, acks="all")
+            client.produce(queue, key, "v" * 100, acks="all")
         except KayosError:
             with self.lock:
                 self.errors += 1
             return
         with self.lock:
             self.calls.append((began, time.monotonic()))
+            self.acked.append((queue, key))
 
     def caught_up(self) -> bool:
         """A closed loop has no backlog."""

@@ -275,6 +275,31 @@ def copy_family() -> Family:
     return copied
 
 
+def _copy_families(node: Node) -> list[Family]:
+    """The copies the node serves or writes (docs/performance.md, "Pacing a copy"), each as its
+    pacer last chose: its bytes per second and its share of the node's time."""
+    labels = ["shard", "copy"]
+    rate = GaugeMetricFamily(
+        "kayos_copy_rate_mb_per_s",
+        "A copy's rate over the pacer's last whole window, in MB (10^6 bytes) per second "
+        "(0 once the copy ended)",
+        labels=labels,
+    )
+    share = GaugeMetricFamily(
+        "kayos_copy_share",
+        "The share of the node's time the copy pacer lets a copy take while live traffic flows",
+        labels=labels,
+    )
+    replicas = [*node.replicas.items()]
+    replicas += [(s, learner.replica) for s, learner in node.learners.items() if learner.replica]
+    for shard_id, replica in replicas:
+        for report in replica.copies.values():
+            key = [str(shard_id), report.kind]
+            rate.add_metric(key, 0.0 if report.ended else report.copy_mb_per_s)
+            share.add_metric(key, report.share)
+    return [rate, share]
+
+
 class Collector:
     """The node's metrics that are read, not counted as they happen: one pass over its replicas
     per scrape, and the groups' lag of the last ``refresh``."""
@@ -301,6 +326,7 @@ class Collector:
         return [
             *_node_families(self._node),
             copy_family(),
+            *_copy_families(self._node),
             replicas.last,
             replicas.committed,
             replicas.size,

@@ -62,6 +62,7 @@ class Node(Protocol):
     rng: random.Random
     replicas: dict[int, ShardReplica]
     learners: dict[int, Learner]
+    copy_rate_mb_per_s_max: float
 
     @property
     def epoch(self) -> int: ...
@@ -193,6 +194,7 @@ async def open_learner(
         # and a learner left at the old epoch has its every link refused (bench grow found it).
         replica.topology = current
         replica.shard = current.shards[order.shard]
+    replica.copy_rate_mb_per_s_max = node.copy_rate_mb_per_s_max
     learner.replica = replica
     learner.link = UpstreamLink(replica)
     if learner.task is None:
@@ -316,6 +318,7 @@ def learner_status(learner: Learner) -> dict[str, Any]:
         "copy_mode": "file" if learner.snapshot is not None else "log",
         "repair": replica.repair_status(),
         "snapshot": snapshot,
+        "copies": [report.to_json() for report in replica.copies.values()],
     }
 
 

@@ -60,6 +60,7 @@ class Node(Protocol):
     clock: Clock
     rng: random.Random
     commit_seconds: Histogram
+    copy_rate_mb_per_s_max: float
     ready: bool
     links: list[UpstreamLink]
     learners: dict[int, learners.Learner]
@@ -517,6 +518,7 @@ class Reconfigurer:
             )
         )
         replica.commit_observer = node.commit_seconds.labels(str(shard.id)).observe
+        replica.copy_rate_mb_per_s_max = node.copy_rate_mb_per_s_max
         replica.lease_holds = node.lease.holds
         replica.writes_held_until_s = self.held_until_s(shard.id)
         if await asyncio.to_thread(peer_repair.below_mark, replica):

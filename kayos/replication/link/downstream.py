@@ -20,6 +20,7 @@ from kayos.replication.link.stream import (
     close_with,
     recv_answering_pings,
     recv_or_companion_failure,
+    until_hung_up,
 )
 from kayos.replication.logic import chain
 from kayos.replication.shard import lostcommit
@@ -92,7 +93,8 @@ async def _subscription(
         if frame is None:
             return None
         if isinstance(frame, (fr.SnapshotRequest, fr.SnapshotResume)):
-            await serve_snapshot(replica, stream, hello.role, frame)  # then the learner hangs up
+            await serve_snapshot(replica, stream, hello.role, frame)
+            await until_hung_up(stream)
             return None
         if not isinstance(frame, fr.Subscribe) or frame.shard != replica.shard_id:
             raise ProtocolError(f"expected SUBSCRIBE, got {type(frame).__name__}")

@@ -166,6 +166,8 @@ class LinkSender:
                 replica.clock,
                 replica.live_rate,
                 limits.catchup_produce_share_max,
+                ceiling_mb_per_s=replica.copy_rate_mb_per_s_max,
+                reports=replica.copies,
             )
             if throttled
             else None
@@ -194,7 +196,7 @@ class LinkSender:
         ):
             self._send(batch)
 
-    def _send(self, batch: fr.Batch) -> None:
+    def _send(self, batch: fr.Batch) -> int:
         if batch.meta and self.meta_sent is not None:
             for name, value in batch.meta.items():
                 if value is None:
@@ -207,6 +209,7 @@ class LinkSender:
         self._sent_at.append((batch.last_seq, self.replica.clock.monotonic_s()))
         if len(self._sent_at) > limits.latency_samples_max:
             self._sent_at.popleft()
+        return size
 
     def _send_idle_map(self) -> bool:
         """Sends METADATA, the whole replicated map as of ``sent``, when nothing past ``sent``
@@ -257,6 +260,8 @@ class LinkSender:
             recent = replica.recent_run(self.sent + 1) if self.meta_exact else []
             if recent:
                 # The fast path: forward what was accepted, merged, no read-back.
+                if self.pacer is not None and not self.pacer.report.ended:
+                    self.pacer.finish()  # the copy reached what is still in memory
                 self._send(merge_batches(recent))
             else:
                 upto = replica.durable
@@ -295,9 +300,11 @@ class LinkSender:
                         changes = None  # an empty map only marks a link's first batch
                     self.meta_sent = dict(meta)
                 self.meta_exact = exact
-                self._send(build_batch(replica.shard_id, self.sent + 1, covered, entries, changes))
+                size = self._send(
+                    build_batch(replica.shard_id, self.sent + 1, covered, entries, changes)
+                )
                 if self.pacer is not None:
-                    pause_s = self.pacer.decide(time.perf_counter() - started)
+                    pause_s = self.pacer.decide(time.perf_counter() - started, size)
                     if pause_s > 0:
                         await self.stream.drain()
                         await asyncio.sleep(pause_s)

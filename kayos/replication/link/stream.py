@@ -204,6 +204,16 @@ async def recv_answering_pings(stream: FrameStream) -> fr.Frame | None:
             return frame
 
 
+async def until_hung_up(stream: FrameStream) -> None:
+    """Reads (answering PINGs) until the peer hangs up, or a liveness check closes a peer silent
+    for too long: how the side that sent a whole store snapshot ends its link. Closing at once
+    would leave the peer's PONGs unread here, and a socket closed with bytes unread is reset: the
+    snapshot's last chunks, still in flight or not yet read by a learner slower than the link,
+    would be lost with it and the copy fail (docs/replication-protocol.md, "Store snapshots")."""
+    while (frame := await recv_answering_pings(stream)) is not None:
+        raise ProtocolError(f"unexpected {type(frame).__name__} after a snapshot's end")
+
+
 def close_with(stream: FrameStream) -> Callable[[asyncio.Task[None]], None]:
     """A done-callback for the task working one direction of a link: closes ``stream`` when the
     task ends, which ends the other direction's read (``recv_or_companion_failure``)."""

@@ -416,16 +416,7 @@ class UpstreamLink:
         # first.
         carried: fr.Batch | fr.Metadata | None = None
         decode_seen_s = 0.0
-        pacer = (
-            CopyPacer(
-                f"shard {replica.shard_id}: catch-up commits",
-                replica.clock,
-                replica.live_rate,
-                limits.catchup_produce_share_max,
-            )
-            if self.copy
-            else None
-        )
+        pacer = self._catch_up_pacer() if self.copy else None
         while True:
             first = carried if carried is not None else await batches.get()
             carried = None
@@ -444,22 +435,19 @@ class UpstreamLink:
                 # machine too: while it catches up on a shard taking live writes, it takes a
                 # share set by the pacer from the commits it hears of.
                 decoded_s, decode_seen_s = stream.decode_s - decode_seen_s, stream.decode_s
-                await pacer.after_piece(time.perf_counter() - started + decoded_s)
+                piece_bytes = sum(
+                    len(key) + len(value or b"")
+                    for b in group
+                    for key, value in zip(b.keys, b.values, strict=True)
+                )
+                await pacer.after_piece(time.perf_counter() - started + decoded_s, piece_bytes)
             last_entry = max((b.seqs[-1] for b in group if b.seqs), default=0)
             replica.last_entry_seq = max(replica.last_entry_seq, last_entry)
             if replica.catching_up and replica.store.last_seq >= catch_up_target:
                 replica.catching_up = False
-                seconds = time.perf_counter() - self._copy_started_s
-                log.info(
-                    "shard %s: caught up at %s from %s (copy_mode=log: %d bytes of entries "
-                    "in %.2f s, %.1f MB/s)",
-                    replica.shard_id,
-                    replica.store.last_seq,
-                    self.peer,
-                    self._copy_bytes,
-                    seconds,
-                    self._copy_bytes / seconds / 1e6 if seconds > 0 else 0.0,
-                )
+                self._log_caught_up()
+                if pacer is not None:
+                    pacer.finish()
                 self._caught_up()
             replica.local_commit_done()
             meta_at = self._first_batch_last
@@ -474,6 +462,33 @@ class UpstreamLink:
                 await stream.drain()
             if self._stopped:
                 return
+
+    def _catch_up_pacer(self) -> CopyPacer:
+        replica = self.replica
+        return CopyPacer(
+            f"shard {replica.shard_id}: catch-up commits",
+            replica.clock,
+            replica.live_rate,
+            limits.catchup_produce_share_max,
+            ceiling_mb_per_s=replica.copy_rate_mb_per_s_max,
+            reports=replica.copies,
+            # Its commits are the copy itself: their time says how big its pieces are, not how
+            # live work fares.
+            judge_commits=False,
+        )
+
+    def _log_caught_up(self) -> None:
+        seconds = time.perf_counter() - self._copy_started_s
+        log.info(
+            "shard %s: caught up at %s from %s (copy_mode=log: %d bytes of entries "
+            "in %.2f s, %.1f MB/s)",
+            self.replica.shard_id,
+            self.replica.store.last_seq,
+            self.peer,
+            self._copy_bytes,
+            seconds,
+            self._copy_bytes / seconds / 1e6 if seconds > 0 else 0.0,
+        )
 
     def _caught_up(self) -> None:
         """The store reached what the upstream held when it subscribed: a repair link is done;

@@ -33,7 +33,7 @@ from kayos.errors import (
     UnavailableError,
     WrongRoleError,
 )
-from kayos.replication.logic import chain, timeindex
+from kayos.replication.logic import chain, pacing, timeindex
 from kayos.replication.logic.producers import ProducerTable
 from kayos.replication.shard.local_meta import ROLLED_BACK_META_KEY
 from kayos.replication.wire import frames as fr
@@ -125,6 +125,7 @@ class HeadWrites:
     last_entry_seq: int
     time_index: timeindex.TimeIndex
     commit_observer: Callable[[float], None] | None
+    live_rate: pacing.LiveRate
     _writes: deque[_Write]
     _writer: asyncio.Task[None] | None
     _next_seq: int
@@ -457,10 +458,12 @@ class HeadWrites:
 
     def _commit_landed(self, started: float) -> None:
         """A store commit begun at ``started`` (``time.perf_counter``) landed: the disk had room,
-        and the commit observer gets its duration."""
+        and the commit observer and the copy pacer's counter get its duration."""
         self.disk_full = False
+        took_s = time.perf_counter() - started
+        self.live_rate.note_commit(self.clock.monotonic_s(), took_s)
         if self.commit_observer is not None:
-            self.commit_observer(time.perf_counter() - started)
+            self.commit_observer(took_s)
 
     def _commit_now(self, columns: Columns, **options: Any) -> CommitResult:
         """A store commit on the event loop (small ones only: it blocks for one fsync)."""

@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from kayos import limits
 from kayos.clock import Clock
 from kayos.errors import CorruptionError, KayosError
 from kayos.replication.link import liveness
@@ -170,6 +171,11 @@ class ShardReplica(HeadWrites, CatchUp, PersistedProgress, Visibility):
         # Live entries through this member: what the copy pacer watches
         # (kayos.replication.logic.pacing).
         self.live_rate = pacing.LiveRate()
+        # The copies this replica serves or writes, as its status and metrics report them, and
+        # the byte-rate ceiling each is held to (0: none; the node sets it, docs/operations.md
+        # "A copy's rate ceiling").
+        self.copies: dict[str, pacing.CopyReport] = {}
+        self.copy_rate_mb_per_s_max = limits.copy_rate_mb_per_s_max
         # Notified whenever the accepted, durable or commit-point seq moves: link senders and
         # long-polling consumers re-check their condition.
         self.changed = Pulse()

@@ -56,6 +56,8 @@ class SnapshotSource(Protocol):
     catching_up: bool
     repairing: bool
     live_rate: pacing.LiveRate
+    copies: dict[str, pacing.CopyReport]
+    copy_rate_mb_per_s_max: float
     clock: Clock
 
     @property
@@ -90,6 +92,8 @@ async def serve_snapshot(
         replica.clock,
         replica.live_rate,
         limits.snapshot_produce_share_max,
+        ceiling_mb_per_s=replica.copy_rate_mb_per_s_max,
+        reports=replica.copies,
     )
     file = None
     try:
@@ -106,7 +110,7 @@ async def serve_snapshot(
             )
             offset += size
             await stream.drain()
-            await pacer.after_piece(time.perf_counter() - started)
+            await pacer.after_piece(time.perf_counter() - started, size)
         stream.send(
             fr.SnapshotEnd(replica.shard_id, end, crc, data_file.generation, header.last_seq)
         )
@@ -115,16 +119,18 @@ async def serve_snapshot(
         if file is not None:
             file.close()
         data_file.release()
+        report = pacer.finish()
     log.info(
         "shard %s: sent a snapshot of %d bytes from offset %d through seq %s%s "
-        "(paused %.1f s, end share %.3f)",
+        "(paused %.1f s, end share %.3f, %.1f MB/s)",
         replica.shard_id,
         end - start,
         start,
         header.last_seq,
         "" if file is not None else " (read and written: no sendfile)",
-        pacer.paused_s,
-        pacer.state.share,
+        report.paused_s,
+        report.share,
+        report.mean_mb_per_s,
     )
     return end - start
 

@@ -115,6 +115,7 @@ MEANINGS: dict[str, tuple[str, str]] = {
     "--insecure": ("run open beyond loopback", r"open"),
     "--config": ("the configuration file of the process the command runs", r"TOML"),
     "--cpu-weight": ("a cgroup's CPU weight against other processes", r"CPU weight"),
+    "--copy-rate-mb-per-s-max": ("a node's ceiling on a copy's rate, MB/s", r"Ceiling"),
     "--data": ("a data directory", r"data (directory|root)"),
     "--dir": ("where a benchmark or a campaign puts its files", r"^Where to put"),
     "--force": ("do it although it exists already", r"already"),

@@ -41,6 +41,7 @@ def _node(tmp_path: Path) -> Any:
         data_dir=str(tmp_path),
         clock=SystemClock(),
         rng=random.Random(1),
+        copy_rate_mb_per_s_max=0.0,
         reconfigure=SimpleNamespace(lock=asyncio.Lock(), changing=set()),
     )
 

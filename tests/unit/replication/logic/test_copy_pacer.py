@@ -11,7 +11,7 @@ import pytest
 from kayos import limits
 from kayos.replication.link.pacer import CopyPacer
 from kayos.replication.logic import pacing
-from kayos.replication.logic.pacing import Pause, Piece, ShareChanged
+from kayos.replication.logic.pacing import Marks, Pause, Piece, ShareChanged
 
 pytestmark = pytest.mark.unit
 
@@ -163,6 +163,181 @@ def test_driver_pauses_only_while_live() -> None:
     assert pacer.decide(0.1) == 0.0  # nothing live ever
     rate.note(clock.t, 5)
     assert pacer.decide(0.1) == pytest.approx(0.1 * 0.75 / 0.25)
+    paused_before = pacer.paused_s
     clock.t += 10
     asyncio.run(pacer.after_piece(0.1))  # live 10 s ago: no pause taken
-    assert pacer.paused_s == 0.0
+    assert pacer.paused_s == paused_before
+
+
+# --- the member's own measurements: commit latency and CPU share ---------------------------------
+
+
+def _window(
+    state: pacing.PacerState,
+    *,
+    rate: float = 300.0,
+    commit_ms: float = 1.0,
+    commits: int = 100,
+    cpu_share: float = 0.3,
+    copy_bytes: int = 0,
+) -> tuple[pacing.PacerState, list[pacing.PacerAction]]:
+    """One whole window of live traffic at ``rate``, ``commits`` store commits of ``commit_ms``
+    each, the process at ``cpu_share`` of a core and ``copy_bytes`` copied; one piece at its
+    end."""
+    before = state.window_start
+    now = state.window_start_s + WINDOW_S
+    total = state.window_start_total + int(rate * WINDOW_S)
+    marks = Marks(
+        total,
+        before.commit_s + commits * commit_ms / 1000,
+        before.commits + commits,
+        before.cpu_s + cpu_share * WINDOW_S,
+        before.copied_bytes + copy_bytes,
+    )
+    return pacing.step(state, Piece(now, 0.01, total, 0.0, copy_bytes, marks))
+
+
+def test_commits_slowing_past_their_bound_cut_the_share() -> None:
+    state = pacing.start(0.0, 0.2, baseline_per_s=300.0, live_total=0, baseline_commit_ms=4.0)
+    # Twice the baseline and 5 ms more (the slack) is the bound: 8.5 ms is within it, 9.5 is not.
+    grown, _ = _window(state, commit_ms=8.5)
+    assert grown.share == pytest.approx(0.4)
+    cut, actions = _window(state, commit_ms=9.5)
+    assert cut.share == pytest.approx(0.2 * limits.copy_pace_cut)
+    [changed] = [a for a in actions if isinstance(a, ShareChanged)]
+    assert changed.limited_by == "commit latency"
+    assert changed.commit_ms == pytest.approx(9.5)
+
+
+def test_sub_millisecond_commits_are_not_cut_over_noise() -> None:
+    # 0.2 ms doubling to 0.6 ms is 3x its baseline but under the slack: no cut.
+    state = pacing.start(0.0, 0.2, baseline_per_s=300.0, live_total=0, baseline_commit_ms=0.2)
+    state, _ = _window(state, commit_ms=0.6)
+    assert state.share == pytest.approx(0.4)
+
+
+def test_process_cpu_at_its_bound_holds_the_share() -> None:
+    state = pacing.start(0.0, 0.4, baseline_per_s=300.0, live_total=0)
+    below, _ = _window(state, cpu_share=limits.copy_pace_cpu_share_max - 0.05)
+    at, actions = _window(state, cpu_share=limits.copy_pace_cpu_share_max)
+    assert below.share == pytest.approx(0.8)
+    # No room to grow, but live work did not slow: neither grown nor cut.
+    assert at.share == pytest.approx(0.4)
+    assert not at.cut
+    assert [a.limited_by for a in actions if isinstance(a, ShareChanged)] == ["cpu"]
+    assert at.cpu_share == pytest.approx(limits.copy_pace_cpu_share_max)
+
+
+def test_live_rate_drop_is_named_first() -> None:
+    state = pacing.start(0.0, 0.4, baseline_per_s=300.0, live_total=0, baseline_commit_ms=1.0)
+    _, actions = _window(state, rate=100.0, commit_ms=50.0, cpu_share=1.0)
+    assert [a.limited_by for a in actions if isinstance(a, ShareChanged)] == ["live rate"]
+
+
+def test_commit_baseline_is_taken_from_the_first_window_when_none_was_known() -> None:
+    state = pacing.start(0.0, 0.1, baseline_per_s=300.0, live_total=0)
+    state, _ = _window(state, commit_ms=3.0)
+    assert state.baseline_commit_ms == pytest.approx(3.0)
+    state, _ = _window(state, commit_ms=12.0)  # > 2 x 3 and > 3 + 5
+    assert state.cut
+
+
+def test_idle_windows_leave_share_and_baselines_alone() -> None:
+    state = pacing.start(0.0, 0.1, baseline_per_s=300.0, live_total=0, baseline_commit_ms=2.0)
+    state, actions = _window(state, rate=0.0, commit_ms=80.0, cpu_share=1.0)
+    assert state.share == 0.1
+    assert state.baseline_commit_ms == 2.0
+    assert not [a for a in actions if isinstance(a, ShareChanged)]
+
+
+# --- the ceiling ---------------------------------------------------------------------------------
+
+
+def test_ceiling_pauses_a_copy_even_with_no_live_traffic() -> None:
+    state = pacing.start(0.0, 1.0, baseline_per_s=0.0, live_total=0, ceiling_mb_per_s=100.0)
+    # 4 MB in 10 ms is 400 MB/s: the piece must last 40 ms at 100 MB/s.
+    _, actions = pacing.step(state, Piece(0.01, 0.01, 0, 60.0, 4_000_000))
+    assert _pauses(actions) == pytest.approx([0.03])
+    # A piece slower than the ceiling already: no pause.
+    _, actions = pacing.step(state, Piece(0.01, 0.05, 0, 60.0, 4_000_000))
+    assert _pauses(actions) == []
+
+
+def test_ceiling_and_share_take_the_longer_pause() -> None:
+    state = pacing.start(0.0, 0.05, baseline_per_s=300.0, live_total=0, ceiling_mb_per_s=100.0)
+    # Share 0.05 after 10 ms of work: 190 ms; the ceiling's 30 ms is shorter.
+    _, actions = pacing.step(state, Piece(0.01, 0.01, 3, 0.0, 4_000_000))
+    assert _pauses(actions) == pytest.approx([0.19])
+    # At 1 GB a piece the ceiling's 10 s wins.
+    _, actions = pacing.step(state, Piece(0.01, 0.01, 3, 0.0, 1_000_000_000))
+    assert _pauses(actions) == pytest.approx([10.0 - 0.01])
+
+
+def test_negative_ceiling_is_refused() -> None:
+    with pytest.raises(ValueError, match="ceiling"):
+        pacing.start(0.0, 0.1, 0.0, 0, ceiling_mb_per_s=-1.0)
+
+
+def test_window_reports_the_copy_rate() -> None:
+    state = pacing.start(0.0, 0.1, baseline_per_s=300.0, live_total=0)
+    state, actions = _window(state, copy_bytes=50_000_000)
+    [changed] = [a for a in actions if isinstance(a, ShareChanged)]
+    assert changed.copy_mb_per_s == pytest.approx(50 / WINDOW_S)
+    assert state.copy_mb_per_s == pytest.approx(50 / WINDOW_S)
+
+
+def test_commit_baseline_is_the_median_of_window_means() -> None:
+    rate = pacing.LiveRate()
+    n = limits.copy_pace_baseline_windows
+    for window in range(n):
+        took_s = 0.5 if window == 2 else 0.002  # one stalled window: noise the median ignores
+        rate.note_commit(window * WINDOW_S + 0.1, took_s)
+        rate.note_commit(window * WINDOW_S + 0.2, took_s)
+    assert rate.baseline_commit_ms(n * WINDOW_S + 0.1) == pytest.approx(2.0)
+    assert rate.commits_total == 2 * n
+    assert pacing.LiveRate().baseline_commit_ms(5.0) == 0.0
+
+
+def test_driver_reports_the_copy_and_ends_it() -> None:
+    clock = _Clock()
+    rate = pacing.LiveRate()
+    cpu = [0.0]
+    reports: dict[str, pacing.CopyReport] = {}
+    pacer = CopyPacer(
+        "shard 3: snapshot",
+        clock,
+        rate,
+        0.05,
+        ceiling_mb_per_s=200.0,
+        reports=reports,
+        cpu_s=lambda: cpu[0],
+    )
+    assert reports["shard 3: snapshot"] is pacer.report
+    for _ in range(10):
+        clock.t += WINDOW_S / 4
+        cpu[0] += 0.1
+        rate.note(clock.t, 50)
+        rate.note_commit(clock.t, 0.003)
+        pacer.decide(0.01, 8_000_000)
+    report = pacer.finish()
+    assert report.ended
+    assert report.kind == "snapshot"
+    assert report.copied_bytes == 80_000_000
+    assert report.mean_mb_per_s == pytest.approx(80 / (10 * WINDOW_S / 4))
+    assert report.cpu_share == pytest.approx(0.4)
+    assert report.commit_ms == pytest.approx(3.0)
+    assert report.paused_s > 0
+    assert report.to_json()["ceiling_mb_per_s"] == 200.0
+
+
+def test_a_copy_whose_commits_are_its_own_ignores_their_time() -> None:
+    # A learner's catch-up commits: slow commits are its own big pieces, not live work slowing.
+    state = pacing.start(
+        0.0, 0.2, baseline_per_s=300.0, live_total=0, baseline_commit_ms=4.0, judge_commits=False
+    )
+    assert state.baseline_commit_ms == 0.0
+    state, _ = _window(state, commit_ms=3.0)
+    state, actions = _window(state, commit_ms=400.0)
+    assert state.share == pytest.approx(0.8)
+    assert not state.cut
+    assert [a.limited_by for a in actions if isinstance(a, ShareChanged)] == [""]

@@ -138,7 +138,13 @@ def test_a_topology_that_comes_while_the_learners_store_opens_is_taken(
     itself, or its links HELLO at the old epoch and are refused for good (kayos bench grow)."""
     old = _topology()
     new = Topology(old.epoch + 1, old.nodes, old.shards, TEST_IDENTITY)
-    node = SimpleNamespace(node_id="d", topology=old, clock=SystemClock(), rng=random.Random(1))
+    node = SimpleNamespace(
+        node_id="d",
+        topology=old,
+        clock=SystemClock(),
+        rng=random.Random(1),
+        copy_rate_mb_per_s_max=0.0,
+    )
 
     def open_while_the_topology_changes(**kwargs: Any) -> ShardReplica:
         replica = ShardReplica(**kwargs)
