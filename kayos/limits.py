@@ -842,3 +842,13 @@ assert 2 * groups_per_shard_max + producers_per_shard_max <= frame_meta_entries_
     "a shard's groups and producer windows fit half of a METADATA frame's keys"
 )
 assert group_lag_metrics_scan_entries_max <= group_lag_scan_entries_max
+
+# --- TLS (docs/security.md, "TLS") ---------------------------------------------------------------
+# A refused TLS handshake (plain TCP on a TLS port, a foreign or expired certificate) is logged at
+# most once per this many ms per reason: a scanner or a misconfigured client retrying in a loop
+# must not flood the log, and one line a second still shows the operator what is happening.
+tls_refusal_log_ms = 1_000
+# The TLS handshake of a connection on the binary port must end within this many ms, else the
+# connection is closed: 5 s is ~1000x a loopback handshake and ~50x one across a WAN, and bounds
+# how long a silent peer holds one of limits.handshake_connections_max slots.
+tls_handshake_ms_max = 5_000

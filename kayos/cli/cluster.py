@@ -88,6 +88,11 @@ def _host_port(text: str | None, flag: str) -> tuple[str, int] | None:
     metavar="HOST:PORT",
     help="Bind the binary port here instead of the topology's address (a proxy in front).",
 )
+@click.option(
+    "--insecure",
+    is_flag=True,
+    help="Serve beyond loopback without TLS (logged, and reported as kayos_insecure 1).",
+)
 def node(
     config_path: str,
     node_id: str,
@@ -95,11 +100,13 @@ def node(
     log_level: str,
     listen_http: str | None,
     listen_bin: str | None,
+    insecure: bool,
 ) -> None:
     """Run one node of a cluster in the foreground until SIGINT/SIGTERM."""
     import asyncio
     import logging
 
+    from kayos import tlsconfig
     from kayos.errors import KayosError
     from kayos.manager.member.config import members_from
     from kayos.node.server import Listen, serve
@@ -113,7 +120,18 @@ def node(
         topology = Topology.load(config_path)
         # Manager members in the file: the chains can be spliced, so heads need a lease.
         managed = bool(members_from(config_path))
-        asyncio.run(serve(topology, node_id, data_dir, listen=listen, managed=managed))
+        tls = tlsconfig.files_of(config_path, node_id)
+        asyncio.run(
+            serve(
+                topology,
+                node_id,
+                data_dir,
+                listen=listen,
+                managed=managed,
+                tls=tls,
+                insecure=insecure,
+            )
+        )
     except KayosError as exc:  # refused at start: a bad file, another cluster's data directory
         raise click.ClickException(f"{exc.code}: {exc}") from exc
 
@@ -129,11 +147,19 @@ def node(
 @click.option("--id", "member_id", required=True, help="This member's id in [managers].")
 @click.option("--data", "data_dir", required=True, help="This member's data directory.")
 @click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
-def manager(config_path: str, member_id: str, data_dir: str, log_level: str) -> None:
+@click.option(
+    "--insecure",
+    is_flag=True,
+    help="Serve beyond loopback without TLS (logged; the member's status says insecure).",
+)
+def manager(
+    config_path: str, member_id: str, data_dir: str, log_level: str, insecure: bool
+) -> None:
     """Run one member of the cluster manager in the foreground until SIGINT/SIGTERM."""
     import asyncio
     import logging
 
+    from kayos import tlsconfig
     from kayos.errors import KayosError
     from kayos.manager.member import config
     from kayos.manager.member.process import serve
@@ -141,7 +167,10 @@ def manager(config_path: str, member_id: str, data_dir: str, log_level: str) -> 
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         setup = config.load(config_path)
-        setup.member(member_id)
+        address = setup.member(member_id)
+        tls = tlsconfig.files_of(config_path, member_id)
+        tlsconfig.check_exposure(f"manager {member_id}", [address.host], tls is not None, insecure)
+        tlsconfig.install_member(tlsconfig.MemberTls.load(tls) if tls is not None else None)
         asyncio.run(serve(setup, member_id, data_dir))
     except KayosError as exc:
         raise click.ClickException(f"{exc.code}: {exc}") from exc

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import msgpack
 
-from kayos import limits
+from kayos import limits, tlsconfig
 from kayos.client.policy import error_from_http
 from kayos.errors import OperationTimeoutError, ProtocolError, UnavailableError
 
@@ -40,7 +40,7 @@ class HttpTransport:
 
     async def open(self) -> None:
         if self._session is None:
-            connector = aiohttp.TCPConnector(limit=self._connections_max)
+            connector = aiohttp.TCPConnector(limit=self._connections_max, ssl=tlsconfig.http_ssl())
             self._session = aiohttp.ClientSession(connector=connector)
 
     async def close(self) -> None:

@@ -8,6 +8,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
+from kayos import tlsconfig
+
 
 def http_json(
     url: str, *, method: str = "GET", body: Any = None, timeout_s: float = 10.0
@@ -17,7 +19,8 @@ def http_json(
     headers = {"Content-Type": "application/json"} if data is not None else {}
     request = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310 - http URLs we built
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
+        context = tlsconfig.installed()
+        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:  # noqa: S310
             return int(response.status), json.loads(response.read() or b"null")
     except urllib.error.HTTPError as error:
         raw = error.read()

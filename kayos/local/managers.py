@@ -10,6 +10,7 @@ import time
 import urllib.request
 from typing import Any
 
+from kayos import tlsconfig
 from kayos.manager.member.config import MemberAddr
 
 # Members of a local cluster: three survive one failure (docs/manager.md).
@@ -47,7 +48,9 @@ def member_status(member: MemberAddr) -> dict[str, Any] | None:
     """The member's ``GET /v1/manager/status`` reply, or None if it does not answer with one."""
     url = member.http_url + "/v1/manager/status"
     try:
-        with urllib.request.urlopen(url, timeout=status_timeout_s) as reply:  # noqa: S310 - loopback URL we built
+        context = tlsconfig.installed()
+        # A loopback URL we built.
+        with urllib.request.urlopen(url, timeout=status_timeout_s, context=context) as reply:  # noqa: S310
             body = json.loads(reply.read())
     except (OSError, ValueError):
         return None

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 from kayos import limits
 from kayos.checks import check_expiries, check_group_name, check_item_keys
@@ -61,6 +61,7 @@ from kayos.replication.shard.head_writes import Columns
 from kayos.replication.shard.replica import ShardReplica, queue_prefix
 from kayos.storage.engine import prepare_columns
 from kayos.storage.maintenance.compact import compact
+from kayos.tlsconfig import MemberTls
 from kayos.topology import Topology, check_queue_name
 
 log = logging.getLogger("kayos.node")
@@ -129,6 +130,15 @@ class Node:
         self.served: collections.Counter[int] = collections.Counter()
         # When the process started, in seconds since the Unix epoch (the node's clock).
         self.started_s = self.clock.now_s()
+        # TLS on both faces and the links (docs/security.md, "TLS"); set by kayos.node.server
+        # before the node starts. ``insecure``: serving beyond loopback without TLS on purpose.
+        self.tls: MemberTls | None = None
+        self.insecure = False
+        self.insecure_gauge = Gauge(
+            "kayos_insecure",
+            "1 when the node serves beyond loopback without TLS (started with --insecure)",
+            registry=self.registry,
+        )
 
     @property
     def epoch(self) -> int:
@@ -207,6 +217,11 @@ class Node:
                 await replica.persist_time_index()
             # A replica whose reads met damage is re-made: its open salvages and re-fetches.
             await self.reconfigure.reopen_damaged()
+
+    def reload(self) -> None:
+        """SIGHUP: reads the TLS files again; connections made from now on use them."""
+        if self.tls is not None:
+            self.tls.reload()
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         """Runs ``coro`` as a task of the node (cancelled when it stops)."""

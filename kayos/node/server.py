@@ -19,6 +19,7 @@ from kayos.errors import AddressInUseError
 from kayos.node.http.app import make_app
 from kayos.node.runtime import Node
 from kayos.ports import address_in_use, bind_listener
+from kayos.tlsconfig import MemberTls, TlsFiles, check_exposure, install_member
 from kayos.topology import Topology
 
 
@@ -38,6 +39,8 @@ async def serve(
     ready: asyncio.Event | None = None,
     listen: Listen | None = None,
     managed: bool = False,
+    tls: TlsFiles | None = None,
+    insecure: bool = False,
 ) -> None:
     """Serves until SIGINT/SIGTERM, then closes links and stores cleanly.
 
@@ -45,8 +48,11 @@ async def serve(
     ports, and only then open the stores and contact peers; a held lock
     (``DirectoryInUseError``) or a taken port (``AddressInUseError``) ends it before that.
     ``listen`` binds elsewhere than the topology's address (a proxy in front of the node);
-    ``managed``: manager members can splice the chains (the node's lease, docs/manager.md)."""
+    ``managed``: manager members can splice the chains (the node's lease, docs/manager.md);
+    ``tls``: both faces and the links in TLS, reloaded on SIGHUP; ``insecure``: serve beyond
+    loopback without TLS (docs/security.md)."""
     node = Node(topology, node_id, data_dir, managed=managed)
+    secure_node(node, listen, tls, insecure)
     lock = DirectoryLock.acquire(data_dir, what=f"node {node_id}'s data dir")
     try:
         http_listener, bin_listener = bind_ports(node, listen)
@@ -58,6 +64,24 @@ async def serve(
     finally:
         http_listener.close()
         lock.release()  # last: after the stores are closed
+
+
+def check_node_exposure(node: Node, listen: Listen | None, tls: bool, insecure: bool) -> bool:
+    """The node's safe-default check before it binds (kayos.tlsconfig.check_exposure): every
+    address it listens on is loopback, or it has TLS, or ``insecure`` says to run open."""
+    listen = listen or Listen()
+    hosts = [node.address.host]
+    hosts += [where[0] for where in (listen.http, listen.bin) if where is not None]
+    return check_exposure(f"node {node.node_id}", hosts, tls, insecure)
+
+
+def secure_node(node: Node, listen: Listen | None, tls: TlsFiles | None, insecure: bool) -> None:
+    """Loads the node's TLS files (its faces and links use them) and runs the exposure check."""
+    node.insecure = check_node_exposure(node, listen, tls is not None, insecure)
+    node.insecure_gauge.set(1 if node.insecure else 0)
+    if tls is not None:
+        node.tls = MemberTls.load(tls)
+        install_member(node.tls)
 
 
 def _port_words(node: Node, field: str) -> tuple[str, str]:
@@ -131,7 +155,9 @@ async def _serve(
         shutdown_timeout=limits.http_shutdown_ms_max / 1000,
     )
     await runner.setup()
-    site = web.SockSite(runner, http_listener)
+    site = web.SockSite(
+        runner, http_listener, ssl_context=node.tls.server if node.tls is not None else None
+    )
     try:
         await site.start()
     except OSError as exc:
@@ -145,6 +171,8 @@ async def _serve(
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signum, stop.set)
+    with contextlib.suppress(NotImplementedError):
+        loop.add_signal_handler(signal.SIGHUP, node.reload)
     logging.getLogger("kayos.node").info(
         "node %s serving http %s bin %s", node_id, node.address.http_port, node.address.bin_port
     )

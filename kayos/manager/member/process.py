@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from kayos import limits
+from kayos import limits, tlsconfig
 from kayos.datadir import DirectoryLock
 from kayos.errors import (
     KayosError,
@@ -161,9 +161,17 @@ class Member:
         """Until ``stop``: serves HTTP; drives while leading."""
         runner = web.AppRunner(make_app(self.state()), access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, self.address.host, self.address.http_port)
+        member = tlsconfig.member()
+        site = web.TCPSite(
+            runner,
+            self.address.host,
+            self.address.http_port,
+            ssl_context=member.server if member is not None else None,
+        )
         await site.start()
-        self.session = aiohttp.ClientSession()
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=tlsconfig.http_ssl())
+        )
         log.info(
             "manager %s: raft %s, http %s", self.member_id, self.address.raft_address,
             self.address.http_url,
@@ -213,6 +221,9 @@ async def serve(setup: ManagerSetup, member_id: str, data_dir: str) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        tls = tlsconfig.member()
+        if tls is not None:
+            loop.add_signal_handler(signal.SIGHUP, tls.reload)
         member = Member(setup, member_id, data_dir)
         await member.run(stop)
     finally:

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 import aiohttp
 
-from kayos import limits
+from kayos import limits, tlsconfig
 from kayos.manager import ManagerView, NodeGone
 from kayos.manager.member.evidence import Evidence, Line, Outcome, parse_line
 from kayos.topology import NodeAddr
@@ -53,7 +53,7 @@ class Watches:
         included)."""
         if self.session is None:
             # Every request on a connection of its own: a probe must connect anew to be refused.
-            connector = aiohttp.TCPConnector(force_close=True, limit=0)
+            connector = aiohttp.TCPConnector(force_close=True, limit=0, ssl=tlsconfig.http_ssl())
             self.session = aiohttp.ClientSession(connector=connector)
         for node in self.addresses():
             if node not in self.tasks:

@@ -15,7 +15,7 @@ import msgpack
 from aiohttp import web
 from prometheus_client import generate_latest
 
-from kayos import limits
+from kayos import limits, tlsconfig
 from kayos.errors import InvalidRequest, KayosError, UnavailableError, WrongRoleError
 from kayos.node.http.bodies import (
     MSGPACK,
@@ -258,7 +258,7 @@ async def _relay(
     app = request.app
     session = app.get(_SESSION_KEY)
     if session is None:
-        session = aiohttp.ClientSession()
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tlsconfig.http_ssl()))
         app[_SESSION_KEY] = session
     url = f"{head.http_url}{request.rel_url.path}"
     try:

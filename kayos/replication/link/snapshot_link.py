@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kayos import limits
+from kayos import limits, tlsconfig
 from kayos.clock import Clock
 from kayos.errors import KayosError, ProtocolError
 from kayos.replication.link import handshake
@@ -103,7 +103,9 @@ async def _attempt(
     opener = connect or functools.partial(asyncio.open_connection, local_addr=(own_host, 0))
     handshake_s = limits.handshake_ms_max / 1000
     async with asyncio.timeout(handshake_s):
-        reader, writer = await opener(address.host, address.bin_port)
+        reader, writer = await opener(
+            address.host, address.bin_port, **tlsconfig.connect_options(address.host)
+        )
     stream = FrameStream(reader, writer, clock, frame_bytes_max=limits.handshake_frame_bytes_max)
     writer_file: SnapshotWriter | None = None
     try:
