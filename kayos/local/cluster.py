@@ -127,6 +127,7 @@ class LocalCluster:
         manager_config: Config | None = None,
         queue_shards: dict[str, int] | None = None,
         tls: bool = False,
+        client_auth: bool = False,
     ) -> None:
         self.base_dir = Path(base_dir)
         # Queues spread over several shards (docs/node-api.md, "Queues over several shards").
@@ -159,6 +160,7 @@ class LocalCluster:
         self.topology = self._make_topology()
         # TLS on every port and link (docs/security.md): certificates in base_dir/tls.
         self.tls_dir: str | None = None
+        self.client_auth = client_auth
         if tls:
             members = dict.fromkeys([*self.ids, *self.manager_ids], self.host)
             self.tls_dir = local_tls(str(self.base_dir), members)
@@ -337,7 +339,7 @@ class LocalCluster:
         if self.manager_members:
             text += "\n" + managers_toml(self.manager_members, self.manager_config)
         if self.tls_dir is not None:
-            text += "\n" + tls_table(self.tls_dir)
+            text += "\n" + tls_table(self.tls_dir, self.client_auth)
         return text
 
     def manager_url(self, member: str) -> str:

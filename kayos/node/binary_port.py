@@ -114,8 +114,12 @@ class BinaryPort:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         tls = self.node.tls
-        if tls is not None and not await self._start_tls(writer, tls.server):
-            return
+        if tls is None or await self._start_tls(writer, tls.server):
+            await self._serve_connection(reader, writer)
+
+    async def _serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         stream = FrameStream(
             reader, writer, self.node.clock, frame_bytes_max=limits.handshake_frame_bytes_max
         )
