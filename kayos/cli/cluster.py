@@ -209,6 +209,18 @@ def manager(
     "else in it (nodes, shards, queues, [managers], [manager], comments), instead of --node.",
 )
 @click.option("--force", is_flag=True, help="Replace --out if it exists already.")
+@click.option(
+    "--tls",
+    is_flag=True,
+    help="TLS on every port and link: write a private CA and a certificate per node and member "
+    "(into --tls-dir) and a [tls] table naming them (docs/security.md).",
+)
+@click.option(
+    "--tls-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Where --tls writes the certificates (default: a tls directory beside --out).",
+)
 def init(
     out_path: str,
     node_specs: tuple[str, ...],
@@ -217,6 +229,8 @@ def init(
     shards: int | None,
     from_path: str | None,
     force: bool,
+    tls: bool,
+    tls_dir: str | None,
 ) -> None:
     """Write a topology file for a hand-made cluster, with a new cluster id and a random shared
     secret (the nodes prove it to each other on every replication link). Copy the file to every
@@ -239,12 +253,36 @@ def init(
             text, identity, nodes, members = _init_new(
                 node_specs, manager_specs, replicas, shards, ClusterIdentity.generate()
             )
+        if tls_dir is not None and not tls:
+            raise click.UsageError("--tls-dir goes with --tls")
+        if tls:
+            where = tls_dir or os.path.join(os.path.dirname(os.path.abspath(out_path)), "tls")
+            text = _with_certificates(text, where)
     except KayosError as exc:
         raise click.ClickException(str(exc)) from exc
     write_private(out_path, text)
     click.echo(
         f"wrote {out_path}: cluster {identity.cluster_id}, {nodes} nodes, {members} manager members"
     )
+
+
+def _with_certificates(text: str, tls_dir: str) -> str:
+    """``kayos init --tls DIR``: a CA and a certificate per node and member (for its host) in
+    ``DIR``, and the file's ``[tls]`` table naming them (replacing none already there)."""
+    import os
+    import tomllib
+
+    from kayos.errors import InvalidRequest
+    from kayos.local.certs import tls_table, write_cluster_certs
+
+    data = tomllib.loads(text)
+    if "tls" in data:
+        raise InvalidRequest("the file has a [tls] table already: remove it to write new ones")
+    members = {str(name): str(table["host"]) for name, table in data["nodes"].items()}
+    for name, table in data.get("managers", {}).items():
+        members[str(name)] = str(table["host"])
+    write_cluster_certs(tls_dir, members)
+    return text.rstrip("\n") + "\n\n" + tls_table(os.path.abspath(tls_dir))
 
 
 def _init_new(
@@ -397,6 +435,11 @@ def _address(spec: str, make: Any, flag: str, ports_shape: str) -> Any:
     type=click.IntRange(0, 7),
     help="Manager members (Raft raft base+200+i, HTTP base+300+i); 0: no manager.",
 )
+@click.option(
+    "--tls",
+    is_flag=True,
+    help="TLS on every port and link, with a private CA in DATA/tls (docs/security.md).",
+)
 def up(
     data_dir: str,
     nodes: int,
@@ -407,6 +450,7 @@ def up(
     kestrel_text_port: int,
     kestrel_thrift_port: int,
     managers: int,
+    tls: bool,
 ) -> None:
     """Start a local cluster on 127.0.0.1: by default 3 nodes, 3 shards with rotated roles
     (S0 a->b->c, S1 b->c->a, S2 c->a->b), replication factor 3, three cluster manager members
@@ -420,7 +464,7 @@ def up(
         raise click.BadParameter(f"must be 1 .. {nodes}", param_hint="--replicas")
     options: dict[str, Any] = {
         "nodes": nodes, "replicas": replicas, "shards": shards, "base_port": base_port,
-        "managers": managers,
+        "managers": managers, "tls": tls,
     }  # fmt: skip
     cluster = (
         LocalClusterWithKestrel(

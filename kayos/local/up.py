@@ -167,6 +167,10 @@ def run_foreground(cluster: LocalCluster, echo: Callable[[str], None]) -> int:
             f"kayos up: {len(cluster.ids)} nodes, {len(shards)} shards, replication factor "
             f"{replicas}, topology {cluster.topology_path}"
         )
+        if cluster.tls_dir is not None:
+            echo(f"  TLS on every port and link: certificates in {cluster.tls_dir}")
+        else:
+            echo("  open: no TLS, loopback only (kayos up --tls for TLS; docs/security.md)")
         for line in cluster.describe():
             echo(f"  {line}")
         echo("  try:")

@@ -102,6 +102,8 @@ MEANINGS: dict[str, tuple[str, str]] = {
     "--history": ("a history file of the checker", r"history"),
     "--host": ("a host name or address", r"host|address"),
     "--id": ("this process's id in the topology file", r"\bid\b"),
+    # A node or manager member bound beyond loopback without TLS (docs/security.md).
+    "--insecure": ("serve beyond loopback without TLS, on purpose", r"without TLS"),
     "--json": ("print JSON", r"JSON"),
     "--kinds": ("fault kinds, comma-separated", r"[Ff]ault kinds"),
     "--manager": ("a manager member (repeatable)", r"manager member"),
@@ -125,6 +127,8 @@ MEANINGS: dict[str, tuple[str, str]] = {
     # The subject's: the cluster's shard count (init, up), a queue's (ctl queue create/alter).
     "--shards": ("how many shards", r"[Ss]hard"),
     "--timeout": ("seconds to wait before giving up", r"^Seconds to wait"),
+    # init's names the directory for the certificates; up's and bench produce's is a flag.
+    "--tls": ("TLS on every port and link, with a private CA", r"TLS"),
     "--topology": ("the cluster's topology file", r"topology file"),
     "--until-consumed": ("retention: drop what every group consumed", r"consumed"),
     "--value-bytes": ("bytes per value", r"Bytes per value"),
