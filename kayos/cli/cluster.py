@@ -130,6 +130,7 @@ def node(
                 managed=managed,
                 tls=tls,
                 insecure=insecure,
+                config_path=config_path,
             )
         )
     except KayosError as exc:  # refused at start: a bad file, another cluster's data directory
@@ -171,7 +172,7 @@ def manager(
         tls = tlsconfig.files_of(config_path, member_id)
         tlsconfig.check_exposure(f"manager {member_id}", [address.host], tls is not None, insecure)
         tlsconfig.install_member(tlsconfig.MemberTls.load(tls) if tls is not None else None)
-        asyncio.run(serve(setup, member_id, data_dir))
+        asyncio.run(serve(setup, member_id, data_dir, config_path))
     except KayosError as exc:
         raise click.ClickException(f"{exc.code}: {exc}") from exc
 

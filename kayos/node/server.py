@@ -41,6 +41,7 @@ async def serve(
     managed: bool = False,
     tls: TlsFiles | None = None,
     insecure: bool = False,
+    config_path: str | None = None,
 ) -> None:
     """Serves until SIGINT/SIGTERM, then closes links and stores cleanly.
 
@@ -50,9 +51,11 @@ async def serve(
     ``listen`` binds elsewhere than the topology's address (a proxy in front of the node);
     ``managed``: manager members can splice the chains (the node's lease, docs/manager.md);
     ``tls``: both faces and the links in TLS, reloaded on SIGHUP; ``insecure``: serve beyond
-    loopback without TLS (docs/security.md)."""
+    loopback without TLS; ``config_path``: the file SIGHUP reads the secrets from again
+    (docs/security.md)."""
     node = Node(topology, node_id, data_dir, managed=managed)
     secure_node(node, listen, tls, insecure)
+    node.config_path = config_path
     lock = DirectoryLock.acquire(data_dir, what=f"node {node_id}'s data dir")
     try:
         http_listener, bin_listener = bind_ports(node, listen)

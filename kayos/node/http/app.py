@@ -8,6 +8,7 @@ map ``KayosError`` to the documented error reply. ``make_app`` registers the rou
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aiohttp
@@ -36,6 +37,7 @@ from kayos.node.http.operator_api import routes as operator_routes
 from kayos.node.lag import group_lags
 from kayos.node.replicas import learners
 from kayos.node.runtime import Node
+from kayos.signing import open_signed
 
 _ACKS = {"0": 0, "1": 1, "all": -1, "-1": -1}
 _NODE_KEY = web.AppKey("node", Node)
@@ -240,6 +242,12 @@ def _manager_routes(routes: web.RouteTableDef, node: Node) -> None:
     @routes.get("/v1/admin/watch")
     async def watch(request: web.Request) -> web.StreamResponse:
         return await node.watches.serve(request)
+
+    @routes.post("/v1/admin/secrets")
+    async def secrets(request: web.Request) -> web.Response:
+        message = await read_body(request)
+        open_signed(node.topology.identity, "secrets", message, frozenset({"node"}))
+        return reply(request, await asyncio.to_thread(node.reload_secrets))
 
     @routes.post("/v1/admin/followers")
     async def followers(request: web.Request) -> web.Response:

@@ -62,6 +62,10 @@ NO_CLUSTER: dict[str, str] = {
     "ctl drain": MANAGER_ONLY,
     "ctl move-shard": MANAGER_ONLY,
     "ctl rebalance": MANAGER_ONLY,
+    "ctl secret rotate start": "rewrites the topology file's secrets (--topology) and tells each "
+    "node and manager member it names to read them again",
+    "ctl secret rotate finish": "rewrites the topology file's secrets (--topology) and tells each "
+    "node and manager member it names to read them again",
     "bench storage": "measures a store on disk",
     "bench produce": OWN_CLUSTER,
     "bench retention": OWN_CLUSTER,
