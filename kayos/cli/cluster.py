@@ -258,7 +258,7 @@ def init(
             raise click.UsageError("--tls-dir goes with --tls")
         if tls:
             where = tls_dir or os.path.join(os.path.dirname(os.path.abspath(out_path)), "tls")
-            text = _with_certificates(text, where)
+            text = _with_certificates(text, where, out_path)
     except KayosError as exc:
         raise click.ClickException(str(exc)) from exc
     write_private(out_path, text)
@@ -267,9 +267,11 @@ def init(
     )
 
 
-def _with_certificates(text: str, tls_dir: str) -> str:
-    """``kayos init --tls DIR``: a CA and a certificate per node and member (for its host) in
-    ``DIR``, and the file's ``[tls]`` table naming them (replacing none already there)."""
+def _with_certificates(text: str, tls_dir: str, out_path: str) -> str:
+    """``kayos init --tls``: a CA and a certificate per node and member (for its host) in
+    ``tls_dir``, and the file's ``[tls]`` table naming them (refused when it has one already);
+    the paths are relative to the file's directory when ``tls_dir`` is below it, so the file and
+    the directory can be copied together to every host."""
     import os
     import tomllib
 
@@ -283,7 +285,9 @@ def _with_certificates(text: str, tls_dir: str) -> str:
     for name, table in data.get("managers", {}).items():
         members[str(name)] = str(table["host"])
     write_cluster_certs(tls_dir, members)
-    return text.rstrip("\n") + "\n\n" + tls_table(os.path.abspath(tls_dir))
+    where, home = os.path.abspath(tls_dir), os.path.dirname(os.path.abspath(out_path))
+    named = os.path.relpath(where, home) if where.startswith(home + os.sep) else where
+    return text.rstrip("\n") + "\n\n" + tls_table(named)
 
 
 def _init_new(

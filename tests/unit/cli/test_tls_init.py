@@ -38,6 +38,7 @@ def test_init_with_tls_writes_a_ca_a_certificate_per_member_and_the_table(tmp_pa
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "node-b.example" in names.get_values_for_type(x509.DNSName)
     assert "localhost" in names.get_values_for_type(x509.DNSName)
+    assert 'cert = "tls/{node}.pem"' in out.read_text()  # beside the file: copied with it
     files = tlsconfig.files_of(str(out), "a")
     assert files is not None
     assert files.cert == str(certs / "a.pem")
