@@ -154,7 +154,7 @@ def local_tls(base_dir: str, members: dict[str, str]) -> str:
     """A local cluster's TLS directory (``base_dir/tls``): certificates written unless an earlier
     run left them (``ca.pem`` there), and this process set to connect with the CA and the client
     certificate. Returns the directory."""
-    directory = os.path.join(base_dir, "tls")
+    directory = os.path.abspath(os.path.join(base_dir, "tls"))
     if not os.path.exists(os.path.join(directory, "ca.pem")):
         write_cluster_certs(directory, members)
     use_local_tls(directory)
