@@ -90,6 +90,17 @@ def server_context(files: TlsFiles) -> ssl.SSLContext:
     return context
 
 
+def listener_context(cert: str, key: str) -> ssl.SSLContext:
+    """A listener's context without client certificates (the Kestrel front's ports)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise InvalidRequest(f"cannot load TLS files ({cert}, {key}): {exc}") from exc
+    return context
+
+
 def client_context(ca: str, cert: str | None = None, key: str | None = None) -> ssl.SSLContext:
     """A connecting side's context: the server's certificate checked against ``ca`` and its host
     name or address; ``cert``/``key`` shown when given (mutual TLS)."""
