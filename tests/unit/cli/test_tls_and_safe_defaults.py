@@ -1,7 +1,8 @@
 """`kayos init --tls` (docs/security.md, "Certificates for a local cluster"): a private CA, a
 certificate per node and manager member naming its host, a client certificate, and the file's
 ``[tls]`` table; the contexts built from them accept each other and nothing else. The safe
-default: a member bound beyond loopback needs TLS or ``--insecure``."""
+default: a member bound beyond loopback needs TLS or ``--insecure``, which a node's status and
+its ``kayos_insecure`` metric then report."""
 
 from __future__ import annotations
 
@@ -12,10 +13,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from cryptography import x509
+from prometheus_client import generate_latest
 
 from kayos import tlsconfig
 from kayos.cli.main import cli
 from kayos.errors import InvalidRequest
+from kayos.node.runtime import Node
+from kayos.node.server import Listen, check_node_exposure, secure_node
+from kayos.node.status import node_status
+from kayos.topology import NodeAddr, rotated
 
 pytestmark = pytest.mark.unit
 
@@ -108,3 +114,37 @@ def test_a_reload_of_a_missing_file_keeps_the_previous_certificate(tmp_path: Pat
     assert member.reload() is True
     (certs / "a.pem").unlink()
     assert member.reload() is False
+
+
+def node_at(host: str, tmp_path: Path) -> Node:
+    topology = rotated([NodeAddr("a", host, 7101, 7201)], replicas=1)
+    return Node(topology, "a", str(tmp_path / "a"))
+
+
+def test_a_node_beyond_loopback_without_tls_refuses_to_start(tmp_path: Path) -> None:
+    node = node_at("10.0.0.5", tmp_path)
+    with pytest.raises(
+        InvalidRequest, match=r"node a: refusing to serve on 10\.0\.0\.5 without TLS"
+    ):
+        secure_node(node, None, None, insecure=False)
+
+
+def test_an_insecure_node_says_so_in_status_and_metrics(tmp_path: Path) -> None:
+    node = node_at("10.0.0.5", tmp_path)
+    secure_node(node, None, None, insecure=True)
+    assert node_status(node)["insecure"] is True
+    assert b"kayos_insecure 1.0" in generate_latest(node.registry)
+
+
+def test_a_loopback_node_runs_open_and_reports_0(tmp_path: Path) -> None:
+    node = node_at("127.0.0.1", tmp_path)
+    secure_node(node, None, None, insecure=False)
+    assert node_status(node)["insecure"] is False
+    assert b"kayos_insecure 0.0" in generate_latest(node.registry)
+
+
+def test_a_listen_address_beyond_loopback_counts_too(tmp_path: Path) -> None:
+    node = node_at("127.0.0.1", tmp_path)
+    listen = Listen(http=("10.0.0.6", 7101))
+    with pytest.raises(InvalidRequest, match=r"10\.0\.0\.6"):
+        check_node_exposure(node, listen, tls=False, insecure=False)
