@@ -9,7 +9,9 @@ import gc
 import logging
 import signal
 import socket
+import ssl
 from dataclasses import dataclass
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -19,7 +21,7 @@ from kayos.errors import AddressInUseError
 from kayos.node.http.app import make_app
 from kayos.node.runtime import Node
 from kayos.ports import address_in_use, bind_listener
-from kayos.tlsconfig import MemberTls, TlsFiles, check_exposure, install_member
+from kayos.tlsconfig import HandshakeLog, MemberTls, TlsFiles, check_exposure, install_member
 from kayos.topology import Topology
 
 
@@ -85,6 +87,64 @@ def secure_node(node: Node, listen: Listen | None, tls: TlsFiles | None, insecur
     if tls is not None:
         node.tls = MemberTls.load(tls)
         install_member(node.tls)
+
+
+class LoggedTlsSite(web.SockSite):
+    """The HTTP face inside TLS, each connection's handshake done here (not by the server) so
+    that a refused one is logged with its reason, as on the binary port (docs/security.md)."""
+
+    def __init__(
+        self,
+        runner: web.AppRunner,
+        sock: socket.socket,
+        context: ssl.SSLContext,
+        refusals: HandshakeLog,
+    ) -> None:
+        super().__init__(runner, sock)
+        self.context = context
+        self.refusals = refusals
+        self.upgrades: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # registers the site with its runner
+        handlers = self._runner.server
+        assert handlers is not None
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: TlsFirst(self, handlers), sock=self._sock, backlog=self._backlog
+        )
+
+    async def upgrade(self, transport: asyncio.BaseTransport, handler: asyncio.Protocol) -> None:
+        try:
+            secured = await asyncio.get_running_loop().start_tls(
+                cast(asyncio.WriteTransport, transport),
+                handler,
+                self.context,
+                server_side=True,
+                ssl_handshake_timeout=limits.tls_handshake_ms_max / 1000,
+            )
+        except (OSError, ssl.SSLError, TimeoutError, ConnectionError, EOFError) as exc:
+            peer = transport.get_extra_info("peername")
+            self.refusals.refused_from(str(peer[0] if peer else "?"), exc)
+            transport.abort()  # type: ignore[attr-defined]
+            return
+        if secured is None:  # the peer went away during the handshake
+            return
+        handler.connection_made(secured)
+
+
+class TlsFirst(asyncio.Protocol):
+    """A new HTTP connection until its TLS handshake ends: reading is paused at once (the
+    handshake takes the bytes over) and the aiohttp handler gets the secured transport."""
+
+    def __init__(self, site: LoggedTlsSite, handlers: Any) -> None:
+        self.site = site
+        self.handlers = handlers
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        cast(asyncio.ReadTransport, transport).pause_reading()
+        task = asyncio.get_running_loop().create_task(self.site.upgrade(transport, self.handlers()))
+        self.site.upgrades.add(task)
+        task.add_done_callback(self.site.upgrades.discard)
 
 
 def _port_words(node: Node, field: str) -> tuple[str, str]:
@@ -158,8 +218,10 @@ async def _serve(
         shutdown_timeout=limits.http_shutdown_ms_max / 1000,
     )
     await runner.setup()
-    site = web.SockSite(
-        runner, http_listener, ssl_context=node.tls.server if node.tls is not None else None
+    site = (
+        LoggedTlsSite(runner, http_listener, node.tls.server, node.binary_port.tls_refusals)
+        if node.tls is not None
+        else web.SockSite(runner, http_listener)
     )
     try:
         await site.start()

@@ -114,6 +114,22 @@ def test_plain_tcp_to_the_tls_port_is_refused_and_logged(cluster: LocalCluster) 
     wait_until(lambda: log_says(cluster, node, "TLS handshake refused from 127.0.0.1"), "logged")
 
 
+def test_plain_http_to_the_tls_http_face_is_refused_and_logged(cluster: LocalCluster) -> None:
+    node = cluster.ids[1]
+    port = cluster.topology.nodes[node].http_port
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as plain:
+        plain.sendall(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n")
+        try:
+            answer = plain.recv(4096)
+        except ConnectionResetError:
+            answer = b""
+    assert not answer.startswith(b"HTTP/"), answer
+    wait_until(lambda: log_says(cluster, node, "refused from 127.0.0.1: HTTP_REQUEST"), "logged")
+    # The face still serves https (the status call of the launcher's client).
+    with kayos.Client([cluster.url(node)]) as client:
+        assert client.refresh_topology().epoch >= 1
+
+
 def test_a_certificate_from_another_ca_is_refused_both_ways(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
