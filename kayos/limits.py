@@ -926,3 +926,13 @@ assert credential_secret_bytes >= 32
 assert credential_salt_bytes >= 16
 assert credential_secrets_max == 2, "a rotation holds the old and the new secret, no more"
 assert auth_refusal_log_lines_per_minute_max >= 1
+
+# --- TLS (docs/security.md, "TLS") ---------------------------------------------------------------
+# A refused TLS handshake (plain TCP on a TLS port, a foreign or expired certificate) is logged at
+# most once per this many ms per reason: a scanner or a misconfigured client retrying in a loop
+# must not flood the log, and one line a second still shows the operator what is happening.
+tls_refusal_log_ms = 1_000
+# The TLS handshake of a connection on the binary port must end within this many ms, else the
+# connection is closed: 5 s is ~1000x a loopback handshake and ~50x one across a WAN, and bounds
+# how long a silent peer holds one of limits.handshake_connections_max slots.
+tls_handshake_ms_max = 5_000
