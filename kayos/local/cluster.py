@@ -359,7 +359,7 @@ class LocalCluster:
         leader = wait_leader(
             running,
             self.ready_timeout_s if timeout_s is None else timeout_s,
-            self.identity.secret,
+            self.cluster_secret,
         )
         if leader is None:
             logs = "\n".join(f"{m}: {log_tail(self.log_path(m), 10)}" for m in self.manager_ids)
@@ -476,13 +476,22 @@ class LocalCluster:
 
     # --- conditions ----------------------------------------------------------------------------
 
+    @property
+    def cluster_secret(self) -> bytes:
+        """The secret the cluster proves now: its file's, which a rotation changes."""
+        with contextlib.suppress(OSError, KayosError):
+            identity = Topology.load(str(self.topology_path)).identity
+            if identity is not None:
+                return identity.secret
+        return self.identity.secret
+
     def status(self, node: str) -> dict[str, Any] | None:
         """The node's ``GET /v1/status`` reply, or None if it does not answer with one."""
         try:
             code, body = http_json(
                 self.url(node) + "/v1/status",
                 timeout_s=status_request_timeout_s,
-                cluster_secret=self.identity.secret,
+                cluster_secret=self.cluster_secret,
             )
         except (OSError, ValueError):
             return None

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from kayos import limits
+from kayos import limits, tlsconfig
 from kayos.auth.keys import CLUSTER_PRINCIPAL, cluster_stored_keys
 from kayos.auth.proof import SCHEME, NonceWindow, verify_http
 from kayos.auth.rules import decide, http_rule
@@ -48,7 +48,8 @@ class ManagerDoor:
             if time.monotonic() - self.fetched_s < limits.manager_credentials_refresh_ms / 1000:
                 return self.table
             timeout = aiohttp.ClientTimeout(total=limits.manager_request_timeout_ms / 1000)
-            async with aiohttp.ClientSession(timeout=timeout) as session:
+            connector = aiohttp.TCPConnector(ssl=tlsconfig.http_ssl())  # the nodes' TLS, if any
+            async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
                 for url in self.node_urls():
                     target = url + "/v1/admin/credentials"
                     try:
