@@ -16,6 +16,8 @@ from cryptography import x509
 from prometheus_client import generate_latest
 
 from kayos import tlsconfig
+from kayos.auth.keys import new_secret
+from kayos.auth.table import CredentialsTable, add_credential, parse_grant_text
 from kayos.cli.main import cli
 from kayos.errors import InvalidRequest
 from kayos.node.runtime import Node
@@ -24,6 +26,8 @@ from kayos.node.status import node_status
 from kayos.topology import NodeAddr, rotated
 
 pytestmark = pytest.mark.unit
+
+ADMIN = (parse_grant_text("admin+consume+produce=*"),)
 
 
 def test_init_with_tls_writes_a_ca_a_certificate_per_member_and_the_table(tmp_path: Path) -> None:
@@ -148,3 +152,30 @@ def test_a_listen_address_beyond_loopback_counts_too(tmp_path: Path) -> None:
     listen = Listen(http=("10.0.0.6", 7101))
     with pytest.raises(InvalidRequest, match=r"10\.0\.0\.6"):
         check_node_exposure(node, listen, tls=False, insecure=False)
+
+
+@pytest.mark.parametrize(
+    ("tls", "credentials", "missing"),
+    [
+        (False, False, "without TLS or client credentials"),
+        (True, False, "without client credentials"),
+        (False, True, "without TLS:"),
+    ],
+)
+def test_one_message_names_every_missing_half_of_the_safe_default(
+    tls: bool, credentials: bool, missing: str, tmp_path: Path
+) -> None:
+    node = node_at("10.0.0.5", tmp_path)
+    if credentials:
+        node.access.install(add_credential(CredentialsTable(), "ops", ADMIN, new_secret()))
+    with pytest.raises(InvalidRequest, match=r"node a: refusing to serve on 10\.0\.0\.5") as caught:
+        check_node_exposure(node, None, tls=tls, insecure=False)
+    assert missing in str(caught.value)
+    assert "--insecure" in str(caught.value)
+    assert check_node_exposure(node, None, tls=tls, insecure=True) is True
+
+
+def test_tls_and_client_credentials_together_run_beyond_loopback(tmp_path: Path) -> None:
+    node = node_at("10.0.0.5", tmp_path)
+    node.access.install(add_credential(CredentialsTable(), "ops", ADMIN, new_secret()))
+    assert check_node_exposure(node, None, tls=True, insecure=False) is False
