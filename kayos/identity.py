@@ -10,6 +10,7 @@ secret is proved; docs/node-api.md ("Topology file") what happens without one.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import secrets
 import uuid
@@ -20,16 +21,33 @@ from kayos import limits
 from kayos.errors import InvalidRequest, WrongClusterError
 
 DATA_DIR_FILE = "cluster_id"
+# The file's keys for the second secret of a rotation (docs/security.md).
+ROTATION_KEYS = ("next_secret", "previous_secret")
 # Read and written by the owner only: the secret lets its holder join the cluster's chains.
 TOPOLOGY_FILE_MODE = 0o600
 
 
+@dataclass(slots=True)
+class Keyring:
+    """The secrets a member uses now: ``proving`` (what it proves and signs with) and
+    ``accepted`` (what it accepts from peers and in signed messages: ``proving`` and, during a
+    rotation, one other). Shared by every copy of one identity, and changed in place when the
+    member re-reads its file (docs/security.md, "Rotating the cluster secret")."""
+
+    proving: bytes
+    accepted: tuple[bytes, ...]
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterIdentity:
-    """``cluster_id``: a UUID in its canonical text form; ``secret``: the raw shared key."""
+    """``cluster_id``: a UUID in its canonical text form; ``secret``: the raw shared key it
+    started with; ``also``: a second secret accepted during a rotation (``next_secret`` or
+    ``previous_secret`` in the file)."""
 
     cluster_id: str
     secret: bytes = field(repr=False)
+    also: bytes | None = field(default=None, repr=False, compare=False)
+    keyring: Keyring = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         try:
@@ -38,8 +56,33 @@ class ClusterIdentity:
             raise InvalidRequest(f"cluster_id {self.cluster_id!r} is not a UUID") from exc
         if canonical != self.cluster_id:
             raise InvalidRequest(f"cluster_id {self.cluster_id!r}: write it as {canonical}")
-        if type(self.secret) is not bytes or len(self.secret) != limits.cluster_secret_bytes:
-            raise InvalidRequest(f"secret must be {limits.cluster_secret_bytes} bytes")
+        for key in (self.secret, self.also):
+            if key is not None and (
+                type(key) is not bytes or len(key) != limits.cluster_secret_bytes
+            ):
+                raise InvalidRequest(f"secret must be {limits.cluster_secret_bytes} bytes")
+        accepted = (self.secret,) if self.also in (None, self.secret) else (self.secret, self.also)
+        object.__setattr__(self, "keyring", Keyring(self.secret, accepted))
+
+    @property
+    def proving_secret(self) -> bytes:
+        """The secret this member proves and signs with now."""
+        return self.keyring.proving
+
+    @property
+    def accepted_secrets(self) -> tuple[bytes, ...]:
+        """Every secret this member accepts now (the proving one first)."""
+        return self.keyring.accepted
+
+    def rekey(self, other: ClusterIdentity) -> None:
+        """Takes ``other``'s secrets (the member's file read again) into this identity's keyring,
+        which every copy of it shares; ``WrongClusterError`` for another cluster's file."""
+        if other.cluster_id != self.cluster_id:
+            raise WrongClusterError(
+                f"the file now names cluster {other.cluster_id}, not {self.cluster_id}"
+            )
+        self.keyring.proving = other.keyring.proving
+        self.keyring.accepted = other.keyring.accepted
 
     @classmethod
     def generate(cls) -> ClusterIdentity:
@@ -74,10 +117,36 @@ class ClusterIdentity:
             raw = bytes.fromhex(secret)
         except ValueError as exc:
             raise InvalidRequest("bad topology: secret is not hex") from exc
-        return cls(cluster_id, raw)
+        return cls(cluster_id, raw, _second_secret(data))
 
     def toml_lines(self) -> list[str]:
         return [f'cluster_id = "{self.cluster_id}"', f'secret = "{self.secret.hex()}"']
+
+
+def secret_prints(identity: ClusterIdentity) -> dict[str, Any]:
+    """Short prints of the secrets a member uses (the first 8 hex digits of each one's SHA-256):
+    what a rotation checks every member took, without the secrets themselves."""
+    return {
+        "proving": secret_print(identity.proving_secret),
+        "accepted": [secret_print(key) for key in identity.accepted_secrets],
+    }
+
+
+def secret_print(secret: bytes) -> str:
+    return hashlib.sha256(secret).hexdigest()[:8]
+
+
+def _second_secret(data: dict[str, Any]) -> bytes | None:
+    """``next_secret`` or ``previous_secret`` of a file in a rotation (at most one of them)."""
+    given = [data[key] for key in ROTATION_KEYS if key in data]
+    if not given:
+        return None
+    if len(given) > 1 or not isinstance(given[0], str):
+        raise InvalidRequest("bad topology: at most one of next_secret and previous_secret, hex")
+    try:
+        return bytes.fromhex(given[0])
+    except ValueError as exc:
+        raise InvalidRequest("bad topology: next_secret/previous_secret is not hex") from exc
 
 
 def check_data_dir(data_dir: str, identity: ClusterIdentity) -> None:

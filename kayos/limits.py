@@ -951,3 +951,13 @@ assert copy_pace_commit_rise_max > 1
 assert copy_pace_commit_slack_ms >= 0
 assert 0 < copy_pace_cpu_share_max <= 1
 assert copy_rate_mb_per_s_max >= 0
+
+# --- TLS (docs/security.md, "TLS") ---------------------------------------------------------------
+# A refused TLS handshake (plain TCP on a TLS port, a foreign or expired certificate) is logged at
+# most once per this many ms per reason: a scanner or a misconfigured client retrying in a loop
+# must not flood the log, and one line a second still shows the operator what is happening.
+tls_refusal_log_ms = 1_000
+# The TLS handshake of a connection on the binary port must end within this many ms, else the
+# connection is closed: 5 s is ~1000x a loopback handshake and ~50x one across a WAN, and bounds
+# how long a silent peer holds one of limits.handshake_connections_max slots.
+tls_handshake_ms_max = 5_000

@@ -35,6 +35,7 @@ PURPOSES: Final = frozenset(
         "lease",
         "write-hold",
         "exited",
+        "secrets",
     }
 )
 
@@ -52,9 +53,11 @@ def mac_input(identity: ClusterIdentity, purpose: str, body: Any) -> bytes:
     )
 
 
-def sign(identity: ClusterIdentity, purpose: str, body: Any) -> str:
-    """The hex MAC of ``body`` for ``purpose``."""
-    return hmac.new(identity.secret, mac_input(identity, purpose, body), hashlib.sha256).hexdigest()
+def sign(identity: ClusterIdentity, purpose: str, body: Any, secret: bytes | None = None) -> str:
+    """The hex MAC of ``body`` for ``purpose``, under ``secret`` (by default the one the member
+    signs with now)."""
+    key = secret or identity.proving_secret
+    return hmac.new(key, mac_input(identity, purpose, body), hashlib.sha256).hexdigest()
 
 
 def check_signed(identity: ClusterIdentity | None, purpose: str, body: Any, mac: Any) -> None:
@@ -64,7 +67,11 @@ def check_signed(identity: ClusterIdentity | None, purpose: str, body: Any, mac:
         raise Unauthenticated("this node has no cluster secret: it accepts no admin message")
     if not isinstance(mac, str) or len(mac) != 2 * hashlib.sha256().digest_size:
         raise Unauthenticated(f"{purpose}: missing or malformed mac")
-    if not hmac.compare_digest(mac, sign(identity, purpose, body)):
+    # During a rotation two secrets are accepted (docs/security.md).
+    if not any(
+        hmac.compare_digest(mac, sign(identity, purpose, body, secret))
+        for secret in identity.accepted_secrets
+    ):
         raise Unauthenticated(f"{purpose}: the mac does not match this cluster's secret")
 
 

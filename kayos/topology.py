@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from kayos import limits
+from kayos import limits, tlsconfig
 from kayos.errors import InvalidRequest
 from kayos.identity import ClusterIdentity
 
@@ -34,7 +34,7 @@ class NodeAddr:
 
     @property
     def http_url(self) -> str:
-        return f"http://{self.host}:{self.http_port}"
+        return f"{tlsconfig.scheme()}://{self.host}:{self.http_port}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,7 +301,8 @@ def manager_urls(raw: Any) -> tuple[str, ...]:
     ``http://host:http_port`` in id order."""
     if isinstance(raw, dict):
         return tuple(
-            f"http://{table['host']}:{int(table['http_port'])}" for _, table in sorted(raw.items())
+            f"{tlsconfig.scheme()}://{table['host']}:{int(table['http_port'])}"
+            for _, table in sorted(raw.items())
         )
     return tuple(str(url) for url in raw)
 

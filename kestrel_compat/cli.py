@@ -6,19 +6,24 @@ import asyncio
 import dataclasses
 import logging
 import signal
+import ssl
 import sys
 
 import click
 
 from kayos.cli.address import ClusterAddress, cluster_option
 from kayos.errors import AddressInUseError, KayosError
+from kayos.tlsconfig import listener_context
 from kestrel_compat.core.config import ConfigError, KestrelConfig, load_config
 from kestrel_compat.core.persistence import Backend
 from kestrel_compat.server import KestrelServer, check_ports
 
 
 async def _serve(
-    config: KestrelConfig, config_path: str | None, cluster: ClusterAddress | None
+    config: KestrelConfig,
+    config_path: str | None,
+    cluster: ClusterAddress | None,
+    tls: ssl.SSLContext | None = None,
 ) -> None:
     check_ports(config)  # a taken port ends the front before it contacts the cluster
     backend: Backend | None = None
@@ -31,7 +36,7 @@ async def _serve(
             )
         except KayosError as exc:
             raise click.ClickException(f"{exc.code}: {exc}{cluster.hint()}") from exc
-    server = KestrelServer(config, config_path=config_path, backend=backend)
+    server = KestrelServer(config, config_path=config_path, backend=backend, tls=tls)
     await server.start()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -63,6 +68,18 @@ async def _serve(
 # Items on the named cluster's chains (durable on every replica before STORED): no default cluster.
 @cluster_option(fallback=False, without="items are kept in this process's memory")
 @click.option("--log-level", default="WARNING", show_default=True, help="Python logging level.")
+@click.option(
+    "--tls-cert",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="Serve every front inside TLS with this PEM certificate chain (plain by default).",
+)
+@click.option(
+    "--tls-key",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="The PEM private key of --tls-cert.",
+)
 def kestrel(
     host: str | None,
     port: int | None,
@@ -73,6 +90,8 @@ def kestrel(
     config_path: str | None,
     cluster: ClusterAddress | None,
     log_level: str,
+    tls_cert: str | None,
+    tls_key: str | None,
 ) -> None:
     """Serve Kestrel 2.x clients on the memcache, text and thrift protocols. Items are kept on
     the Kayos cluster that --cluster (or $KAYOS_CLUSTER) names, durable on every replica before
@@ -92,7 +111,13 @@ def kestrel(
         server = dataclasses.replace(server, text_port=None if no_text else text_port)
     if thrift_port is not None or no_thrift:
         server = dataclasses.replace(server, thrift_port=None if no_thrift else thrift_port)
+    if (tls_cert is None) != (tls_key is None):
+        raise click.UsageError("--tls-cert and --tls-key go together")
     try:
-        asyncio.run(_serve(dataclasses.replace(config, server=server), config_path, cluster))
+        tls = listener_context(tls_cert, tls_key) if tls_cert and tls_key else None
+    except KayosError as exc:
+        raise click.ClickException(f"{exc.code}: {exc}") from exc
+    try:
+        asyncio.run(_serve(dataclasses.replace(config, server=server), config_path, cluster, tls))
     except AddressInUseError as error:  # one line naming the port and its flag, exit code 1
         raise click.ClickException(f"{error.code}: {error}") from error

@@ -27,6 +27,7 @@ import asyncio
 import enum
 import errno
 import logging
+import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -117,8 +118,11 @@ class KestrelServer:
         backend: Backend | None = None,
         clock: Clock = SYSTEM_CLOCK,
         config_path: str | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.config = config
+        # Every front's port inside TLS when given (``kayos kestrel --tls-cert``); plain otherwise.
+        self.tls = tls
         self.service = KestrelService(
             config,
             backend if backend is not None else MemoryBackend(),
@@ -170,6 +174,7 @@ class KestrelServer:
                     host=server.host,
                     port=front.port,
                     reuse_address=True,
+                    ssl=self.tls,
                 )
             except OSError as exc:
                 if exc.errno != errno.EADDRINUSE:

@@ -93,6 +93,12 @@ def cluster_client_key(cluster_secret: bytes) -> bytes:
     return hmac.new(salted, CLIENT_KEY_LABEL, hashlib.sha256).digest()
 
 
+def cluster_stored_keys(cluster_secrets: tuple[bytes, ...]) -> tuple[bytes, ...]:
+    """The cluster principal's stored key under each secret a member accepts (two during a
+    rotation of the cluster secret, docs/security.md)."""
+    return tuple(stored_key_of(cluster_client_key(secret)) for secret in cluster_secrets)
+
+
 def stored_key_of(client_key: bytes) -> bytes:
     return hashlib.sha256(client_key).digest()
 

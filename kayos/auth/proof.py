@@ -117,11 +117,17 @@ class NonceWindow:
 Who = Credential | str  # a credential, or CLUSTER_PRINCIPAL
 
 
+ClusterStored = bytes | tuple[bytes, ...] | None
+"""The cluster principal's stored key, or one per secret a member accepts during a rotation of
+the cluster secret (docs/security.md, "Rotating the cluster secret")."""
+
+
 def _match_secret(
-    table: CredentialsTable, cluster_stored: bytes | None, name: str, message: bytes, proof: bytes
+    table: CredentialsTable, cluster_stored: ClusterStored, name: str, message: bytes, proof: bytes
 ) -> tuple[Who | None, str | None]:
     if name == CLUSTER_PRINCIPAL:
-        if cluster_stored is not None and proof_matches(cluster_stored, message, proof):
+        keys = (cluster_stored,) if isinstance(cluster_stored, bytes) else cluster_stored or ()
+        if any(proof_matches(stored, message, proof) for stored in keys):
             return CLUSTER_PRINCIPAL, None
         return None, "bad_proof"
     credential = table.credentials.get(name)
@@ -135,7 +141,7 @@ def _match_secret(
 
 def verify_http(
     table: CredentialsTable,
-    cluster_stored: bytes | None,
+    cluster_stored: ClusterStored,
     header: str | None,
     method: str,
     path_qs: str,
@@ -161,7 +167,7 @@ def verify_http(
 
 def verify_binary(
     table: CredentialsTable,
-    cluster_stored: bytes | None,
+    cluster_stored: ClusterStored,
     cluster_uuid: bytes,
     server_nonce: bytes,
     client_nonce: bytes,

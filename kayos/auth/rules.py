@@ -67,6 +67,7 @@ HTTP_RULES: Final[dict[tuple[str, str], Rule]] = {
     ("POST", "/v1/admin/write-hold"): Rule(SIGNED),
     ("POST", "/v1/admin/followers"): Rule(SIGNED),
     ("POST", "/v1/admin/compact"): Rule(SIGNED),
+    ("POST", "/v1/admin/secrets"): Rule(SIGNED),  # read the cluster secrets again (a rotation)
     ("GET", "/v1/admin/watch"): Rule(CLUSTER),
     ("GET", "/v1/admin/compact"): Rule("admin"),
     ("GET", "/v1/shards/{shard}/digest"): Rule("admin"),
@@ -79,6 +80,7 @@ HTTP_RULES: Final[dict[tuple[str, str], Rule]] = {
     ("POST", "/v1/manager/remove-node"): Rule(SIGNED),
     ("POST", "/v1/manager/operator"): Rule(SIGNED),
     ("POST", "/v1/manager/exited"): Rule(SIGNED),
+    ("POST", "/v1/manager/secrets"): Rule(SIGNED),
     ("POST", "/v1/manager/suspect"): Rule(OPEN),  # only makes the leader probe the node
 }
 # A binary request's frame name -> rule (HELLO and the handshake come before any credential).

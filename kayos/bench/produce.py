@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kayos import limits
+from kayos import limits, tlsconfig
 from kayos.bench.series import BIN_S, per_bin, quantiles_ms
 from kayos.local.cluster import LocalCluster
 
@@ -72,6 +72,8 @@ class ProduceBenchParameters:
     # Node processes (None: ``replicas``). More nodes than replicas spread the shards' chains
     # (rotated) over them, e.g. 3 nodes, replicas 1, queue_shards 3: one head on each node.
     nodes: int | None = None
+    # TLS on every port and link (docs/security.md): the cost of encryption, against plain.
+    tls: bool = False
 
     def __post_init__(self) -> None:
         if self.messages < 1 or self.batch < 1 or self.in_flight < 1 or self.singles < 0:
@@ -307,6 +309,7 @@ def bench_produce(
         queue_shards={SHARDED_QUEUE: parameters.queue_shards}
         if parameters.queue_shards > 1
         else {},
+        tls=parameters.tls,
     )
     try:
         phase(f"starting {parameters.node_count} nodes")
@@ -317,6 +320,7 @@ def bench_produce(
             phase("stopping the cluster")
             exits = cluster.stop()
     finally:
+        tlsconfig.install(None)
         if base is None:
             shutil.rmtree(directory, ignore_errors=True)
     for name in ("consumed", "sharded_consumed"):

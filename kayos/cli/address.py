@@ -158,6 +158,33 @@ def resolve(
     return ClusterAddress((LOCAL_URL,), "default")
 
 
+# The client's TLS files, when a command is to speak TLS to a cluster whose topology file it does
+# not read (docs/security.md, "Certificates for a local cluster").
+TLS_ENV = ("KAYOS_TLS_CA", "KAYOS_TLS_CERT", "KAYOS_TLS_KEY")
+
+
+def use_tls(env: Mapping[str, str], topology_path: str) -> None:
+    """Sets this process to connect with TLS when ``KAYOS_TLS_CA`` names a CA (with
+    ``KAYOS_TLS_CERT`` and ``KAYOS_TLS_KEY`` under mutual TLS), else when the topology file has a
+    ``[tls]`` table: its CA, and the ``client`` certificate beside the members' when there is one
+    (``kayos init --tls`` and ``kayos up --tls`` write it)."""
+    from kayos import tlsconfig
+    from kayos.errors import KayosError
+
+    ca, cert, key = (env.get(name) or None for name in TLS_ENV)
+    try:
+        if ca is None and os.path.exists(topology_path):
+            files = tlsconfig.files_of(topology_path, "client")
+            if files is not None:
+                ca = files.ca
+                if os.path.exists(files.cert) and os.path.exists(files.key):
+                    cert, key = files.cert, files.key
+        if ca is not None:
+            tlsconfig.install(tlsconfig.client_context(ca, cert, key))
+    except KayosError as exc:
+        raise click.ClickException(f"TLS: {exc}") from exc
+
+
 def cluster_option(
     *old: str, fallback: bool = True, without: str = "", topology: bool = False
 ) -> Callable[[Command], Command]:
@@ -173,6 +200,7 @@ def cluster_option(
     def decorate(command: Command) -> Command:
         @functools.wraps(command)
         def run(*args: Any, **kwargs: Any) -> Any:
+            use_tls(os.environ, kwargs.get("topology_path") or TOPOLOGY_DEFAULT)
             given = kwargs.pop("cluster")
             older = {flag: kwargs.pop(_dest(flag)) for flag in old}
             kwargs["cluster"] = resolve(

@@ -194,6 +194,9 @@ def bench_retention_command(
 @click.option(
     "--nodes", type=int, help="Node processes (more than --replicas spread the shards' chains)."
 )
+@click.option(
+    "--tls", is_flag=True, help="TLS on every port and link, with a private CA (docs/security.md)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
 @click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
@@ -206,6 +209,7 @@ def bench_produce_command(
     singles: int | None,
     queue_shards: int | None,
     nodes: int | None,
+    tls: bool,
     as_json: bool,
     out: str | None,
     base: str | None,
@@ -223,6 +227,7 @@ def bench_produce_command(
         "singles": singles,
         "queue_shards": queue_shards,
         "nodes": nodes,
+        "tls": tls or None,
     }
     parameters = parameters_of(ProduceBenchParameters, given)
     result = _run("produce", as_json, lambda phase: bench_produce(parameters, base, phase))

@@ -91,8 +91,8 @@ def _host_port(text: str | None, flag: str) -> tuple[str, int] | None:
 @click.option(
     "--insecure",
     is_flag=True,
-    help="Run open although the node listens beyond loopback with no client credentials "
-    '(docs/security.md, "Safe defaults").',
+    help="Serve beyond loopback without TLS or without client credentials, on purpose (logged, "
+    'and reported as kayos_insecure 1; docs/security.md, "Safe defaults").',
 )
 @click.option(
     "--credentials-table",
@@ -125,7 +125,7 @@ def node(
     import asyncio
     import logging
 
-    from kayos import limits
+    from kayos import limits, tlsconfig
     from kayos.auth.table import decode_table
     from kayos.errors import KayosError
     from kayos.manager.member.config import members_from
@@ -149,6 +149,7 @@ def node(
             if copy_rate_mb_per_s_max is None
             else copy_rate_mb_per_s_max
         )
+        tls = tlsconfig.files_of(config_path, node_id)
         asyncio.run(
             serve(
                 topology,
@@ -156,9 +157,11 @@ def node(
                 data_dir,
                 listen=listen,
                 managed=managed,
+                tls=tls,
                 insecure=insecure,
                 credentials_table=table,
                 copy_rate_mb_per_s_max=ceiling,
+                config_path=config_path,
             )
         )
     except KayosError as exc:  # refused at start: a bad file, another cluster's data directory
@@ -176,11 +179,19 @@ def node(
 @click.option("--id", "member_id", required=True, help="This member's id in [managers].")
 @click.option("--data", "data_dir", required=True, help="This member's data directory.")
 @click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
-def manager(config_path: str, member_id: str, data_dir: str, log_level: str) -> None:
+@click.option(
+    "--insecure",
+    is_flag=True,
+    help="Serve beyond loopback without TLS (logged; the member's status says insecure).",
+)
+def manager(
+    config_path: str, member_id: str, data_dir: str, log_level: str, insecure: bool
+) -> None:
     """Run one member of the cluster manager in the foreground until SIGINT/SIGTERM."""
     import asyncio
     import logging
 
+    from kayos import tlsconfig
     from kayos.errors import KayosError
     from kayos.manager.member import config
     from kayos.manager.member.process import serve
@@ -188,8 +199,11 @@ def manager(config_path: str, member_id: str, data_dir: str, log_level: str) -> 
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         setup = config.load(config_path)
-        setup.member(member_id)
-        asyncio.run(serve(setup, member_id, data_dir))
+        address = setup.member(member_id)
+        tls = tlsconfig.files_of(config_path, member_id)
+        tlsconfig.check_exposure(f"manager {member_id}", [address.host], tls is not None, insecure)
+        tlsconfig.install_member(tlsconfig.MemberTls.load(tls) if tls is not None else None)
+        asyncio.run(serve(setup, member_id, data_dir, config_path))
     except KayosError as exc:
         raise click.ClickException(f"{exc.code}: {exc}") from exc
 
@@ -227,6 +241,18 @@ def manager(config_path: str, member_id: str, data_dir: str, log_level: str) -> 
     "else in it (nodes, shards, queues, [managers], [manager], comments), instead of --node.",
 )
 @click.option("--force", is_flag=True, help="Replace --out if it exists already.")
+@click.option(
+    "--tls",
+    is_flag=True,
+    help="TLS on every port and link: write a private CA and a certificate per node and member "
+    "(into --tls-dir) and a [tls] table naming them (docs/security.md).",
+)
+@click.option(
+    "--tls-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Where --tls writes the certificates (default: a tls directory beside --out).",
+)
 def init(
     out_path: str,
     node_specs: tuple[str, ...],
@@ -235,6 +261,8 @@ def init(
     shards: int | None,
     from_path: str | None,
     force: bool,
+    tls: bool,
+    tls_dir: str | None,
 ) -> None:
     """Write a topology file for a hand-made cluster, with a new cluster id and a random shared
     secret (the nodes prove it to each other on every replication link). Copy the file to every
@@ -257,12 +285,40 @@ def init(
             text, identity, nodes, members = _init_new(
                 node_specs, manager_specs, replicas, shards, ClusterIdentity.generate()
             )
+        if tls_dir is not None and not tls:
+            raise click.UsageError("--tls-dir goes with --tls")
+        if tls:
+            where = tls_dir or os.path.join(os.path.dirname(os.path.abspath(out_path)), "tls")
+            text = _with_certificates(text, where, out_path)
     except KayosError as exc:
         raise click.ClickException(str(exc)) from exc
     write_private(out_path, text)
     click.echo(
         f"wrote {out_path}: cluster {identity.cluster_id}, {nodes} nodes, {members} manager members"
     )
+
+
+def _with_certificates(text: str, tls_dir: str, out_path: str) -> str:
+    """``kayos init --tls``: a CA and a certificate per node and member (for its host) in
+    ``tls_dir``, and the file's ``[tls]`` table naming them (refused when it has one already);
+    the paths are relative to the file's directory when ``tls_dir`` is below it, so the file and
+    the directory can be copied together to every host."""
+    import os
+    import tomllib
+
+    from kayos.errors import InvalidRequest
+    from kayos.local.certs import tls_table, write_cluster_certs
+
+    data = tomllib.loads(text)
+    if "tls" in data:
+        raise InvalidRequest("the file has a [tls] table already: remove it to write new ones")
+    members = {str(name): str(table["host"]) for name, table in data["nodes"].items()}
+    for name, table in data.get("managers", {}).items():
+        members[str(name)] = str(table["host"])
+    write_cluster_certs(tls_dir, members)
+    where, home = os.path.abspath(tls_dir), os.path.dirname(os.path.abspath(out_path))
+    named = os.path.relpath(where, home) if where.startswith(home + os.sep) else where
+    return text.rstrip("\n") + "\n\n" + tls_table(named)
 
 
 def _init_new(
@@ -415,6 +471,11 @@ def _address(spec: str, make: Any, flag: str, ports_shape: str) -> Any:
     type=click.IntRange(0, 7),
     help="Manager members (Raft raft base+200+i, HTTP base+300+i); 0: no manager.",
 )
+@click.option(
+    "--tls",
+    is_flag=True,
+    help="TLS on every port and link, with a private CA in DATA/tls (docs/security.md).",
+)
 def up(
     data_dir: str,
     nodes: int,
@@ -425,6 +486,7 @@ def up(
     kestrel_text_port: int,
     kestrel_thrift_port: int,
     managers: int,
+    tls: bool,
 ) -> None:
     """Start a local cluster on 127.0.0.1: by default 3 nodes, 3 shards with rotated roles
     (S0 a->b->c, S1 b->c->a, S2 c->a->b), replication factor 3, three cluster manager members
@@ -438,7 +500,7 @@ def up(
         raise click.BadParameter(f"must be 1 .. {nodes}", param_hint="--replicas")
     options: dict[str, Any] = {
         "nodes": nodes, "replicas": replicas, "shards": shards, "base_port": base_port,
-        "managers": managers,
+        "managers": managers, "tls": tls,
     }  # fmt: skip
     cluster = (
         LocalClusterWithKestrel(

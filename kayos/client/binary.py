@@ -18,7 +18,7 @@ import contextlib
 from collections.abc import Callable
 from typing import Generic, NamedTuple, TypeVar
 
-from kayos import limits
+from kayos import limits, tlsconfig
 from kayos.client.auth import ClientCredential
 from kayos.client.policy import Purpose, error_from_frame
 from kayos.clock import SYSTEM_CLOCK, Clock
@@ -154,7 +154,9 @@ class BinaryConnection:
         node cannot be reached and the mapped error if it refuses the HELLO."""
         try:
             async with asyncio.timeout(timeout_s):
-                reader, writer = await asyncio.open_connection(host, port)
+                reader, writer = await asyncio.open_connection(
+                    host, port, **tlsconfig.connect_options(host)
+                )
         except (OSError, TimeoutError) as exc:
             raise UnavailableError(
                 f"node {node} at {host}:{port}: cannot connect: {exc}", failure="lost"

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import weakref
 from typing import Any
 
 import aiohttp
 import msgpack
 from yarl import URL
 
-from kayos import limits
+from kayos import limits, tlsconfig
 from kayos.client.auth import ClientCredential, CredentialSource
 from kayos.client.policy import error_from_http
 from kayos.errors import OperationTimeoutError, ProtocolError, UnavailableError
@@ -33,6 +34,27 @@ def decode_body(content_type: str, raw: bytes) -> Any:
     return raw.decode(errors="replace")
 
 
+class TlsConnector(aiohttp.TCPConnector):
+    """A connector that remembers its connections: a request cancelled mid-flight (a topology
+    long-poll when the client closes) leaves a TLS connection in its closing handshake, which
+    ``abort_all`` ends at once so nothing is left open once the client has closed."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.made: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    async def _create_connection(self, *args: Any, **kwargs: Any) -> Any:
+        protocol = await super()._create_connection(*args, **kwargs)
+        if protocol.transport is not None:
+            # The transport itself: a protocol forgets its transport when it closes it.
+            self.made.add(protocol.transport)
+        return protocol
+
+    def abort_all(self) -> None:
+        for transport in list(self.made):
+            transport.abort()
+
+
 class HttpTransport:
     """Requests to nodes' HTTP API. ``open`` must run inside the event loop that uses it.
     ``credential``: what each request proves (a file's path, or None: ``KAYOS_CREDENTIALS``'s
@@ -46,6 +68,7 @@ class HttpTransport:
     ) -> None:
         self._connections_max = connections_max
         self._session: aiohttp.ClientSession | None = None
+        self._connector: TlsConnector | None = None
         self.credentials = CredentialSource(credential)
 
     @property
@@ -55,13 +78,16 @@ class HttpTransport:
 
     async def open(self) -> None:
         if self._session is None:
-            connector = aiohttp.TCPConnector(limit=self._connections_max)
-            self._session = aiohttp.ClientSession(connector=connector)
+            self._connector = TlsConnector(limit=self._connections_max, ssl=tlsconfig.http_ssl())
+            self._session = aiohttp.ClientSession(connector=self._connector)
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self._connector is not None:
+            self._connector.abort_all()
+            self._connector = None
 
     async def request(
         self,

@@ -26,6 +26,7 @@ from typing import IO, Any
 from kayos.datadir import DirectoryLock
 from kayos.errors import DirectoryInUseError, KayosError
 from kayos.identity import ClusterIdentity, write_private
+from kayos.local.certs import local_tls, tls_table
 from kayos.local.exits import report_exit
 from kayos.local.http import http_json
 from kayos.local.managers import manager_command, manager_ids, members_on, wait_leader
@@ -125,6 +126,8 @@ class LocalCluster:
         managers: int = 0,
         manager_config: Config | None = None,
         queue_shards: dict[str, int] | None = None,
+        tls: bool = False,
+        client_auth: bool = False,
     ) -> None:
         self.base_dir = Path(base_dir)
         # Queues spread over several shards (docs/node-api.md, "Queues over several shards").
@@ -155,6 +158,12 @@ class LocalCluster:
         self.identity = existing_identity(self.topology_path) or ClusterIdentity.generate()
         self._root_lock: DirectoryLock | None = None
         self.topology = self._make_topology()
+        # TLS on every port and link (docs/security.md): certificates in base_dir/tls.
+        self.tls_dir: str | None = None
+        self.client_auth = client_auth
+        if tls:
+            members = dict.fromkeys([*self.ids, *self.manager_ids], self.host)
+            self.tls_dir = local_tls(str(self.base_dir), members)
 
     # --- addresses -----------------------------------------------------------------------------
 
@@ -329,6 +338,8 @@ class LocalCluster:
         text = self.topology.dumps_toml()
         if self.manager_members:
             text += "\n" + managers_toml(self.manager_members, self.manager_config)
+        if self.tls_dir is not None:
+            text += "\n" + tls_table(self.tls_dir, self.client_auth)
         return text
 
     def manager_url(self, member: str) -> str:
@@ -348,7 +359,7 @@ class LocalCluster:
         leader = wait_leader(
             running,
             self.ready_timeout_s if timeout_s is None else timeout_s,
-            self.identity.secret,
+            self.cluster_secret,
         )
         if leader is None:
             logs = "\n".join(f"{m}: {log_tail(self.log_path(m), 10)}" for m in self.manager_ids)
@@ -465,13 +476,22 @@ class LocalCluster:
 
     # --- conditions ----------------------------------------------------------------------------
 
+    @property
+    def cluster_secret(self) -> bytes:
+        """The secret the cluster proves now: its file's, which a rotation changes."""
+        with contextlib.suppress(OSError, KayosError):
+            identity = Topology.load(str(self.topology_path)).identity
+            if identity is not None:
+                return identity.secret
+        return self.identity.secret
+
     def status(self, node: str) -> dict[str, Any] | None:
         """The node's ``GET /v1/status`` reply, or None if it does not answer with one."""
         try:
             code, body = http_json(
                 self.url(node) + "/v1/status",
                 timeout_s=status_request_timeout_s,
-                cluster_secret=self.identity.secret,
+                cluster_secret=self.cluster_secret,
             )
         except (OSError, ValueError):
             return None

@@ -11,6 +11,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from kayos import tlsconfig
 from kayos.auth.proof import cluster_authorization
 
 
@@ -36,7 +37,8 @@ def http_json(
         )
     request = urllib.request.Request(url, data=data, method=method, headers=headers)  # noqa: S310 - http URLs we built
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310
+        context = tlsconfig.installed()
+        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:  # noqa: S310
             return int(response.status), json.loads(response.read() or b"null")
     except urllib.error.HTTPError as error:
         raw = error.read()

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from kayos.cli.address import CLUSTER_ENV
+from kayos.cli.address import CLUSTER_ENV, TLS_ENV
 from kayos.local.cluster import LocalCluster, poll_interval_s
 from kayos.local.processes import (
     ClusterError,
@@ -78,6 +78,8 @@ class KestrelFront:
         self.log_level = log_level
         self.process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
+        # The front's client TLS files (KAYOS_TLS_CA and friends) when the cluster speaks TLS.
+        self.tls_env: dict[str, str] = {}
 
     @property
     def address(self) -> str:
@@ -112,7 +114,7 @@ class KestrelFront:
             stderr=subprocess.STDOUT,
             # The front's cluster is the one this runner names (--cluster) or none: never a
             # KAYOS_CLUSTER the user's shell happens to export (the front would read it).
-            env={**_without(os.environ, CLUSTER_ENV), "PYTHONUNBUFFERED": "1"},
+            env={**_without(os.environ, CLUSTER_ENV), "PYTHONUNBUFFERED": "1", **self.tls_env},
             start_new_session=True,
             preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )
@@ -257,6 +259,9 @@ class LocalClusterWithKestrel(LocalCluster):
             text_port=self.text_port,
             thrift_port=self.thrift_port,
         )
+        if self.tls_dir is not None:
+            files = [f"{self.tls_dir}/{name}" for name in ("ca.pem", "client.pem", "client.key")]
+            front.tls_env = dict(zip(TLS_ENV, files, strict=True))
         try:
             front.start()
         except ClusterError as exc:

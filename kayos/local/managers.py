@@ -47,7 +47,7 @@ def member_status(member: MemberAddr, cluster_secret: bytes | None = None) -> di
     ``cluster_secret``: the request proves the cluster's own principal (a cluster that holds
     client credentials answers its status to an admin only: docs/security.md)."""
     try:
-        code, body = http_json(
+        code, body = http_json(  # inside TLS when the process installed it (kayos.tlsconfig)
             member.http_url + "/v1/manager/status",
             timeout_s=status_timeout_s,
             cluster_secret=cluster_secret,

@@ -48,13 +48,20 @@ def example_commands(cluster: LocalCluster, queue: str = "demo") -> list[str]:
     tail = cluster.url(cluster.tails_of(queue)[0])
     body = '{"messages": [{"key": "k1", "value": "hello"}, {"key": "k2", "value": "world"}]}'
     kayos = kayos_command()
+    curl = "curl -s"
+    if cluster.tls_dir is not None:  # the CA and the client certificate (docs/security.md)
+        tls = cluster.tls_dir
+        curl += f" --cacert {tls}/ca.pem --cert {tls}/client.pem --key {tls}/client.key"
+        if not found:
+            kayos = f"KAYOS_TLS_CA={tls}/ca.pem KAYOS_TLS_CERT={tls}/client.pem "
+            kayos += f"KAYOS_TLS_KEY={tls}/client.key {kayos_command()}"
     return [
         f"{kayos} produce {queue} hello world{seed}",
         f"{kayos} consume {queue} --group g{seed}",
         "or with curl:",
-        f"curl -s -XPOST '{head}/v1/queues/{queue}/messages?acks=all' "
+        f"{curl} -XPOST '{head}/v1/queues/{queue}/messages?acks=all' "
         f"-H 'Content-Type: application/json' -d '{body}'",
-        f"curl -s '{tail}/v1/queues/{queue}/consume?group=g'",
+        f"{curl} '{tail}/v1/queues/{queue}/consume?group=g'",
     ]
 
 
@@ -167,6 +174,10 @@ def run_foreground(cluster: LocalCluster, echo: Callable[[str], None]) -> int:
             f"kayos up: {len(cluster.ids)} nodes, {len(shards)} shards, replication factor "
             f"{replicas}, topology {cluster.topology_path}"
         )
+        if cluster.tls_dir is not None:
+            echo(f"  TLS on every port and link: certificates in {cluster.tls_dir}")
+        else:
+            echo("  open: no TLS, loopback only (kayos up --tls for TLS; docs/security.md)")
         for line in cluster.describe():
             echo(f"  {line}")
         echo("  try:")

@@ -19,7 +19,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 
 from kayos import limits
-from kayos.auth.keys import cluster_client_key, stored_key_of
+from kayos.auth.keys import cluster_stored_keys
 from kayos.auth.proof import REASONS, NonceWindow, Who, verify_binary, verify_http
 from kayos.auth.rules import Rule, Verdict, decide
 from kayos.auth.table import CredentialsTable, decode_table, parse_table
@@ -47,9 +47,7 @@ class Access:
         self.table = CredentialsTable()
         with contextlib.suppress(FileNotFoundError), open(self.path, "rb") as handle:
             self.table = decode_table(handle.read(limits.credentials_table_bytes_max + 1))
-        self.cluster_stored = (
-            stored_key_of(cluster_client_key(identity.secret)) if identity is not None else None
-        )
+        self.identity = identity
         self.window = NonceWindow()
         self.refusals = Counter(
             "kayos_auth_refusals",  # exposed as kayos_auth_refusals_total
@@ -61,6 +59,14 @@ class Access:
             self.refusals.labels(reason=reason)  # every reason shows, at 0 until it happens
         self._log_minute = -1
         self._logged = 0
+
+    @property
+    def cluster_stored(self) -> tuple[bytes, ...] | None:
+        """The cluster principal's stored keys under the secrets the node accepts now (they
+        change when it reads its file again during a rotation of the cluster secret)."""
+        if self.identity is None:
+            return None
+        return cluster_stored_keys(self.identity.accepted_secrets)
 
     def install(self, table: CredentialsTable) -> bool:
         """Takes ``table`` if its version is higher than the one held (written to the data

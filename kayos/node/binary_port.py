@@ -14,6 +14,7 @@ import contextlib
 import logging
 import secrets
 import socket
+import ssl
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -32,6 +33,7 @@ from kayos.replication.link.stream import FrameStream, error_frame
 from kayos.replication.shard.replica import ShardReplica
 from kayos.replication.wire import frames as fr
 from kayos.replication.wire.frames import PROTOCOL_VERSION
+from kayos.tlsconfig import HandshakeLog, MemberTls
 from kayos.topology import NodeAddr, Topology
 
 log = logging.getLogger("kayos.node")
@@ -49,6 +51,7 @@ class Node(Protocol):
     learners: dict[int, Learner]
     reports: SuspectReports
     access: Access
+    tls: MemberTls | None
 
     @property
     def epoch(self) -> int: ...
@@ -81,6 +84,7 @@ class BinaryPort:
         self.handshakes_refused = 0
         # The credential each client connection proved (None: the cluster ran open then).
         self.credential: dict[FrameStream, str | None] = {}
+        self.tls_refusals = HandshakeLog()
 
     async def start(self, bin_listener: socket.socket | None) -> None:
         """Serves on ``bin_listener`` if given (bound, not yet listening), else on a socket bound
@@ -95,11 +99,32 @@ class BinaryPort:
                 self._on_connection, address.host, address.bin_port, limit=2**20
             )
 
+    async def _start_tls(self, writer: asyncio.StreamWriter, context: ssl.SSLContext) -> bool:
+        """The TLS handshake of a new connection, done here rather than by the server so that a
+        refused one (plain TCP, a foreign or expired certificate, no client certificate under
+        mutual TLS) is logged with its reason; False when refused (the connection is closed)."""
+        peer = writer.get_extra_info("peername")
+        try:
+            async with asyncio.timeout(limits.tls_handshake_ms_max / 1000):
+                await writer.start_tls(context)
+        except (OSError, ssl.SSLError, TimeoutError, EOFError, ConnectionError) as exc:
+            self.tls_refusals.refused_from(str(peer[0] if peer else "?"), exc)
+            writer.transport.abort()
+            return False
+        return True
+
     def close(self) -> None:
         if self.server is not None:
             self.server.close()
 
     async def _on_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        tls = self.node.tls
+        if tls is None or await self._start_tls(writer, tls.server):
+            await self._serve_connection(reader, writer)
+
+    async def _serve_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         stream = FrameStream(

@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 
-from kayos import limits
+from kayos import limits, tlsconfig
 from kayos.clock import Clock
 
 log = logging.getLogger("kayos.node.reports")
@@ -69,7 +69,8 @@ class SuspectReports:
 
     async def _send(self, urls: list[str], peer: str) -> None:
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            connector = aiohttp.TCPConnector(ssl=tlsconfig.http_ssl())
+            self._session = aiohttp.ClientSession(connector=connector)
         timeout = aiohttp.ClientTimeout(total=limits.manager_request_timeout_ms / 1000)
 
         async def post(url: str) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 from kayos import limits
 from kayos.checks import check_expiries, check_group_name, check_item_keys
@@ -37,7 +37,7 @@ from kayos.errors import (
     UnavailableError,
     WrongRoleError,
 )
-from kayos.identity import check_data_dir
+from kayos.identity import check_data_dir, secret_prints
 from kayos.node.access import Access
 from kayos.node.binary_port import BinaryPort
 from kayos.node.lag import HWM_META as HWM_META  # `x as x`: importable from here still
@@ -62,6 +62,7 @@ from kayos.replication.shard.head_writes import Columns
 from kayos.replication.shard.replica import ShardReplica, queue_prefix
 from kayos.storage.engine import prepare_columns
 from kayos.storage.maintenance.compact import compact
+from kayos.tlsconfig import MemberTls
 from kayos.topology import Topology, check_queue_name
 
 log = logging.getLogger("kayos.node")
@@ -138,6 +139,17 @@ class Node:
         self.served: collections.Counter[int] = collections.Counter()
         # When the process started, in seconds since the Unix epoch (the node's clock).
         self.started_s = self.clock.now_s()
+        # TLS on both faces and the links (docs/security.md, "TLS"); set by kayos.node.server
+        # before the node starts. ``insecure``: serving beyond loopback without TLS on purpose.
+        self.tls: MemberTls | None = None
+        self.insecure = False
+        # The file the node started from: its secrets are read again on a reload.
+        self.config_path: str | None = None
+        self.insecure_gauge = Gauge(
+            "kayos_insecure",
+            "1 when the node serves beyond loopback without TLS (started with --insecure)",
+            registry=self.registry,
+        )
 
     @property
     def epoch(self) -> int:
@@ -216,6 +228,32 @@ class Node:
                 await replica.persist_time_index()
             # A replica whose reads met damage is re-made: its open salvages and re-fetches.
             await self.reconfigure.reopen_damaged()
+
+    def reload(self) -> None:
+        """SIGHUP: reads the TLS files and the cluster secrets again; connections made from now
+        on use them."""
+        if self.tls is not None:
+            self.tls.reload()
+        if self.config_path is not None:
+            try:
+                self.reload_secrets()
+            except (KayosError, OSError) as exc:
+                log.error("secrets not reloaded, the previous ones stay: %s", exc)
+
+    def reload_secrets(self) -> dict[str, Any]:
+        """Reads the secrets of the node's file again (docs/security.md, "Rotating the cluster
+        secret"): every copy of the identity (each replica's topology, the links' next
+        handshakes, the admin messages' checks) uses them from now on. Returns their prints."""
+        identity = self.topology.identity
+        if self.config_path is None or identity is None:
+            raise InvalidRequest(f"node {self.node_id} has no file to read its secrets from")
+        fresh = Topology.load(self.config_path).identity
+        if fresh is None or fresh.is_placeholder:
+            raise InvalidRequest(f"{self.config_path} has no cluster secret")
+        identity.rekey(fresh)
+        prints = secret_prints(identity)
+        log.info("node %s: cluster secrets reloaded: %s", self.node_id, prints)
+        return prints
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
         """Runs ``coro`` as a task of the node (cancelled when it stops)."""

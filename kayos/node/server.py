@@ -9,7 +9,9 @@ import gc
 import logging
 import signal
 import socket
+import ssl
 from dataclasses import dataclass
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -17,10 +19,11 @@ from kayos import limits
 from kayos.auth.rules import open_bind_problem
 from kayos.auth.table import CredentialsTable
 from kayos.datadir import DirectoryLock
-from kayos.errors import AddressInUseError, InvalidRequest
+from kayos.errors import AddressInUseError
 from kayos.node.http.app import make_app
 from kayos.node.runtime import Node
 from kayos.ports import address_in_use, bind_listener
+from kayos.tlsconfig import HandshakeLog, MemberTls, TlsFiles, check_exposure, install_member
 from kayos.topology import Topology
 
 
@@ -41,9 +44,11 @@ async def serve(
     listen: Listen | None = None,
     managed: bool = False,
     *,
+    tls: TlsFiles | None = None,
     insecure: bool = False,
     credentials_table: CredentialsTable | None = None,
     copy_rate_mb_per_s_max: float = limits.copy_rate_mb_per_s_max,
+    config_path: str | None = None,
 ) -> None:
     """Serves until SIGINT/SIGTERM, then closes links and stores cleanly.
 
@@ -51,11 +56,12 @@ async def serve(
     ports, and only then open the stores and contact peers; a held lock
     (``DirectoryInUseError``) or a taken port (``AddressInUseError``) ends it before that.
     ``listen`` binds elsewhere than the topology's address (a proxy in front of the node);
-    ``managed``: manager members can splice the chains (the node's lease, docs/manager.md).
-    ``credentials_table``: offered to the node before it serves (taken if newer than its own);
-    with no credentials a node bound off loopback refuses to start unless ``insecure``
-    (docs/security.md, "Safe defaults"). ``copy_rate_mb_per_s_max``: the ceiling of its copies'
-    rate (docs/operations.md)."""
+    ``managed``: manager members can splice the chains (the node's lease, docs/manager.md);
+    ``tls``: both faces and the links in TLS, reloaded on SIGHUP; ``credentials_table``: offered
+    to the node before it serves (taken if newer than its own); ``insecure``: serve beyond
+    loopback without TLS or without client credentials (docs/security.md, "Safe defaults");
+    ``config_path``: the file SIGHUP reads the secrets from again (docs/security.md);
+    ``copy_rate_mb_per_s_max``: the ceiling of its copies' rate (docs/operations.md)."""
     node = Node(
         topology,
         node_id,
@@ -63,11 +69,12 @@ async def serve(
         managed=managed,
         copy_rate_mb_per_s_max=copy_rate_mb_per_s_max,
     )
+    node.config_path = config_path
     lock = DirectoryLock.acquire(data_dir, what=f"node {node_id}'s data dir")
     try:
         if credentials_table is not None:
             node.access.install(credentials_table)
-        check_open_bind(node, listen or Listen(), insecure)
+        secure_node(node, listen, tls, insecure)  # after the table: both halves are checked
         http_listener, bin_listener = bind_ports(node, listen)
     except BaseException:
         lock.release()
@@ -79,14 +86,85 @@ async def serve(
         lock.release()  # last: after the stores are closed
 
 
-def check_open_bind(node: Node, listen: Listen, insecure: bool) -> None:
-    """The auth half of the safe default: ``InvalidRequest`` when the node would listen off
-    loopback with no client credentials and ``insecure`` was not given."""
-    address = node.address
-    hosts = [(listen.http or (address.host, 0))[0], (listen.bin or (address.host, 0))[0]]
-    problem = open_bind_problem(hosts, node.access.table, insecure)
-    if problem is not None:
-        raise InvalidRequest(problem)
+def check_node_exposure(node: Node, listen: Listen | None, tls: bool, insecure: bool) -> bool:
+    """The node's safe-default check before it binds (docs/security.md, "Safe defaults"): every
+    address it listens on is loopback, or it has both TLS (kayos.tlsconfig.check_exposure) and
+    client credentials (kayos.auth.rules.open_bind_problem), or ``insecure`` says to run open.
+    ``InvalidRequest`` names every missing half in one message; returns whether it runs open on
+    purpose."""
+    listen = listen or Listen()
+    hosts = [node.address.host]
+    hosts += [where[0] for where in (listen.http, listen.bin) if where is not None]
+    what = f"node {node.node_id}"
+    lacks_credentials = open_bind_problem(hosts, node.access.table, insecure=False) is not None
+    return check_exposure(what, hosts, tls, insecure, lacks_credentials=lacks_credentials)
+
+
+def secure_node(node: Node, listen: Listen | None, tls: TlsFiles | None, insecure: bool) -> None:
+    """Loads the node's TLS files (its faces and links use them) and runs the exposure check."""
+    node.insecure = check_node_exposure(node, listen, tls is not None, insecure)
+    node.insecure_gauge.set(1 if node.insecure else 0)
+    if tls is not None:
+        node.tls = MemberTls.load(tls)
+        install_member(node.tls)
+
+
+class LoggedTlsSite(web.SockSite):
+    """The HTTP face inside TLS, each connection's handshake done here (not by the server) so
+    that a refused one is logged with its reason, as on the binary port (docs/security.md)."""
+
+    def __init__(
+        self,
+        runner: web.AppRunner,
+        sock: socket.socket,
+        context: ssl.SSLContext,
+        refusals: HandshakeLog,
+    ) -> None:
+        super().__init__(runner, sock)
+        self.context = context
+        self.refusals = refusals
+        self.upgrades: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # registers the site with its runner
+        handlers = self._runner.server
+        assert handlers is not None
+        self._server = await asyncio.get_running_loop().create_server(
+            lambda: TlsFirst(self, handlers), sock=self._sock, backlog=self._backlog
+        )
+
+    async def upgrade(self, transport: asyncio.BaseTransport, handler: asyncio.Protocol) -> None:
+        try:
+            secured = await asyncio.get_running_loop().start_tls(
+                cast(asyncio.WriteTransport, transport),
+                handler,
+                self.context,
+                server_side=True,
+                ssl_handshake_timeout=limits.tls_handshake_ms_max / 1000,
+            )
+        except (OSError, ssl.SSLError, TimeoutError, ConnectionError, EOFError) as exc:
+            peer = transport.get_extra_info("peername")
+            self.refusals.refused_from(str(peer[0] if peer else "?"), exc)
+            transport.abort()  # type: ignore[attr-defined]
+            return
+        if secured is None:  # the peer went away during the handshake
+            return
+        handler.connection_made(secured)
+
+
+class TlsFirst(asyncio.Protocol):
+    """A new HTTP connection until its TLS handshake ends: reading is paused at once (the
+    handshake takes the bytes over) and the aiohttp handler gets the secured transport."""
+
+    def __init__(self, site: LoggedTlsSite, handlers: Any) -> None:
+        self.site = site
+        self.handlers = handlers
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        cast(asyncio.ReadTransport, transport).pause_reading()
+        task = asyncio.get_running_loop().create_task(self.site.upgrade(transport, self.handlers()))
+        self.site.upgrades.add(task)
+        task.add_done_callback(self.site.upgrades.discard)
 
 
 def _port_words(node: Node, field: str) -> tuple[str, str]:
@@ -160,7 +238,11 @@ async def _serve(
         shutdown_timeout=limits.http_shutdown_ms_max / 1000,
     )
     await runner.setup()
-    site = web.SockSite(runner, http_listener)
+    site = (
+        LoggedTlsSite(runner, http_listener, node.tls.server, node.binary_port.tls_refusals)
+        if node.tls is not None
+        else web.SockSite(runner, http_listener)
+    )
     try:
         await site.start()
     except OSError as exc:
@@ -174,6 +256,8 @@ async def _serve(
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signum, stop.set)
+    with contextlib.suppress(NotImplementedError):
+        loop.add_signal_handler(signal.SIGHUP, node.reload)
     logging.getLogger("kayos.node").info(
         "node %s serving http %s bin %s", node_id, node.address.http_port, node.address.bin_port
     )

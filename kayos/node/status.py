@@ -32,6 +32,7 @@ class Node(Protocol):
     incarnation: str
     data_dir: str
     ready: bool
+    insecure: bool
     clock: Clock
     lease: NodeLease
     replicas: dict[int, ShardReplica]
@@ -51,6 +52,8 @@ def node_status(node: Node) -> dict[str, Any]:
         "incarnation": node.incarnation,
         "epoch": node.epoch,
         "ready": node.ready,
+        # Serving beyond loopback without TLS on purpose (docs/security.md, "Safe defaults").
+        "insecure": node.insecure,
         # The manager leader answers this nonce once its round is committed (lease_api).
         "lease_nonce": node.lease.ask(),
         "lease_remaining_ms": node.lease.remaining_ms(),

@@ -268,11 +268,12 @@ async def _remove(urls: list[str], message: dict[str, Any], timeout_s: float) ->
 def _register_commands() -> None:
     """add-node, drain, move-shard, rebalance live in kayos/cli/ctl/operate.py; compact and check in
     kayos/cli/ctl/maintenance.py; the queue commands in kayos/cli/ctl/queue.py; the credentials
-    commands in kayos/cli/ctl/credentials.py."""
-    from kayos.cli.ctl import credentials, maintenance, operate, queue
+    commands in kayos/cli/ctl/credentials.py; the secret's rotation in kayos/cli/ctl/secret.py."""
+    from kayos.cli.ctl import credentials, maintenance, operate, queue, secret
 
     credentials.register(ctl)
     operate.register(ctl)
+    secret.register(ctl)
     maintenance.register(ctl)
     queue.register(ctl)
 

@@ -8,7 +8,7 @@ import tomllib
 from dataclasses import dataclass, fields
 from typing import Any
 
-from kayos import limits
+from kayos import limits, tlsconfig
 from kayos.errors import InvalidRequest
 from kayos.identity import ClusterIdentity
 from kayos.manager import Config, ManagerView
@@ -34,7 +34,7 @@ class MemberAddr:
 
     @property
     def http_url(self) -> str:
-        return f"http://{self.host}:{self.http_port}"
+        return f"{tlsconfig.scheme()}://{self.host}:{self.http_port}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from kayos import limits
-from kayos.auth.keys import CLUSTER_PRINCIPAL, cluster_client_key, stored_key_of
+from kayos import limits, tlsconfig
+from kayos.auth.keys import CLUSTER_PRINCIPAL, cluster_stored_keys
 from kayos.auth.proof import SCHEME, NonceWindow, verify_http
 from kayos.auth.rules import decide, http_rule
 from kayos.auth.table import CredentialsTable, parse_table
@@ -32,11 +32,15 @@ class ManagerDoor:
     def __init__(self, identity: ClusterIdentity, node_urls: Callable[[], list[str]]) -> None:
         self.identity = identity
         self.node_urls = node_urls
-        self.cluster_stored = stored_key_of(cluster_client_key(identity.secret))
         self.table: CredentialsTable | None = None
         self.fetched_s = 0.0
         self.window = NonceWindow()
         self._lock = asyncio.Lock()
+
+    @property
+    def cluster_stored(self) -> tuple[bytes, ...]:
+        """The cluster principal's stored keys under the secrets the member accepts now."""
+        return cluster_stored_keys(self.identity.accepted_secrets)
 
     async def current(self) -> CredentialsTable | None:
         """The newest table the nodes hold, read again once the copy is older than the bound."""
@@ -44,7 +48,8 @@ class ManagerDoor:
             if time.monotonic() - self.fetched_s < limits.manager_credentials_refresh_ms / 1000:
                 return self.table
             timeout = aiohttp.ClientTimeout(total=limits.manager_request_timeout_ms / 1000)
-            async with aiohttp.ClientSession(timeout=timeout) as session:
+            connector = aiohttp.TCPConnector(ssl=tlsconfig.http_ssl())  # the nodes' TLS, if any
+            async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
                 for url in self.node_urls():
                     target = url + "/v1/admin/credentials"
                     try:

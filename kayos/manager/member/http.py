@@ -11,6 +11,7 @@ Errors are the node API's error body: ``{"error": {"code", "message", "redirect"
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ from kayos.manager import (
 from kayos.manager.member.config import ManagerSetup
 from kayos.manager.member.gate import ManagerDoor, make_gate
 from kayos.manager.restore import restore_status
-from kayos.signing import check_signed
+from kayos.signing import check_signed, open_signed
 from kayos.topology import Topology
 
 STATUS_FOR_CODE = {
@@ -75,6 +76,8 @@ class MemberState:
     # running (a follower, or a leader between two drivers).
     suspect: Callable[[str], bool | None] = lambda _node: None
     exited: Callable[[str, str], Awaitable[ManagerView] | None] = lambda _node, _inc: None
+    # Reads the member's secrets from its file again (docs/security.md); their prints.
+    reload_secrets: Callable[[], dict[str, Any]] | None = None
 
 
 def status_body(state: MemberState) -> dict[str, Any]:
@@ -138,6 +141,20 @@ def make_app(state: MemberState, door: ManagerDoor | None = None) -> web.Applica
         return web.json_response(
             {"node": node, "state": found.state if found else None, "epoch": view.epoch}
         )
+
+    @routes.post("/v1/manager/secrets")
+    async def secrets(request: web.Request) -> web.Response:
+        try:
+            message = await request.json()
+            open_signed(state.setup.identity, "secrets", message, frozenset({"node"}))
+            if state.reload_secrets is None:
+                raise InvalidRequest("this member cannot reload its secrets")
+            prints = await asyncio.to_thread(state.reload_secrets)
+        except KayosError as exc:
+            return error_response(exc)
+        except ValueError:
+            return error_response(InvalidRequest("the body is not JSON"))
+        return web.json_response(prints)
 
     @routes.post("/v1/manager/operator")
     async def operator(request: web.Request) -> web.Response:

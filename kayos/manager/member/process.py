@@ -15,14 +15,16 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from kayos import limits
+from kayos import limits, tlsconfig
 from kayos.datadir import DirectoryLock
 from kayos.errors import (
+    InvalidRequest,
     KayosError,
     OperationTimeoutError,
     UnavailableError,
     error_from_code,
 )
+from kayos.identity import secret_prints
 from kayos.manager import Action, Event, ManagerView
 from kayos.manager.member.config import ManagerSetup
 from kayos.manager.member.driver import Driver
@@ -30,6 +32,7 @@ from kayos.manager.member.gate import ManagerDoor
 from kayos.manager.member.http import MemberState, make_app
 from kayos.manager.member.raft import Applied, ManagerLog
 from kayos.manager.member.watch import cluster_headers
+from kayos.topology import Topology
 
 log = logging.getLogger("kayos.manager")
 
@@ -39,8 +42,12 @@ def monotonic_ms() -> int:
 
 
 class Member:
-    def __init__(self, setup: ManagerSetup, member_id: str, data_dir: str) -> None:
+    def __init__(
+        self, setup: ManagerSetup, member_id: str, data_dir: str, config_path: str | None = None
+    ) -> None:
         self.setup = setup
+        # The file the member's secrets are read from again (SIGHUP, POST /v1/manager/secrets).
+        self.config_path = config_path
         self.member_id = member_id
         self.data_dir = data_dir
         self.address = setup.member(member_id)
@@ -148,7 +155,32 @@ class Member:
             self.send_actions,
             self.suspect,
             self.exited,
+            self.reload_secrets,
         )
+
+    def reload_secrets(self) -> dict[str, Any]:
+        """Reads the secrets of the member's file again (docs/security.md, "Rotating the cluster
+        secret"): the orders it signs and the messages it checks use them from now on. The Raft
+        password stays the one it started with until it restarts."""
+        if self.config_path is None:
+            raise InvalidRequest(f"member {self.member_id} has no file to read its secrets from")
+        fresh = Topology.load(self.config_path).identity
+        if fresh is None or fresh.is_placeholder:
+            raise InvalidRequest(f"{self.config_path} has no cluster secret")
+        self.setup.identity.rekey(fresh)
+        prints = secret_prints(self.setup.identity)
+        log.info("manager %s: cluster secrets reloaded: %s", self.member_id, prints)
+        return prints
+
+    def on_sighup(self) -> None:
+        tls = tlsconfig.member()
+        if tls is not None:
+            tls.reload()
+        if self.config_path is not None:
+            try:
+                self.reload_secrets()
+            except (KayosError, OSError) as exc:
+                log.error("secrets not reloaded, the previous ones stay: %s", exc)
 
     def suspect(self, node: str) -> bool | None:
         """The leading driver probes ``node`` (None: no driver runs here now)."""
@@ -170,9 +202,17 @@ class Member:
         )
         runner = web.AppRunner(make_app(self.state(), door), access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, self.address.host, self.address.http_port)
+        member = tlsconfig.member()
+        site = web.TCPSite(
+            runner,
+            self.address.host,
+            self.address.http_port,
+            ssl_context=member.server if member is not None else None,
+        )
         await site.start()
-        self.session = aiohttp.ClientSession()
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(ssl=tlsconfig.http_ssl())
+        )
         log.info(
             "manager %s: raft %s, http %s", self.member_id, self.address.raft_address,
             self.address.http_url,
@@ -214,7 +254,9 @@ class Member:
             self.log.close()
 
 
-async def serve(setup: ManagerSetup, member_id: str, data_dir: str) -> None:
+async def serve(
+    setup: ManagerSetup, member_id: str, data_dir: str, config_path: str | None = None
+) -> None:
     """Runs one member until SIGINT or SIGTERM."""
     lock = DirectoryLock.acquire(data_dir, what="kayos manager data directory")
     try:
@@ -222,7 +264,8 @@ async def serve(setup: ManagerSetup, member_id: str, data_dir: str) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        member = Member(setup, member_id, data_dir)
+        member = Member(setup, member_id, data_dir, config_path)
+        loop.add_signal_handler(signal.SIGHUP, member.on_sighup)
         await member.run(stop)
     finally:
         lock.release()

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import aiohttp
 from yarl import URL
 
-from kayos import limits
+from kayos import limits, tlsconfig
 from kayos.auth.proof import cluster_authorization
 from kayos.identity import ClusterIdentity
 from kayos.manager import ManagerView, NodeGone
@@ -39,7 +39,7 @@ def cluster_headers(identity: ClusterIdentity | None, method: str, url: str) -> 
         return {}
     now_ms = int(time.time() * 1000)
     path_qs = URL(url).raw_path_qs
-    proof = cluster_authorization(identity.secret, method, path_qs, now_ms, os.urandom(16))
+    proof = cluster_authorization(identity.proving_secret, method, path_qs, now_ms, os.urandom(16))
     return {"Authorization": proof}
 
 
@@ -71,7 +71,7 @@ class Watches:
         included)."""
         if self.session is None:
             # Every request on a connection of its own: a probe must connect anew to be refused.
-            connector = aiohttp.TCPConnector(force_close=True, limit=0)
+            connector = aiohttp.TCPConnector(force_close=True, limit=0, ssl=tlsconfig.http_ssl())
             self.session = aiohttp.ClientSession(connector=connector)
         for node in self.addresses():
             if node not in self.tasks:

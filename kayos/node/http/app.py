@@ -8,6 +8,7 @@ map ``KayosError`` to the documented error reply. ``make_app`` registers the rou
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aiohttp
@@ -16,7 +17,7 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from yarl import URL
 
-from kayos import limits
+from kayos import limits, tlsconfig
 from kayos.errors import InvalidRequest, KayosError, UnavailableError, WrongRoleError
 from kayos.node.http.bodies import (
     MSGPACK,
@@ -38,6 +39,7 @@ from kayos.node.http.operator_api import routes as operator_routes
 from kayos.node.lag import group_lags
 from kayos.node.replicas import learners
 from kayos.node.runtime import Node
+from kayos.signing import open_signed
 
 _ACKS = {"0": 0, "1": 1, "all": -1, "-1": -1}
 _NODE_KEY = web.AppKey("node", Node)
@@ -247,6 +249,12 @@ def _manager_routes(routes: web.RouteTableDef, node: Node) -> None:
     async def watch(request: web.Request) -> web.StreamResponse:
         return await node.watches.serve(request)
 
+    @routes.post("/v1/admin/secrets")
+    async def secrets(request: web.Request) -> web.Response:
+        message = await read_body(request)
+        open_signed(node.topology.identity, "secrets", message, frozenset({"node"}))
+        return reply(request, await asyncio.to_thread(node.reload_secrets))
+
     @routes.post("/v1/admin/followers")
     async def followers(request: web.Request) -> web.Response:
         order = learners.parse_followers(node.topology.identity, await read_body(request))
@@ -264,7 +272,7 @@ async def _relay(
     app = request.app
     session = app.get(_SESSION_KEY)
     if session is None:
-        session = aiohttp.ClientSession()
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=tlsconfig.http_ssl()))
         app[_SESSION_KEY] = session
     # The raw path and query as the client sent them: its proof covers exactly those bytes.
     url = URL(f"{head.http_url}{request.raw_path}", encoded=True)

@@ -30,7 +30,7 @@ from typing import Any, Literal, Protocol
 import aiohttp
 from prometheus_client import Histogram
 
-from kayos import limits
+from kayos import limits, tlsconfig
 from kayos.clock import Clock
 from kayos.errors import InvalidRequest, KayosError, Unauthenticated, UnavailableError
 from kayos.identity import ClusterIdentity
@@ -228,7 +228,8 @@ async def peer_messages(topology: Topology, node_id: str) -> list[Any]:
             return {"body": data, "mac": mac}
 
     found: list[Any] = []
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    connector = aiohttp.TCPConnector(ssl=tlsconfig.http_ssl())
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         answers = await asyncio.gather(
             *(ask(session, node.http_url) for node in peers), return_exceptions=True
         )

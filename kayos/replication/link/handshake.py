@@ -131,7 +131,11 @@ async def accept_peer(
         if refusal is not None:
             raise refusal
         assert isinstance(reply, fr.AuthProof)
-        mac = auth.proof(identity, auth.ACCEPTOR_PROVES, claim, nonce, reply.nonce)
+        # Answered with the secret the connector proved: during a rotation either is accepted.
+        used = auth.proving_secret_of(
+            identity, auth.CONNECTOR_PROVES, claim, nonce, reply.nonce, reply.mac
+        )
+        mac = auth.proof(identity, auth.ACCEPTOR_PROVES, claim, nonce, reply.nonce, used)
         stream.send(fr.AuthOk(mac))
     except KayosError as exc:
         log.warning(

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kayos import limits
+from kayos import limits, tlsconfig
 from kayos.clock import Clock
 from kayos.errors import KayosError, ProtocolError
 from kayos.replication.link import handshake
@@ -140,7 +140,9 @@ async def _attempt(
     )
     handshake_s = limits.handshake_ms_max / 1000
     async with asyncio.timeout(handshake_s):
-        reader, writer = await opener(address.host, address.bin_port)
+        reader, writer = await opener(
+            address.host, address.bin_port, **tlsconfig.connect_options(address.host)
+        )
     stream = FrameStream(reader, writer, clock, frame_bytes_max=limits.handshake_frame_bytes_max)
     try:
         claim = link_auth.LinkClaim(node_id, peer, shard_id, epoch, "learner")

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from kayos import limits
+from kayos import limits, tlsconfig
 from kayos.errors import (
     KayosError,
     ProtocolError,
@@ -171,7 +171,9 @@ class UpstreamLink:
             replica.node_id, peer, replica.shard_id, replica.epoch, self.role
         )
         async with asyncio.timeout(limits.handshake_ms_max / 1000):
-            reader, writer = await self._connect(address.host, address.bin_port)
+            reader, writer = await self._connect(
+                address.host, address.bin_port, **tlsconfig.connect_options(address.host)
+            )
         stream = FrameStream(
             reader, writer, replica.clock, frame_bytes_max=limits.handshake_frame_bytes_max
         )

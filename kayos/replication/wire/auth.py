@@ -85,9 +85,28 @@ def proof(
     claim: LinkClaim,
     acceptor_nonce: bytes,
     connector_nonce: bytes,
+    secret: bytes | None = None,
 ) -> bytes:
+    """The MAC under ``secret``, by default the one the member proves with now."""
     data = mac_input(direction, identity.cluster_uuid, claim, acceptor_nonce, connector_nonce)
-    return hmac.new(identity.secret, data, hashlib.sha256).digest()
+    return hmac.new(secret or identity.proving_secret, data, hashlib.sha256).digest()
+
+
+def proving_secret_of(
+    identity: ClusterIdentity,
+    direction: int,
+    claim: LinkClaim,
+    acceptor_nonce: bytes,
+    connector_nonce: bytes,
+    mac: bytes,
+) -> bytes | None:
+    """Which of the secrets this member accepts ``mac`` was made with; None if none. During a
+    rotation (docs/security.md) a member accepts two, and answers a peer with the one it used."""
+    for secret in identity.accepted_secrets:
+        expected = proof(identity, direction, claim, acceptor_nonce, connector_nonce, secret)
+        if hmac.compare_digest(expected, mac):
+            return secret
+    return None
 
 
 # --- the acceptor ------------------------------------------------------------------------------
@@ -136,8 +155,10 @@ def check_proof(
         return WrongClusterError(
             f"{claim.connector} belongs to another cluster than {identity.cluster_id}"
         )
-    expected = proof(identity, CONNECTOR_PROVES, claim, acceptor_nonce, reply.nonce)
-    if not hmac.compare_digest(expected, reply.mac):
+    used = proving_secret_of(
+        identity, CONNECTOR_PROVES, claim, acceptor_nonce, reply.nonce, reply.mac
+    )
+    if used is None:
         return Unauthenticated(f"{claim.connector} could not prove the cluster secret")
     return None
 
@@ -170,7 +191,9 @@ def check_acceptor_proof(
     if not isinstance(reply, fr.AuthOk):
         name = type(reply).__name__ if reply is not None else "end of stream"
         return ProtocolError(f"expected AUTH_OK, got {name}")
-    expected = proof(identity, ACCEPTOR_PROVES, claim, acceptor_nonce, connector_nonce)
-    if not hmac.compare_digest(expected, reply.mac):
+    used = proving_secret_of(
+        identity, ACCEPTOR_PROVES, claim, acceptor_nonce, connector_nonce, reply.mac
+    )
+    if used is None:
         return Unauthenticated(f"the upstream {claim.acceptor} could not prove the cluster secret")
     return None

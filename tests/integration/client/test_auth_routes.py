@@ -56,6 +56,7 @@ WALK: list[tuple[str, str, str, Any]] = [
     ("POST", "/v1/admin/write-hold", "/v1/admin/write-hold", {}),
     ("POST", "/v1/admin/followers", "/v1/admin/followers", {}),
     ("POST", "/v1/admin/compact", "/v1/admin/compact", {}),
+    ("POST", "/v1/admin/secrets", "/v1/admin/secrets", {}),
     ("GET", "/v1/admin/watch", "/v1/admin/watch", None),
     ("GET", "/v1/admin/compact", "/v1/admin/compact", None),
     ("GET", "/v1/shards/{shard}/digest", "/v1/shards/0/digest?after=0&upto=1", None),

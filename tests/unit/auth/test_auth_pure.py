@@ -12,6 +12,7 @@ from kayos.auth.keys import (
     CLUSTER_PRINCIPAL,
     Secret,
     cluster_client_key,
+    cluster_stored_keys,
     make_proof,
     new_secret,
     parse_secret,
@@ -173,6 +174,29 @@ def test_the_cluster_principal_proves_with_the_cluster_secret_only() -> None:
         b"\x04" * 16,
     )
     assert verify_http(table, stored, wrong, "GET", "/v1/admin/watch", NOW_MS, NonceWindow()) == (
+        None,
+        "bad_proof",
+    )
+
+
+def test_the_cluster_principal_is_taken_under_either_secret_of_a_rotation() -> None:
+    table, _ = table_with()
+    old, new, other = b"\x07" * 32, b"\x09" * 32, b"\x08" * 32
+    accepted = cluster_stored_keys((new, old))
+    for nonce, secret, who in (
+        (b"\x05", old, CLUSTER_PRINCIPAL),
+        (b"\x06", new, CLUSTER_PRINCIPAL),
+    ):
+        proof = http_authorization(
+            CLUSTER_PRINCIPAL, cluster_client_key(secret), "GET", "/v1/status", NOW_MS, nonce * 16
+        )
+        window = NonceWindow()
+        who, _ = verify_http(table, accepted, proof, "GET", "/v1/status", NOW_MS, window)
+        assert who == CLUSTER_PRINCIPAL
+    stranger = http_authorization(
+        CLUSTER_PRINCIPAL, cluster_client_key(other), "GET", "/v1/status", NOW_MS, b"\x0a" * 16
+    )
+    assert verify_http(table, accepted, stranger, "GET", "/v1/status", NOW_MS, NonceWindow()) == (
         None,
         "bad_proof",
     )

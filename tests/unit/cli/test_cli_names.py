@@ -68,6 +68,10 @@ NO_CLUSTER: dict[str, str] = {
     "ctl drain": MANAGER_ONLY,
     "ctl move-shard": MANAGER_ONLY,
     "ctl rebalance": MANAGER_ONLY,
+    "ctl secret rotate start": "rewrites the topology file's secrets (--topology) and tells each "
+    "node and manager member it names to read them again",
+    "ctl secret rotate finish": "rewrites the topology file's secrets (--topology) and tells each "
+    "node and manager member it names to read them again",
     "bench storage": "measures a store on disk",
     "bench produce": OWN_CLUSTER,
     "bench retention": OWN_CLUSTER,
@@ -112,7 +116,6 @@ MEANINGS: dict[str, tuple[str, str]] = {
     "--credentials": ("the credentials file every request proves", r"credentials file"),
     "--credentials-table": ("a credentials table a node takes at start", r"credentials table"),
     "--grant": ("ROLE=PATTERN, a credential's grant", r"ROLE\[\+ROLE\.\.\.\]=PATTERN"),
-    "--insecure": ("run open beyond loopback", r"open"),
     "--config": ("the configuration file of the process the command runs", r"TOML"),
     "--cpu-weight": ("a cgroup's CPU weight against other processes", r"CPU weight"),
     "--copy-rate-mb-per-s-max": ("a node's ceiling on a copy's rate, MB/s", r"Ceiling"),
@@ -125,6 +128,9 @@ MEANINGS: dict[str, tuple[str, str]] = {
     "--host": ("a host name or address", r"host|address"),
     "--id": ("this process's id in the topology file", r"\bid\b"),
     "--in-flight": ("produce calls outstanding at once", r"outstanding"),
+    # A node or manager member bound beyond loopback without TLS, or a node without client
+    # credentials (docs/security.md, "Safe defaults").
+    "--insecure": ("serve beyond loopback without TLS or credentials, on purpose", r"without TLS"),
     "--json": ("print JSON", r"JSON"),
     "--kinds": ("fault kinds, comma-separated", r"[Ff]ault kinds"),
     "--manager": ("a manager member (repeatable)", r"manager member"),
@@ -151,6 +157,8 @@ MEANINGS: dict[str, tuple[str, str]] = {
     "--shards": ("how many shards", r"[Ss]hard"),
     "--table": ("a credentials table file to edit offline", r"credentials table file"),
     "--timeout": ("seconds to wait before giving up", r"^Seconds to wait"),
+    # init's names the directory for the certificates; up's and bench produce's is a flag.
+    "--tls": ("TLS on every port and link, with a private CA", r"TLS"),
     "--topology": ("the cluster's topology file", r"topology file"),
     "--until-consumed": ("retention: drop what every group consumed", r"consumed"),
     "--value-bytes": ("bytes per value", r"Bytes per value"),

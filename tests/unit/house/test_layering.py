@@ -31,6 +31,7 @@ FLOORS: list[tuple[int, tuple[str, ...]]] = [
             "kayos.checks",
             "kayos.datadir",
             "kayos.ports",
+            "kayos.tlsconfig",
         ),
     ),
     (
