@@ -4,80 +4,21 @@ JSON to a file."""
 
 from __future__ import annotations
 
-import json
-import os
 import sys
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
 from kayos.cli.address import deprecated_option
+from kayos.cli.bench_support import (
+    bench_report,
+    draw,
+    load_options,
+    parameters_of,
+    plot_option,
+    run_bench,
+)
 from kayos.cli.progress import Progress, wanted
-from kayos.errors import KayosError
-
-# What a bench's run gets to report its phases with (``Progress.phase``).
-Phase = Callable[[str], None]
-
-
-def _check_plot(_context: click.Context, _param: click.Parameter, value: str | None) -> str | None:
-    """``--plot``'s check, at parse time (before any bench runs): matplotlib is installed (the
-    ``plot`` extra) and the picture's directory exists."""
-    if value is None:
-        return None
-    from kayos.bench.plots import missing_matplotlib
-
-    missing = missing_matplotlib()
-    if missing is not None:
-        raise click.BadParameter(missing)
-    directory = os.path.dirname(os.path.abspath(value))
-    if not os.path.isdir(directory):
-        raise click.BadParameter(f"no directory {directory} to write the picture in")
-    return value
-
-
-def plot_option(command: Callable[..., None]) -> Callable[..., None]:
-    """``--plot FILE.png``: every bench's picture of its figures (kayos/bench/plots.py)."""
-    return click.option(
-        "--plot",
-        type=click.Path(dir_okay=False),
-        default=None,
-        callback=_check_plot,
-        expose_value=True,
-        help="Also draw the figures to this PNG file (needs the plot extra: matplotlib).",
-    )(command)
-
-
-P = TypeVar("P")
-
-
-def parameters_of(cls: Callable[..., P], given: dict[str, Any]) -> P:
-    """A bench's parameters from the options given (None: the parameter's default); a value the
-    parameters refuse (a bound, or a manager setting it cannot run with) is the command line's
-    error."""
-    try:
-        return cls(**{k: v for k, v in given.items() if v is not None})
-    except (ValueError, KayosError) as exc:
-        raise click.BadParameter(str(exc)) from exc
-
-
-def _run(
-    name: str, as_json: bool, run: Callable[[Phase], dict[str, Any]], **progress: Any
-) -> dict[str, Any]:
-    """Runs a bench under a progress line (on a terminal, not with --json)."""
-    with Progress(f"bench {name}", enabled=wanted(as_json), **progress) as shown:
-        return run(shown.phase)
-
-
-def _draw(name: str, result: dict[str, Any], plot: str | None) -> None:
-    """Writes ``name``'s picture of ``result`` to ``plot`` if given (after the figures are out:
-    a picture that fails loses no figures)."""
-    if plot is None:
-        return
-    from kayos.bench.plots import write_plot
-
-    write_plot(name, result, plot)
-    click.echo(f"bench {name}: picture written to {plot}", err=True)
 
 
 @click.group()
@@ -107,40 +48,15 @@ def bench_storage_command(
     """The shard store vs lmdb (sync on, key + seq index) on one workload."""
     from kayos.bench.storage import bench_storage
 
-    result = _run(
+    result = run_bench(
         "storage",
         as_json,
         lambda phase: bench_storage(
             messages, per_commit, seed, base, with_lmdb=not no_lmdb, phase=phase
         ),
     )
-    _bench_report(result, as_json, out, skip=("workload",))
-    _draw("storage", result, plot)
-
-
-def _bench_report(
-    result: dict[str, object],
-    as_json: bool,
-    out: str | None,
-    skip: tuple[str, ...] = (),
-    lines: list[str] | None = None,
-) -> None:
-    """Writes a bench's JSON to ``out`` if given; prints it as JSON, or as ``lines`` if given,
-    else as aligned lines."""
-    text = json.dumps(result, indent=2)
-    if out:
-        with open(out, "w") as handle:
-            handle.write(text + "\n")
-    if as_json:
-        click.echo(text)
-        return
-    if lines is not None:
-        for line in lines:
-            click.echo(line)
-        return
-    for name, value in result.items():
-        if name not in skip:
-            click.echo(f"{name:>26}: {value}")
+    bench_report(result, as_json, out, skip=("workload",))
+    draw("storage", result, plot)
 
 
 @bench.command("retention")
@@ -173,9 +89,9 @@ def bench_retention_command(
         "deadline_s": deadline_s,
     }
     parameters = parameters_of(RetentionSoakParameters, given)
-    result = _run("retention", as_json, lambda phase: bench_retention(parameters, base, phase))
-    _bench_report(result, as_json, out, skip=("machine", "parameters", "disk_series"))
-    _draw("retention", result, plot)
+    result = run_bench("retention", as_json, lambda phase: bench_retention(parameters, base, phase))
+    bench_report(result, as_json, out, skip=("machine", "parameters", "disk_series"))
+    draw("retention", result, plot)
     if not result["within_budget"] or result["consumed"] != result["messages"]:
         sys.exit(1)
 
@@ -230,21 +146,9 @@ def bench_produce_command(
         "tls": tls or None,
     }
     parameters = parameters_of(ProduceBenchParameters, given)
-    result = _run("produce", as_json, lambda phase: bench_produce(parameters, base, phase))
-    _bench_report(result, as_json, out, skip=("series",))
-    _draw("produce", result, plot)
-
-
-def _load_options(command: Callable[..., None]) -> Callable[..., None]:
-    """The live-load options of the benches that measure what a copy costs."""
-    command = click.option(
-        "--both-loads", is_flag=True, help="Run closed loop, then open loop at --produce-rate."
-    )(command)
-    return click.option(
-        "--produce-rate",
-        type=float,
-        help="Open-loop producers offering this many msgs/s (drop = achieved / offered).",
-    )(command)
+    result = run_bench("produce", as_json, lambda phase: bench_produce(parameters, base, phase))
+    bench_report(result, as_json, out, skip=("series",))
+    draw("produce", result, plot)
 
 
 @bench.command("failover")
@@ -343,8 +247,8 @@ def bench_failover_command(
                 shown.advance()
 
         result = bench_failover(parameters, base, echo=echo, phase=shown.phase)
-    _bench_report(result, as_json, out, lines=text_lines(result))
-    _draw("failover", result, plot)
+    bench_report(result, as_json, out, lines=text_lines(result))
+    draw("failover", result, plot)
 
 
 @bench.command("heal")
@@ -358,7 +262,7 @@ def bench_failover_command(
 @click.option(
     "--repeat", type=int, help="Runs, each on a fresh cluster: median and range.  [default: 1]"
 )
-@_load_options
+@load_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
 @click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
@@ -389,16 +293,16 @@ def bench_heal_command(
         "both_loads": both_loads or None,
     }
     parameters = parameters_of(HealBenchParameters, given)
-    result = _run("heal", as_json, lambda phase: bench_heal(parameters, base, phase))
-    _bench_report(result, as_json, out, skip=("runs", "machine"))
-    _draw("heal", result, plot)
+    result = run_bench("heal", as_json, lambda phase: bench_heal(parameters, base, phase))
+    bench_report(result, as_json, out, skip=("runs", "machine"))
+    draw("heal", result, plot)
 
 
 @bench.command("grow")
 @click.option("--shard-mb", type=int, help="Each of the 3 shards filled to this.  [default: 64]")
 @click.option("--producers", type=int, help="acks=all producer threads.  [default: 4]")
 @click.option("--baseline-s", type=float, help="Produce alone before the move.  [default: 10]")
-@_load_options
+@load_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
 @click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
@@ -422,9 +326,9 @@ def bench_grow_command(
     given["produce_rate"] = produce_rate
     given["both_loads"] = both_loads or None
     parameters = parameters_of(GrowBenchParameters, given)
-    result = _run("grow", as_json, lambda phase: bench_grow(parameters, base, phase))
-    _bench_report(result, as_json, out, skip=("machine", "grow_series"))
-    _draw("grow", result, plot)
+    result = run_bench("grow", as_json, lambda phase: bench_grow(parameters, base, phase))
+    bench_report(result, as_json, out, skip=("machine", "grow_series"))
+    draw("grow", result, plot)
 
 
 @bench.command("restore")
@@ -463,9 +367,9 @@ def bench_restore_command(
     given: dict[str, Any] = {"shard_mb": shard_mb, "producers": producers, "grace_s": grace_s}
     given |= {"baseline_s": baseline_s, "produce_rate": produce_rate}
     parameters = parameters_of(RestoreBenchParameters, given)
-    result = _run("restore", as_json, lambda phase: bench_restore(parameters, base, phase))
-    _bench_report(result, as_json, out, skip=("machine",))
-    _draw("restore", result, plot)
+    result = run_bench("restore", as_json, lambda phase: bench_restore(parameters, base, phase))
+    bench_report(result, as_json, out, skip=("machine",))
+    draw("restore", result, plot)
 
 
 @bench.command("spark")
@@ -491,9 +395,9 @@ def bench_spark_command(
 
     given = {"rows": rows, "value_bytes": value_bytes, "min_partitions": min_partitions}
     parameters = parameters_of(SparkBenchParameters, given)
-    result = _run("spark", as_json, lambda phase: bench_spark(parameters, base, phase))
-    _bench_report(result, as_json, out)
-    _draw("spark", result, plot)
+    result = run_bench("spark", as_json, lambda phase: bench_spark(parameters, base, phase))
+    bench_report(result, as_json, out)
+    draw("spark", result, plot)
 
 
 @bench.command("kestrel")
@@ -546,9 +450,9 @@ def bench_kestrel_command(
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
-    result = _run("kestrel", as_json, lambda phase: bench_kestrel(parameters, base, phase))
-    _bench_report(result, as_json, out)
-    _draw("kestrel", result, plot)
+    result = run_bench("kestrel", as_json, lambda phase: bench_kestrel(parameters, base, phase))
+    bench_report(result, as_json, out)
+    draw("kestrel", result, plot)
 
 
 @bench.command("scale")
@@ -624,7 +528,7 @@ def bench_scale_command(
     }
     parameters = parameters_of(ScaleBenchParameters, given)
     try:
-        result = _run(
+        result = run_bench(
             "scale",
             as_json,
             lambda phase: bench_scale(parameters, base, phase, cgroup_root),
@@ -632,5 +536,5 @@ def bench_scale_command(
     except CgroupUnavailable as exc:
         click.echo(f"bench scale: {exc}", err=True)
         sys.exit(2)
-    _bench_report(result, as_json, out, lines=text_lines(result))
-    _draw("scale", result, plot)
+    bench_report(result, as_json, out, lines=text_lines(result))
+    draw("scale", result, plot)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kayos.cli.ctl.status_view import NodeAnswer
+from kayos.cli.ctl.status.common import NodeAnswer
 from kayos.identity import ClusterIdentity
 from kayos.manager import Config, ManagerView, NodeReturned, TimerTick, decide
 from kayos.manager.member.config import MemberAddr, managers_toml

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from kayos.cli.ctl.status_view import NodeAnswer, summarise, unreachable
+from kayos.cli.ctl.status.common import NodeAnswer
+from kayos.cli.ctl.status.view import summarise, unreachable
 
 
 async def fetch_summary(

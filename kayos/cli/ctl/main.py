@@ -1,6 +1,6 @@
 """``kayos ctl``: operating a running cluster. The group, and its ``status``, ``retention`` and
 ``remove-node``; the fetching is here, what it means is decided by the pure functions of
-kayos/cli/ctl/status_view.py. The group's other commands live beside it and are added below."""
+kayos/cli/ctl/status/. The group's other commands live beside it and are added below."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from kayos.cli.address import ClusterAddress, cluster_option
 from kayos.cli.ctl.cluster_read import fetch_summary
 from kayos.cli.ctl.options import nodes_option, signing_topology_option, topology_option
 from kayos.cli.ctl.queue_view import retention_policy
-from kayos.cli.ctl.status_view import render, with_manager
+from kayos.cli.ctl.status.manager import with_manager
+from kayos.cli.ctl.status.view import render
 
 
 @click.group()

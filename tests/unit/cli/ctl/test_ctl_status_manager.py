@@ -1,4 +1,4 @@
-"""`kayos ctl status` with the manager's view (kayos/cli/ctl/status_view.py ``with_manager``):
+"""`kayos ctl status` with the manager's view (kayos/cli/ctl/status/manager.py ``with_manager``):
 canned manager replies in, summary and text out."""
 
 from __future__ import annotations
@@ -7,13 +7,9 @@ from typing import Any
 
 import pytest
 
-from kayos.cli.ctl.status_view import (
-    EXIT_DEGRADED,
-    EXIT_HEALTHY,
-    render,
-    summarise,
-    with_manager,
-)
+from kayos.cli.ctl.status.common import EXIT_DEGRADED, EXIT_HEALTHY
+from kayos.cli.ctl.status.manager import with_manager
+from kayos.cli.ctl.status.view import render, summarise
 from kayos.manager import (
     CatchUpDone,
     Config,

@@ -1,4 +1,4 @@
-"""``kayos ctl status``'s pure summary (kayos/cli/ctl/status_view.py) fed canned ``/v1/status``
+"""``kayos ctl status``'s pure summary (kayos/cli/ctl/status/view.py) fed canned ``/v1/status``
 replies: health, alerts, link states, replication, the JSON schema and the text with and without
 colour."""
 
@@ -12,16 +12,8 @@ import click
 import pytest
 
 from kayos import limits
-from kayos.cli.ctl.status_view import (
-    EXIT_DEGRADED,
-    EXIT_HEALTHY,
-    EXIT_UNREACHABLE,
-    SCHEMA_VERSION,
-    NodeAnswer,
-    render,
-    summarise,
-    unreachable,
-)
+from kayos.cli.ctl.status.common import EXIT_DEGRADED, EXIT_HEALTHY, EXIT_UNREACHABLE, NodeAnswer
+from kayos.cli.ctl.status.view import SCHEMA_VERSION, render, summarise, unreachable
 from tests.support.answers import healthy_answers, topology
 
 pytestmark = pytest.mark.unit

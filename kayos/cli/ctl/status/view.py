@@ -9,25 +9,23 @@ unit tests feed it canned replies. The JSON it builds is the documented, stable 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from kayos import limits
+from kayos.cli.ctl.status.common import (
+    EXIT_DEGRADED,
+    EXIT_HEALTHY,
+    EXIT_UNREACHABLE,
+    NodeAnswer,
+    Style,
+    alert,
+)
+from kayos.cli.ctl.status.manager import render_manager
 from kayos.topology import Topology
 
 # The version of the --json schema: raised only if a field changes meaning or goes away.
 SCHEMA_VERSION = 1
-
-EXIT_HEALTHY = 0
-EXIT_DEGRADED = 1
-EXIT_UNREACHABLE = 2
-
-# A node's answer: its status reply (a dict) or the reason it gave none (a str).
-NodeAnswer = dict[str, Any] | str
-
-
-def _alert(severity: str, code: str, message: str, **where: Any) -> dict[str, Any]:
-    return {"severity": severity, "code": code, "message": message, **where}
 
 
 def unreachable(urls: list[str], error: str, hint: str = "") -> dict[str, Any]:
@@ -42,7 +40,7 @@ def unreachable(urls: list[str], error: str, hint: str = "") -> dict[str, Any]:
         "nodes": [],
         "shards": [],
         "alerts": [
-            _alert(
+            alert(
                 "critical",
                 "cluster_unreachable",
                 f"no node answered GET /v1/topology at {', '.join(urls)}{hint}: {error}",
@@ -63,7 +61,7 @@ def summarise(source: str, topology: Topology, answers: Mapping[str, NodeAnswer]
         if isinstance(answer, str):
             entry.update(error=answer, epoch=None, ready=None)
             alerts.append(
-                _alert("critical", "node_unreachable", f"node {node_id}: {answer}", node=node_id)
+                alert("critical", "node_unreachable", f"node {node_id}: {answer}", node=node_id)
             )
         else:
             statuses[node_id] = answer
@@ -72,7 +70,7 @@ def summarise(source: str, topology: Topology, answers: Mapping[str, NodeAnswer]
             entry.update(auth=answer.get("auth"))
             if answer.get("epoch") != topology.epoch:
                 alerts.append(
-                    _alert(
+                    alert(
                         "warning",
                         "epoch_mismatch",
                         f"node {node_id} runs epoch {answer.get('epoch')}, "
@@ -82,7 +80,7 @@ def summarise(source: str, topology: Topology, answers: Mapping[str, NodeAnswer]
                 )
             if not answer.get("ready"):
                 message = f"node {node_id} is not ready"
-                alerts.append(_alert("warning", "node_not_ready", message, node=node_id))
+                alerts.append(alert("warning", "node_not_ready", message, node=node_id))
         nodes.append(entry)
     shards = [_shard(topology, shard_id, statuses, alerts) for shard_id in sorted(topology.shards)]
     auth = auth_summary(statuses, alerts)
@@ -117,7 +115,7 @@ def auth_summary(
                 f"node {node} holds credentials table version {version}, others {newest}: "
                 "run kayos ctl credentials push"
             )
-            alerts.append(_alert("warning", "credentials_behind", message, node=node))
+            alerts.append(alert("warning", "credentials_behind", message, node=node))
     mode = modes.pop() if len(modes) == 1 else ("mixed" if modes else None)
     return {"mode": mode, "table_version": newest, "versions": versions}
 
@@ -139,7 +137,7 @@ def _shard(
         member.update(rolled_back_entries=None, rolled_back_committed_entries=None, repair=None)
         if node_id in statuses and replica is None:
             alerts.append(
-                _alert(
+                alert(
                     "critical",
                     "replica_missing",
                     f"shard {shard_id}: node {node_id} serves no replica of it",
@@ -175,7 +173,7 @@ def _shard(
     fully = len(in_sync) == len(shard.members)
     if not fully:
         alerts.append(
-            _alert(
+            alert(
                 "critical",
                 "shard_under_replicated",
                 f"shard {shard_id}: {len(in_sync)} of {len(shard.members)} members in sync "
@@ -219,7 +217,7 @@ def _member_alerts(
     where = {"shard": shard_id, "node": node_id}
     if replica.get("role") != expected:
         alerts.append(
-            _alert(
+            alert(
                 "warning",
                 "role_mismatch",
                 f"shard {shard_id}: node {node_id} acts as {replica.get('role')}, "
@@ -229,7 +227,7 @@ def _member_alerts(
         )
     if replica.get("catching_up"):
         alerts.append(
-            _alert(
+            alert(
                 "warning",
                 "replica_catching_up",
                 f"shard {shard_id}: node {node_id} is catching up from its upstream",
@@ -239,7 +237,7 @@ def _member_alerts(
     repair = replica.get("repair")
     if isinstance(repair, dict) and repair.get("state") in ("repairing", "damaged"):
         alerts.append(
-            _alert(
+            alert(
                 "warning",
                 "replica_repairing",
                 f"shard {shard_id}: node {node_id}'s store is {repair['state']} "
@@ -249,7 +247,7 @@ def _member_alerts(
         )
     if replica.get("rolled_back_committed_entries"):
         alerts.append(
-            _alert(
+            alert(
                 "critical",
                 "committed_entries_rolled_back",
                 f"shard {shard_id}: node {node_id} rolled back "
@@ -259,7 +257,7 @@ def _member_alerts(
         )
     if replica.get("disk_full"):
         alerts.append(
-            _alert(
+            alert(
                 "critical",
                 "disk_full",
                 f"shard {shard_id}: node {node_id} cannot commit: its disk is full (writes are "
@@ -307,7 +305,7 @@ def _link(
     where = {"shard": shard_id, "link": [upstream, downstream]}
     if state == "down":
         alerts.append(
-            _alert(
+            alert(
                 "critical",
                 "link_down",
                 f"shard {shard_id}: link {upstream} -> {downstream} is down "
@@ -317,7 +315,7 @@ def _link(
         )
     elif state == "up" and lags and max(lags) > limits.ctl_link_lag_alert_entries:
         alerts.append(
-            _alert(
+            alert(
                 "warning",
                 "link_lagging",
                 f"shard {shard_id}: {downstream} is {max(lags)} entries behind {upstream} "
@@ -331,9 +329,6 @@ def _link(
 def _seconds(link: Mapping[str, Any]) -> str:
     heard = link["last_heard_s"]
     return "never" if heard is None else f"{heard:.1f}s ago"
-
-
-Style = Callable[..., str]
 
 
 def render(summary: Mapping[str, Any], style: Style) -> str:
@@ -440,189 +435,3 @@ def _or_dash(value: Any) -> str:
 
 
 # --- the manager's view (docs/manager.md) ---------------------------------------------------------
-
-# Manager alert kinds as `kayos ctl status` alerts: the shard cannot serve, or holds fewer copies
-# than asked, or a member's disk is full (critical); a slow node kept in a chain (warning).
-_MANAGER_SEVERITY = {
-    "shard_no_live_member": "critical",
-    "shard_below_min_replicas": "critical",
-    "member_disk_full": "critical",
-    "slow_node_kept": "warning",
-    "shard_not_restorable": "warning",
-}
-
-
-def with_manager(
-    summary: dict[str, Any], answer: NodeAnswer | None, asked: list[str]
-) -> dict[str, Any]:
-    """``summary`` with the manager's view beside the nodes': ``answer`` is one member's
-    ``GET /v1/manager/status`` (the leader's when it answered), the reason none answered, or
-    None when the cluster has no manager members (``asked`` empty). Its alerts join the
-    summary's, and a manager no member of which answered is an alert of its own."""
-    out = dict(summary)
-    alerts = list(summary["alerts"])
-    if answer is None:
-        out["manager"] = None
-        return out
-    if isinstance(answer, str):
-        out["manager"] = {"reachable": False, "asked": asked, "error": answer}
-        alerts.append(
-            _alert(
-                "critical",
-                "manager_unreachable",
-                f"no manager member answered at {', '.join(asked)}: {answer}",
-            )
-        )
-    else:
-        out["manager"] = _manager_view(answer, asked)
-        alerts += _manager_alerts(answer, out["manager"]["shards"])
-    out["alerts"] = alerts
-    if out["health"] != "unreachable":
-        out["health"] = "degraded" if alerts else "healthy"
-        out["exit_code"] = EXIT_DEGRADED if alerts else EXIT_HEALTHY
-    return out
-
-
-def _manager_view(answer: dict[str, Any], asked: list[str]) -> dict[str, Any]:
-    """The ``manager`` part of the summary from a member's status reply."""
-    raw_view = answer.get("view")
-    view: dict[str, Any] = raw_view if isinstance(raw_view, dict) else {}
-    nodes = [
-        {"id": n[0], "state": n[1]}
-        for n in view.get("nodes", [])
-        if isinstance(n, list) and len(n) >= 2
-    ]
-    shards = [
-        {
-            "id": s.get("id"),
-            "chain": s.get("chain", []),
-            "epoch": s.get("epoch"),
-            "departed": s.get("departed", []),
-            "catching_up": s.get("catching_up", []),
-        }
-        for s in view.get("shards", [])
-        if isinstance(s, dict)
-    ]
-    return {
-        "reachable": True,
-        "asked": asked,
-        "member": answer.get("member"),
-        "leader": answer.get("leader"),
-        "leader_url": answer.get("leader_url"),
-        "epoch": answer.get("epoch"),
-        "view_hash": answer.get("view_hash"),
-        "nodes": nodes,
-        "shards": shards,
-        "alerts": answer.get("alerts", []),
-        "restore": _restore(answer.get("restore")),
-    }
-
-
-def _restore(raw: Any) -> dict[str, Any] | None:
-    """The manager's ``restore`` object (docs/manager.md rule 10); None from a member that has
-    none (older code)."""
-    if not isinstance(raw, dict):
-        return None
-    restoring = [r for r in raw.get("restoring", []) if isinstance(r, dict)]
-    short = [r for r in raw.get("short", []) if isinstance(r, dict)]
-    return {**raw, "restoring": restoring, "short": short}
-
-
-# Why a short shard is not being restored, in words (docs/manager.md rule 10).
-_SHORT_REASONS = {
-    "grace": "waiting out the grace",
-    "off": "replacement is off (replace_after_ms = 0)",
-    "no_candidate": "no up, non-draining node without a replica: add a node",
-    "no_source": "its tail is down: nothing to copy from",
-    "limit": "waiting for a running restore to end",
-}
-
-
-def restore_lines(restore: Mapping[str, Any] | None) -> list[str]:
-    """``render_manager``'s lines on restoring redundancy: shards being copied to a new member,
-    to which node, for how long; shards short with the reason none is."""
-    if not restore:
-        return []
-    lines = []
-    for r in restore["restoring"]:
-        lines.append(
-            f"  restoring shard {r.get('shard')}: to {r.get('target')} from {r.get('upstream')}"
-            f", for {r.get('for_s')} s"
-        )
-    for r in restore["short"]:
-        reason = str(r.get("reason"))
-        why = _SHORT_REASONS.get(reason, reason)
-        if reason == "grace":
-            why += f" ({r.get('restore_in_s')} s left)"
-        lines.append(
-            f"  short shard {r.get('shard')}: {r.get('replicas')} of"
-            f" {restore.get('replication_factor')} replicas for {r.get('short_for_s')} s; {why}"
-        )
-    return lines
-
-
-def _manager_alerts(answer: dict[str, Any], shards: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The alerts a member's reply raises: no leader, members away from a chain (``shards`` as
-    ``_manager_view`` has them), and the manager's own alerts."""
-    alerts: list[dict[str, Any]] = []
-    if answer.get("leader") is None:
-        alerts.append(_alert("critical", "manager_no_leader", "the manager has no leader"))
-    for entry in shards:
-        away = [str(n) for n in entry["departed"]]
-        if away:
-            # Not a copy short of the minimum (the manager alerts that), but short of the
-            # members it had: full replication is back only once they rejoin.
-            learning = {str(n) for n in entry["catching_up"]}
-            where = ", ".join(f"{n} (catching up)" if n in learning else n for n in away)
-            alerts.append(
-                _alert(
-                    "warning",
-                    "shard_members_away",
-                    f"shard {entry['id']}: left the chain and not back yet: {where}",
-                    shard=entry["id"],
-                )
-            )
-    for alert in answer.get("alerts", []):
-        if not isinstance(alert, dict):
-            continue
-        kind, shard, node = alert.get("kind"), alert.get("shard"), alert.get("node")
-        where = f"shard {shard}" + (f", node {node}" if node else "")
-        alerts.append(
-            _alert(
-                _MANAGER_SEVERITY.get(str(kind), "warning"),
-                str(kind),
-                f"manager: {where}",
-                shard=shard,
-                node=node or None,
-            )
-        )
-    return alerts
-
-
-def render_manager(summary: Mapping[str, Any], style: Style) -> list[str]:
-    """The manager's part of ``render``: leader, epoch, node states, chains as it sees them."""
-    manager = summary.get("manager")
-    if manager is None:
-        return []
-    if not manager["reachable"]:
-        return [f"manager: {style('UNREACHABLE', fg='red', bold=True)}  {manager['error']}"]
-    leader = manager["leader"] or style("NO LEADER", fg="red", bold=True)
-    lines = [
-        f"manager: leader {leader} ({manager['leader_url'] or '-'}), epoch {manager['epoch']}, "
-        f"asked {manager['member']}"
-    ]
-    colours = {"up": "green", "suspect": "yellow", "slow": "yellow", "full": "red", "down": "red"}
-    states = "  ".join(
-        f"{n['id']} {style(n['state'], fg=colours.get(n['state'], 'red'))}"
-        for n in manager["nodes"]
-    )
-    lines.append(f"  node states: {states}")
-    for shard in manager["shards"]:
-        extra = ""
-        if shard["departed"]:
-            extra += f"  departed {', '.join(shard['departed'])}"
-        if shard["catching_up"]:
-            extra += f"  catching up {', '.join(shard['catching_up'])}"
-        chain = " -> ".join(shard["chain"])
-        lines.append(f"  shard {shard['id']}: {chain}  (epoch {shard['epoch']}){extra}")
-    return lines + restore_lines(manager.get("restore"))
