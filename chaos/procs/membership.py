@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kayos.errors import KayosError
 from kayos.local.cluster import LocalCluster
 from kayos.local.managers import member_status
 from kayos.local.processes import ClusterError
@@ -344,7 +345,11 @@ def corrupt_down(cluster: LocalCluster, node: str, hold_s: float, index: int) ->
 def wipe_down(cluster: LocalCluster, node: str, hold_s: float) -> dict[str, Any]:
     """kill -9 of one node (a minority of three), every store of it deleted while it is down
     (a disk replaced, or an operator's reset), started again: it must take each shard whole,
-    by file, from a live member (docs/replication-protocol.md, "Store snapshots")."""
+    by file, from a live member (docs/replication-protocol.md, "Store snapshots"). It strikes
+    only once every chain is whole (bounded wait; else it is skipped): wiping a node while it is
+    a shard's last member holding the data is the loss of every copy, not a minority fault."""
+    if not _wait_whole(cluster, whole_wait_s):
+        return {"wiped_shards": [], "skipped": f"chains not whole within {whole_wait_s:.0f} s"}
     cluster.kill(node, signal.SIGKILL)
     shards = cluster.data_dir(node) / "shards"
     wiped = sorted(p.name for p in shards.iterdir()) if shards.is_dir() else []
@@ -352,6 +357,37 @@ def wipe_down(cluster: LocalCluster, node: str, hold_s: float) -> dict[str, Any]
     _hold(hold_s)
     cluster.start(node)
     return {"wiped_shards": wiped}
+
+
+# How long wipe_down waits for every chain to be whole before it strikes.
+whole_wait_s = 60.0
+
+
+def _wait_whole(cluster: LocalCluster, timeout_s: float) -> bool:
+    """Whether, within ``timeout_s``, every shard's chain in the manager's view (without a
+    manager: in the newest topology a running node holds) has as many members as the launcher
+    made, with nobody catching up."""
+    replicas = len(next(iter(cluster.topology.shards.values())).chain)
+
+    def whole() -> bool:
+        try:
+            view = manager_view(cluster) if cluster.manager_ids else None
+        except (OSError, ValueError):
+            return False
+        if view is not None:
+            return all(len(s["chain"]) >= replicas and not s["catching_up"] for s in view["shards"])
+        try:
+            live = cluster.live_topology()
+        except (OSError, KayosError):
+            return False
+        return all(len(shard.chain) >= replicas for shard in live.shards.values())
+
+    deadline = time.monotonic() + timeout_s
+    while not whole():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)  # a bounded poll of a condition
+    return True
 
 
 def power_loss(cluster: LocalCluster, node: str, hold_s: float) -> dict[str, Any]:
