@@ -119,12 +119,14 @@ async def send_chunk(
     offset: int,
     size: int,
     buffer: bytearray,
-    crc: int,
-) -> int:
+    crc: int | None,
+) -> int | None:
     """Sends ``SNAPSHOT_CHUNK(shard, offset, bytes [offset, offset + size))`` and returns ``crc``
     (the CRC32C of the bytes sent before) extended over those bytes: the prefix written, then the
     range sent by the kernel from ``file`` while a thread reads it once into ``buffer`` for the
-    CRC. Without ``file`` the range is read and written."""
+    CRC. ``crc`` None: no CRC wanted (a learner at version 8 or later), the range is only sent
+    by the kernel, never read here, and None returned. Without ``file`` the range is read and
+    written."""
     if file is None:
         data = await asyncio.to_thread(data_file.handle.pread, size, offset)
         if len(data) != size:
@@ -135,10 +137,14 @@ async def send_chunk(
             )
         stream.send(fr.SnapshotChunk(shard, offset, data))
         await stream.drain()
-        return fmt.crc32c(data, crc)
+        return None if crc is None else fmt.crc32c(data, crc)
     writer = stream.writer
     writer.write(chunk_prefix(shard, offset, size))
     loop = asyncio.get_running_loop()
+    if crc is None:
+        sent = await loop.sendfile(writer.transport, file, offset, size, fallback=True)
+        _check_sent(sent, size, data_file, offset)
+        return None
     crc_task = asyncio.ensure_future(
         asyncio.to_thread(range_crc, data_file, offset, size, buffer, crc)
     )
@@ -151,9 +157,14 @@ async def send_chunk(
         raise
     if sent != size:
         crc_task.cancel()
+    _check_sent(sent, size, data_file, offset)
+    return await crc_task
+
+
+def _check_sent(sent: int, size: int, data_file: DataFile, offset: int) -> None:
+    if sent != size:
         raise CorruptionError(
             f"sent {sent} of {size} bytes: store file shorter than its header says",
             path=data_file.handle.path,
             offset=offset + sent,
         )
-    return await crc_task
