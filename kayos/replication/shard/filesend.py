@@ -15,6 +15,7 @@ from typing import IO, Protocol
 
 import msgpack
 
+from kayos import limits
 from kayos.errors import CorruptionError
 from kayos.replication.wire import frames as fr
 from kayos.storage.disk import format as fmt
@@ -33,6 +34,8 @@ class ChunkStream(Protocol):
 
     def send(self, frame: fr.Frame) -> int: ...
 
+    def ping(self) -> int: ...
+
     async def drain(self) -> None: ...
 
 
@@ -43,6 +46,18 @@ def chunk_prefix(shard: int, offset: int, size: int) -> bytes:
     fields = bytes((_ARRAY3,)) + msgpack.packb(shard) + msgpack.packb(offset)
     body_bytes = len(fields) + _BIN32.size + size
     return _LENGTH_KIND.pack(1 + body_bytes, _CHUNK_KIND) + fields + _BIN32.pack(0xC6, size)
+
+
+async def pause_pinging(stream: ChunkStream, pause_s: float) -> None:
+    """Sleeps ``pause_s`` (a copy pacer's pause) in steps of at most ``limits.ping_interval_ms``,
+    sending a ``PING`` before each. The link's pinger cannot write while a chunk goes out by
+    ``sendfile`` (asyncio refuses the write, and the pinger stops), and a learner hearing nothing
+    for ``limits.peer_silence_ms_max`` gives the attempt up."""
+    step_s = limits.ping_interval_ms / 1000
+    while pause_s > 0:
+        stream.ping()
+        await asyncio.sleep(min(step_s, pause_s))
+        pause_s -= step_s
 
 
 def resume_offset(data_file: DataFile, header: fmt.Header, end: int, request: fr.Frame) -> int:

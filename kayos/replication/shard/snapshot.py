@@ -114,7 +114,7 @@ async def serve_snapshot(
             )
             offset += size
             await stream.drain()
-            await pacer.after_piece(time.perf_counter() - started, size)
+            await filesend.pause_pinging(stream, pacer.decide(time.perf_counter() - started, size))
         stream.send(
             fr.SnapshotEnd(replica.shard_id, end, crc or 0, data_file.generation, header.last_seq)
         )

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from kayos import limits
 from kayos.clock import ManualClock
 from kayos.errors import ReplicationError
 from kayos.replication.shard import filesend
@@ -42,6 +43,9 @@ class _Stream:
         data = fr.encode(frame)
         self.writer.write(data)
         return len(data)
+
+    def ping(self) -> int:
+        return self.send(fr.Ping(1))
 
     async def drain(self) -> None:
         await self.writer.drain()
@@ -118,3 +122,35 @@ def test_a_writer_checks_prefix_crc_by_its_upstreams_version(
         assert writer.receiver.checks_crc is checks
     finally:
         writer.discard()
+
+
+class _Pinged:
+    """A ``ChunkStream`` that counts the pings sent on it."""
+
+    writer: asyncio.StreamWriter
+
+    def __init__(self) -> None:
+        self.pings = 0
+
+    def send(self, frame: fr.Frame) -> int:
+        raise AssertionError(f"only pings are sent in a pause, not {frame}")
+
+    def ping(self) -> int:
+        self.pings += 1
+        return self.pings
+
+    async def drain(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize(("pause_s", "pings"), [(0.0, 0), (0.005, 1), (0.025, 3)])
+def test_a_pause_between_chunks_pings_the_learner_every_ping_interval(
+    monkeypatch: pytest.MonkeyPatch, pause_s: float, pings: int
+) -> None:
+    """The link's pinger stops once a write is refused during a sendfile, and a learner gives an
+    attempt up after peer_silence_ms_max without a byte: a pacer's pause is slept in steps of a
+    ping interval, each after a PING."""
+    monkeypatch.setattr(limits, "ping_interval_ms", 10)
+    stream = _Pinged()
+    asyncio.run(filesend.pause_pinging(stream, pause_s))
+    assert stream.pings == pings
