@@ -93,7 +93,7 @@ async def _subscription(
         if frame is None:
             return None
         if isinstance(frame, (fr.SnapshotRequest, fr.SnapshotResume)):
-            await serve_snapshot(replica, stream, hello.role, frame)
+            await serve_snapshot(replica, stream, hello.role, frame, hello.protocol_version)
             await until_hung_up(stream)
             return None
         if not isinstance(frame, fr.Subscribe) or frame.shard != replica.shard_id:

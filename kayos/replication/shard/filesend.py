@@ -15,6 +15,7 @@ from typing import IO, Protocol
 
 import msgpack
 
+from kayos import limits
 from kayos.errors import CorruptionError
 from kayos.replication.wire import frames as fr
 from kayos.storage.disk import format as fmt
@@ -33,6 +34,8 @@ class ChunkStream(Protocol):
 
     def send(self, frame: fr.Frame) -> int: ...
 
+    def ping(self) -> int: ...
+
     async def drain(self) -> None: ...
 
 
@@ -43,6 +46,18 @@ def chunk_prefix(shard: int, offset: int, size: int) -> bytes:
     fields = bytes((_ARRAY3,)) + msgpack.packb(shard) + msgpack.packb(offset)
     body_bytes = len(fields) + _BIN32.size + size
     return _LENGTH_KIND.pack(1 + body_bytes, _CHUNK_KIND) + fields + _BIN32.pack(0xC6, size)
+
+
+async def pause_pinging(stream: ChunkStream, pause_s: float) -> None:
+    """Sleeps ``pause_s`` (a copy pacer's pause) in steps of at most ``limits.ping_interval_ms``,
+    sending a ``PING`` before each. The link's pinger cannot write while a chunk goes out by
+    ``sendfile`` (asyncio refuses the write, and the pinger stops), and a learner hearing nothing
+    for ``limits.peer_silence_ms_max`` gives the attempt up."""
+    step_s = limits.ping_interval_ms / 1000
+    while pause_s > 0:
+        stream.ping()
+        await asyncio.sleep(min(step_s, pause_s))
+        pause_s -= step_s
 
 
 def resume_offset(data_file: DataFile, header: fmt.Header, end: int, request: fr.Frame) -> int:
@@ -119,12 +134,14 @@ async def send_chunk(
     offset: int,
     size: int,
     buffer: bytearray,
-    crc: int,
-) -> int:
+    crc: int | None,
+) -> int | None:
     """Sends ``SNAPSHOT_CHUNK(shard, offset, bytes [offset, offset + size))`` and returns ``crc``
     (the CRC32C of the bytes sent before) extended over those bytes: the prefix written, then the
     range sent by the kernel from ``file`` while a thread reads it once into ``buffer`` for the
-    CRC. Without ``file`` the range is read and written."""
+    CRC. ``crc`` None: no CRC wanted (a learner at version 8 or later), the range is only sent
+    by the kernel, never read here, and None returned. Without ``file`` the range is read and
+    written."""
     if file is None:
         data = await asyncio.to_thread(data_file.handle.pread, size, offset)
         if len(data) != size:
@@ -135,10 +152,14 @@ async def send_chunk(
             )
         stream.send(fr.SnapshotChunk(shard, offset, data))
         await stream.drain()
-        return fmt.crc32c(data, crc)
+        return None if crc is None else fmt.crc32c(data, crc)
     writer = stream.writer
     writer.write(chunk_prefix(shard, offset, size))
     loop = asyncio.get_running_loop()
+    if crc is None:
+        sent = await loop.sendfile(writer.transport, file, offset, size, fallback=True)
+        _check_sent(sent, size, data_file, offset)
+        return None
     crc_task = asyncio.ensure_future(
         asyncio.to_thread(range_crc, data_file, offset, size, buffer, crc)
     )
@@ -151,9 +172,14 @@ async def send_chunk(
         raise
     if sent != size:
         crc_task.cancel()
+    _check_sent(sent, size, data_file, offset)
+    return await crc_task
+
+
+def _check_sent(sent: int, size: int, data_file: DataFile, offset: int) -> None:
+    if sent != size:
         raise CorruptionError(
             f"sent {sent} of {size} bytes: store file shorter than its header says",
             path=data_file.handle.path,
             offset=offset + sent,
         )
-    return await crc_task

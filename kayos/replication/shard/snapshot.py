@@ -72,10 +72,13 @@ async def serve_snapshot(
     stream: filesend.ChunkStream,
     role: str,
     request: fr.SnapshotRequest | fr.SnapshotResume,
+    learner_version: int,
 ) -> int:
     """Sends the store's bytes up to its latest header (from a ``SNAPSHOT_RESUME``'s offset when
     the file allows it: ``filesend.resume_offset``), then ``SNAPSHOT_END``; returns the bytes
-    sent. Only a learner may ask; a replica catching up or repairing refuses (``unavailable``)."""
+    sent. Only a learner may ask; a replica catching up or repairing refuses (``unavailable``).
+    ``prefix_crc`` is computed only for a learner whose ``HELLO`` named ``learner_version`` below
+    8; a newer one is sent 0, "not computed" (its own checks cover every byte)."""
     if role != "learner":
         raise ProtocolError(f"only a learner may ask for a snapshot, not a {role}")
     if request.shard != replica.shard_id:
@@ -99,8 +102,9 @@ async def serve_snapshot(
     try:
         start = await asyncio.to_thread(filesend.resume_offset, data_file, header, end, request)
         file = filesend.open_for_sendfile(data_file)
-        buffer = bytearray(min(limits.snapshot_chunk_bytes_max, end - start))
-        crc = 0
+        wants_crc = learner_version < fr.SNAPSHOT_RESUME_PROTOCOL_VERSION_MIN
+        buffer = bytearray(min(limits.snapshot_chunk_bytes_max, end - start) if wants_crc else 0)
+        crc: int | None = 0 if wants_crc else None
         offset = start
         while offset < end:
             started = time.perf_counter()
@@ -110,9 +114,9 @@ async def serve_snapshot(
             )
             offset += size
             await stream.drain()
-            await pacer.after_piece(time.perf_counter() - started, size)
+            await filesend.pause_pinging(stream, pacer.decide(time.perf_counter() - started, size))
         stream.send(
-            fr.SnapshotEnd(replica.shard_id, end, crc, data_file.generation, header.last_seq)
+            fr.SnapshotEnd(replica.shard_id, end, crc or 0, data_file.generation, header.last_seq)
         )
         await stream.drain()
     finally:
@@ -161,6 +165,9 @@ class SnapshotReceiver:
     shard: int
     received: int = 0
     crc: int = 0
+    # False: the upstream sends prefix_crc = 0, "not computed" (version 8 or later), and the
+    # bytes are covered by the stream check's chunk and region CRCs alone.
+    checks_crc: bool = True
 
     def chunk(self, frame: fr.SnapshotChunk) -> None:
         if frame.shard != self.shard:
@@ -172,12 +179,13 @@ class SnapshotReceiver:
         if self.received + len(frame.data) > limits.snapshot_bytes_max:
             raise ProtocolError(f"a snapshot over snapshot_bytes_max={limits.snapshot_bytes_max}")
         self.received += len(frame.data)
-        self.crc = fmt.crc32c(frame.data, self.crc)
+        if self.checks_crc:
+            self.crc = fmt.crc32c(frame.data, self.crc)
 
     def end(self, frame: fr.SnapshotEnd) -> None:
         if frame.shard != self.shard:
             raise ProtocolError(f"SNAPSHOT_END for shard {frame.shard} on a {self.shard} link")
-        if frame.total_bytes != self.received or frame.prefix_crc != self.crc:
+        if frame.total_bytes != self.received or (self.checks_crc and frame.prefix_crc != self.crc):
             raise ReplicationError(
                 f"snapshot ends at {frame.total_bytes} bytes with CRC {frame.prefix_crc:#010x}; "
                 f"received {self.received} bytes with CRC {self.crc:#010x}"
@@ -202,6 +210,7 @@ class SnapshotWriter:
         self.start = 0
         self._fd = -1
         self._first_chunk = True
+        self._checks_crc = True
         self._unsynced = 0
         # The background fdatasync under way, if any, and the error of the last one that failed.
         self._syncing: threading.Thread | None = None
@@ -252,7 +261,8 @@ class SnapshotWriter:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
         os.ftruncate(self._fd, verified)
         self.start = verified
-        self.receiver = SnapshotReceiver(self.shard, received=verified)
+        self._checks_crc = peer_version < fr.SNAPSHOT_RESUME_PROTOCOL_VERSION_MIN
+        self.receiver = SnapshotReceiver(self.shard, verified, checks_crc=self._checks_crc)
         self._first_chunk = True
         if not resume or header is None:
             return fr.SnapshotRequest(self.shard)
@@ -267,7 +277,7 @@ class SnapshotWriter:
                 # The upstream could not continue from the verified offset: from 0 again.
                 os.ftruncate(self._fd, 0)
                 self.check = StreamCheck(self.path)
-                self.receiver = SnapshotReceiver(self.shard)
+                self.receiver = SnapshotReceiver(self.shard, checks_crc=self._checks_crc)
                 self.start = 0
         self.receiver.chunk(frame)
         view = memoryview(frame.data)
