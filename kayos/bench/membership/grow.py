@@ -52,9 +52,12 @@ from kayos.bench.membership.consumed import check_consumed
 from kayos.bench.membership.heal import wait_for
 from kayos.bench.membership.load import (
     Producers,
+    check_loaded_cluster,
+    check_produce_rate,
     phase_figures,
     produce_fill_batch,
     producers_for,
+    window_config,
 )
 from kayos.bench.produce import machine_facts
 from kayos.bench.series import BIN_S, Sampler, counts_per_bin
@@ -90,19 +93,14 @@ class GrowBenchParameters:
     move_timeout_s: float = 900.0
 
     def __post_init__(self) -> None:
-        if self.shard_mb < 0 or self.producers < 1:
-            raise ValueError("shard_mb must be >= 0 and producers >= 1")
-        if self.baseline_s <= 0 or self.after_s < 0:
-            raise ValueError("baseline_s must be > 0 and after_s >= 0")
-        if self.produce_rate is not None and self.produce_rate <= 0:
-            raise ValueError("produce_rate must be > 0 messages/s")
+        check_loaded_cluster(self.shard_mb, self.producers, self.baseline_s, self.after_s)
+        check_produce_rate(self.produce_rate)
         if self.both_loads and self.produce_rate is None:
             raise ValueError("both_loads needs produce_rate (the open loop's offered rate)")
         self.manager_config().validate()
 
     def manager_config(self) -> Config:
-        window = self.detection_window_ms
-        return Config(detection_window_ms=window, suspect_after_ms=max(1, window // 2))
+        return window_config(self.detection_window_ms)
 
 
 def queue_per_shard(topology: Topology, prefix: str) -> list[str]:

@@ -52,9 +52,11 @@ from kayos.bench.membership.catchup import disk_seq_write_mb_per_s
 from kayos.bench.membership.copycost import copy_cost, cpu_mark, log_size
 from kayos.bench.membership.load import (
     Producers,
+    check_produce_rate,
     phase_figures,
     produce_fill_batch,
     producers_for,
+    window_config,
 )
 from kayos.bench.produce import machine_facts
 from kayos.bench.series import BIN_S, counts_per_bin
@@ -108,17 +110,14 @@ class HealBenchParameters:
             raise ValueError("shard_mb, repeat and producers must be >= 1")
         if self.slow_stop_ms < 1 or self.slow_run_ms < 1:
             raise ValueError("slow_stop_ms and slow_run_ms must be >= 1")
-        if self.produce_rate is not None and self.produce_rate <= 0:
-            raise ValueError("produce_rate must be > 0 messages/s")
+        check_produce_rate(self.produce_rate)
         if self.both_loads and self.produce_rate is None:
             raise ValueError("both_loads needs produce_rate (the open loop's offered rate)")
         self.manager_config().validate()
 
     def manager_config(self) -> Config:
-        window = self.detection_window_ms
-        return Config(
-            detection_window_ms=window,
-            suspect_after_ms=max(1, window // 2),
+        return window_config(
+            self.detection_window_ms,
             slow_p99_ms=self.slow_p99_ms,
             slow_window_ms=self.slow_window_ms,
         )

@@ -26,6 +26,7 @@ from typing import Any
 
 from kayos.client.sync import Client
 from kayos.errors import KayosError
+from kayos.manager.member.config import Config
 
 RATE_WINDOW_S = 1.0
 # An open-loop thread offers at most this many msgs/s (one message in flight each): at 50/s a
@@ -211,3 +212,25 @@ def phase_figures(
         "ack_p99_ms_before": ack_p99_ms(producers, *before),
         "ack_p99_ms_during": ack_p99_ms(producers, *during),
     }
+
+
+def check_loaded_cluster(shard_mb: int, producers: int, baseline_s: float, after_s: float) -> None:
+    """The checks every bench of a loaded cluster changing under producers makes of its sizes
+    and phases (grow, restore)."""
+    if shard_mb < 0 or producers < 1:
+        raise ValueError("shard_mb must be >= 0 and producers >= 1")
+    if baseline_s <= 0 or after_s < 0:
+        raise ValueError("baseline_s must be > 0 and after_s >= 0")
+
+
+def check_produce_rate(produce_rate: float | None) -> None:
+    """An open loop's offered rate, if any, is positive."""
+    if produce_rate is not None and produce_rate <= 0:
+        raise ValueError("produce_rate must be > 0 messages/s")
+
+
+def window_config(detection_window_ms: int, **more: Any) -> Config:
+    """The manager's config of a membership bench: its detection window, a node suspected after
+    half of it, and ``more`` of the bench's own."""
+    window = detection_window_ms
+    return Config(detection_window_ms=window, suspect_after_ms=max(1, window // 2), **more)

@@ -35,7 +35,13 @@ from typing import Any
 from kayos import limits
 from kayos.bench.membership.grow import fill_queues, manager_status, queue_per_shard
 from kayos.bench.membership.heal import wait_for
-from kayos.bench.membership.load import phase_figures, producers_for
+from kayos.bench.membership.load import (
+    check_loaded_cluster,
+    check_produce_rate,
+    phase_figures,
+    producers_for,
+    window_config,
+)
 from kayos.bench.produce import machine_facts
 from kayos.local.cluster import LocalCluster
 from kayos.manager.member.config import Config
@@ -62,21 +68,12 @@ class RestoreBenchParameters:
     restore_timeout_s: float = 900.0
 
     def __post_init__(self) -> None:
-        if self.shard_mb < 0 or self.producers < 1:
-            raise ValueError("shard_mb must be >= 0 and producers >= 1")
-        if self.baseline_s <= 0 or self.after_s < 0:
-            raise ValueError("baseline_s must be > 0 and after_s >= 0")
-        if self.produce_rate is not None and self.produce_rate <= 0:
-            raise ValueError("produce_rate must be > 0 messages/s")
+        check_loaded_cluster(self.shard_mb, self.producers, self.baseline_s, self.after_s)
+        check_produce_rate(self.produce_rate)
         self.manager_config().validate()
 
     def manager_config(self) -> Config:
-        window = self.detection_window_ms
-        return Config(
-            detection_window_ms=window,
-            suspect_after_ms=max(1, window // 2),
-            replace_after_ms=round(self.grace_s * 1000),
-        )
+        return window_config(self.detection_window_ms, replace_after_ms=round(self.grace_s * 1000))
 
 
 @dataclass(slots=True)
