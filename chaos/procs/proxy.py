@@ -35,6 +35,9 @@ thread_start_timeout_s = 10.0
 # Connecting to a proxy's upstream: a node on loopback accepts in milliseconds, a dead one
 # refuses at once; the bound only trips on a black-holed address.
 upstream_connect_timeout_s = 5.0
+# A disable cancels each connection's task and waits this long before cutting the sockets of any
+# task still running and cancelling again (a cancel can be lost to a race in the stdlib).
+stop_recancel_s = 1.0
 # What /version answers (toxiproxy answers its own version; clients only print it).
 VERSION = "kayos-fault-proxy 1"
 
@@ -165,12 +168,14 @@ class Connection:
         try:
             host, port = self.proxy.upstream
             try:
-                self.server = await asyncio.wait_for(
-                    asyncio.open_connection(host, port, limit=chunk_bytes_max),
-                    upstream_connect_timeout_s,
-                )
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that lands
+                # as the connection completes, and a disable then waited for this task for ever.
+                async with asyncio.timeout(upstream_connect_timeout_s):
+                    self.server = await asyncio.open_connection(host, port, limit=chunk_bytes_max)
             except (OSError, TimeoutError):
                 return
+            if not self.proxy.enabled:
+                return  # disabled while connecting upstream
             pumps = [
                 asyncio.create_task(self._pump(self.client[0], self.server[1], "upstream")),
                 asyncio.create_task(self._pump(self.server[0], self.client[1], "downstream")),
@@ -188,6 +193,12 @@ class Connection:
                 await asyncio.gather(*pumps, return_exceptions=True)
         finally:
             self._close(reset)
+
+    def abort(self) -> None:
+        """Cuts both sockets at once (``stop`` for a task its cancel did not end)."""
+        for pair in (self.client, self.server):
+            if pair is not None:
+                pair[1].transport.abort()
 
     def _close(self, reset: bool) -> None:
         for pair in (self.client, self.server):
@@ -221,7 +232,8 @@ class Connection:
                 if loop.time() >= at:
                     raise _Close(reset)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), at - loop.time())
+                    async with asyncio.timeout_at(at):
+                        await changed.wait()
             else:
                 await changed.wait()
 
@@ -319,10 +331,14 @@ class Proxy:
         server, self.server = self.server, None
         if server is not None:
             server.close()
-        tasks = [c.task for c in self.connections if c.task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        tasks = {c.task for c in self.connections if c.task is not None}
+        while tasks:
+            for task in tasks:
+                task.cancel()
+            _done, tasks = await asyncio.wait(tasks, timeout=stop_recancel_s)
+            for connection in list(self.connections):
+                if connection.task in tasks:
+                    connection.abort()  # a task that outlived its cancel: cut its sockets
         if server is not None:
             await server.wait_closed()
 
