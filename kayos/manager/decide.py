@@ -118,7 +118,7 @@ def _apply(view: ManagerView, event: Event, out: list[Action]) -> ManagerView:
         table = with_takeover(list(shard.takeover), event.master_id, event.seq)
         return view.with_shard(replace(shard, takeover=tuple(table)))
     if isinstance(event, NodeReturned):
-        return _returned(view, event)
+        return _give_way(_returned(view, event), event)
     if isinstance(event, CatchUpDone):
         return _catch_up_done(view, event, out)
     if isinstance(event, DiskFull):
@@ -343,6 +343,38 @@ def _returned(view: ManagerView, event: NodeReturned) -> ManagerView:
     view = replace(view, now_ms=max(view.now_ms, event.at_ms))
     heard = max(node.last_heard_ms, event.at_ms)
     return view.with_node(replace(node, state="up", last_heard_ms=heard))
+
+
+def _give_way(view: ManagerView, event: NodeReturned) -> ManagerView:
+    """Rule 3: a chain's only member that returns with a copy sharing no takeover entry with the
+    view's table (its store was lost: empty, or a history of its own) gives way to the departed
+    member spliced out last, which holds the shard's history; it is then departed itself and
+    catches up from that member (``_start_catch_ups``)."""
+    node = view.node(event.node)
+    if node is None or node.state != "up":
+        return view
+    states = {n.id: n.state for n in view.nodes}
+    for report in event.reports:
+        shard = view.shard(report.shard)
+        if shard is None or shard.chain != (node.id,) or not shard.takeover:
+            continue
+        if set(report.takeover) & set(shard.takeover):
+            continue  # the same history, perhaps a prefix of it: rule 5 and the links do the rest
+        holders = [n for n in reversed(shard.departed) if states.get(n, "removed") != "removed"]
+        if not holders:
+            continue  # nothing else can come back: the returning copy is all there is
+        holder = holders[0]
+        departed = [n for n in shard.departed if n != holder]
+        view = view.with_shard(
+            replace(
+                shard,
+                chain=(holder,),
+                departed=(*departed, node.id),
+                catching_up=tuple(n for n in shard.catching_up if n != holder),
+                orders=tuple(o for o in shard.orders if o[0] != holder),
+            )
+        )
+    return view
 
 
 def _start_catch_ups(

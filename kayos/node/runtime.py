@@ -179,6 +179,8 @@ class Node:
         await asyncio.to_thread(write_incarnation, self.data_dir, self.incarnation)
         # The newest topology this node can verify: its file's, DATA/topology.json, its peers'.
         await self.reconfigure.choose_at_start()
+        self.reconfigure.hold_until_lease()
+        self.lease.on_held = self.reconfigure.lease_held
         self.spawn(self.hosts.prime(node.host for node in self.topology.nodes.values()))
         for shard in self.topology.shards_of(self.node_id):
             await self.reconfigure.open_replica(shard)

@@ -61,6 +61,8 @@ async def node_chain(
     nodes = {n: chain_node(topology, n, base, managed=managed) for n in ids}
     for node in nodes.values():
         await node.start()
+        if managed:
+            grant(node)  # the manager's first round: a node that starts holds writes till then
     try:
         yield topology, nodes
     finally:

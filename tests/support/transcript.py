@@ -125,7 +125,7 @@ def _secs(ms: int) -> str:
 
 def _table(text: str) -> tuple[tuple[bytes, int], ...]:
     entries = []
-    for item in text.split(","):
+    for item in text.split(",") if text else ():
         uuid, seq = item.split("@")
         entries.append((bytes.fromhex(uuid), int(seq)))
     return tuple(entries)

@@ -112,19 +112,27 @@ def _reports(status: Mapping[str, Any]) -> tuple[ShardReport, ...]:
         seq = durable_seq(entry)
         if seq is None:
             continue
-        takeover: list[tuple[bytes, int]] = []
-        for item in entry.get("takeover") or ():
-            try:
-                master, at = item
-                if type(at) is int and at >= 0 and 1 <= len(bytes.fromhex(master)) <= 16:
-                    takeover.append((bytes.fromhex(master), at))
-            except (TypeError, ValueError):
-                takeover = []
-                break
+        takeover = _takeover(entry.get("takeover"))
+        if takeover is None:
+            continue  # unreadable: no report (an empty table would read as a lost store)
         reports.append(
             ShardReport(int(key), seq, tuple(takeover[: limits.takeover_table_entries_max]))
         )
     return tuple(reports[: limits.manager_shards_max])
+
+
+def _takeover(raw: Any) -> list[tuple[bytes, int]] | None:
+    """A status's takeover table as (master, seq) pairs; None where any item is malformed."""
+    takeover: list[tuple[bytes, int]] = []
+    for item in raw or ():
+        try:
+            master, at = item
+            if type(at) is not int or at < 0 or not 1 <= len(bytes.fromhex(master)) <= 16:
+                return None
+        except (TypeError, ValueError):
+            return None
+        takeover.append((bytes.fromhex(master), at))
+    return takeover
 
 
 def _latency_events(view: ManagerView, reporter: str, status: Mapping[str, Any]) -> list[Event]:

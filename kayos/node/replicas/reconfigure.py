@@ -38,7 +38,14 @@ from kayos.node.replicas import learners
 from kayos.node.replicas import repair as peer_repair
 from kayos.node.replicas.changing import ShardsChanging
 from kayos.replication.link.upstream import UpstreamLink
-from kayos.replication.logic.lease import NodeLease, WriteHold, adopt_holds, release
+from kayos.replication.logic.lease import (
+    NodeLease,
+    WriteHold,
+    adopt_holds,
+    boot_holds,
+    lease_won,
+    release,
+)
 from kayos.replication.shard.replica import ShardReplica
 from kayos.signing import check_signed
 from kayos.topology import Role, ShardChain, Topology
@@ -347,7 +354,23 @@ class Reconfigurer:
         if hold is None:
             return None
         left_s = max(0.0, hold.until_s - self.node.clock.monotonic_s())
-        return {"epoch": hold.epoch, "remaining_ms": round(left_s * 1000), "told": hold.told}
+        left_ms = None if math.isinf(left_s) else round(left_s * 1000)  # a restart's: no end
+        return {"epoch": hold.epoch, "remaining_ms": left_ms, "told": hold.told}
+
+    def hold_until_lease(self) -> None:
+        """At start, before any replica opens: a managed node takes no write on a shard it heads
+        until it holds its lease (``lease.boot_holds``)."""
+        node = self.node
+        if node.lease.state.managed:
+            self.write_holds = boot_holds(node.node_id, node.topology)
+
+    def lease_held(self) -> None:
+        """The node holds its lease: the holds from its start end (``lease.lease_won``)."""
+        if not any(math.isinf(h.until_s) for h in self.write_holds.values()):
+            return
+        self.write_holds = lease_won(self.write_holds, self.node.clock.monotonic_s())
+        for shard_id, replica in self.node.replicas.items():
+            replica.writes_held_until_s = self.held_until_s(shard_id)
 
     def release_hold(self, shard_id: int, epoch: int, hold_ms: int) -> int | None:
         """The leader's ``POST /v1/admin/write-hold``: shortens the shard's hold (``release``);
@@ -359,7 +382,8 @@ class Reconfigurer:
             replica.writes_held_until_s = self.held_until_s(shard_id)
         if shard_id not in self.write_holds:
             return None
-        return max(0, round((self.held_until_s(shard_id) - now_s) * 1000))
+        left_s = self.held_until_s(shard_id) - now_s
+        return limits.head_lease_ms if math.isinf(left_s) else max(0, round(left_s * 1000))
 
     async def choose_at_start(self) -> None:
         """Adopts the newest of the command line's topology, ``DATA/topology.json`` and the

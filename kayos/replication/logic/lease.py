@@ -21,7 +21,8 @@ transcript tests drive it with plain numbers.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from kayos import limits
@@ -38,8 +39,10 @@ __all__ = [
     "NodeLease",
     "WriteHold",
     "adopt_holds",
+    "boot_holds",
     "decide",
     "holds",
+    "lease_won",
     "release",
     "unconfirmed",
     "write_holds",
@@ -153,6 +156,10 @@ def holds(state: LeaseState, now_s: float) -> bool:
     return not state.ended and state.until_s is not None and now_s < state.until_s
 
 
+def _nothing() -> None:
+    return None
+
+
 class NodeLease:
     """The node's lease state and clock: the thin driver the HTTP face and replicas call."""
 
@@ -160,6 +167,8 @@ class NodeLease:
         self.clock = clock or SystemClock()
         self.state = LeaseState(managed, epoch)
         self.notes: list[str] = []  # the last few, for the log and status
+        # Called whenever an answer leaves the lease held (the node ends its restart's holds).
+        self.on_held: Callable[[], None] = _nothing
 
     def _apply(self, event: LeaseEvent) -> None:
         self.state, notes = decide(self.state, event)
@@ -174,7 +183,10 @@ class NodeLease:
     def granted(self, nonce: int, epoch: int, member: bool) -> bool:
         """The leader's answer; whether the lease holds after it."""
         self._apply(Granted(nonce, epoch, member))
-        return self.holds()
+        held = self.holds()
+        if held:
+            self.on_held()
+        return held
 
     def adopted(self, epoch: int) -> None:
         self._apply(EpochAdopted(epoch))
@@ -258,6 +270,29 @@ def adopt_holds(
     for shard in write_holds(node, old, new):
         kept[shard] = WriteHold(new.epoch, now_s + limits.head_lease_ms / 1000)
     return kept
+
+
+def boot_holds(node: str, topology: Topology) -> dict[int, WriteHold]:
+    """A managed node at start: a hold with no end on every shard it heads in the topology it
+    starts with, until it holds its lease (``lease_won``). That topology may be stale: while
+    the node was away the manager may have made another member the chain, or found this node's
+    store lost and given the shard to the member holding its history (docs/manager.md rule 3);
+    a lease proves the manager has seen this node back at an epoch it holds (an answer at a
+    later epoch counts only once the node adopts it, and then it heads that epoch's chains)."""
+    return {
+        shard_id: WriteHold(topology.epoch, math.inf)
+        for shard_id, shard in topology.shards.items()
+        if shard.head == node
+    }
+
+
+def lease_won(holds: Mapping[int, WriteHold], now_s: float) -> dict[int, WriteHold]:
+    """The node holds its lease at ``now_s``: the holds set at start end; those of head changes
+    run on (an old head's lease may still run)."""
+    return {
+        shard: dataclasses.replace(hold, until_s=now_s) if math.isinf(hold.until_s) else hold
+        for shard, hold in holds.items()
+    }
 
 
 def release(

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine
@@ -192,7 +193,9 @@ class HeadWrites:
             waiter = asyncio.get_running_loop().create_future()
             self._hold_waiters.append(waiter)
             try:
-                await asyncio.wait_for(waiter, held_s)
+                # A hold until the lease (a restart) has no end of its own: a write waits a
+                # lease's length for it, then is answered ``unavailable`` to retry.
+                await asyncio.wait_for(waiter, min(held_s, limits.head_lease_ms / 1000))
             except TimeoutError:
                 return
 
@@ -209,6 +212,11 @@ class HeadWrites:
                 f"{self.node_id} is repairing its store of shard {self.shard_id}; retry later"
             )
         held_s = self.writes_held_until_s - self.clock.monotonic_s()
+        if math.isinf(held_s) and held_s > 0:
+            raise UnavailableError(
+                f"{self.node_id} holds writes to shard {self.shard_id} until it holds its lease"
+                " from the manager: it started again, and its chains may have changed meanwhile"
+            )
         if held_s > 0:
             raise UnavailableError(
                 f"{self.node_id} holds writes to shard {self.shard_id} for {held_s * 1000:.0f} ms"

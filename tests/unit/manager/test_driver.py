@@ -86,12 +86,19 @@ def test_a_down_node_that_answers_returns_with_its_shard_reports() -> None:
     assert {a.shard for a in actions if isinstance(a, StartCatchUp)} == {0, 1, 2}
 
 
-def test_a_malformed_takeover_table_is_reported_empty_not_fatal() -> None:
+def test_a_shard_with_a_malformed_takeover_table_is_left_out_of_the_return_not_fatal() -> None:
+    # An empty table would read as a lost store (docs/manager.md rule 3): no report instead.
     view = down_b()
-    reply = status(shards={0: {"last_seq": 3, "takeover": [["not hex", 1]]}})
+    reply = status(
+        shards={
+            0: {"last_seq": 3, "takeover": [["0a0b", 1], ["not hex", 1]]},
+            1: {"last_seq": 5, "takeover": [["0a0b", -1]]},
+            2: {"last_seq": 4, "takeover": [["0a0b", 2]]},
+        }
+    )
     plan = plan_round(view, answers(a=status(), b=reply, c=status()), 5_200, everyone(view))
     returned = [e for e in plan.events if isinstance(e, NodeReturned)]
-    assert returned[0].reports == (ShardReport(0, 3, ()),)
+    assert returned[0].reports == (ShardReport(2, 4, ((bytes.fromhex("0a0b"), 2),)),)
 
 
 def latency(p99: float, window: int = 6_000, samples: int = 100) -> dict[str, Any]:

@@ -84,6 +84,7 @@ async def test_a_head_serving_its_own_snapshots_needs_its_lease(tmp_path: Path) 
     async with managed_chain(tmp_path, "a") as (_, nodes):
         head = nodes["a"]
         await head.produce(QUEUE, [b"k0"], [b"v"], None, None, acks=-1)
+        end(head)
         with pytest.raises(UnavailableError, match="this head holds no lease"):
             await snapshot(head)
         grant(head)
