@@ -42,10 +42,12 @@ AHEAD = 50  # how far past b's last seq the target it never reached lies
 def test_a_member_left_catching_up_leads_alone_and_feeds_a_learner(start_cluster: Any) -> None:
     cluster = start_cluster(nodes=3, replicas=2, shards=1)
     assert cluster.topology.shards[0].members == ("a", "b"), cluster.topology.shards[0]
-    acknowledged = []
+    acknowledged: list[str] = []
     last = 0
     for batch in range(10):
-        messages = [(f"{QUEUE}-{batch}-{i}", f"v{batch}-{i}") for i in range(20)]
+        messages: list[tuple[str, str | None]] = [
+            (f"{QUEUE}-{batch}-{i}", f"v{batch}-{i}") for i in range(20)
+        ]
         _, last = produce_ok(cluster.url("a"), QUEUE, messages)  # acks=all: b holds them
         acknowledged += [key for key, _ in messages]
     assert answered_seqs(cluster, "b", 0)[0] == last

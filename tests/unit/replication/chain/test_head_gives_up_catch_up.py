@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from kayos import limits
 from kayos.node.runtime import Node
 from kayos.replication.shard.local_meta import (
     CATCH_UP_META_KEY,
@@ -72,7 +73,8 @@ async def test_a_head_removes_its_catch_up_target_in_its_takeover_commit(
     replica = standalone_replica(topology, path)
     last = replica.store.last_seq
     try:
-        assert replica.catching_up, "the stored target is read back at open"
+        restored = replica.catching_up
+        assert restored, "the stored target is read back at open"
         commits: list[dict[str, Any]] = []
         real_commit = replica.store.commit
 
@@ -105,6 +107,35 @@ async def test_a_head_removes_its_catch_up_target_in_its_takeover_commit(
         assert CATCH_UP_META_KEY not in reopened.store.meta
     finally:
         reopened.close()
+
+
+@pytest.mark.asyncio
+async def test_a_head_giving_up_a_target_past_the_rollback_window_logs_an_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Past the window, read-back left out versions superseded by seqs the store never got:
+    they may be missing from the history the head leads, which it says as an error."""
+    print("seed", SEED)
+    path = tmp_path / "h"
+    _store_left_catching_up(path)
+    store = ShardStore.open(str(path))
+    try:
+        far = store.last_seq + limits.rollback_window_seqs + 1
+        store.commit([], meta={CATCH_UP_META_KEY: far})
+    finally:
+        store.close()
+    replica = standalone_replica(_lone_head_topology(), path)
+    try:
+        with caplog.at_level(logging.WARNING, logger="kayos.replication"):
+            await replica.become_head()
+        assert not replica.catching_up
+        errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+        assert len(errors) == 1, errors
+        assert f"gives up its catch-up at seq {HELD}" in errors[0], errors
+        assert f"target {far}" in errors[0], errors
+        assert "may be missing" in errors[0], errors
+    finally:
+        replica.close()
 
 
 def _subscribe_as_learner(topology: Topology) -> fr.Frame | None:
