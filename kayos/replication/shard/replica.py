@@ -179,8 +179,9 @@ class ShardReplica(HeadWrites, CatchUp, PersistedProgress, Visibility):
         # Notified whenever the accepted, durable or commit-point seq moves: link senders and
         # long-polling consumers re-check their condition.
         self.changed = Pulse()
-        # A head serves at once; a replica below it until its first catch-up is done serves no
-        # consumers (its store may hold part of an all-or-nothing batch).
+        # A head serves at once (``become_head`` gives up a target its store still names); a
+        # replica below it until its first catch-up is done serves no consumers (its store may
+        # hold part of an all-or-nothing batch).
         target = self.store.meta.get(CATCH_UP_META_KEY, 0)
         self.catching_up = isinstance(target, int) and self.store.last_seq < target
         self.upstream_stream: FrameStream | None = None
@@ -285,12 +286,47 @@ class ShardReplica(HeadWrites, CatchUp, PersistedProgress, Visibility):
         return unpack_takeover(self.store.meta.get(TAKEOVER_META_KEY))
 
     async def become_head(self) -> None:
-        """A head adds ``(new master uuid, its last seq)`` to the takeover table at start."""
-        table = chain.with_takeover(self.takeover_table(), uuid.uuid4().bytes, self.store.last_seq)
-        await asyncio.to_thread(
-            self.store.commit, [], meta={TAKEOVER_META_KEY: pack_takeover(table)}
-        )
+        """A head adds ``(new master uuid, its last seq)`` to the takeover table at start. A
+        catch-up target its store still holds (its upstream went before it got there) is given up
+        in the same commit: the head is the shard's history from here on, and a head left
+        catching up would serve no read and feed no learner (docs/replication-protocol.md, "A
+        head gives up its catch-up"; campaign seed 2512)."""
+        last = self.store.last_seq
+        table = chain.with_takeover(self.takeover_table(), uuid.uuid4().bytes, last)
+        meta: dict[str, Any] = {TAKEOVER_META_KEY: pack_takeover(table)}
+        target = self.store.meta.get(CATCH_UP_META_KEY)
+        if target is not None:
+            meta[CATCH_UP_META_KEY] = None
+        await asyncio.to_thread(self.store.commit, [], meta=meta)
+        if isinstance(target, int) and target > last:
+            self._log_catch_up_given_up(last, target)
+        self.catching_up = False
         self._next_seq = self.store.last_seq + 1
+
+    def _log_catch_up_given_up(self, last: int, target: int) -> None:
+        window = self.store.options.rollback_window_seqs
+        if target - last > window:
+            # Read-back leaves out versions superseded at or below the upstream's window floor:
+            # superseded by seqs this store never got, and that no one committed, they may be
+            # missing from the history this head now leads.
+            log.error(
+                "shard %s: head gives up its catch-up at seq %s, %s short of its target %s "
+                "(more than the rollback window of %s seqs): versions superseded in the gap "
+                "may be missing from its store",
+                self.shard_id,
+                last,
+                target - last,
+                target,
+                window,
+            )
+            return
+        log.warning(
+            "shard %s: head gives up its catch-up at seq %s (target %s, its upstream gone): "
+            "it leads from its last seq",
+            self.shard_id,
+            last,
+            target,
+        )
 
     def run_in_background(self, work: Coroutine[Any, Any, None]) -> None:
         """Runs ``work`` as a task of this replica's, cancelled when the replica closes."""
