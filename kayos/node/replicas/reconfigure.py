@@ -368,7 +368,7 @@ class Reconfigurer:
         """The node holds its lease: the holds from its start end (``lease.lease_won``)."""
         if not any(math.isinf(h.until_s) for h in self.write_holds.values()):
             return
-        self.write_holds = lease_won(self.write_holds, self.node.clock.monotonic_s())
+        self.write_holds = lease_won(self.write_holds)
         for shard_id, replica in self.node.replicas.items():
             replica.writes_held_until_s = self.held_until_s(shard_id)
 

@@ -286,13 +286,11 @@ def boot_holds(node: str, topology: Topology) -> dict[int, WriteHold]:
     }
 
 
-def lease_won(holds: Mapping[int, WriteHold], now_s: float) -> dict[int, WriteHold]:
-    """The node holds its lease at ``now_s``: the holds set at start end; those of head changes
-    run on (an old head's lease may still run)."""
-    return {
-        shard: dataclasses.replace(hold, until_s=now_s) if math.isinf(hold.until_s) else hold
-        for shard, hold in holds.items()
-    }
+def lease_won(holds: Mapping[int, WriteHold]) -> dict[int, WriteHold]:
+    """The node holds its lease: the holds set at start are gone (a status shows none, as for
+    a head that never changed); those of head changes run on (an old head's lease may still
+    run)."""
+    return {shard: hold for shard, hold in holds.items() if not math.isinf(hold.until_s)}
 
 
 def release(

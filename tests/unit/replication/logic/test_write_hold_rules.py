@@ -5,6 +5,8 @@ times, and the checks of ``POST /v1/admin/write-hold``. No clock, no processes."
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from kayos import limits
@@ -12,7 +14,14 @@ from kayos.errors import InvalidRequest, Unauthenticated
 from kayos.identity import ClusterIdentity
 from kayos.manager.member.holds import hold_ms, record_grants, shard_heads
 from kayos.node.http.lease_api import apply_write_hold
-from kayos.replication.logic.lease import WriteHold, adopt_holds, release
+from kayos.replication.logic.lease import (
+    NodeLease,
+    WriteHold,
+    adopt_holds,
+    boot_holds,
+    lease_won,
+    release,
+)
 from kayos.signing import sign
 from kayos.topology import NodeAddr, ShardChain, Topology
 
@@ -35,6 +44,31 @@ def test_a_middle_or_tail_removed_costs_no_hold() -> None:
     assert adopt_holds("a", topology(1, "abc"), topology(2, "ac"), {}, 10.0) == {}
     assert adopt_holds("a", topology(1, "abc"), topology(2, "ab"), {}, 10.0) == {}
     assert adopt_holds("a", topology(1, "ab"), topology(2, "abd"), {}, 10.0) == {}  # a learner in
+
+
+def test_a_node_that_starts_holds_every_shard_it_heads_until_its_lease() -> None:
+    # docs/node-api.md, "Writes after a restart": a's topology may be stale (rule 3 may have
+    # given shard 1 to another member while a's store was lost).
+    started = topology(7, "abc", "ab", "bca")
+    holds = boot_holds("a", started)
+    assert holds == {0: WriteHold(7, math.inf), 1: WriteHold(7, math.inf)}
+    assert boot_holds("c", started) == {}
+    # A head change adopted meanwhile runs its own hold, which the lease does not end.
+    changed = adopt_holds("a", started, topology(8, "abc", "ab", "acb"), holds, 10.0)
+    assert changed == {**holds, 2: WriteHold(8, 10.0 + LEASE_S)}
+    assert lease_won(changed) == {2: WriteHold(8, 10.0 + LEASE_S)}
+    # The leader's word on a shard still held from the start gives it an end.
+    assert release(holds, 0, 7, 300, 20.0)[0] == WriteHold(7, 20.3, told=True)
+
+
+def test_the_first_lease_ends_the_holds_of_a_start() -> None:
+    lease = NodeLease(managed=True, epoch=7)
+    ended: list[bool] = []
+    lease.on_held = lambda: ended.append(True)
+    assert not lease.granted(lease.ask(), 8, True)  # a later epoch than the node's: kept, no end
+    assert ended == []
+    assert lease.granted(lease.ask(), 7, True)
+    assert ended == [True]
 
 
 def test_a_new_head_holds_the_whole_lease_until_the_leader_says_less() -> None:
