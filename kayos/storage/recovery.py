@@ -148,6 +148,9 @@ class StoreRecovery(StoreCore):
             return
         reader = self._current.file.reader
         index.succ.ensure(header.last_seq)
+        # Built from nothing (a copied store, a wiped or new index): no entry was applied before
+        # a stop, so none is looked up in the index to be skipped.
+        empty = after == 0 and index.key_count() == 0
         replayed = 0
         group: list[fmt.Leaf] = []
         entries = 0
@@ -155,24 +158,29 @@ class StoreRecovery(StoreCore):
             group.append(leaf)
             entries += len(leaf.seqs)
             if entries >= limits.index_rebuild_txn_entries:
-                replayed += self._replay_leaves(group, after)
+                replayed += self._replay_leaves(group, after, empty=empty)
                 group, entries = [], 0
         if group:
-            replayed += self._replay_leaves(group, after)
+            replayed += self._replay_leaves(group, after, empty=empty)
         self.recovery.replayed_entries = replayed
 
-    def _replay_leaves(self, leaves: list[fmt.Leaf], after: int) -> int:
+    def _replay_leaves(self, leaves: list[fmt.Leaf], after: int, *, empty: bool) -> int:
         """Applies the entries past ``after`` of consecutive ``leaves`` to the derived index in
-        one lmdb transaction (an entry applied before a stop is skipped); returns how many it
-        applied."""
+        one lmdb transaction (an entry applied before a stop is skipped: none is when the
+        rebuild began from an ``empty`` index); returns how many it applied."""
         index = self._index
         last_seq = self._current.header.last_seq
         txn = index.begin_write()
         try:
-            keys = {
-                k for leaf in leaves for s, k in zip(leaf.seqs, leaf.keys, strict=True) if s > after
-            }
-            existing = index.lookup_many(txn, sorted(keys))
+            existing: dict[bytes, tuple[int, int]] = {}
+            if not empty:
+                keys = {
+                    k
+                    for leaf in leaves
+                    for s, k in zip(leaf.seqs, leaf.keys, strict=True)
+                    if s > after
+                }
+                existing = index.lookup_many(txn, sorted(keys))
             latest: dict[bytes, tuple[int, int]] = {}
             replayed = 0
             for leaf in leaves:

@@ -241,7 +241,8 @@ async def _run(cluster: LocalCluster, parameters: CatchUpBenchParameters) -> dic
         "catchup_shard_mb": round(idle_mb, 1),
         "source_file_mb": round(source_mb, 1),
         "catchup_s": round(idle_s, 2),
-        "produce_drop_during_catchup": round(sum(drops) / len(drops), 3),
+        # None with --rounds 0 (idle copies only: what a copy costs, with nothing else running).
+        "produce_drop_during_catchup": round(sum(drops) / len(drops), 3) if drops else None,
         "rounds": rounds,
     }
 

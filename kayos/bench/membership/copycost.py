@@ -141,14 +141,20 @@ def copy_cost(
 ) -> dict[str, object]:
     """The figures of one copy by ``copier``: ``copy_mode``, ``copy_served_by`` and
     ``copy_cpu_s_per_gb`` (the serving and the copying node), from its log since ``log_offset``
-    and the CPU marks (baseline window, start, end)."""
+    and the CPU marks (baseline window, start, end); ``copy_cpu_s_per_gb_by_node`` gives each
+    of the two nodes' part of it."""
     text = log_since(cluster.log_path(copier), log_offset)
     served_by = serving_node(text)
     baseline, start, end = marks
     nodes = [copier] if served_by is None else [served_by, copier]
     per_gb = copy_cpu_s_per_gb(baseline, start, end, nodes, copied_bytes)
+    by_node = {
+        node: copy_cpu_s_per_gb(baseline, start, end, [node], copied_bytes) for node in nodes
+    }
     return {
         "copy_mode": copy_mode(text),
         "copy_served_by": served_by,
         "copy_cpu_s_per_gb": per_gb if served_by is not None else None,
+        # Each side's share: where the copy's CPU went (the serving node, the copying node).
+        "copy_cpu_s_per_gb_by_node": by_node if served_by is not None else None,
     }

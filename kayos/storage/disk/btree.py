@@ -113,14 +113,19 @@ class NodeReader:
         base = 0
         for index, pos in enumerate(positions):
             start = pos - base
-            extent = fmt.chunk_extent(raw, start, pos, path=self.path) if start >= 0 else None
-            if extent is None or start + extent[0] > len(raw):
-                raw = self.handle.pread(_run_read_bytes(positions, index), pos)
-                base, start = pos, 0
-                extent = self._extent(raw, pos)
-                if extent[0] > len(raw):
-                    raw = self.handle.pread(extent[0], pos)
-            chunk_type, payload = fmt.unframe_chunk(raw, start, pos, extent, path=self.path)
+            # Most leaves lie inside one block: checked from their prefix alone, no extent walk.
+            fast = fmt.unframe_within_block(raw, start, pos, path=self.path) if start >= 0 else None
+            if fast is not None:
+                chunk_type, payload = fast
+            else:
+                extent = fmt.chunk_extent(raw, start, pos, path=self.path) if start >= 0 else None
+                if extent is None or start + extent[0] > len(raw):
+                    raw = self.handle.pread(_run_read_bytes(positions, index), pos)
+                    base, start = pos, 0
+                    extent = self._extent(raw, pos)
+                    if extent[0] > len(raw):
+                        raw = self.handle.pread(extent[0], pos)
+                chunk_type, payload = fmt.unframe_chunk(raw, start, pos, extent, path=self.path)
             node = fmt.decode_node(chunk_type, payload, path=self.path, offset=pos)
             if not isinstance(node, fmt.Leaf):
                 raise CorruptionError("expected a leaf", path=self.path, offset=pos)

@@ -206,6 +206,24 @@ def unframe_chunk(
     return check_chunk_body(body, crc, path=path, offset=pos, expect=expect)
 
 
+def unframe_within_block(
+    raw: bytes, start: int, pos: int, *, path: str
+) -> tuple[int, memoryview] | None:
+    """``unframe_chunk`` for the common case of a chunk that lies whole inside one block after
+    its first byte (no block type byte to check or strip), from its prefix alone: (chunk type,
+    payload, a view of ``raw``). None when it does not, or when ``raw`` ends before it does (the
+    caller then takes the general path, which also judges an impossible length)."""
+    in_block = pos & (BLOCK - 1)
+    body_start = start + PREFIX_BYTES
+    if in_block == 0 or in_block + PREFIX_BYTES > BLOCK or body_start > len(raw):
+        return None
+    length, crc = _PREFIX.unpack_from(raw, start)
+    body_end = body_start + length
+    if length == 0 or in_block + PREFIX_BYTES + length > BLOCK or body_end > len(raw):
+        return None
+    return check_chunk_body(memoryview(raw)[body_start:body_end], crc, path=path, offset=pos)
+
+
 def header_block(pos: int, header_chunk: bytes) -> tuple[bytes, int, int]:
     """Zero padding up to the next block boundary, the header type byte and the header chunk.
 

@@ -431,3 +431,43 @@ def test_unframe_chunk_refuses_damage_at_the_chunk_offset() -> None:
         assert caught.value.offset == start
     with pytest.raises(CorruptionError, match="expected chunk type"):
         fmt.unframe_chunk(raw, 0, start, extent, path="f", expect=fmt.CHUNK_LEAF)
+
+
+def test_unframe_within_block_agrees_with_unframe_chunk_or_declines() -> None:
+    """The one-block fast path ("Chunks", "Blocks"): from every starting offset modulo the block
+    size, a chunk inside one block gives what ``unframe_chunk`` gives; one that crosses a
+    boundary, starts on one, or runs past the buffer is declined (None), left to the general
+    path."""
+    framed = fmt.frame_chunk(fmt.CHUNK_LEAF, b"x" * 50)
+    taken = 0
+    for start in range(BLOCK, 2 * BLOCK):
+        pieces, _ = fmt.lay_out(start, framed)
+        raw = b"junk" + b"".join(pieces)
+        fast = fmt.unframe_within_block(raw, 4, start, path="f")
+        inside = start % BLOCK != 0 and start % BLOCK + len(framed) <= BLOCK
+        assert (fast is not None) == inside, start
+        if fast is not None:
+            taken += 1
+            extent = fmt.chunk_extent(raw, 4, start, path="f")
+            assert extent is not None
+            general = fmt.unframe_chunk(raw, 4, start, extent, path="f")
+            assert (fast[0], bytes(fast[1])) == (general[0], bytes(general[1])), start
+            assert fmt.unframe_within_block(raw[:-1], 4, start, path="f") is None, "past the end"
+    assert taken == BLOCK - len(framed)
+
+
+def test_unframe_within_block_refuses_damage_at_the_chunk_offset() -> None:
+    """A flipped body bit and an unknown chunk type inside one block are CorruptionError at the
+    chunk's offset, as on the general path; a zero length is declined (the general path judges
+    it)."""
+    start = BLOCK + 10
+    raw = fmt.frame_chunk(fmt.CHUNK_LEAF, b"v" * 100)
+    flipped = raw[:20] + bytes([raw[20] ^ 1]) + raw[21:]
+    with pytest.raises(CorruptionError, match="CRC32C") as caught:
+        fmt.unframe_within_block(flipped, 0, start, path="f")
+    assert caught.value.offset == start
+    unknown = b"\x7f" + b"v" * 10
+    bad_type = (len(unknown)).to_bytes(4, "big") + fmt.crc32c(unknown).to_bytes(4, "big") + unknown
+    with pytest.raises(CorruptionError, match="unknown chunk type"):
+        fmt.unframe_within_block(bad_type, 0, start, path="f")
+    assert fmt.unframe_within_block(bytes(8) + b"v", 0, start, path="f") is None

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from kayos.bench.membership.copycost import (
     CpuMark,
+    copy_cost,
     copy_cpu_s,
     copy_cpu_s_per_gb,
     copy_mode,
@@ -18,6 +20,7 @@ from kayos.bench.membership.copycost import (
     process_cpu_s,
     serving_node,
 )
+from kayos.local.cluster import LocalCluster
 
 pytestmark = pytest.mark.unit
 
@@ -57,6 +60,30 @@ def test_cpu_cost_takes_off_the_baseline_rate() -> None:
     assert copy_cpu_s(baseline, start, end, "c") == pytest.approx(4.0)
     assert copy_cpu_s(baseline, start, end, "d") == pytest.approx(3.0)
     assert copy_cpu_s_per_gb(baseline, start, end, ["c", "d"], 2e9) == pytest.approx(3.5)
+
+
+class _Logs:
+    """The one thing ``copy_cost`` asks of a cluster: where a node's log is."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def log_path(self, node: str) -> Path:
+        return self.directory / f"{node}.log"
+
+
+def test_copy_cost_gives_each_side_its_part(tmp_path: Path) -> None:
+    """The same copy as above, as the benches report it: the total and each node's share."""
+    (tmp_path / "d.log").write_text(SNAPSHOT_LOG)
+    baseline = (CpuMark(0.0, {"c": 10.0}), CpuMark(4.0, {"c": 12.0}))
+    start = CpuMark(5.0, {"c": 12.5, "d": 0.4})
+    end = CpuMark(15.0, {"c": 21.5, "d": 3.4})
+    cluster = cast("LocalCluster", _Logs(tmp_path))
+    cost = copy_cost(cluster, "d", 0, (baseline, start, end), 2e9)
+    assert cost["copy_mode"] == "file"
+    assert cost["copy_served_by"] == "c"
+    assert cost["copy_cpu_s_per_gb"] == pytest.approx(3.5)
+    assert cost["copy_cpu_s_per_gb_by_node"] == {"c": 2.0, "d": 1.5}
 
 
 def test_cpu_cost_without_a_baseline_counts_everything() -> None:
