@@ -18,6 +18,7 @@ from kayos.auth.keys import new_secret
 from kayos.auth.table import CredentialsTable, add_credential, parse_grant_text, parse_table
 from kayos.client.auth import ClientCredential
 from kayos.local.cluster import LocalCluster
+from kayos.local.credentials import push_table
 from kayos.local.http import http_json
 from kayos.replication.wire import frames as fr
 
@@ -33,16 +34,7 @@ def enable_credentials(cluster: LocalCluster, base: Path) -> Path:
     first table); returns the credentials file (mode 0600)."""
     secret = new_secret()
     grants = (parse_grant_text("admin+consume+produce=*"),)
-    table = add_credential(CredentialsTable(), WORKLOAD_NAME, grants, secret)
-    for node in cluster.ids:
-        code, reply = http_json(
-            cluster.url(node) + "/v1/admin/credentials",
-            method="POST",
-            body={"table": table.to_json()},
-            cluster_secret=cluster.identity.secret,
-        )
-        if code != 200:
-            raise RuntimeError(f"node {node} refused the campaign's credentials: {code} {reply}")
+    push_table(cluster, add_credential(CredentialsTable(), WORKLOAD_NAME, grants, secret))
     path = base / "chaos-credentials.json"
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "w") as handle:
