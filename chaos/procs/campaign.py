@@ -61,6 +61,9 @@ class Config:
     # The cluster holds client credentials: the workload proves its own, and strangers also
     # knock with stolen-but-wrong ones (chaos/procs/guard.py, docs/security.md).
     credentials: bool = False
+    # TLS on every port and link (docs/security.md): the workload and the probes connect inside
+    # it with the cluster's client context.
+    tls: bool = False
     history_path: Path | None = None
     echo: Callable[[str], None] = field(default=lambda _line: None)
 
@@ -390,6 +393,7 @@ def _start_cluster(config: Config, base: Path, report: Report) -> LocalCluster:
         replicas=config.nodes,
         shards=config.shards,
         managers=config.managers,
+        tls=config.tls,
         manager_config=ManagerConfig(
             detection_window_ms=campaign_detection_window_ms,
             suspect_after_ms=campaign_suspect_after_ms,

@@ -13,7 +13,6 @@ import os
 import random
 import secrets
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -230,7 +229,6 @@ def _second_process(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
 def _stranger(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
     """A replication HELLO to the node's binary port from someone without the secret, then an
     acknowledgement it has no right to give. It must be refused and the link closed."""
-    address = cluster.topology.nodes[fault.node]
     # A node in no chain of the file (the spare of chaos/procs/moves.py) is sent the first one.
     chains = [c for c in cluster.topology.shards.values() if fault.node in c.members]
     chain = (chains or list(cluster.topology.shards.values()))[0]
@@ -238,7 +236,7 @@ def _stranger(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
     claimed = chain.members[(position + 1) % len(chain.members)]
     frames_seen: list[str] = []
     decoder = fr.FrameDecoder()
-    with socket.create_connection((address.host, address.bin_port), probe_timeout_s) as sock:
+    with guard.probe_connection(cluster, fault.node, probe_timeout_s) as sock:
         sock.settimeout(probe_timeout_s)
         sock.sendall(
             fr.encode(
@@ -287,11 +285,17 @@ def _stranger(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
     return result
 
 
-def _request(url: str, method: str, body: bytes | None, content_type: str) -> int | str:
+def hostile_request(
+    cluster: LocalCluster, base: str, path: str, method: str, body: bytes | None, content_type: str
+) -> int | str:
+    """One request of ``hostile_requests`` to the node at ``base``: its status, or what failed.
+    Inside TLS when the cluster has it, and proving the workload's credential when the cluster
+    holds credentials, so that a refusal is the node's input check's, not its door's."""
     headers = {"Content-Type": content_type} if body is not None else {}
-    request = urllib.request.Request(url, data=body, method=method, headers=headers)  # noqa: S310 - loopback URLs we built
+    headers |= guard.workload_authorization(method, path)
+    request = urllib.request.Request(base + path, data=body, method=method, headers=headers)  # noqa: S310 - loopback URLs we built
     try:
-        with urllib.request.urlopen(request, timeout=probe_timeout_s) as response:  # noqa: S310
+        with guard.probe_urlopen(cluster, request, probe_timeout_s) as response:
             response.read()
             return int(response.status)
     except urllib.error.HTTPError as error:
@@ -377,7 +381,7 @@ def _hostile_http(cluster: LocalCluster, fault: Fault) -> dict[str, Any]:
     unexpected: list[str] = []
     for method, path, body, content_type in hostile_requests(queue):
         url = tail if "/consume" in path else head
-        answer = _request(url + path, method, body, content_type)
+        answer = hostile_request(cluster, url, path, method, body, content_type)
         answers.append(answer)
         # 503: the shard is changing or catching up (the manager moves chains during a
         # campaign), a defined "retry" refusal that takes nothing in.

@@ -45,6 +45,7 @@ from typing import Any
 from kayos import limits, tlsconfig
 from kayos.bench.series import BIN_S, per_bin, quantiles_ms
 from kayos.local.cluster import LocalCluster
+from kayos.local.credentials import hold_credential
 
 BENCH_QUEUE = "bench"
 SHARDED_QUEUE = "bench-sharded"
@@ -74,6 +75,9 @@ class ProduceBenchParameters:
     nodes: int | None = None
     # TLS on every port and link (docs/security.md): the cost of encryption, against plain.
     tls: bool = False
+    # A credentials file (docs/security.md): the cluster holds its credential and the client
+    # proves it on every request and connection (None: the cluster runs open).
+    credentials: str | None = None
 
     def __post_init__(self) -> None:
         if self.messages < 1 or self.batch < 1 or self.in_flight < 1 or self.singles < 0:
@@ -210,16 +214,17 @@ async def _consume_phase(client: Any, queue: str = BENCH_QUEUE) -> tuple[int, fl
     return consumed, time.perf_counter() - began
 
 
-async def _run(
+async def run_workload(
     urls: list[str],
     parameters: ProduceBenchParameters,
     meter: CpuMeter | None = None,
     phase: Callable[[str], None] = lambda _name: None,
 ) -> dict[str, Any]:
+    """The workload against the nodes at ``urls``: its figures."""
     from kayos.client.aio import AsyncClient
 
     value = bytes(range(256))[: parameters.value_bytes].ljust(parameters.value_bytes, b"x")
-    async with AsyncClient(urls, name="kayos-bench") as client:
+    async with AsyncClient(urls, name="kayos-bench", credentials=parameters.credentials) as client:
         phase("warm-up")
         for number in range(warmup_batches):
             items = [(_key(number * parameters.batch + i), value) for i in range(parameters.batch)]
@@ -314,9 +319,12 @@ def bench_produce(
     try:
         phase(f"starting {parameters.node_count} nodes")
         with cluster:
+            if parameters.credentials is not None:
+                hold_credential(cluster, parameters.credentials)
             pids = [cluster.pid(node) for node in cluster.urls]
             meter = CpuMeter([os.getpid(), *(pid for pid in pids if pid is not None)])
-            figures = asyncio.run(_run(list(cluster.urls.values()), parameters, meter, phase))
+            urls = list(cluster.urls.values())
+            figures = asyncio.run(run_workload(urls, parameters, meter, phase))
             phase("stopping the cluster")
             exits = cluster.stop()
     finally:

@@ -4,12 +4,13 @@ JSON to a file."""
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
 import click
 
-from kayos.cli.address import deprecated_option
+from kayos.cli.address import CREDENTIALS_ENV, credentials_option, deprecated_option
 from kayos.cli.bench_support import (
     bench_report,
     draw,
@@ -113,6 +114,7 @@ def bench_retention_command(
 @click.option(
     "--tls", is_flag=True, help="TLS on every port and link, with a private CA (docs/security.md)."
 )
+@credentials_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON only.")
 @click.option("--out", type=click.Path(), default=None, help="Also write the JSON to this file.")
 @click.option("--dir", "base", type=click.Path(), default=None, help="Where to put the cluster.")
@@ -131,7 +133,8 @@ def bench_produce_command(
     base: str | None,
     plot: str | None,
 ) -> None:
-    """A local chain of node processes: produce with acks=all through the client, then consume."""
+    """A local chain of node processes: produce with acks=all through the client, then consume.
+    With --credentials the cluster holds that credential and the client proves it."""
     from kayos.bench.produce import ProduceBenchParameters, bench_produce
 
     # Options left out keep the defaults of ProduceBenchParameters (the one place they live).
@@ -144,6 +147,8 @@ def bench_produce_command(
         "queue_shards": queue_shards,
         "nodes": nodes,
         "tls": tls or None,
+        # --credentials (or KAYOS_CREDENTIALS, which the option sets): the file's credential.
+        "credentials": os.environ.get(CREDENTIALS_ENV) or None,
     }
     parameters = parameters_of(ProduceBenchParameters, given)
     result = run_bench("produce", as_json, lambda phase: bench_produce(parameters, base, phase))

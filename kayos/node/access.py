@@ -16,11 +16,12 @@ import logging
 import os
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 
 from kayos import limits
 from kayos.auth.keys import cluster_stored_keys
-from kayos.auth.proof import REASONS, NonceWindow, Who, verify_binary, verify_http
+from kayos.auth.proof import NonceWindow, Who, verify_binary, verify_http
+from kayos.auth.refusals import Refusals
 from kayos.auth.rules import Rule, Verdict, decide
 from kayos.auth.table import CredentialsTable, decode_table, parse_table
 from kayos.clock import Clock
@@ -49,16 +50,7 @@ class Access:
             self.table = decode_table(handle.read(limits.credentials_table_bytes_max + 1))
         self.identity = identity
         self.window = NonceWindow()
-        self.refusals = Counter(
-            "kayos_auth_refusals",  # exposed as kayos_auth_refusals_total
-            "Requests refused for their credential, by reason (docs/security.md)",
-            ["reason"],
-            registry=registry,
-        )
-        for reason in REASONS:
-            self.refusals.labels(reason=reason)  # every reason shows, at 0 until it happens
-        self._log_minute = -1
-        self._logged = 0
+        self.refusals = Refusals(registry, clock, log)
 
     @property
     def cluster_stored(self) -> tuple[bytes, ...] | None:
@@ -136,16 +128,7 @@ class Access:
 
     def refused(self, verdict: Verdict, what: str, peer: object) -> None:
         """Counts a refusal; logs it unless this minute's lines are spent."""
-        reason = verdict.reason or "missing"
-        self.refusals.labels(reason=reason).inc()
-        minute = int(self.clock.monotonic_s() // 60)
-        if minute != self._log_minute:
-            self._log_minute, self._logged = minute, 0
-        self._logged += 1
-        if self._logged <= limits.auth_refusal_log_lines_per_minute_max:
-            log.warning("refused %s from %s: %d %s", what, peer, verdict.status, reason)
-        elif self._logged == limits.auth_refusal_log_lines_per_minute_max + 1:
-            log.warning("more refusals this minute are counted only (kayos_auth_refusals_total)")
+        self.refusals.refused(what, peer, verdict.status, verdict.reason or "missing")
 
 
 def certificate_subject(peercert: Any) -> str | None:

@@ -15,6 +15,7 @@ import pytest
 
 from chaos.procs import faults, netns
 from chaos.procs.campaign import Config, Report, run
+from kayos import tlsconfig
 
 # Load between faults (seconds): shorter than a campaign's default, to keep CI near 2 minutes.
 GAP_S = (0.1, 0.4)
@@ -28,24 +29,30 @@ def checked_campaign(
     faults_max: int,
     fault_phase_s: float,
     credentials: bool = False,
+    tls: bool = False,
 ) -> Report:
     """A campaign from a printed seed (KAYOS_CHAOS_SEED, else random) that must end with no
     violation, something acknowledged, nothing lost and heads seen by the split-brain monitor."""
     seed = int(os.environ.get("KAYOS_CHAOS_SEED") or random.SystemRandom().randrange(2**32))
     print(f"chaos seed {seed} (replay: KAYOS_CHAOS_SEED={seed}, or kayos chaos run --seed {seed})")
-    report = run(
-        Config(
-            seed=seed,
-            fault_phase_s=fault_phase_s,
-            faults_max=faults_max,
-            kinds=kinds,
-            managers=managers,
-            gap_s=GAP_S,
-            base_dir=tmp_path / "cluster",
-            echo=print,
-            credentials=credentials,
+    try:
+        report = run(
+            Config(
+                seed=seed,
+                fault_phase_s=fault_phase_s,
+                faults_max=faults_max,
+                kinds=kinds,
+                managers=managers,
+                gap_s=GAP_S,
+                base_dir=tmp_path / "cluster",
+                echo=print,
+                credentials=credentials,
+                tls=tls,
+            )
         )
-    )
+    finally:
+        if tls:
+            tlsconfig.install(None)  # this process speaks plain again after
     print(json.dumps(report.to_json(), indent=2))
     assert report.violations == [], f"seed {seed}: {report.violations}"
     assert report.acked > 0

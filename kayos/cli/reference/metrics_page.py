@@ -3,7 +3,8 @@
 A ``Node`` is built (nothing is opened: a node touches its data directory only when started) with
 the HTTP application that registers its collectors, and its registry is asked for its metric
 families: the name, type and help of each are the node's own. Labels are read from the source of
-kayos/node/ (the call that makes each metric names them), since a family with no samples (no
+kayos/node/ and kayos/auth/ (the call that makes each metric names them: the refusal counter a
+node shares with a manager member is made in kayos/auth/), since a family with no samples (no
 shard yet) carries none. A metric whose labels cannot be read there fails the build, naming it.
 """
 
@@ -164,15 +165,16 @@ def exposed() -> list[tuple[str, str, str]]:
 def metrics() -> list[Metric]:
     """Every metric a node exposes, with its labels; ``KayosError`` naming any whose labels
     cannot be read from the source."""
-    sources = declared()
+    auth = Path(kayos.node.__file__).parent.parent / "auth"
+    sources = {**declared(auth), **declared()}
     found: list[Metric] = []
     for name, kind, help_text in exposed():
         labels, source = sources.get(name, (None, "?"))
         if labels is None:
             raise KayosError(
                 f"metric {name}: its labels are not a literal list (or a name bound to one) in "
-                "the call that makes it under kayos/node/, so the Metrics reference cannot "
-                "list them"
+                "the call that makes it under kayos/node/ or kayos/auth/, so the Metrics "
+                "reference cannot list them"
             )
         found.append(Metric(name, kind, help_text, labels, source))
     return found

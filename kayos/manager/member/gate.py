@@ -3,27 +3,35 @@
 it reads the nodes' (``GET /v1/admin/credentials`` as ``@cluster``) when a request needs one and
 the copy it holds is older than ``manager_credentials_refresh_ms``, so a push to the nodes reaches
 the managers within that bound. With no node answering and no copy yet, a request that needs a
-credential is refused with 503 (``unavailable``), never let in.
+credential is refused with 503 (``unavailable``), never let in. A refusal of a credential is
+counted (``kayos_auth_refusals_total``, on the member's ``GET /metrics``) and logged within
+``auth_refusal_log_lines_per_minute_max`` lines a minute, as a node's (``kayos.auth.refusals``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from kayos import limits, tlsconfig
 from kayos.auth.keys import CLUSTER_PRINCIPAL, cluster_stored_keys
 from kayos.auth.proof import SCHEME, NonceWindow, verify_http
+from kayos.auth.refusals import Refusals
 from kayos.auth.rules import decide, http_rule
 from kayos.auth.table import CredentialsTable, parse_table
+from kayos.clock import SystemClock
 from kayos.errors import Forbidden, KayosError, Unauthenticated, UnavailableError
 from kayos.identity import ClusterIdentity
 from kayos.manager.member.watch import cluster_headers
+
+log = logging.getLogger("kayos.manager.member.gate")
 
 
 class ManagerDoor:
@@ -31,6 +39,9 @@ class ManagerDoor:
 
     def __init__(self, identity: ClusterIdentity, node_urls: Callable[[], list[str]]) -> None:
         self.identity = identity
+        # The member's own metrics (``GET /metrics``): its refusals, by reason.
+        self.registry = CollectorRegistry()
+        self.refusals = Refusals(self.registry, SystemClock(), log)
         self.node_urls = node_urls
         self.table: CredentialsTable | None = None
         self.fetched_s = 0.0
@@ -67,7 +78,8 @@ class ManagerDoor:
             return self.table
 
     async def check(self, request: web.Request) -> None:
-        """Raises the refusal of a request its route's rule does not allow."""
+        """Raises the refusal of a request its route's rule does not allow (counted and logged,
+        docs/security.md, "Refusals")."""
         route = request.match_info.route.resource
         if route is None:
             return
@@ -76,6 +88,7 @@ class ManagerDoor:
             return
         header = request.headers.get("Authorization")
         now_ms = int(time.time() * 1000)
+        what = f"{request.method} {request.path}"
         if header is not None and header.startswith(f"{SCHEME} name={CLUSTER_PRINCIPAL},"):
             # The cluster's own (the launcher, a campaign): proved by the cluster secret, so it
             # needs no table and is answered while no node is up; it holds every role.
@@ -84,10 +97,11 @@ class ManagerDoor:
                 request.raw_path, now_ms, self.window,
             )  # fmt: skip
             if who is None:
+                self.refusals.refused(what, request.remote, 401, reason or "bad_proof")
                 raise Unauthenticated(f"the cluster's own proof did not hold ({reason})")
             return
         table = await self.current()
-        if table is None:
+        if table is None:  # not a refusal of the credential: nothing to judge it by yet
             raise UnavailableError("no node answered with the credentials table: try again")
         who, reason = (None, None)
         if header is not None and not table.is_open:
@@ -96,6 +110,8 @@ class ManagerDoor:
                 self.window,
             )  # fmt: skip
         verdict = decide(table, who, rule, None, reason)
+        if not verdict.allowed:
+            self.refusals.refused(what, request.remote, verdict.status, verdict.reason or "missing")
         if verdict.status == 403:
             raise Forbidden("this credential does not hold the role this request needs")
         if verdict.status == 401:

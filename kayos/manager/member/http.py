@@ -5,7 +5,8 @@
 (signed, purpose ``operator``: add-node, drain, move-shard, rebalance), ``POST
 /v1/manager/suspect`` (unsigned: a report that makes the leader probe a node) and ``POST
 /v1/manager/exited`` (signed, purpose ``exited``: a supervisor's report) on the leader, a follower
-answering 421 ``not_leader`` with the leader's URL.
+answering 421 ``not_leader`` with the leader's URL. ``GET /metrics`` (open) on any member: its own
+counters (the refusals its door counted).
 Errors are the node API's error body: ``{"error": {"code", "message", "redirect"}}``.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 
 import msgpack
 from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
 
 from kayos import limits
 from kayos.errors import InvalidRequest, KayosError, NotLeaderError, UnavailableError
@@ -171,6 +173,13 @@ def make_app(state: MemberState, door: ManagerDoor | None = None) -> web.Applica
             reply["queue"] = event.queue
             reply["shards"] = queue_shard_count(view, state.setup.topology, event.queue)
         return web.json_response(reply)
+
+    # The member's own counters (docs/manager.md, "HTTP endpoints"): open, as a node's.
+    registry = door.registry if door is not None else CollectorRegistry()
+
+    @routes.get("/metrics")
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), content_type="text/plain")
 
     _report_routes(routes, state)
     app.add_routes(routes)

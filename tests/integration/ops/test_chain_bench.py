@@ -76,3 +76,35 @@ def test_bench_produce_compares_a_sharded_queue_in_the_same_run(tmp_path: Path) 
     bad = CliRunner().invoke(cli, ["bench", "produce", "--queue-shards", "0"])
     assert bad.exit_code != 0
     assert "queue_shards must be" in bad.output
+
+
+def test_bench_produce_measures_a_cluster_with_tls_and_credentials(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kayos.auth.keys import new_secret
+    from kayos.cli.address import CREDENTIALS_ENV
+
+    monkeypatch.delenv(CREDENTIALS_ENV, raising=False)  # the option sets it: undone after
+    credentials = tmp_path / "bench-client.json"
+    credentials.write_text(json.dumps({"name": "bench-client", "secret": new_secret().text()}))
+    result = CliRunner().invoke(
+        cli,
+        [
+            "bench", "produce", "--messages", "1000", "--in-flight", "4", "--singles", "10",
+            "--replicas", "2", "--tls", "--credentials", str(credentials), "--json",
+            "--dir", str(tmp_path / "bench"),
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.output)
+    assert figures["consumed"] == 1000
+    assert figures["parameters"]["tls"] is True
+    assert figures["parameters"]["credentials"] == str(credentials)
+    # Every node held the credential (its table on disk), and none refused the bench's client.
+    tables = sorted((tmp_path / "bench").rglob("credentials.json"))
+    assert len(tables) == 2, tables
+    for table in tables:
+        assert "bench-client" in json.loads(table.read_text())["credentials"]
+    logs = sorted((tmp_path / "bench").rglob("*.log"))
+    assert logs
+    assert not [path for path in logs if "refused" in path.read_text()]

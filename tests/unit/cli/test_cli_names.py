@@ -112,7 +112,8 @@ MEANINGS: dict[str, tuple[str, str]] = {
     # other commands call --topology; the node's name predates them and every unit uses it),
     # the Kestrel front's its TOML settings.
     "--certificate": ("a TLS client certificate's name", r"certificate"),
-    # A client credentials file (docs/security.md); every command that takes --cluster has it.
+    # A client credentials file (docs/security.md); every command that takes --cluster has it,
+    # and `bench produce` (its own cluster holds the file's credential).
     "--credentials": ("the credentials file every request proves", r"credentials file"),
     "--credentials-table": ("a credentials table a node takes at start", r"credentials table"),
     "--grant": ("ROLE=PATTERN, a credential's grant", r"ROLE\[\+ROLE\.\.\.\]=PATTERN"),
