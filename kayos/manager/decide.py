@@ -69,7 +69,7 @@ from kayos.manager.events import (
     TimerTick,
 )
 from kayos.manager.placement import drain_target, plan_rebalance
-from kayos.manager.restore import rebase, restore_redundancy
+from kayos.manager.restore import make_room, rebase, restore_redundancy
 from kayos.manager.view import (
     ManagerView,
     NodeAddress,
@@ -211,6 +211,11 @@ def _complete_moves(view: ManagerView) -> ManagerView:
         if target not in shard.chain:
             continue
         chain = tuple(n for n in shard.chain if n != source) or shard.chain
+        if _keeps_source(view, shard, source, chain):
+            # The move ends as an addition, and departed members away make room, as for a
+            # replacement (rule 10).
+            view = view.with_shard(make_room(view, replace(shard, moves=())))
+            continue
         # The source leaves for good: not a departed member, nor one catching up to come back
         # (it may have gone down and returned during the move).
         shard = replace(
@@ -223,6 +228,16 @@ def _complete_moves(view: ManagerView) -> ManagerView:
         )
         view = view.with_shard(shard)
     return view
+
+
+def _keeps_source(view: ManagerView, shard: ShardView, source: str, rest: tuple[str, ...]) -> bool:
+    """Rule 7 under rule 10: a finished move whose source's leaving would take the shard below
+    the replication factor keeps the source (the move ends as an addition), unless the source is
+    draining. Else rule 10 would copy the shard straight back to the node that just left it."""
+    if view.config.replace_after_ms <= 0 or source in view.draining or rest == shard.chain:
+        return False
+    learners = set(shard.catching_up) - set(rest) - {source}
+    return len(rest) + len(learners) < view.config.replication_factor
 
 
 def _drive_drains(view: ManagerView, out: list[Action]) -> ManagerView:

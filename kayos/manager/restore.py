@@ -76,19 +76,21 @@ def _start(view: ManagerView, shard: ShardView, target: str, out: list[Action]) 
     (down, slow, full) and that the shard no longer has room for once the copy counts are
     forgotten, the earliest departed first: they would rejoin past the replication factor."""
     view, shard, order = new_order(view, shard, target)
-    catching_up = (*shard.catching_up, target)
-    room = view.config.replication_factor - replicas_of(replace(shard, catching_up=catching_up))
+    shard = make_room(view, replace(shard, catching_up=(*shard.catching_up, target)))
+    shard = replace(shard, restoring=((target, view.now_ms),))
+    out.append(StartCatchUp(target, shard.id, shard.tail, None, order))
+    return view.with_shard(shard)
+
+
+def make_room(view: ManagerView, shard: ShardView) -> ShardView:
+    """The shard without the departed members that are not up (down, slow, full) and that it
+    has no room for beyond its replicas (``replicas_of``), the earliest departed first: they
+    would rejoin past the replication factor."""
+    room = view.config.replication_factor - replicas_of(shard)
     states = {n.id: n.state for n in view.nodes}
     away = [n for n in shard.departed if states.get(n) != "up"]
     forgotten = set(away[: max(0, len(away) - max(0, room))])
-    shard = replace(
-        shard,
-        catching_up=catching_up,
-        departed=tuple(n for n in shard.departed if n not in forgotten),
-        restoring=((target, view.now_ms),),
-    )
-    out.append(StartCatchUp(target, shard.id, shard.tail, None, order))
-    return view.with_shard(shard)
+    return replace(shard, departed=tuple(n for n in shard.departed if n not in forgotten))
 
 
 def rebase(view: ManagerView, at_ms: int) -> ManagerView:
