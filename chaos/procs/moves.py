@@ -142,14 +142,15 @@ def cut_sides(move: dict[str, Any], members: list[str]) -> tuple[list[str], list
 
 def outcome(view: dict[str, Any], move: dict[str, Any]) -> str | None:
     """``completed`` (the target in the chain, the source out), ``cancelled`` (the target not in
-    it), ``other`` (both in it: only a later move could do that), or None while still pending."""
+    it), ``kept`` (both in it: the move ended as an addition, because the source's leaving would
+    have left the shard short, docs/manager.md rule 7), or None while still pending."""
     shard = next(s for s in view["shards"] if int(s["id"]) == move["shard"])
     if shard["moves"]:
         return None
     chain = list(shard["chain"])
     if move["target"] not in chain:
         return "cancelled"
-    return "completed" if move["source"] not in chain else "other"
+    return "completed" if move["source"] not in chain else "kept"
 
 
 def move_under_fault(cluster: LocalCluster, node: str, hold_s: float, index: int) -> dict[str, Any]:

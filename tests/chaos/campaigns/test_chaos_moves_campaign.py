@@ -3,7 +3,7 @@ docs/testing.md "Moves under faults"): three `kayos node` processes, three manag
 spare fourth node added as an operator adds one, acks=all producers and committing groups
 throughout; each fault moves one replica onto the node outside its shard's chain and kills the
 target, the source or the tail, or pauses the target, while the copy runs. Zero violations, and
-every move ends, completed or cancelled, within its bound.
+every move ends, completed, cancelled or kept as an addition, within its bound.
 
 `test_moves_struck_by_partitions_lose_nothing` runs moves with the partition kinds in network
 namespaces (root and ip netns with iptables only; skipped elsewhere, saying why): the spare gets a
@@ -43,7 +43,7 @@ def test_moves_struck_by_kills_and_pauses_lose_nothing(tmp_path: Path) -> None:
     assert report.spare.get("node") == "d", report.spare
     assert "error" not in report.spare, report.spare
     # Every move was taken by the manager and ended one way or the other within its bound.
-    ended = report.moves.get("completed", 0) + report.moves.get("cancelled", 0)
+    ended = sum(report.moves.get(how, 0) for how in ("completed", "cancelled", "kept"))
     assert ended == FAULTS, f"seed {report.seed}: {report.moves}"
     assert report.to_json()["moves"] == report.moves
 
@@ -69,7 +69,7 @@ def test_moves_struck_by_partitions_lose_nothing(tmp_path: Path) -> None:
     struck = [d for d in done if "strike" in d]
     # Every move the manager took ended one way or the other within its bound; a partition
     # strike's cut was between members of the run (the spare's namespace among them).
-    ended = report.moves.get("completed", 0) + report.moves.get("cancelled", 0)
+    ended = sum(report.moves.get(how, 0) for how in ("completed", "cancelled", "kept"))
     assert ended == len(struck) == sum(report.moves.values()), f"seed {report.seed}: {report.moves}"
     for detail in struck:
         assert detail["strike"] in moves.STRIKES + moves.PARTITION_STRIKES

@@ -123,7 +123,7 @@ def test_a_moves_end_is_read_from_the_view() -> None:
     assert moves.outcome(view(CHAINS, moving={0: ("d", "b")}), move) is None
     assert moves.outcome(view({**CHAINS, 0: ["a", "c", "d"]}), move) == "completed"
     assert moves.outcome(view(CHAINS), move) == "cancelled"
-    assert moves.outcome(view({**CHAINS, 0: ["a", "b", "d"]}), move) == "other"
+    assert moves.outcome(view({**CHAINS, 0: ["a", "b", "d"]}), move) == "kept"
 
 
 @dataclass
