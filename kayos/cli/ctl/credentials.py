@@ -8,6 +8,7 @@ An edit needs the ``admin`` role, except on an open cluster (the first credentia
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 from typing import TYPE_CHECKING, Any
@@ -108,7 +109,7 @@ def _table_option(command: Any) -> Any:
     )(command)
 
 
-def _edit_file(path: str, change: Any, send: bool) -> dict[str, Any]:
+def _edit_file(path: str, change: Any, send: bool, sending: Any = None) -> dict[str, Any]:
     """The offline edit: the table in ``path`` (empty if there is none yet), changed and
     written back (mode 0600)."""
     from kayos.auth.table import CredentialsTable, decode_table
@@ -125,6 +126,8 @@ def _edit_file(path: str, change: Any, send: bool) -> dict[str, Any]:
     except (KayosError, OSError) as exc:
         raise CtlError(f"{path}: {exc}") from None
     if send:
+        if sending is not None:
+            sending()
         write_private(path, changed.encode().decode())
     return {
         "version": changed.version,
@@ -142,11 +145,13 @@ def _edit(
     change: Any,
     send: bool = True,
     table_path: str | None = None,
+    sending: Any = None,
 ) -> dict[str, Any]:
     """Reads, changes (``change(table) -> table``), pushes (``send``; else reports which nodes
-    hold the newest table); with ``table_path``, edits that file instead."""
+    hold the newest table); with ``table_path``, edits that file instead. ``sending()`` is
+    called just before the first byte of the changed table leaves."""
     if table_path is not None:
-        return _edit_file(table_path, change, send)
+        return _edit_file(table_path, change, send, sending)
 
     async def work(transport: HttpTransport) -> dict[str, Any]:
         from kayos.errors import KayosError
@@ -161,6 +166,8 @@ def _edit(
         except KayosError as exc:
             raise CtlError(str(exc)) from None
         if send:
+            if sending is not None:
+                sending()
             return await _push(transport, urls, changed, timeout_s)
         behind = sorted(failures)
         return {
@@ -205,6 +212,31 @@ def _new_secret_file(out_path: str, name: str) -> Any:
     secret = new_secret()
     write_private(out_path, json.dumps({"name": name, "secret": secret.text()}) + "\n")
     return secret
+
+
+def _edit_with_secret(
+    out_path: str, name: str, change: Any, where: tuple[ClusterAddress, float, str | None]
+) -> dict[str, Any]:
+    """``_edit`` with a new secret for ``name`` written to ``out_path`` first; the file is
+    removed again when the edit is refused before any table left (no credential holds that
+    secret), and kept once one may have (a node may hold it)."""
+    cluster, timeout_s, table_path = where
+    secret = _new_secret_file(out_path, name)
+    sent: list[bool] = []
+    try:
+        return _edit(
+            cluster,
+            timeout_s,
+            lambda table: change(table, secret),
+            True,
+            table_path,
+            sending=lambda: sent.append(True),
+        )
+    except BaseException:
+        if not sent:
+            with contextlib.suppress(OSError):
+                os.unlink(out_path)
+        raise
 
 
 def register(ctl: click.Group) -> None:
@@ -265,9 +297,13 @@ def register(ctl: click.Group) -> None:
             parsed = tuple(parse_grant_text(text) for text in grants)
         except KayosError as exc:
             raise click.BadParameter(str(exc)) from None
-        secret = _new_secret_file(out_path, name)
-        change = lambda table: add_credential(table, name, parsed, secret, certificate)  # noqa: E731
-        emit(_edit(cluster, timeout_s, change, True, table_path), as_json, _render)
+        result = _edit_with_secret(
+            out_path,
+            name,
+            lambda table, secret: add_credential(table, name, parsed, secret, certificate),
+            (cluster, timeout_s, table_path),
+        )
+        emit(result, as_json, _render)
 
     _register_edits(credentials)
 
@@ -293,9 +329,13 @@ def _register_edits(credentials: click.Group) -> None:
         """Gives NAME a second secret (to --out): both are taken until `finish`."""
         from kayos.auth.table import rotate_credential
 
-        secret = _new_secret_file(out_path, name)
-        change = lambda t: rotate_credential(t, name, secret)  # noqa: E731
-        emit(_edit(cluster, timeout_s, change, True, table_path), as_json, _render)
+        result = _edit_with_secret(
+            out_path,
+            name,
+            lambda table, secret: rotate_credential(table, name, secret),
+            (cluster, timeout_s, table_path),
+        )
+        emit(result, as_json, _render)
 
     @credentials.command()
     @click.argument("name")
