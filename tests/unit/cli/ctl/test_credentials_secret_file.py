@@ -26,7 +26,8 @@ def test_a_refused_add_leaves_no_secret_file_and_an_accepted_one_keeps_it(tmp_pa
     code, out = ctl(
         "add", "p", "--grant", "produce=*", "--out", str(lonely), "--table", str(tmp_path / "x")
     )
-    assert code != 0 and "admin" in out, out
+    assert code != 0, out
+    assert "admin" in out
     assert not lonely.exists()
     table, first, second = tmp_path / "t.bin", tmp_path / "a1.json", tmp_path / "a2.json"
     code, out = ctl("add", "app", "--grant", "admin=*", "--out", str(first), "--table", str(table))
@@ -35,7 +36,8 @@ def test_a_refused_add_leaves_no_secret_file_and_an_accepted_one_keeps_it(tmp_pa
     code, out = ctl(
         "add", "app", "--grant", "produce=*", "--out", str(second), "--table", str(table)
     )
-    assert code != 0 and "exists" in out, out
+    assert code != 0, out
+    assert "exists" in out
     assert not second.exists()  # refused: no credential holds that secret
     assert json.loads(first.read_text())["name"] == "app"  # the first one untouched
 
@@ -43,7 +45,8 @@ def test_a_refused_add_leaves_no_secret_file_and_an_accepted_one_keeps_it(tmp_pa
 def test_a_refused_rotate_leaves_no_secret_file(tmp_path: Path) -> None:
     table, out_path = tmp_path / "t.bin", tmp_path / "ghost.json"
     code, out = ctl("rotate", "ghost", "--out", str(out_path), "--table", str(table))
-    assert code != 0 and "no credential ghost" in out, out
+    assert code != 0, out
+    assert "no credential ghost" in out
     assert not out_path.exists()
 
 
@@ -53,5 +56,6 @@ def test_an_existing_secret_file_is_never_overwritten_nor_removed(tmp_path: Path
     code, out = ctl(
         "add", "app", "--grant", "produce=*", "--out", str(out_path), "--table", str(table)
     )
-    assert code != 0 and "never overwritten" in out, out
+    assert code != 0, out
+    assert "never overwritten" in out
     assert out_path.read_text() == "keep me\n"
