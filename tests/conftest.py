@@ -33,6 +33,20 @@ if os.environ.get("CI"):
 os.environ.pop("KAYOS_CLUSTER", None)
 
 
+@pytest.fixture(autouse=True)
+def credentials_env_restored() -> Iterator[None]:
+    """``KAYOS_CREDENTIALS`` as it was before each test: a command run in-process with
+    ``--credentials`` names its file for every client of the process (kayos/cli/address.py), and
+    left behind it made later clients (a Spark read meant to have none) prove a credential of a
+    cluster long gone."""
+    before = os.environ.get("KAYOS_CREDENTIALS")
+    yield
+    if before is None:
+        os.environ.pop("KAYOS_CREDENTIALS", None)
+    else:
+        os.environ["KAYOS_CREDENTIALS"] = before
+
+
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock()
