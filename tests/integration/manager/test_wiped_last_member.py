@@ -16,7 +16,7 @@ import pytest
 
 from kayos.local.cluster import LocalCluster
 from kayos.manager import Config
-from tests.support.checked import chain_of, manager_view
+from tests.support.checked import chain_of, node_states
 from tests.support.cluster import produce, produce_ok, read_snapshot, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -36,14 +36,6 @@ def cluster(tmp_path: Any) -> Any:
         yield c
 
 
-def node_state(cluster: LocalCluster, node: str) -> str | None:
-    view = manager_view(cluster)
-    if view is None:
-        return None
-    states = {entry[0]: entry[1] for entry in view["view"]["nodes"]}
-    return states.get(node)
-
-
 def test_a_last_member_back_with_an_empty_disk_gives_way_to_the_member_holding_the_history(
     cluster: LocalCluster,
 ) -> None:
@@ -58,7 +50,7 @@ def test_a_last_member_back_with_an_empty_disk_gives_way_to_the_member_holding_t
     cluster.kill(tail, signal.SIGKILL)
     wait_until(lambda: chain_of(cluster, 0) == [head], f"{tail} spliced out")
     cluster.kill(head, signal.SIGKILL)
-    wait_until(lambda: node_state(cluster, head) == "down", f"{head} down")
+    wait_until(lambda: node_states(cluster).get(head) == "down", f"{head} down")
     shutil.rmtree(cluster.data_dir(head) / "shards")  # every store lost, as wipe_down does
     cluster.start(head)
 
